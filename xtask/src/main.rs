@@ -1,0 +1,98 @@
+//! `cargo xtask`: the project's tasks, in Rust so they run wherever cargo does.
+//!
+//! - `images`: static release binaries and `FROM scratch` images (no registry needed).
+//! - `test`: what CI runs (`.ci/run`): installs the test tools, builds images, runs every test.
+//!
+//! Start at [`Cmd`]; each variant's handler is a function below it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+mod images;
+mod tools;
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Converge project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Build static binaries and `FROM scratch` images (`converge/<name>:dev`).
+    Images {
+        /// Which images (default: all of them).
+        names: Vec<String>,
+    },
+    /// Install the test tools, build the images, run every test (what CI runs).
+    Test {
+        /// Extra arguments passed to `cargo test`, after `--workspace`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let root = workspace_root();
+    match cli.cmd {
+        Cmd::Images { names } => images::build(&root, &names),
+        Cmd::Test { args } => test(&root, &args),
+    }
+}
+
+/// CI's command: everything a clean machine with Docker needs, then all tests.
+fn test(root: &Path, args: &[String]) -> Result<()> {
+    let path = tools::ensure_test_tools(root)?;
+    images::build(root, &[])?;
+    let mut cmd = Command::new(cargo());
+    cmd.current_dir(root)
+        .env("PATH", path)
+        .args(["test", "--workspace"])
+        .args(args);
+    run(&mut cmd)
+}
+
+pub(crate) fn workspace_root() -> PathBuf {
+    // xtask lives one level below the workspace root.
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask has a parent directory")
+        .to_path_buf()
+}
+
+pub(crate) fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
+/// Runs a command, echoing it, and fails with its exit status.
+pub(crate) fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("xtask: running {cmd:?}");
+    let status = cmd
+        .status()
+        .with_context(|| format!("could not start {:?}", cmd.get_program()))?;
+    if !status.success() {
+        bail!("{:?} failed with {status}", cmd.get_program());
+    }
+    Ok(())
+}
+
+/// Runs a command and returns its stdout.
+pub(crate) fn output(cmd: &mut Command) -> Result<String> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("could not start {:?}", cmd.get_program()))?;
+    if !out.status.success() {
+        bail!(
+            "{:?} failed with {}: {}",
+            cmd.get_program(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
