@@ -1,0 +1,239 @@
+//! The baselines the papers measure against, as policies.
+//!
+//! - [`Spread`]: Docker Swarm's spread strategy (FlowCon's placement baseline, "DS" in the TCC'22
+//!   multi-worker experiments): the schedulable worker with room and the fewest running tasks.
+//! - [`LeastAllocated`]: the Kubernetes default scheduler's `NodeResourcesLeastAllocated`
+//!   scoring (SpeCon's "DS" baseline: even initial placement, no migration).
+//! - [`FreeCompetition`]: FlowCon's "NA" baseline: no CPU limits at all; every container
+//!   competes under the kernel's fair share.
+
+use crate::cluster::{JobRequest, Placement, Placer, WorkerSnapshot, unschedulable_reason};
+
+/// Docker Swarm spread: among schedulable workers with room (`cpu_requested + job.cpus <=
+/// cpu_capacity`, same for memory), the one with the fewest running jobs; ties go to the lowest
+/// index. Scores are the running counts (lower is better; ineligible workers get `INFINITY`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Spread;
+
+impl Placer for Spread {
+    fn name(&self) -> &'static str {
+        "spread"
+    }
+
+    fn place(&mut self, job: &JobRequest, workers: &[WorkerSnapshot]) -> Placement {
+        let mut best: Option<usize> = None;
+        let mut scores = Vec::with_capacity(workers.len());
+        for (i, w) in workers.iter().enumerate() {
+            if !(w.schedulable && w.fits(job)) {
+                scores.push(f64::INFINITY);
+                continue;
+            }
+            scores.push(w.running as f64);
+            // Strictly fewer wins, so ties keep the lowest index.
+            if best.is_none_or(|b| w.running < workers[b].running) {
+                best = Some(i);
+            }
+        }
+        match best {
+            Some(index) => Placement::Worker { index, scores },
+            None => Placement::Unschedulable {
+                reason: unschedulable_reason(job, workers),
+            },
+        }
+    }
+}
+
+/// Kubernetes `NodeResourcesLeastAllocated` scoring: for each fitting node,
+/// `score = mean over {cpu, memory} of (capacity - requested_after) / capacity * 100`;
+/// the highest score wins, ties to the lowest index (kube-scheduler breaks ties at random; we
+/// stay deterministic). Ineligible workers score `NEG_INFINITY`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LeastAllocated;
+
+impl LeastAllocated {
+    /// The score of `w` for `job` (0..=100), assuming it fits.
+    pub fn score(job: &JobRequest, w: &WorkerSnapshot) -> f64 {
+        let cpu = if w.cpu_capacity > 0.0 {
+            (w.cpu_capacity - w.cpu_requested - job.cpus) / w.cpu_capacity
+        } else {
+            0.0
+        };
+        let mem = if w.memory_capacity > 0 {
+            (w.memory_capacity as f64 - w.memory_requested as f64 - job.memory_bytes as f64)
+                / w.memory_capacity as f64
+        } else {
+            0.0
+        };
+        (cpu.max(0.0) + mem.max(0.0)) / 2.0 * 100.0
+    }
+}
+
+impl Placer for LeastAllocated {
+    fn name(&self) -> &'static str {
+        "least-allocated"
+    }
+
+    fn place(&mut self, job: &JobRequest, workers: &[WorkerSnapshot]) -> Placement {
+        let mut best: Option<(usize, f64)> = None;
+        let mut scores = Vec::with_capacity(workers.len());
+        for (i, w) in workers.iter().enumerate() {
+            if !(w.schedulable && w.fits(job)) {
+                scores.push(f64::NEG_INFINITY);
+                continue;
+            }
+            let s = Self::score(job, w);
+            scores.push(s);
+            if best.is_none_or(|(_, b)| s > b) {
+                best = Some((i, s));
+            }
+        }
+        match best {
+            Some((index, _)) => Placement::Worker { index, scores },
+            None => Placement::Unschedulable {
+                reason: unschedulable_reason(job, workers),
+            },
+        }
+    }
+}
+
+/// FlowCon's "NA" baseline: no limits. A driver running this policy leaves every container
+/// unlimited; [`FreeCompetition::limits`] returns `None` for each job so that callers can treat
+/// it like any other limit policy.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FreeCompetition;
+
+impl FreeCompetition {
+    /// One `None` (no limit) per job.
+    pub fn limits(&self, jobs: usize) -> Vec<Option<f64>> {
+        vec![None; jobs]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::test_support::worker;
+
+    fn job(cpus: f64) -> JobRequest {
+        JobRequest {
+            cpus,
+            memory_bytes: 1 << 30,
+        }
+    }
+
+    #[test]
+    fn spread_picks_fewest_running() {
+        let mut ws = vec![worker("w0", 4.0), worker("w1", 4.0), worker("w2", 4.0)];
+        ws[0].running = 2;
+        ws[1].running = 1;
+        ws[2].running = 3;
+        let p = Spread.place(&job(1.0), &ws);
+        assert_eq!(p.index(), Some(1));
+        if let Placement::Worker { scores, .. } = p {
+            assert_eq!(scores, vec![2.0, 1.0, 3.0]);
+        }
+    }
+
+    #[test]
+    fn spread_breaks_ties_by_lowest_index() {
+        let mut ws = vec![worker("w0", 4.0), worker("w1", 4.0), worker("w2", 4.0)];
+        ws[0].running = 2;
+        ws[1].running = 1;
+        ws[2].running = 1;
+        assert_eq!(Spread.place(&job(1.0), &ws).index(), Some(1));
+    }
+
+    #[test]
+    fn spread_skips_full_and_unschedulable_workers() {
+        let mut ws = vec![worker("w0", 4.0), worker("w1", 4.0), worker("w2", 4.0)];
+        ws[0].cpu_requested = 3.5; // no room for 1 cpu
+        ws[1].schedulable = false;
+        ws[2].running = 5;
+        let p = Spread.place(&job(1.0), &ws);
+        assert_eq!(p.index(), Some(2));
+        if let Placement::Worker { scores, .. } = p {
+            assert!(scores[0].is_infinite() && scores[1].is_infinite());
+        }
+    }
+
+    #[test]
+    fn spread_checks_memory_too() {
+        let mut ws = vec![worker("w0", 4.0), worker("w1", 4.0)];
+        ws[0].memory_requested = 8 << 30;
+        ws[1].running = 3;
+        assert_eq!(Spread.place(&job(1.0), &ws).index(), Some(1));
+    }
+
+    #[test]
+    fn spread_exact_fit_is_allowed() {
+        let mut ws = vec![worker("w0", 2.0)];
+        ws[0].cpu_requested = 0.1 + 0.2 + 0.7; // 1.0 with rounding error
+        assert_eq!(Spread.place(&job(1.0), &ws).index(), Some(0));
+    }
+
+    #[test]
+    fn unschedulable_names_largest_free_cpu() {
+        let mut ws = vec![worker("worker-1", 4.0), worker("worker-2", 4.0)];
+        ws[0].cpu_requested = 3.5;
+        ws[1].cpu_requested = 3.0;
+        match Spread.place(&job(2.0), &ws) {
+            Placement::Unschedulable { reason } => assert_eq!(
+                reason,
+                "no schedulable worker has 2.0 free CPUs (largest free: 1.0 on worker-2)"
+            ),
+            p => panic!("expected unschedulable, got {p:?}"),
+        }
+    }
+
+    #[test]
+    fn unschedulable_names_memory_when_cpu_fits() {
+        let mut ws = vec![worker("worker-1", 4.0)];
+        ws[0].memory_requested = 7 << 30;
+        let j = JobRequest {
+            cpus: 1.0,
+            memory_bytes: 2 << 30,
+        };
+        match Spread.place(&j, &ws) {
+            Placement::Unschedulable { reason } => assert_eq!(
+                reason,
+                "no schedulable worker has 2.0 GiB free memory (largest free: 1.0 GiB on worker-1)"
+            ),
+            p => panic!("expected unschedulable, got {p:?}"),
+        }
+    }
+
+    #[test]
+    fn unschedulable_when_no_workers_or_all_draining() {
+        let reason = |ws: &[WorkerSnapshot]| match Spread.place(&job(1.0), ws) {
+            Placement::Unschedulable { reason } => reason,
+            p => panic!("{p:?}"),
+        };
+        assert_eq!(reason(&[]), "no workers are registered");
+        let mut ws = vec![worker("w0", 4.0), worker("w1", 4.0)];
+        ws[0].schedulable = false;
+        ws[1].schedulable = false;
+        assert_eq!(
+            reason(&ws),
+            "none of the 2 workers is schedulable (all lost or draining)"
+        );
+    }
+
+    #[test]
+    fn least_allocated_prefers_emptiest() {
+        let mut ws = vec![worker("w0", 4.0), worker("w1", 4.0)];
+        ws[0].cpu_requested = 2.0;
+        ws[1].cpu_requested = 1.0;
+        let p = LeastAllocated.place(&job(1.0), &ws);
+        assert_eq!(p.index(), Some(1));
+        if let Placement::Worker { scores, .. } = p {
+            // w1: cpu (4-1-1)/4 = 0.5, mem (8-1)/8 = 0.875 -> 68.75
+            assert!((scores[1] - 68.75).abs() < 1e-9);
+            assert!((scores[0] - 56.25).abs() < 1e-9);
+        }
+    }
+
+    #[test]
+    fn free_competition_sets_no_limits() {
+        assert_eq!(FreeCompetition.limits(3), vec![None, None, None]);
+    }
+}

@@ -1,0 +1,225 @@
+//! Plain data the drivers (manager, agent, simulator) fill in and hand to the policies.
+//!
+//! Nothing here knows where the numbers came from: the manager builds [`WorkerSnapshot`]s from
+//! agent heartbeats, the simulator from its own model. Placement policies implement [`Placer`].
+
+use serde::{Deserialize, Serialize};
+
+/// What a job asks for when it is placed.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct JobRequest {
+    /// CPU cores requested (a reservation for placement; the running limit is elastic).
+    pub cpus: f64,
+    /// Memory requested, in bytes.
+    pub memory_bytes: u64,
+}
+
+/// The state of one job as its worker last reported it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobSnapshot {
+    /// The job's id.
+    pub job_id: String,
+    /// The job's category in the worker's last policy round.
+    pub category: Category,
+    /// The job's last growth efficiency, if it has one yet.
+    pub growth_efficiency: Option<f64>,
+    /// The job's current CPU limit as a fraction of the worker (None = unlimited).
+    pub cpu_limit: Option<f64>,
+}
+
+/// A job's category: one enum for both papers.
+///
+/// FlowCon (ICPP'19 §IV, flowcon-icpp2019.txt) names the lists New / Watching / Completing;
+/// SpeCon (specon-speculative-migration.txt, Alg. 1) names them Progressing / Watching /
+/// Converged. They play the same roles (still learning fast / slowing / barely moving), so we use
+/// one enum with FlowCon's names; [`Category::PROGRESSING`] and [`Category::CONVERGED`] are the
+/// SpeCon aliases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Category {
+    /// FlowCon's New list / SpeCon's Progressing: still gaining fast.
+    New,
+    /// Gaining less than the threshold, under observation.
+    Watching,
+    /// FlowCon's Completing / SpeCon's Converged: barely gaining any more.
+    Completing,
+}
+
+impl Category {
+    /// SpeCon's name for [`Category::New`].
+    pub const PROGRESSING: Category = Category::New;
+    /// SpeCon's name for [`Category::Completing`].
+    pub const CONVERGED: Category = Category::Completing;
+}
+
+/// One worker as the placing side sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerSnapshot {
+    /// The worker's id (for messages).
+    pub id: String,
+    /// CPU capacity, in cores.
+    pub cpu_capacity: f64,
+    /// Sum of the cpus requested by jobs placed there.
+    pub cpu_requested: f64,
+    /// Memory capacity, in bytes.
+    pub memory_capacity: u64,
+    /// Sum of the memory requested by jobs placed there.
+    pub memory_requested: u64,
+    /// Jobs placed there and not finished (including ones still starting).
+    pub running: usize,
+    /// Speed relative to the reference worker (1.0).
+    pub calibration: f64,
+    /// False when the worker is lost or draining.
+    pub schedulable: bool,
+    /// What the worker last reported per job; may be empty.
+    pub jobs: Vec<JobSnapshot>,
+}
+
+impl WorkerSnapshot {
+    /// Free CPU cores by reservation (never negative).
+    pub fn cpu_free(&self) -> f64 {
+        (self.cpu_capacity - self.cpu_requested).max(0.0)
+    }
+
+    /// Free memory bytes by reservation.
+    pub fn memory_free(&self) -> u64 {
+        self.memory_capacity.saturating_sub(self.memory_requested)
+    }
+
+    /// Whether `job` fits in what is left of this worker's reservations.
+    ///
+    /// A small epsilon absorbs float rounding in sums of requests (0.1 + 0.2 cores).
+    pub fn fits(&self, job: &JobRequest) -> bool {
+        self.cpu_requested + job.cpus <= self.cpu_capacity + 1e-9
+            && self.memory_requested.saturating_add(job.memory_bytes) <= self.memory_capacity
+    }
+
+    /// Count of reported jobs in `category`.
+    pub fn count(&self, category: Category) -> usize {
+        self.jobs.iter().filter(|j| j.category == category).count()
+    }
+}
+
+/// Where a placer puts a job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Placement {
+    /// Place on `workers[index]`. `scores` has one entry per worker in the input (the policy's
+    /// score, for explanation and tracing; `f64::INFINITY` / `NEG_INFINITY` for workers that
+    /// were not eligible, whichever the policy ranks last).
+    Worker {
+        /// Index into the `workers` slice passed to [`Placer::place`].
+        index: usize,
+        /// Per-worker scores (same order as the input).
+        scores: Vec<f64>,
+    },
+    /// No worker can take the job now; `reason` tells a user what is wrong.
+    Unschedulable {
+        /// Human-readable explanation, e.g. "no schedulable worker has 2.0 free CPUs (largest
+        /// free: 1.0 on worker-2)".
+        reason: String,
+    },
+}
+
+impl Placement {
+    /// The chosen worker index, if any.
+    pub fn index(&self) -> Option<usize> {
+        match self {
+            Placement::Worker { index, .. } => Some(*index),
+            Placement::Unschedulable { .. } => None,
+        }
+    }
+}
+
+/// A placement policy.
+pub trait Placer {
+    /// Short stable name (for configs, logs, experiment tables).
+    fn name(&self) -> &'static str;
+    /// Choose a worker for `job`. Deterministic: the same inputs give the same answer.
+    fn place(&mut self, job: &JobRequest, workers: &[WorkerSnapshot]) -> Placement;
+}
+
+/// Explains why no worker fits `job`, naming the tightest resource and the best candidate.
+///
+/// Shared by every placer so that users see the same wording whatever the policy.
+pub fn unschedulable_reason(job: &JobRequest, workers: &[WorkerSnapshot]) -> String {
+    let schedulable: Vec<&WorkerSnapshot> = workers.iter().filter(|w| w.schedulable).collect();
+    if workers.is_empty() {
+        return "no workers are registered".to_string();
+    }
+    if schedulable.is_empty() {
+        return format!(
+            "none of the {} workers is schedulable (all lost or draining)",
+            workers.len()
+        );
+    }
+    let cpu_ok = schedulable
+        .iter()
+        .any(|w| w.cpu_requested + job.cpus <= w.cpu_capacity + 1e-9);
+    if !cpu_ok {
+        // Largest free CPU; ties -> first worker.
+        let best = schedulable
+            .iter()
+            .fold(None::<&&WorkerSnapshot>, |acc, w| match acc {
+                Some(b) if b.cpu_free() >= w.cpu_free() => Some(b),
+                _ => Some(w),
+            })
+            .expect("non-empty");
+        return format!(
+            "no schedulable worker has {:.1} free CPUs (largest free: {:.1} on {})",
+            job.cpus,
+            best.cpu_free(),
+            best.id
+        );
+    }
+    let mem_ok = schedulable
+        .iter()
+        .any(|w| w.memory_requested.saturating_add(job.memory_bytes) <= w.memory_capacity);
+    let best = schedulable
+        .iter()
+        .fold(None::<&&WorkerSnapshot>, |acc, w| match acc {
+            Some(b) if b.memory_free() >= w.memory_free() => Some(b),
+            _ => Some(w),
+        })
+        .expect("non-empty");
+    if !mem_ok {
+        return format!(
+            "no schedulable worker has {} free memory (largest free: {} on {})",
+            fmt_bytes(job.memory_bytes),
+            fmt_bytes(best.memory_free()),
+            best.id
+        );
+    }
+    format!(
+        "no schedulable worker has both {:.1} free CPUs and {} free memory",
+        job.cpus,
+        fmt_bytes(job.memory_bytes)
+    )
+}
+
+fn fmt_bytes(b: u64) -> String {
+    const MIB: f64 = 1024.0 * 1024.0;
+    if b >= 1024 * 1024 * 1024 {
+        format!("{:.1} GiB", b as f64 / (1024.0 * MIB))
+    } else {
+        format!("{:.0} MiB", b as f64 / MIB)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    use super::*;
+
+    /// A worker with `cpus` cores, 8 GiB, nothing placed.
+    pub fn worker(id: &str, cpus: f64) -> WorkerSnapshot {
+        WorkerSnapshot {
+            id: id.to_string(),
+            cpu_capacity: cpus,
+            cpu_requested: 0.0,
+            memory_capacity: 8 << 30,
+            memory_requested: 0,
+            running: 0,
+            calibration: 1.0,
+            schedulable: true,
+            jobs: Vec::new(),
+        }
+    }
+}
