@@ -1,1 +1,37 @@
-//! Placeholder: filled in by its issue.
+//! SpeCon's *Messenger*: everything that crosses the wire between agents and the manager.
+//!
+//! - [`pb`]: the generated `converge.v1` types and services (`proto/converge/v1/*.proto`), and
+//!   the descriptor set server reflection serves.
+//! - [`agent`]: the agent's side of its one bidirectional stream: connect, register, heartbeat
+//!   every interval, forward what the agent's components queue, deliver commands, and on any
+//!   failure reconnect with exponential backoff and jitter, registering again with the
+//!   containers it runs now.
+//! - [`manager`]: the manager's side: a tonic `AgentService` that turns each stream into a task
+//!   and every stream's life into [`manager::StreamEvent`]s on one channel — including the
+//!   disconnect, which is an event, not a log line.
+//! - [`backoff`]: the reconnect schedule. [`trace`]: W3C trace context carried in commands.
+//!
+//! Start with [`agent::Session`] and [`manager::AgentStreams`]: they are the two ends of one
+//! stream.
+
+pub mod agent;
+pub mod backoff;
+pub mod manager;
+pub mod trace;
+
+/// Generated protocol types (`package converge.v1`).
+#[allow(missing_docs, clippy::all)]
+pub mod pb {
+    tonic::include_proto!("converge.v1");
+
+    /// Encoded descriptors of every converge.v1 file, for gRPC server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        tonic::include_file_descriptor_set!("converge_descriptor");
+}
+
+/// Milliseconds since the Unix epoch, the wire's timestamp unit.
+pub fn unix_ms(t: std::time::SystemTime) -> i64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,283 @@
+//! The agent's end of its stream to the manager.
+//!
+//! A [`Session`] is one task that owns the connection. The rest of the agent talks to it
+//! through two channels: an [`Outbox`] for what goes to the manager (progress, usage, results,
+//! exits) and a `commands` sender it was given for what comes back. Each (re)connect asks the
+//! agent's [`AgentState`] for a fresh [`Register`] (the containers it runs *now*), so after a
+//! manager restart or a partition the manager reconciles from the truth, not from history.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use rand::SeedableRng;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, warn};
+
+use crate::backoff::Backoff;
+use crate::pb::agent_message::Kind as AgentKind;
+use crate::pb::agent_service_client::AgentServiceClient;
+use crate::pb::manager_message::Kind as ManagerKind;
+use crate::pb::{AgentMessage, Command, Heartbeat, Register, Registered};
+
+/// Why a connection attempt or a live stream ended.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// The manager address is not a valid URI.
+    #[error("invalid manager endpoint `{endpoint}`: {source}")]
+    Endpoint {
+        /// The address given.
+        endpoint: String,
+        /// Why it is invalid.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// No TCP/HTTP2 connection could be made.
+    #[error("cannot connect to the manager: {0}")]
+    Connect(#[source] tonic::transport::Error),
+    /// The manager refused or broke the stream.
+    #[error("stream to the manager failed: {0}")]
+    Stream(#[from] tonic::Status),
+    /// The manager did not acknowledge the registration in time.
+    #[error("the manager did not acknowledge registration within {0:?}")]
+    RegisterTimeout(Duration),
+    /// The manager closed the stream.
+    #[error("the manager closed the stream")]
+    Closed,
+    /// The manager's first message was not `Registered`.
+    #[error("the manager answered registration with an unexpected message")]
+    Protocol,
+}
+
+/// How the session connects and how often it reports.
+#[derive(Clone, Debug)]
+pub struct SessionConfig {
+    /// The manager's agent endpoint, e.g. `http://127.0.0.1:7070`.
+    pub manager_endpoint: String,
+    /// Heartbeat period (default 1 s).
+    pub heartbeat_interval: Duration,
+    /// Reconnect schedule.
+    pub backoff: Backoff,
+    /// How long to wait for the manager's `Registered`.
+    pub register_timeout: Duration,
+}
+
+impl SessionConfig {
+    /// Defaults for everything but the endpoint.
+    pub fn new(manager_endpoint: impl Into<String>) -> Self {
+        Self {
+            manager_endpoint: manager_endpoint.into(),
+            heartbeat_interval: Duration::from_secs(1),
+            backoff: Backoff::default(),
+            register_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What the session needs from the agent.
+pub trait AgentState: Send + Sync + 'static {
+    /// The registration to send on this (re)connect, listing the containers running now.
+    fn register(&self) -> impl Future<Output = Register> + Send;
+    /// The body of the next heartbeat; the session fills in `seq` and `unix_ms`.
+    fn heartbeat(&self) -> Heartbeat;
+}
+
+/// The session's view of the connection, for the agent's logs, metrics and tests.
+#[derive(Clone, Debug, Default)]
+pub struct SessionStatus {
+    /// True while a registered stream is up.
+    pub connected: bool,
+    /// Successful registrations so far (1 after the first connect; +1 per reconnect).
+    pub registrations: u64,
+    /// What the manager said when it acknowledged the last registration.
+    pub registered: Option<Registered>,
+    /// Why the last stream ended, if one did.
+    pub last_error: Option<String>,
+}
+
+/// The agent's handle for sending to the manager; messages wait here while disconnected.
+#[derive(Clone, Debug)]
+pub struct Outbox {
+    tx: mpsc::Sender<AgentMessage>,
+}
+
+impl Outbox {
+    /// Queues a message that must not be lost (results, exits); waits for room.
+    pub async fn send(&self, kind: AgentKind) {
+        // The receiver lives as long as the session; after shutdown nothing is delivered anyway.
+        let _ = self.tx.send(AgentMessage { kind: Some(kind) }).await;
+    }
+
+    /// Queues a message that may be dropped when the queue is full (progress and usage are
+    /// superseded by the next batch); returns false when it was dropped.
+    pub fn try_send(&self, kind: AgentKind) -> bool {
+        self.tx.try_send(AgentMessage { kind: Some(kind) }).is_ok()
+    }
+}
+
+/// The agent's connection to the manager, as a task.
+pub struct Session;
+
+impl Session {
+    /// Starts the session task. Commands from the manager go to `commands`; the returned
+    /// [`Outbox`] sends to the manager. The task ends when `shutdown` is cancelled.
+    pub fn spawn<S: AgentState>(
+        config: SessionConfig,
+        state: Arc<S>,
+        commands: mpsc::Sender<Command>,
+        shutdown: CancellationToken,
+    ) -> (
+        Outbox,
+        watch::Receiver<SessionStatus>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let (out_tx, out_rx) = mpsc::channel(1024);
+        let (status_tx, status_rx) = watch::channel(SessionStatus::default());
+        let task = tokio::spawn(
+            run(config, state, commands, out_rx, status_tx, shutdown).in_current_span(),
+        );
+        (Outbox { tx: out_tx }, status_rx, task)
+    }
+}
+
+async fn run<S: AgentState>(
+    mut config: SessionConfig,
+    state: Arc<S>,
+    commands: mpsc::Sender<Command>,
+    mut outbox: mpsc::Receiver<AgentMessage>,
+    status: watch::Sender<SessionStatus>,
+    shutdown: CancellationToken,
+) {
+    let mut rng = rand::rngs::StdRng::from_os_rng();
+    let mut seq = 0u64;
+    // A message taken from the outbox when the stream broke is sent first after reconnecting.
+    let mut carry: Option<AgentMessage> = None;
+    loop {
+        let result = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = connect_and_serve(&config, &*state, &commands, &mut outbox, &status, &mut seq, &mut carry, &shutdown) => r,
+        };
+        if shutdown.is_cancelled() {
+            return;
+        }
+        let was_connected = status.borrow().connected;
+        if was_connected {
+            // The stream worked for a while: start the schedule over.
+            config.backoff.reset();
+        }
+        let reason = match &result {
+            Ok(()) => "closed".to_string(),
+            Err(e) => e.to_string(),
+        };
+        status.send_modify(|s| {
+            s.connected = false;
+            s.last_error = Some(reason.clone());
+        });
+        let delay = config.backoff.next_delay(&mut rng);
+        if was_connected {
+            warn!(%reason, ?delay, "disconnected from manager; reconnecting");
+        } else {
+            debug!(%reason, ?delay, "manager unreachable; retrying");
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn connect_and_serve<S: AgentState>(
+    config: &SessionConfig,
+    state: &S,
+    commands: &mpsc::Sender<Command>,
+    outbox: &mut mpsc::Receiver<AgentMessage>,
+    status: &watch::Sender<SessionStatus>,
+    seq: &mut u64,
+    carry: &mut Option<AgentMessage>,
+    shutdown: &CancellationToken,
+) -> Result<(), SessionError> {
+    let endpoint = tonic::transport::Endpoint::from_shared(config.manager_endpoint.clone())
+        .map_err(|source| SessionError::Endpoint {
+            endpoint: config.manager_endpoint.clone(),
+            source,
+        })?
+        .connect_timeout(Duration::from_secs(3))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5));
+    let channel = endpoint.connect().await.map_err(SessionError::Connect)?;
+    let mut client = AgentServiceClient::new(channel);
+
+    let (tx, rx) = mpsc::channel::<AgentMessage>(256);
+    let register = state.register().await;
+    let worker = register.worker_id.clone();
+    let containers = register.containers.len();
+    // The channel is fresh and has room: the send cannot block or fail.
+    let _ = tx
+        .send(AgentMessage {
+            kind: Some(AgentKind::Register(register)),
+        })
+        .await;
+    let mut inbound = client.connect(ReceiverStream::new(rx)).await?.into_inner();
+    let registered = match tokio::time::timeout(config.register_timeout, inbound.message()).await {
+        Err(_) => return Err(SessionError::RegisterTimeout(config.register_timeout)),
+        Ok(Err(status)) => return Err(status.into()),
+        Ok(Ok(None)) => return Err(SessionError::Closed),
+        Ok(Ok(Some(m))) => match m.kind {
+            Some(ManagerKind::Registered(r)) => r,
+            _ => return Err(SessionError::Protocol),
+        },
+    };
+    info!(%worker, containers, manager = %registered.manager_id, policy = %registered.policy, "registered with manager");
+    status.send_modify(|s| {
+        s.connected = true;
+        s.registrations += 1;
+        s.registered = Some(registered);
+        s.last_error = None;
+    });
+
+    if let Some(msg) = carry.take()
+        && let Err(e) = tx.send(msg).await
+    {
+        *carry = Some(e.0);
+        return Err(SessionError::Closed);
+    }
+    let mut heartbeat = tokio::time::interval(config.heartbeat_interval);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            _ = heartbeat.tick() => {
+                *seq += 1;
+                let mut hb = state.heartbeat();
+                hb.seq = *seq;
+                hb.unix_ms = crate::unix_ms(SystemTime::now());
+                if tx.send(AgentMessage { kind: Some(AgentKind::Heartbeat(hb)) }).await.is_err() {
+                    return Err(SessionError::Closed);
+                }
+            }
+            Some(msg) = outbox.recv() => {
+                if let Err(e) = tx.send(msg).await {
+                    *carry = Some(e.0);
+                    return Err(SessionError::Closed);
+                }
+            }
+            msg = inbound.message() => match msg? {
+                None => return Err(SessionError::Closed),
+                Some(m) => match m.kind {
+                    Some(ManagerKind::Command(cmd)) => {
+                        if commands.send(cmd).await.is_err() {
+                            // The agent's executor is gone: the agent is shutting down.
+                            return Ok(());
+                        }
+                    }
+                    Some(ManagerKind::Registered(_)) => debug!("ignoring a repeated Registered"),
+                    None => debug!("ignoring an empty or newer manager message"),
+                },
+            },
+        }
+    }
+}

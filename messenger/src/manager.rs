@@ -1,0 +1,190 @@
+//! The manager's end of the agent streams.
+//!
+//! [`AgentStreams`] implements the tonic `AgentService`. For every `Connect` it waits for the
+//! agent's `Register`, gives the stream a [`ConnectionId`] and an outbound [`AgentLink`], and
+//! spawns one task that forwards every inbound message as a [`StreamEvent`] on a single
+//! channel to the manager actor. When the stream ends — closed, broken, or the task's send
+//! failing — the task sends [`StreamEvent::Disconnected`]: the actor learns of every
+//! disconnect explicitly and in order with the stream's other messages.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{Instrument, debug, info_span};
+
+use crate::pb::agent_message::Kind as AgentKind;
+use crate::pb::agent_service_server::AgentService;
+use crate::pb::manager_message::Kind as ManagerKind;
+use crate::pb::{AgentMessage, Command, ManagerMessage, Register};
+
+/// Identifies one stream; a reconnecting agent gets a new one, so a late message from its old
+/// stream can be told apart from the new stream's.
+pub type ConnectionId = u64;
+
+/// How long a new stream may take to send its `Register`.
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Outbound messages per stream that may wait for a slow agent before sends fail.
+const OUTBOUND_CAPACITY: usize = 1024;
+
+/// What happens on the agent streams, in order per stream.
+#[derive(Debug)]
+pub enum StreamEvent {
+    /// An agent opened a stream and registered; `link` sends to it.
+    Connected {
+        /// This stream.
+        conn: ConnectionId,
+        /// What the agent said about itself.
+        register: Register,
+        /// Outbound half of the stream.
+        link: AgentLink,
+    },
+    /// A message other than `Register` arrived.
+    Message {
+        /// The stream it came on.
+        conn: ConnectionId,
+        /// The message kind.
+        kind: AgentKind,
+    },
+    /// The stream ended; nothing more will come from `conn`.
+    Disconnected {
+        /// The stream that ended.
+        conn: ConnectionId,
+        /// Why, for a person.
+        reason: String,
+    },
+}
+
+/// Sends to one agent's stream.
+#[derive(Clone, Debug)]
+pub struct AgentLink {
+    conn: ConnectionId,
+    tx: mpsc::Sender<Result<ManagerMessage, Status>>,
+}
+
+/// The agent's stream is gone (or so backed up that it is as good as gone).
+#[derive(Debug, thiserror::Error)]
+#[error("agent stream {0} is closed or full")]
+pub struct LinkClosed(pub ConnectionId);
+
+impl AgentLink {
+    /// The stream this link sends on.
+    pub fn conn(&self) -> ConnectionId {
+        self.conn
+    }
+
+    /// Sends a command without waiting: the manager actor must never block on one slow agent.
+    pub fn send_command(&self, cmd: Command) -> Result<(), LinkClosed> {
+        self.send(ManagerKind::Command(cmd))
+    }
+
+    /// Sends any manager message without waiting.
+    pub fn send(&self, kind: ManagerKind) -> Result<(), LinkClosed> {
+        self.tx
+            .try_send(Ok(ManagerMessage { kind: Some(kind) }))
+            .map_err(|_| LinkClosed(self.conn))
+    }
+
+    /// Ends the stream with an error status the agent will see (e.g. a duplicate worker id).
+    pub fn close_with(&self, status: Status) {
+        let _ = self.tx.try_send(Err(status));
+    }
+}
+
+/// The tonic service: hand it to a `Server` with `AgentServiceServer::new(streams)`.
+#[derive(Clone)]
+pub struct AgentStreams {
+    events: mpsc::Sender<StreamEvent>,
+    next_conn: Arc<AtomicU64>,
+}
+
+impl AgentStreams {
+    /// A service that reports every stream's life on `events`.
+    pub fn new(events: mpsc::Sender<StreamEvent>) -> Self {
+        Self {
+            events,
+            next_conn: Arc::new(AtomicU64::new(1)),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl AgentService for AgentStreams {
+    type ConnectStream = ReceiverStream<Result<ManagerMessage, Status>>;
+
+    async fn connect(
+        &self,
+        request: Request<Streaming<AgentMessage>>,
+    ) -> Result<Response<Self::ConnectStream>, Status> {
+        let peer = request
+            .remote_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        let mut inbound = request.into_inner();
+        let register = match tokio::time::timeout(REGISTER_TIMEOUT, inbound.message()).await {
+            Err(_) => {
+                return Err(Status::deadline_exceeded(
+                    "send Register as the first message of the stream",
+                ));
+            }
+            Ok(Err(status)) => return Err(status),
+            Ok(Ok(None)) => return Err(Status::cancelled("stream closed before Register")),
+            Ok(Ok(Some(AgentMessage {
+                kind: Some(AgentKind::Register(r)),
+            }))) => r,
+            Ok(Ok(Some(_))) => {
+                return Err(Status::failed_precondition(
+                    "the first message of the stream must be Register",
+                ));
+            }
+        };
+        if register.worker_id.is_empty() {
+            return Err(Status::invalid_argument(
+                "Register.worker_id must not be empty",
+            ));
+        }
+        let conn = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(OUTBOUND_CAPACITY);
+        let span = info_span!("agent_stream", conn, worker = %register.worker_id, %peer);
+        let events = self.events.clone();
+        events
+            .send(StreamEvent::Connected {
+                conn,
+                register,
+                link: AgentLink { conn, tx },
+            })
+            .await
+            .map_err(|_| Status::unavailable("manager is shutting down"))?;
+        tokio::spawn(
+            async move {
+                let reason = loop {
+                    match inbound.message().await {
+                        Ok(Some(AgentMessage { kind: Some(kind) })) => {
+                            if events
+                                .send(StreamEvent::Message { conn, kind })
+                                .await
+                                .is_err()
+                            {
+                                return; // the manager is gone; nobody to tell
+                            }
+                        }
+                        Ok(Some(AgentMessage { kind: None })) => {
+                            debug!("ignoring an empty or newer agent message");
+                        }
+                        Ok(None) => break "agent closed the stream".to_string(),
+                        Err(status) => break format!("stream error: {}", status.message()),
+                    }
+                };
+                let _ = events
+                    .send(StreamEvent::Disconnected { conn, reason })
+                    .await;
+            }
+            .instrument(span),
+        );
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
