@@ -4,6 +4,9 @@
 //!   multi-worker experiments): the schedulable worker with room and the fewest running tasks.
 //! - [`LeastAllocated`]: the Kubernetes default scheduler's `NodeResourcesLeastAllocated`
 //!   scoring (SpeCon's "DS" baseline: even initial placement, no migration).
+//! - [`RoundRobin`]: SpeCon's "fixed initial container placement, where workload are evenly
+//!   distributed based on the number of containers" (specon-speculative-migration.txt:356, :401:
+//!   containers 1-4 on workers 1-4, then 5-8 rotate again), used for both SpeCon and its baseline.
 //! - [`FreeCompetition`]: FlowCon's "NA" baseline: no CPU limits at all; every container
 //!   competes under the kernel's fair share.
 
@@ -92,6 +95,36 @@ impl Placer for LeastAllocated {
             None => Placement::Unschedulable {
                 reason: unschedulable_reason(job, workers),
             },
+        }
+    }
+}
+
+/// Rotating placement: the next schedulable worker with room after the last one chosen.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RoundRobin {
+    next: usize,
+}
+
+impl Placer for RoundRobin {
+    fn name(&self) -> &'static str {
+        "round-robin"
+    }
+
+    fn place(&mut self, job: &JobRequest, workers: &[WorkerSnapshot]) -> Placement {
+        let n = workers.len();
+        for k in 0..n {
+            let i = (self.next + k) % n;
+            let w = &workers[i];
+            if w.schedulable && w.fits(job) {
+                self.next = (i + 1) % n;
+                let scores = (0..n)
+                    .map(|j| if j == i { 0.0 } else { f64::INFINITY })
+                    .collect();
+                return Placement::Worker { index: i, scores };
+            }
+        }
+        Placement::Unschedulable {
+            reason: unschedulable_reason(job, workers),
         }
     }
 }
@@ -230,6 +263,16 @@ mod tests {
             assert!((scores[1] - 68.75).abs() < 1e-9);
             assert!((scores[0] - 56.25).abs() < 1e-9);
         }
+    }
+
+    #[test]
+    fn round_robin_rotates_and_skips_full_workers() {
+        let mut ws = vec![worker("w0", 4.0), worker("w1", 4.0), worker("w2", 4.0)];
+        let mut rr = RoundRobin::default();
+        let picks: Vec<_> = (0..4).map(|_| rr.place(&job(1.0), &ws).index()).collect();
+        assert_eq!(picks, vec![Some(0), Some(1), Some(2), Some(0)]);
+        ws[1].cpu_requested = 4.0;
+        assert_eq!(rr.place(&job(1.0), &ws).index(), Some(2));
     }
 
     #[test]

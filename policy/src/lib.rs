@@ -9,14 +9,30 @@
 //! - [`cluster`]: the plain data drivers fill in ([`JobRequest`], [`WorkerSnapshot`],
 //!   [`JobSnapshot`], [`Category`]) and the [`Placer`] trait with its [`Placement`] answer.
 //! - [`baseline`]: the papers' baselines: Docker Swarm [`Spread`], Kubernetes
-//!   [`LeastAllocated`], and [`FreeCompetition`] (no limits).
+//!   [`LeastAllocated`], SpeCon's fixed [`RoundRobin`] initial placement, and
+//!   [`FreeCompetition`] (no limits).
+//! - [`growth`]: progress (Eq. 1) and growth efficiency (Eq. 2), normalized by the job's own
+//!   initial metric, direction respected.
+//! - [`flowcon`]: [`flowcon::FlowCon`], one worker's executor (Alg. 1, 2, 3) with the step
+//!   [`flowcon::FlowCon::on_round`], and [`flowcon::FlowConPlacer`] (Alg. 4).
+//! - [`specon`]: [`specon::SpeCon`], the manager's cluster-wide state machine (Alg. 1, 2, 3)
+//!   with the step [`specon::SpeCon::on_round`]; [`specon::select_host`] and
+//!   [`specon::rebalance_plan`] are the pure kernels.
+//!
+//! Every step takes the time as an argument and returns its decisions as data; none of the
+//! algorithms draws random numbers (ties are broken by index or id), so the same inputs give the
+//! same decisions. Wherever a paper's pseudo-code is garbled or contradicts its text, the
+//! module doc of the algorithm lists what we decided and why.
 //!
 //! Each algorithm cites the paper and the line numbers of the text copies in `shared/papers/`.
 
 pub mod baseline;
 pub mod cluster;
 mod error;
+pub mod flowcon;
+pub mod growth;
+pub mod specon;
 
-pub use baseline::{FreeCompetition, LeastAllocated, Spread};
+pub use baseline::{FreeCompetition, LeastAllocated, RoundRobin, Spread};
 pub use cluster::{Category, JobRequest, JobSnapshot, Placement, Placer, WorkerSnapshot};
 pub use error::{Error, Result};

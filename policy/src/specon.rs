@@ -1,0 +1,728 @@
+//! SpeCon: speculative migration of converged jobs, and cluster rebalancing.
+//!
+//! One cluster-wide state machine, [`SpeCon`], run by the manager (or the simulator). Its step,
+//! [`SpeCon::on_round`], runs, at each categorization interval:
+//! 1. Alg. 1, the container monitor (specon-speculative-migration.txt:161-195): each job's
+//!    normalized gain over the interval moves it between Progressing / Watching / Converged
+//!    ([`Category::New`] / [`Category::Watching`] / [`Category::Completing`], see
+//!    [`Category::PROGRESSING`]) and produces migration requests for converged jobs.
+//! 2. Alg. 2, speculative scheduling (:227-256) for each request: [`worker_score`] and
+//!    [`select_host`].
+//! 3. Alg. 3, rebalancing (:290-332): [`rebalance_plan`].
+//!
+//! It returns [`SpeConDecisions`]: migrations as data; the driver saves and restores.
+//!
+//! ## Decisions where the paper is ambiguous
+//! - Gain (Eq. 1, :152) is normalized by the job's initial metric and direction-respecting
+//!   ([`crate::growth::normalized_gain`]): "α is a percentage value" (:203), so α = 0.01 means 1%
+//!   of the job's starting loss gained in one interval.
+//! - Alg. 1 lines 10-12 repeat lines 7-9; the text (:210) says a Watching job that keeps slowing
+//!   moves to Converged. We follow the text (design.md).
+//! - With no previous gain (the job's first measured interval) the "smaller than the last gain"
+//!   test passes: there is nothing it slowed down from.
+//! - Line 15's condition `|PC| + |WC| > 1` is read as the text and the issue put it: a converged
+//!   job requests migration when it shares its worker with at least one other job (moving it
+//!   cannot help anyone on a worker it has to itself).
+//! - Migrated jobs leave Alg. 1 (line 3) and so stay in their category; the `migrated` flag
+//!   travels with the job, which is why this is one cluster-wide state machine.
+//! - Alg. 2's candidates are the schedulable workers; scores compare with a 1e-9 tolerance;
+//!   among several candidates the lowest `R(w, t)` wins, then the lowest index. Moves decided
+//!   earlier in the same round update the category counts used by later ones.
+//! - Alg. 3: `d = t - t_converged` for converged jobs not yet rebalanced; `bf = ⌊Σ|w| / |W|⌋`
+//!   over schedulable workers. Lines 26-29 would move one job to every target; we move the
+//!   next-smallest-`d` job to each target in turn. A move must shrink the imbalance: its source
+//!   holds at least two more jobs than its target. A job is rebalanced at most once, and never in
+//!   the round Alg. 2 moved it.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::Category;
+use crate::error::{Error, Result};
+use crate::growth::{Direction, ProgressTracker, Sample};
+
+/// The category weights of Alg. 2 (`w_pc > w_wc > w_cc`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Weights {
+    /// Progressing weight.
+    pub pc: f64,
+    /// Watching weight.
+    pub wc: f64,
+    /// Converged weight.
+    pub cc: f64,
+}
+
+impl Default for Weights {
+    /// The paper's `w_pc = 2, w_wc = 1.5, w_cc = 1` (specon-speculative-migration.txt:356).
+    fn default() -> Self {
+        Weights {
+            pc: 2.0,
+            wc: 1.5,
+            cc: 1.0,
+        }
+    }
+}
+
+/// SpeCon's parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SpeConConfig {
+    /// Categorization threshold α on the normalized gain per interval.
+    pub alpha: f64,
+    /// Categorization interval `t_m - t_{m-1}`, seconds.
+    pub interval: f64,
+    /// Alg. 2 weights.
+    pub weights: Weights,
+    /// Whether Alg. 3 runs after Alg. 2 each round.
+    pub rebalance: bool,
+}
+
+impl Default for SpeConConfig {
+    /// The paper's evaluation setting: α = 0.01, interval 30 s (:385).
+    fn default() -> Self {
+        SpeConConfig {
+            alpha: 0.01,
+            interval: 30.0,
+            weights: Weights::default(),
+            rebalance: true,
+        }
+    }
+}
+
+impl SpeConConfig {
+    /// Checks the parameters.
+    pub fn validate(&self) -> Result<()> {
+        let check = |name, value: f64, ok: bool, expected| {
+            if ok {
+                Ok(())
+            } else {
+                Err(Error::InvalidParameter {
+                    name,
+                    value,
+                    expected,
+                })
+            }
+        };
+        check(
+            "alpha",
+            self.alpha,
+            self.alpha >= 0.0 && self.alpha.is_finite(),
+            "a finite threshold >= 0",
+        )?;
+        check(
+            "interval",
+            self.interval,
+            self.interval > 0.0 && self.interval.is_finite(),
+            "a positive number of seconds",
+        )?;
+        let w = self.weights;
+        check(
+            "weights.pc",
+            w.pc,
+            w.pc > w.wc && w.wc > w.cc && w.cc >= 0.0,
+            "weights with pc > wc > cc >= 0",
+        )
+    }
+}
+
+/// One running job as the manager sees it at a round.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobObservation {
+    /// The job id.
+    pub job_id: String,
+    /// Index of its current worker in the `workers` slice of the same call.
+    pub worker: usize,
+    /// Its latest progress sample.
+    pub sample: Option<Sample>,
+    /// Its initial metric value, if known (otherwise the first sample's).
+    pub initial_value: Option<f64>,
+    /// The metric's direction.
+    pub direction: Direction,
+}
+
+/// One worker as Alg. 2 and 3 need it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerLoad {
+    /// The worker id.
+    pub id: String,
+    /// `R(w, t)`: its current resource consumption (e.g. CPU fraction in use).
+    pub resource_use: f64,
+    /// False when lost or draining: never a target.
+    pub schedulable: bool,
+}
+
+/// One job's SpeCon state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpeConJob {
+    /// Its category.
+    pub category: Category,
+    /// Its worker (index), as last observed or decided.
+    pub worker: usize,
+    /// The gain of the previous interval.
+    pub last_gain: Option<f64>,
+    /// Set by Alg. 2 (moved or deliberately kept): it never runs Alg. 1 or 2 again.
+    pub migrated: bool,
+    /// Set by Alg. 3.
+    pub rebalanced: bool,
+    /// When it was last marked converged (`t_{c_j}` of Alg. 3).
+    pub converged_at: Option<f64>,
+    /// Progress memory.
+    pub tracker: ProgressTracker,
+}
+
+/// Why a job moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MigrationReason {
+    /// Alg. 2: a converged job moved off a busy worker.
+    Speculative,
+    /// Alg. 3: moved to even out the cluster.
+    Rebalance,
+}
+
+/// A decided move: save the job on `from`, restore it on `to`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Migration {
+    /// The job.
+    pub job_id: String,
+    /// Source worker index.
+    pub from: usize,
+    /// Target worker index.
+    pub to: usize,
+    /// Which algorithm decided it.
+    pub reason: MigrationReason,
+    /// The worker scores Alg. 2 used (empty for Alg. 3).
+    pub scores: Vec<f64>,
+}
+
+/// The output of one SpeCon round.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct SpeConDecisions {
+    /// Every running job's category after Alg. 1, by job id.
+    pub categories: Vec<(String, Category)>,
+    /// Jobs that requested reallocation (Alg. 1 line 16), in job-id order.
+    pub requests: Vec<String>,
+    /// Requests Alg. 2 answered by keeping the job where it is.
+    pub kept: Vec<String>,
+    /// Moves, in the order decided.
+    pub migrations: Vec<Migration>,
+    /// The balance factor Alg. 3 computed (None when it did not run).
+    pub balance_factor: Option<usize>,
+}
+
+/// SpeCon's cluster-wide state machine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpeCon {
+    config: SpeConConfig,
+    jobs: BTreeMap<String, SpeConJob>,
+}
+
+/// Alg. 2 line 3: `S_w = |PC|·w_pc + |WC|·w_wc + |CC|·w_cc`.
+pub fn worker_score(pc: usize, wc: usize, cc: usize, w: &Weights) -> f64 {
+    pc as f64 * w.pc + wc as f64 * w.wc + cc as f64 * w.cc
+}
+
+/// Alg. 2 lines 4-21: the host for a job now on `current`, given every worker's score and
+/// resource use; `None` entries are not eligible. Returns `current` when it is a candidate.
+pub fn select_host(current: usize, scores: &[Option<f64>], resource_use: &[f64]) -> Option<usize> {
+    let min = scores
+        .iter()
+        .flatten()
+        .copied()
+        .fold(f64::INFINITY, f64::min);
+    if !min.is_finite() {
+        return None;
+    }
+    // Lines 4-7: the candidate set T.
+    let candidates: Vec<usize> = (0..scores.len())
+        .filter(|&i| scores[i].is_some_and(|s| s <= min + 1e-9))
+        .collect();
+    // Lines 8-10: stay put when the current host is a candidate.
+    if candidates.contains(&current) {
+        return Some(current);
+    }
+    // Lines 12-21: the only candidate, or the one with the lowest R(w, t), then lowest index.
+    candidates.into_iter().min_by(|&a, &b| {
+        let ra = resource_use.get(a).copied().unwrap_or(0.0);
+        let rb = resource_use.get(b).copied().unwrap_or(0.0);
+        ra.total_cmp(&rb).then(a.cmp(&b))
+    })
+}
+
+/// A job Alg. 3 may move: its id, its worker, its converged duration `d`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RebalanceCandidate {
+    /// The job.
+    pub job_id: String,
+    /// Its worker index.
+    pub worker: usize,
+    /// `d = t - t_converged`.
+    pub converged_for: f64,
+}
+
+/// Alg. 3 (specon-speculative-migration.txt:290-332): moves `(job, from, to)` that even out the
+/// active-job counts. `counts[w]` is the number of active jobs on worker `w`; `schedulable[w]`
+/// says whether it may receive. Returns the moves and the balance factor.
+pub fn rebalance_plan(
+    counts: &[usize],
+    schedulable: &[bool],
+    candidates: &[RebalanceCandidate],
+) -> (Vec<(String, usize, usize)>, usize) {
+    let mut counts = counts.to_vec();
+    let eligible = schedulable.iter().filter(|&&s| s).count();
+    // Lines 2-3, 9: bf = ⌊sum / |W|⌋.
+    let sum: usize = counts.iter().sum();
+    let bf = sum.checked_div(eligible).unwrap_or(0);
+    let mut pool: Vec<&RebalanceCandidate> = candidates.iter().collect();
+    // Line 13/25: smallest d first; ties by job id for determinism.
+    pool.sort_by(|a, b| {
+        a.converged_for
+            .total_cmp(&b.converged_for)
+            .then_with(|| a.job_id.cmp(&b.job_id))
+    });
+    let is_target = |w: usize| schedulable.get(w).copied().unwrap_or(false);
+    // Lines 7-8: idle workers; lines 19-22: workers below bf - 1 when none is idle.
+    let idle: Vec<usize> = (0..counts.len())
+        .filter(|&w| is_target(w) && counts[w] == 0)
+        .collect();
+    let (targets, limit): (Vec<usize>, usize) = if !idle.is_empty() {
+        (idle, bf)
+    } else {
+        let lim = bf.saturating_sub(1);
+        (
+            (0..counts.len())
+                .filter(|&w| is_target(w) && counts[w] < lim)
+                .collect(),
+            lim,
+        )
+    };
+    let mut moves = Vec::new();
+    for &w in &targets {
+        // Lines 12 / 27: room below the limit.
+        if counts[w] >= limit {
+            continue;
+        }
+        // Lines 13 / 23-25: the smallest d on a worker that is not a target and holds at least
+        // two more jobs than this one (so the move shrinks the imbalance).
+        let Some(pos) = pool.iter().position(|c| {
+            !targets.contains(&c.worker) && counts.get(c.worker).is_some_and(|&n| n > counts[w] + 1)
+        }) else {
+            continue;
+        };
+        let c = pool.remove(pos);
+        counts[c.worker] -= 1;
+        counts[w] += 1;
+        moves.push((c.job_id.clone(), c.worker, w));
+    }
+    (moves, bf)
+}
+
+impl SpeCon {
+    /// A fresh state machine.
+    pub fn new(config: SpeConConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(SpeCon {
+            config,
+            jobs: BTreeMap::new(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SpeConConfig {
+        &self.config
+    }
+
+    /// Per-job state, by id.
+    pub fn jobs(&self) -> &BTreeMap<String, SpeConJob> {
+        &self.jobs
+    }
+
+    /// One round at time `now` (every `config.interval` seconds): Alg. 1 over `observations`
+    /// (the running jobs; a job missing from them is finished), then Alg. 2 for each request,
+    /// then Alg. 3 if enabled. `workers` are indexed by `JobObservation::worker`.
+    pub fn on_round(
+        &mut self,
+        now: f64,
+        observations: &[JobObservation],
+        workers: &[WorkerLoad],
+    ) -> SpeConDecisions {
+        let requests = self.categorize(now, observations);
+        let mut decisions = SpeConDecisions {
+            requests: requests.clone(),
+            ..SpeConDecisions::default()
+        };
+        let mut moved: Vec<String> = Vec::new();
+        for job_id in &requests {
+            match self.schedule(job_id, workers) {
+                Some(m) => {
+                    moved.push(m.job_id.clone());
+                    decisions.migrations.push(m);
+                }
+                None => decisions.kept.push(job_id.clone()),
+            }
+        }
+        if self.config.rebalance {
+            let (ms, bf) = self.rebalance(now, workers, &moved);
+            decisions.migrations.extend(ms);
+            decisions.balance_factor = Some(bf);
+        }
+        decisions.categories = self
+            .jobs
+            .iter()
+            .map(|(id, j)| (id.clone(), j.category))
+            .collect();
+        decisions
+    }
+
+    /// Alg. 1 over every observed job; returns the reallocation requests (line 16).
+    pub fn categorize(&mut self, now: f64, observations: &[JobObservation]) -> Vec<String> {
+        // Finished jobs leave; line 2: newcomers start Progressing, not migrated.
+        self.jobs
+            .retain(|id, _| observations.iter().any(|o| &o.job_id == id));
+        for o in observations {
+            let job = self
+                .jobs
+                .entry(o.job_id.clone())
+                .or_insert_with(|| SpeConJob {
+                    category: Category::PROGRESSING,
+                    worker: o.worker,
+                    last_gain: None,
+                    migrated: false,
+                    rebalanced: false,
+                    converged_at: None,
+                    tracker: ProgressTracker::new(o.direction, o.initial_value),
+                });
+            job.worker = o.worker;
+            if job.tracker.initial.is_none() {
+                job.tracker.initial = o.initial_value;
+            }
+        }
+        let mut per_worker: BTreeMap<usize, usize> = BTreeMap::new();
+        for j in self.jobs.values() {
+            *per_worker.entry(j.worker).or_default() += 1;
+        }
+        let alpha = self.config.alpha;
+        let mut requests = Vec::new();
+        for o in observations {
+            let job = self.jobs.get_mut(&o.job_id).expect("inserted above");
+            // Line 3: migrated jobs are no longer categorized.
+            if job.migrated {
+                continue;
+            }
+            // Lines 4-5: the gain over the interval.
+            let Some(sample) = o.sample else { continue };
+            let Some((gain, _dt)) = job.tracker.advance(sample) else {
+                continue;
+            };
+            let slowing = job.last_gain.is_none_or(|prev| gain < prev);
+            if slowing && gain < alpha {
+                // Lines 6-14 (lines 10-12 as the text says: Watching -> Converged).
+                job.category = match job.category {
+                    Category::New => Category::Watching,
+                    Category::Watching | Category::Completing => Category::Completing,
+                };
+                if job.category == Category::CONVERGED {
+                    job.converged_at.get_or_insert(now);
+                    // Lines 15-16: request when it shares its worker.
+                    if per_worker.get(&job.worker).copied().unwrap_or(0) > 1 {
+                        requests.push(o.job_id.clone());
+                    }
+                }
+            } else if gain > alpha {
+                // Lines 19-22: a sudden gain resets it to Progressing.
+                job.category = Category::PROGRESSING;
+                job.converged_at = None;
+            }
+            // Lines 17-18: otherwise (bouncing below α) it stays.
+            job.last_gain = Some(gain);
+        }
+        requests.sort();
+        requests.dedup();
+        requests
+    }
+
+    fn counts(&self, workers: usize) -> Vec<[usize; 3]> {
+        let mut counts = vec![[0usize; 3]; workers];
+        for j in self.jobs.values() {
+            if let Some(c) = counts.get_mut(j.worker) {
+                c[j.category as usize] += 1;
+            }
+        }
+        counts
+    }
+
+    /// Alg. 2 for one request: marks the job migrated and returns the move, or `None` when it
+    /// stays (its host is a candidate) or nothing is eligible.
+    pub fn schedule(&mut self, job_id: &str, workers: &[WorkerLoad]) -> Option<Migration> {
+        let current = {
+            let job = self.jobs.get(job_id)?;
+            if job.migrated {
+                return None;
+            }
+            job.worker
+        };
+        let counts = self.counts(workers.len());
+        let w = &self.config.weights;
+        // Lines 2-3.
+        let scores: Vec<Option<f64>> = workers
+            .iter()
+            .zip(&counts)
+            .map(|(wk, c)| wk.schedulable.then(|| worker_score(c[0], c[1], c[2], w)))
+            .collect();
+        let resource: Vec<f64> = workers.iter().map(|w| w.resource_use).collect();
+        let target = select_host(current, &scores, &resource);
+        let job = self.jobs.get_mut(job_id).expect("checked above");
+        // Lines 9, 15, 20: marked migrated whether it moves or stays.
+        job.migrated = true;
+        match target {
+            Some(to) if to != current => {
+                job.worker = to;
+                Some(Migration {
+                    job_id: job_id.to_string(),
+                    from: current,
+                    to,
+                    reason: MigrationReason::Speculative,
+                    scores: scores.iter().map(|s| s.unwrap_or(f64::INFINITY)).collect(),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// Alg. 3 at `now`, skipping jobs in `exclude` (moved this round).
+    pub fn rebalance(
+        &mut self,
+        now: f64,
+        workers: &[WorkerLoad],
+        exclude: &[String],
+    ) -> (Vec<Migration>, usize) {
+        let mut counts = vec![0usize; workers.len()];
+        for j in self.jobs.values() {
+            if let Some(c) = counts.get_mut(j.worker) {
+                *c += 1;
+            }
+        }
+        // Lines 4-6: converged durations.
+        let candidates: Vec<RebalanceCandidate> = self
+            .jobs
+            .iter()
+            .filter(|(id, j)| !j.rebalanced && !exclude.contains(id))
+            .filter_map(|(id, j)| {
+                j.converged_at.map(|t| RebalanceCandidate {
+                    job_id: id.clone(),
+                    worker: j.worker,
+                    converged_for: now - t,
+                })
+            })
+            .collect();
+        let schedulable: Vec<bool> = workers.iter().map(|w| w.schedulable).collect();
+        let (moves, bf) = rebalance_plan(&counts, &schedulable, &candidates);
+        let migrations = moves
+            .into_iter()
+            .map(|(job_id, from, to)| {
+                let job = self.jobs.get_mut(&job_id).expect("candidate exists");
+                job.worker = to;
+                job.rebalanced = true;
+                Migration {
+                    job_id,
+                    from,
+                    to,
+                    reason: MigrationReason::Rebalance,
+                    scores: Vec::new(),
+                }
+            })
+            .collect();
+        (migrations, bf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(n: usize) -> Vec<WorkerLoad> {
+        (0..n)
+            .map(|i| WorkerLoad {
+                id: format!("worker-{}", i + 1),
+                resource_use: 0.5,
+                schedulable: true,
+            })
+            .collect()
+    }
+
+    fn jo(id: &str, worker: usize, t: f64, v: f64) -> JobObservation {
+        JobObservation {
+            job_id: id.into(),
+            worker,
+            sample: Some(Sample { time: t, value: v }),
+            initial_value: Some(1.0),
+            direction: Direction::Minimize,
+        }
+    }
+
+    /// SpeCon §VI-C (specon-speculative-migration.txt:403): Job-14 on Worker-2 converges; the
+    /// scores of Worker-1..4 are 63, 88, 92, 72, so it goes to Worker-1.
+    #[test]
+    fn paper_scores_send_job_to_worker_1() {
+        let scores = [Some(63.0), Some(88.0), Some(92.0), Some(72.0)];
+        assert_eq!(select_host(1, &scores, &[0.9, 0.9, 0.9, 0.9]), Some(0));
+    }
+
+    #[test]
+    fn score_weights_categories() {
+        // 2·PC + 1.5·WC + 1·CC.
+        assert_eq!(worker_score(3, 2, 4, &Weights::default()), 13.0);
+    }
+
+    #[test]
+    fn stays_when_current_host_is_a_candidate() {
+        let scores = [Some(5.0), Some(5.0), Some(7.0)];
+        assert_eq!(select_host(1, &scores, &[0.9, 0.1, 0.0]), Some(1));
+    }
+
+    #[test]
+    fn ties_go_to_lowest_resource_use_then_lowest_index() {
+        let scores = [Some(9.0), Some(5.0), Some(5.0), Some(5.0)];
+        assert_eq!(select_host(0, &scores, &[0.1, 0.7, 0.3, 0.3]), Some(2));
+        assert_eq!(select_host(0, &[Some(9.0), None], &[0.0, 0.0]), Some(0));
+        assert_eq!(select_host(0, &[None, None], &[0.0, 0.0]), None);
+    }
+
+    #[test]
+    fn alg1_progressing_watching_converged_with_bounce() {
+        let mut s = SpeCon::new(SpeConConfig {
+            alpha: 0.05,
+            rebalance: false,
+            ..SpeConConfig::default()
+        })
+        .unwrap();
+        let w = load(2);
+        let cat = |s: &SpeCon| s.jobs()["a"].category;
+        s.on_round(0.0, &[jo("a", 0, 0.0, 1.0), jo("b", 0, 0.0, 1.0)], &w);
+        // Gain 0.3 > α: Progressing.
+        s.on_round(30.0, &[jo("a", 0, 30.0, 0.7), jo("b", 0, 30.0, 0.7)], &w);
+        assert_eq!(cat(&s), Category::PROGRESSING);
+        // Gain 0.04 < 0.3 and < α: Watching.
+        s.on_round(60.0, &[jo("a", 0, 60.0, 0.66), jo("b", 0, 60.0, 0.6)], &w);
+        assert_eq!(cat(&s), Category::Watching);
+        // Gain 0.045 >= 0.04 but < α: bounce, stays Watching (lines 17-18).
+        s.on_round(90.0, &[jo("a", 0, 90.0, 0.615), jo("b", 0, 90.0, 0.5)], &w);
+        assert_eq!(cat(&s), Category::Watching);
+        // Gain 0.005 < 0.045 and < α: Converged; it shares worker 0 with b -> request; Alg. 2
+        // scores: w0 = CC 1 + PC 2 = 3, w1 = 0 -> moves to w1.
+        let d = s.on_round(
+            120.0,
+            &[jo("a", 0, 120.0, 0.61), jo("b", 0, 120.0, 0.4)],
+            &w,
+        );
+        assert_eq!(cat(&s), Category::CONVERGED);
+        assert_eq!(d.requests, vec!["a".to_string()]);
+        assert_eq!(d.migrations.len(), 1);
+        assert_eq!((d.migrations[0].from, d.migrations[0].to), (0, 1));
+        assert_eq!(d.migrations[0].scores, vec![3.0, 0.0]);
+        assert!(s.jobs()["a"].migrated);
+        assert_eq!(s.jobs()["a"].converged_at, Some(120.0));
+        // Migrated: never categorized or scheduled again, even if it slows further.
+        let d = s.on_round(
+            150.0,
+            &[jo("a", 1, 150.0, 0.609), jo("b", 0, 150.0, 0.39)],
+            &w,
+        );
+        assert!(d.migrations.is_empty());
+    }
+
+    #[test]
+    fn sudden_gain_resets_to_progressing() {
+        let mut s = SpeCon::new(SpeConConfig {
+            alpha: 0.05,
+            rebalance: false,
+            ..SpeConConfig::default()
+        })
+        .unwrap();
+        let w = load(1);
+        s.on_round(0.0, &[jo("a", 0, 0.0, 1.0)], &w);
+        s.on_round(30.0, &[jo("a", 0, 30.0, 0.99)], &w);
+        s.on_round(60.0, &[jo("a", 0, 60.0, 0.985)], &w);
+        assert_eq!(s.jobs()["a"].category, Category::CONVERGED);
+        // Alone on its worker: no request.
+        s.on_round(90.0, &[jo("a", 0, 90.0, 0.8)], &w);
+        assert_eq!(s.jobs()["a"].category, Category::PROGRESSING);
+        assert_eq!(s.jobs()["a"].converged_at, None);
+    }
+
+    #[test]
+    fn rebalance_fills_idle_worker_with_most_recently_converged_job() {
+        // Worker 0 has 3 jobs, worker 1 has 3, worker 2 is idle: sum 6, bf = 2.
+        let cands = vec![
+            RebalanceCandidate {
+                job_id: "x".into(),
+                worker: 0,
+                converged_for: 50.0,
+            },
+            RebalanceCandidate {
+                job_id: "y".into(),
+                worker: 1,
+                converged_for: 10.0,
+            },
+            RebalanceCandidate {
+                job_id: "z".into(),
+                worker: 0,
+                converged_for: 20.0,
+            },
+        ];
+        let (moves, bf) = rebalance_plan(&[3, 3, 0], &[true; 3], &cands);
+        assert_eq!(bf, 2);
+        assert_eq!(moves, vec![("y".to_string(), 1, 2)]);
+    }
+
+    #[test]
+    fn rebalance_without_idle_uses_bf_minus_one() {
+        // Counts 6, 1, 5: sum 12, bf = 4; targets below bf - 1 = 3: worker 1.
+        let cands = vec![
+            RebalanceCandidate {
+                job_id: "a".into(),
+                worker: 2,
+                converged_for: 5.0,
+            },
+            RebalanceCandidate {
+                job_id: "b".into(),
+                worker: 0,
+                converged_for: 7.0,
+            },
+        ];
+        let (moves, bf) = rebalance_plan(&[6, 1, 5], &[true; 3], &cands);
+        assert_eq!(bf, 4);
+        assert_eq!(moves, vec![("a".to_string(), 2, 1)]);
+        // Balanced enough: nothing to do.
+        let (moves, _) = rebalance_plan(&[2, 2, 1], &[true; 3], &cands);
+        assert!(moves.is_empty());
+    }
+
+    #[test]
+    fn rebalance_skips_unschedulable_targets_and_pointless_moves() {
+        let cands = vec![RebalanceCandidate {
+            job_id: "a".into(),
+            worker: 0,
+            converged_for: 1.0,
+        }];
+        // Worker 1 idle but draining.
+        let (moves, _) = rebalance_plan(&[3, 0], &[true, false], &cands);
+        assert!(moves.is_empty());
+        // Moving the only job of a worker to an idle one changes nothing.
+        let (moves, _) = rebalance_plan(&[1, 0, 1], &[true; 3], &cands);
+        assert!(moves.is_empty());
+    }
+
+    #[test]
+    fn invalid_weights_are_rejected() {
+        let e = SpeCon::new(SpeConConfig {
+            weights: Weights {
+                pc: 1.0,
+                wc: 1.5,
+                cc: 1.0,
+            },
+            ..SpeConConfig::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("pc > wc > cc"));
+    }
+}
