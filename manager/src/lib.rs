@@ -1,1 +1,97 @@
-//! Placeholder: filled in by its issue.
+//! The Converge manager: the single actor that owns cluster state and makes cluster-wide
+//! decisions, behind two gRPC services on one port.
+//!
+//! - [`actor`]: the state owner. Every input — user requests, agent stream events, the
+//!   heartbeat timer — is a message it handles one at a time. Start reading here.
+//! - [`control`]: `ControlService` handlers (thin: wire → actor request → wire) and the
+//!   [`ManagerHandle`] they use.
+//! - [`validate`]: submission rules; every rejection names the field to fix.
+//! - [`state`], [`events`]: the data the actor owns and the numbered event log WatchEvents
+//!   streams.
+//! - [`error`]: the crate's errors and their one conversion into `tonic::Status`.
+//!
+//! [`serve`] wires it together: the actor task, the agent streams (`converge-messenger`), the
+//! control API, gRPC reflection (v1 and v1alpha, so grpcurl 1.8 works) and health.
+
+pub mod actor;
+pub mod config;
+pub mod control;
+pub mod error;
+pub mod events;
+pub mod state;
+pub mod validate;
+
+use converge_messenger::manager::AgentStreams;
+use converge_messenger::pb::FILE_DESCRIPTOR_SET;
+use converge_messenger::pb::agent_service_server::AgentServiceServer;
+use converge_messenger::pb::control_service_server::ControlServiceServer;
+use converge_policy::cluster::Placer;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+pub use config::Config;
+pub use control::ManagerHandle;
+pub use error::{Error, Result};
+
+/// The placement policy named in the configuration.
+pub fn placer(name: &str) -> Option<Box<dyn Placer + Send>> {
+    match name {
+        "spread" => Some(Box::new(converge_policy::baseline::Spread)),
+        _ => None,
+    }
+}
+
+/// Serves the manager on `listener` until `shutdown` is cancelled.
+pub async fn serve(
+    config: Config,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let placer = placer(&config.policy).ok_or_else(|| {
+        Error::invalid(
+            "policy",
+            format!("unknown placement policy `{}`", config.policy),
+        )
+    })?;
+    let actor_config = actor::ActorConfig {
+        manager_id: format!("manager-{}", uuid::Uuid::new_v4()),
+        heartbeat_interval: config.heartbeat_interval,
+        lost_after_missed: config.lost_after,
+        progress_history: config.progress_history,
+    };
+    let (req_tx, req_rx) = mpsc::channel(1024);
+    let (stream_tx, stream_rx) = mpsc::channel(8192);
+    let actor = actor::Actor::new(actor_config, placer);
+    let actor_task = tokio::spawn(actor.run(req_rx, stream_rx, shutdown.clone()));
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<ControlServiceServer<ManagerHandle>>()
+        .await;
+    health
+        .set_serving::<AgentServiceServer<AgentStreams>>()
+        .await;
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let addr = listener.local_addr()?;
+    info!(%addr, policy = %config.policy, "manager listening");
+    tonic::transport::Server::builder()
+        // Find dead agent connections even when no heartbeat would fail to send.
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(5)))
+        .add_service(health_service)
+        .add_service(reflection().build_v1()?)
+        .add_service(reflection().build_v1alpha()?)
+        .add_service(AgentServiceServer::new(AgentStreams::new(stream_tx)))
+        .add_service(ControlServiceServer::new(ManagerHandle::new(req_tx)))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled())
+        .await?;
+    let _ = actor_task.await;
+    Ok(())
+}

@@ -1,0 +1,105 @@
+//! Command line and environment settings, parsed into a validated [`Config`].
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Parser;
+
+/// `converge-manager` settings; every flag has a `CONVERGE_*` environment fallback.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "converge-manager", version, about = "The Converge manager")]
+pub struct Cli {
+    /// Address serving the agent streams, the control API, reflection and health.
+    #[arg(long, env = "CONVERGE_LISTEN", default_value = "0.0.0.0:7070")]
+    pub listen: SocketAddr,
+    /// Placement policy: `spread` (Docker Swarm's spread, the baseline).
+    #[arg(long, env = "CONVERGE_POLICY", default_value = "spread")]
+    pub policy: String,
+    /// Heartbeat period agents use; loss is counted in these.
+    #[arg(long, env = "CONVERGE_HEARTBEAT_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub heartbeat_interval: Duration,
+    /// Missed heartbeats after which a worker is marked lost.
+    #[arg(long, env = "CONVERGE_LOST_AFTER", default_value_t = 3)]
+    pub lost_after: u32,
+    /// Progress points kept per job.
+    #[arg(long, env = "CONVERGE_PROGRESS_HISTORY", default_value_t = 256)]
+    pub progress_history: usize,
+}
+
+/// The placement policies the manager can run.
+pub const POLICIES: &[&str] = &["spread"];
+
+/// Validated settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// Placement policy name (one of [`POLICIES`]).
+    pub policy: String,
+    /// Heartbeat period.
+    pub heartbeat_interval: Duration,
+    /// Missed heartbeats before loss.
+    pub lost_after: u32,
+    /// Progress points kept per job.
+    pub progress_history: usize,
+}
+
+/// A setting that cannot work, naming the flag.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid --{flag}: {message}")]
+pub struct ConfigError {
+    /// The flag.
+    pub flag: &'static str,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl Cli {
+    /// Checks the settings.
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        if !POLICIES.contains(&self.policy.as_str()) {
+            return Err(ConfigError {
+                flag: "policy",
+                message: format!("`{}` is not one of {}", self.policy, POLICIES.join(", ")),
+            });
+        }
+        if self.heartbeat_interval < Duration::from_millis(10) {
+            return Err(ConfigError {
+                flag: "heartbeat-interval",
+                message: "must be at least 10ms".into(),
+            });
+        }
+        if self.lost_after == 0 {
+            return Err(ConfigError {
+                flag: "lost-after",
+                message: "must be at least 1".into(),
+            });
+        }
+        if self.progress_history == 0 {
+            return Err(ConfigError {
+                flag: "progress-history",
+                message: "must be at least 1".into(),
+            });
+        }
+        Ok(Config {
+            listen: self.listen,
+            policy: self.policy,
+            heartbeat_interval: self.heartbeat_interval,
+            lost_after: self.lost_after,
+            progress_history: self.progress_history,
+        })
+    }
+}
+
+impl Config {
+    /// Settings for tests and embedding: spread, 1 s heartbeats, loss after 3, on `listen`.
+    pub fn for_listen(listen: SocketAddr) -> Self {
+        Self {
+            listen,
+            policy: "spread".into(),
+            heartbeat_interval: Duration::from_secs(1),
+            lost_after: 3,
+            progress_history: 256,
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! The user API (`ControlService`): each handler turns a wire request into an actor
+//! [`Request`] and the answer back into a wire response, and does nothing else.
+
+use std::pin::Pin;
+
+use converge_messenger::pb::{self, control_service_server::ControlService};
+use futures::{Stream, StreamExt, stream};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::BroadcastStream;
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+use tonic::{Request, Response, Status};
+
+use crate::actor::Request as ActorRequest;
+use crate::error::Error;
+
+/// A cloneable handle on the manager actor.
+#[derive(Clone, Debug)]
+pub struct ManagerHandle {
+    tx: mpsc::Sender<ActorRequest>,
+}
+
+impl ManagerHandle {
+    /// A handle sending on `tx`.
+    pub fn new(tx: mpsc::Sender<ActorRequest>) -> Self {
+        Self { tx }
+    }
+
+    /// Sends a request built around a fresh reply channel and waits for the answer.
+    async fn ask<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<T>) -> ActorRequest,
+    ) -> Result<T, Error> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(make(reply))
+            .await
+            .map_err(|_| Error::Unavailable)?;
+        rx.await.map_err(|_| Error::Unavailable)
+    }
+}
+
+#[tonic::async_trait]
+impl ControlService for ManagerHandle {
+    async fn submit_job(
+        &self,
+        request: Request<pb::SubmitJobRequest>,
+    ) -> Result<Response<pb::SubmitJobResponse>, Status> {
+        let spec = request.into_inner().spec.map(Box::new);
+        let job = self
+            .ask(|reply| ActorRequest::Submit { spec, reply })
+            .await??;
+        Ok(Response::new(pb::SubmitJobResponse {
+            job_id: job.id.clone(),
+            job: Some(job),
+        }))
+    }
+
+    async fn get_job(
+        &self,
+        request: Request<pb::GetJobRequest>,
+    ) -> Result<Response<pb::Job>, Status> {
+        let r = request.into_inner();
+        if r.job_id.is_empty() {
+            return Err(Error::invalid("job_id", "required").into());
+        }
+        let job = self
+            .ask(|reply| ActorRequest::GetJob {
+                id: r.job_id,
+                include_progress: r.include_progress,
+                reply,
+            })
+            .await??;
+        Ok(Response::new(job))
+    }
+
+    async fn list_jobs(
+        &self,
+        request: Request<pb::ListJobsRequest>,
+    ) -> Result<Response<pb::ListJobsResponse>, Status> {
+        let r = request.into_inner();
+        let state = pb::JobState::try_from(r.state)
+            .map_err(|_| Error::invalid("state", format!("unknown job state {}", r.state)))?;
+        let jobs = self
+            .ask(|reply| ActorRequest::ListJobs {
+                state,
+                worker_id: r.worker_id,
+                reply,
+            })
+            .await?;
+        Ok(Response::new(pb::ListJobsResponse { jobs }))
+    }
+
+    async fn cancel_job(
+        &self,
+        request: Request<pb::CancelJobRequest>,
+    ) -> Result<Response<pb::Job>, Status> {
+        let id = request.into_inner().job_id;
+        if id.is_empty() {
+            return Err(Error::invalid("job_id", "required").into());
+        }
+        let job = self
+            .ask(|reply| ActorRequest::Cancel { id, reply })
+            .await??;
+        Ok(Response::new(job))
+    }
+
+    async fn list_workers(
+        &self,
+        _request: Request<pb::ListWorkersRequest>,
+    ) -> Result<Response<pb::ListWorkersResponse>, Status> {
+        let workers = self
+            .ask(|reply| ActorRequest::ListWorkers { reply })
+            .await?;
+        Ok(Response::new(pb::ListWorkersResponse { workers }))
+    }
+
+    type WatchEventsStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
+
+    async fn watch_events(
+        &self,
+        request: Request<pb::WatchEventsRequest>,
+    ) -> Result<Response<Self::WatchEventsStream>, Status> {
+        let r = request.into_inner();
+        let job_id = r.job_id.clone();
+        let (history, live) = self
+            .ask(|reply| ActorRequest::Watch {
+                job_id: r.job_id,
+                from_seq: r.from_seq,
+                reply,
+            })
+            .await?;
+        let live = BroadcastStream::new(live)
+            .filter_map(move |item| {
+                let keep = match &item {
+                    Ok(e) => job_id.is_empty() || e.job_id == job_id,
+                    Err(_) => true,
+                };
+                async move { keep.then_some(item) }
+            })
+            .map(|item| match item {
+                Ok(e) => Ok(e),
+                // A watcher too slow to keep up is cut off with a way to resume, rather than
+                // silently missing events.
+                Err(BroadcastStreamRecvError::Lagged(n)) => Err(Status::resource_exhausted(
+                    format!("watcher fell {n} events behind; watch again with from_seq set to the last seq you saw + 1"),
+                )),
+            })
+            .scan(false, |failed, item| {
+                // End the stream after the first error.
+                let out = if *failed { None } else { Some(item) };
+                if matches!(out, Some(Err(_))) {
+                    *failed = true;
+                }
+                futures::future::ready(out)
+            });
+        let all = stream::iter(history.into_iter().map(Ok)).chain(live);
+        Ok(Response::new(Box::pin(all)))
+    }
+}

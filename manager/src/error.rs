@@ -1,0 +1,60 @@
+//! The manager's errors, and their one conversion into `tonic::Status`.
+
+use tonic::{Code, Status};
+
+/// Everything a manager request can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The request is wrong; `field` names what to fix.
+    #[error("{field}: {message}")]
+    InvalidArgument {
+        /// Path of the offending field, e.g. `spec.cpus`.
+        field: String,
+        /// What is wrong and what would be right.
+        message: String,
+    },
+    /// No job with this id.
+    #[error("no job with id `{0}`")]
+    JobNotFound(String),
+    /// The request does not fit the job's current state.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// The manager actor has stopped (shutting down).
+    #[error("the manager is shutting down")]
+    Unavailable,
+    /// The listener could not be bound or served.
+    #[error("gRPC server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+    /// Reflection could not be built from the descriptor sets.
+    #[error("cannot build gRPC reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    /// An I/O error (binding the listener).
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// An [`Error::InvalidArgument`] for `field`.
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::InvalidArgument {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Self {
+        let code = match &e {
+            Error::InvalidArgument { .. } => Code::InvalidArgument,
+            Error::JobNotFound(_) => Code::NotFound,
+            Error::FailedPrecondition(_) => Code::FailedPrecondition,
+            Error::Unavailable => Code::Unavailable,
+            Error::Serve(_) | Error::Reflection(_) | Error::Io(_) => Code::Internal,
+        };
+        Status::new(code, e.to_string())
+    }
+}

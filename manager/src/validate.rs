@@ -1,0 +1,278 @@
+//! Submission validation: every rule names the field to fix, and a rejected submission creates
+//! nothing (validation runs before the actor records anything).
+
+use converge_messenger::pb::{Direction, JobSpec};
+
+use crate::error::{Error, Result};
+
+/// Longest image reference accepted.
+pub const MAX_IMAGE: usize = 512;
+/// Longest job name accepted.
+pub const MAX_NAME: usize = 128;
+/// Longest metric name accepted.
+pub const MAX_METRIC: usize = 64;
+/// Most arguments, env entries or labels accepted.
+pub const MAX_ENTRIES: usize = 256;
+/// Longest single argument, env or label key/value accepted.
+pub const MAX_VALUE: usize = 4096;
+
+/// What validation needs to know about the cluster.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Limits {
+    /// Largest CPU capacity of any known worker (None: no worker has registered yet).
+    pub max_cpus: Option<f64>,
+    /// Largest memory of any known worker.
+    pub max_memory: Option<u64>,
+}
+
+/// Checks `spec` and fills in defaults (metric `loss`, direction minimize).
+pub fn validate(spec: Option<JobSpec>, limits: Limits) -> Result<JobSpec> {
+    let mut spec = spec.ok_or_else(|| Error::invalid("spec", "required"))?;
+    if spec.image.trim().is_empty() {
+        return Err(Error::invalid(
+            "spec.image",
+            "required (e.g. \"converge/trainer:dev\")",
+        ));
+    }
+    max_len("spec.image", &spec.image, MAX_IMAGE)?;
+    max_len("spec.name", &spec.name, MAX_NAME)?;
+    if spec.metric.is_empty() {
+        spec.metric = "loss".into();
+    }
+    max_len("spec.metric", &spec.metric, MAX_METRIC)?;
+    if !spec
+        .metric
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+    {
+        return Err(Error::invalid(
+            "spec.metric",
+            format!("`{}` must be letters, digits, `_`, `-` or `.`", spec.metric),
+        ));
+    }
+    match Direction::try_from(spec.direction) {
+        Ok(Direction::Unspecified) => spec.direction = Direction::Minimize as i32,
+        Ok(_) => {}
+        Err(_) => {
+            return Err(Error::invalid(
+                "spec.direction",
+                format!(
+                    "unknown metric direction {}; use DIRECTION_MINIMIZE or DIRECTION_MAXIMIZE",
+                    spec.direction
+                ),
+            ));
+        }
+    }
+    if !(spec.cpus.is_finite() && spec.cpus > 0.0) {
+        return Err(Error::invalid(
+            "spec.cpus",
+            format!("must be a number of cores > 0, got {}", spec.cpus),
+        ));
+    }
+    if let Some(max) = limits.max_cpus
+        && spec.cpus > max + 1e-9
+    {
+        return Err(Error::invalid(
+            "spec.cpus",
+            format!(
+                "{} exceeds the largest worker's capacity ({max} cores)",
+                spec.cpus
+            ),
+        ));
+    }
+    if let Some(max) = limits.max_memory
+        && spec.memory_bytes > max
+    {
+        return Err(Error::invalid(
+            "spec.memory_bytes",
+            format!(
+                "{} exceeds the largest worker's memory ({max} bytes)",
+                spec.memory_bytes
+            ),
+        ));
+    }
+    entries(
+        "spec.args",
+        spec.args.iter().map(|a| ("", a.as_str())),
+        spec.args.len(),
+    )?;
+    entries(
+        "spec.env",
+        spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        spec.env.len(),
+    )?;
+    entries(
+        "spec.labels",
+        spec.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        spec.labels.len(),
+    )?;
+    if let Some(k) = spec.labels.keys().find(|k| k.starts_with("converge.")) {
+        return Err(Error::invalid(
+            format!("spec.labels[{k}]"),
+            "the `converge.` prefix is reserved for Converge's own labels",
+        ));
+    }
+    if let Some(k) = spec.env.keys().find(|k| k.is_empty() || k.contains('=')) {
+        return Err(Error::invalid(
+            "spec.env",
+            format!("`{k}` is not a valid variable name"),
+        ));
+    }
+    if let Some(vc) = &spec.value_curve {
+        let ok = vc.max_value.is_finite()
+            && vc.max_value > 0.0
+            && vc.full_value_until_s.is_finite()
+            && vc.full_value_until_s >= 0.0
+            && vc.zero_value_at_s.is_finite()
+            && vc.zero_value_at_s >= vc.full_value_until_s;
+        if !ok {
+            return Err(Error::invalid(
+                "spec.value_curve",
+                "needs max_value > 0 and 0 <= full_value_until_s <= zero_value_at_s",
+            ));
+        }
+    }
+    if !(spec.estimated_runtime_s.is_finite() && spec.estimated_runtime_s >= 0.0) {
+        return Err(Error::invalid(
+            "spec.estimated_runtime_s",
+            "must be a number of seconds >= 0",
+        ));
+    }
+    Ok(spec)
+}
+
+fn max_len(field: &str, s: &str, max: usize) -> Result<()> {
+    if s.len() > max {
+        return Err(Error::invalid(
+            field,
+            format!("is {} bytes, over the {max}-byte limit", s.len()),
+        ));
+    }
+    Ok(())
+}
+
+fn entries<'a>(
+    field: &str,
+    items: impl Iterator<Item = (&'a str, &'a str)>,
+    count: usize,
+) -> Result<()> {
+    if count > MAX_ENTRIES {
+        return Err(Error::invalid(
+            field,
+            format!("has {count} entries, over the {MAX_ENTRIES}-entry limit"),
+        ));
+    }
+    for (k, v) in items {
+        if k.len() > MAX_VALUE || v.len() > MAX_VALUE {
+            return Err(Error::invalid(
+                field,
+                format!("an entry is over the {MAX_VALUE}-byte limit"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> JobSpec {
+        JobSpec {
+            image: "converge/trainer:dev".into(),
+            cpus: 1.0,
+            ..Default::default()
+        }
+    }
+
+    fn field_of(r: Result<JobSpec>) -> String {
+        match r {
+            Err(Error::InvalidArgument { field, .. }) => field,
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_are_filled_in() {
+        let s = validate(Some(spec()), Limits::default()).unwrap();
+        assert_eq!(s.metric, "loss");
+        assert_eq!(s.direction, Direction::Minimize as i32);
+    }
+
+    #[test]
+    fn each_rule_names_its_field() {
+        let lim = Limits {
+            max_cpus: Some(2.0),
+            max_memory: Some(1 << 30),
+        };
+        assert_eq!(field_of(validate(None, lim)), "spec");
+        assert_eq!(
+            field_of(validate(
+                Some(JobSpec {
+                    image: " ".into(),
+                    ..spec()
+                }),
+                lim
+            )),
+            "spec.image"
+        );
+        for cpus in [0.0, -1.0, f64::NAN, 2.5] {
+            assert_eq!(
+                field_of(validate(Some(JobSpec { cpus, ..spec() }), lim)),
+                "spec.cpus",
+                "cpus={cpus}"
+            );
+        }
+        assert_eq!(
+            field_of(validate(
+                Some(JobSpec {
+                    direction: 7,
+                    ..spec()
+                }),
+                lim
+            )),
+            "spec.direction"
+        );
+        assert_eq!(
+            field_of(validate(
+                Some(JobSpec {
+                    name: "n".repeat(MAX_NAME + 1),
+                    ..spec()
+                }),
+                lim
+            )),
+            "spec.name"
+        );
+        assert_eq!(
+            field_of(validate(
+                Some(JobSpec {
+                    memory_bytes: 2 << 30,
+                    ..spec()
+                }),
+                lim
+            )),
+            "spec.memory_bytes"
+        );
+        let mut s = spec();
+        s.labels.insert("converge.job".into(), "x".into());
+        assert_eq!(
+            field_of(validate(Some(s), lim)),
+            "spec.labels[converge.job]"
+        );
+    }
+
+    #[test]
+    fn capacity_is_not_checked_before_any_worker_registers() {
+        // With no worker known yet the job waits as Pending instead of being refused.
+        assert!(
+            validate(
+                Some(JobSpec {
+                    cpus: 64.0,
+                    ..spec()
+                }),
+                Limits::default()
+            )
+            .is_ok()
+        );
+    }
+}
