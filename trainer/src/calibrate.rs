@@ -1,0 +1,197 @@
+//! Calibration: train each model at one thread and tabulate what a simulator needs to give its
+//! jobs realistic curves: seconds per step, how fast the loss gets most of its improvement,
+//! where it ends, memory and checkpoint size.
+//!
+//! Each model runs as a child process (this same binary) so that its peak RSS and CPU time are
+//! its own, as they would be in a container. The numbers come from the child's progress lines
+//! (parsed with the contract's own parser) and its closing log line on stderr.
+
+use std::path::Path;
+use std::process::Command;
+
+use converge_contract::{CheckpointEvent, parse_line};
+
+use crate::config::CalibrateArgs;
+use crate::error::{Error, Result};
+use crate::models::ModelKind;
+
+/// One model's measurements.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    /// Model name.
+    pub model: &'static str,
+    /// `--size`.
+    pub size: usize,
+    /// Steps trained.
+    pub steps: u64,
+    /// Mini-batch size.
+    pub batch: usize,
+    /// Training seconds per step (held-out evaluations every 1% of the run included).
+    pub secs_per_step: f64,
+    /// First reported step by which the loss had made 90% of its total improvement.
+    pub steps_to_90: Option<u64>,
+    /// Held-out loss at step 0.
+    pub initial: f64,
+    /// Held-out loss at the end.
+    pub last: f64,
+    /// Peak resident set size, KiB.
+    pub peak_rss_kib: Option<u64>,
+    /// Final checkpoint size, bytes.
+    pub checkpoint_bytes: Option<u64>,
+    /// CPU seconds / wall seconds of the whole process (shows `--threads 1` uses one core).
+    pub cores_used: Option<f64>,
+}
+
+/// Runs the calibration and returns the markdown table.
+pub fn run(args: &CalibrateArgs) -> Result<String> {
+    let models: Vec<ModelKind> = if args.models.is_empty() {
+        ModelKind::ALL.to_vec()
+    } else {
+        args.models
+            .iter()
+            .map(|n| {
+                ModelKind::from_name(n).ok_or_else(|| Error::InvalidConfig {
+                    flag: "--models",
+                    why: format!("unknown model `{n}`"),
+                })
+            })
+            .collect::<Result<_>>()?
+    };
+    let exe = std::env::current_exe().map_err(|source| Error::Io {
+        what: "finding the trainer binary",
+        path: "/proc/self/exe".into(),
+        source,
+    })?;
+    let mut rows = Vec::new();
+    for m in models {
+        let steps = ((m.defaults().steps as f64 * args.steps_scale).round() as u64).max(1);
+        eprintln!("calibrate: {} ({steps} steps)...", m.name());
+        rows.push(measure(&exe, m, args.size, steps)?);
+    }
+    Ok(table(&rows))
+}
+
+fn measure(exe: &Path, m: ModelKind, size: usize, steps: u64) -> Result<Row> {
+    let fail = |why: String| Error::Calibration {
+        model: m.name(),
+        why,
+    };
+    let dir = std::env::temp_dir().join(format!(
+        "converge-calibrate-{}-{}",
+        std::process::id(),
+        m.name()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    let report_every = (steps / 100).max(1);
+    let out = Command::new(exe)
+        .args(["--model", m.name(), "--threads", "1"])
+        .args(["--size", &size.to_string(), "--steps", &steps.to_string()])
+        .args(["--report-every", &report_every.to_string()])
+        .arg("--checkpoint-dir")
+        .arg(&dir)
+        .output();
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = out.map_err(|e| fail(format!("starting {}: {e}", exe.display())))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        return Err(fail(format!("exited with {}: {stderr}", out.status)));
+    }
+    let mut points = Vec::new();
+    let (mut checkpoint_bytes, mut elapsed) = (None, None);
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some(p) = parse_line(line, Some("loss")).map_err(|e| fail(e.to_string()))? else {
+            continue;
+        };
+        if let Some(v) = p.value {
+            points.push((p.step, v));
+        }
+        if p.checkpoint == Some(CheckpointEvent::Saved) {
+            checkpoint_bytes = p.checkpoint_bytes;
+        }
+        if p.done {
+            elapsed = p.elapsed_s;
+        }
+    }
+    let (Some(&(_, initial)), Some(&(_, last)), Some(elapsed)) =
+        (points.first(), points.last(), elapsed)
+    else {
+        return Err(fail("no progress or no final line".into()));
+    };
+    let field = |key: &str, unit: &str| -> Option<f64> {
+        let after = &stderr[stderr.rfind(key)? + key.len()..];
+        after.split(unit).next()?.trim().parse().ok()
+    };
+    let cores_used = match (field(" cpu ", "s"), field(" wall ", "s")) {
+        (Some(cpu), Some(wall)) if wall > 0.0 => Some(cpu / wall),
+        _ => None,
+    };
+    Ok(Row {
+        model: m.name(),
+        size,
+        steps,
+        batch: m.defaults().batch,
+        secs_per_step: elapsed / steps as f64,
+        steps_to_90: steps_to_fraction(&points, 0.9),
+        initial,
+        last,
+        peak_rss_kib: field("peak RSS ", "KiB").map(|v| v as u64),
+        checkpoint_bytes,
+        cores_used,
+    })
+}
+
+/// The first step at which a minimized metric has made `fraction` of its total improvement
+/// (from the first point to the last). `None` if it never improved.
+pub fn steps_to_fraction(points: &[(u64, f64)], fraction: f64) -> Option<u64> {
+    let (&(_, first), &(_, last)) = (points.first()?, points.last()?);
+    let total = first - last;
+    if total <= 0.0 {
+        return None;
+    }
+    points
+        .iter()
+        .find(|(_, v)| first - v >= fraction * total)
+        .map(|&(s, _)| s)
+}
+
+/// The markdown table.
+pub fn table(rows: &[Row]) -> String {
+    let mut s = String::from(
+        "| model | size | steps | batch | s/step | steps to 90% | initial loss | final loss \
+         | peak RSS (MiB) | checkpoint (KiB) | cores used |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    let opt = |v: Option<String>| v.unwrap_or_else(|| "n/a".into());
+    for r in rows {
+        s += &format!(
+            "| {} | {} | {} | {} | {:.5} | {} | {:.4} | {:.4} | {} | {} | {} |\n",
+            r.model,
+            r.size,
+            r.steps,
+            r.batch,
+            r.secs_per_step,
+            opt(r.steps_to_90.map(|v| v.to_string())),
+            r.initial,
+            r.last,
+            opt(r.peak_rss_kib.map(|k| format!("{:.1}", k as f64 / 1024.0))),
+            opt(r
+                .checkpoint_bytes
+                .map(|b| format!("{:.1}", b as f64 / 1024.0))),
+            opt(r.cores_used.map(|c| format!("{c:.2}"))),
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ninety_percent_point_is_the_first_step_past_it() {
+        let pts = [(0, 10.0), (10, 4.0), (20, 2.0), (30, 1.5), (40, 1.0)];
+        // Total improvement 9; 90% of it is reached at a loss of 1.9 or lower.
+        assert_eq!(steps_to_fraction(&pts, 0.9), Some(30));
+        assert_eq!(steps_to_fraction(&[(0, 1.0), (5, 2.0)], 0.9), None);
+    }
+}

@@ -1,0 +1,140 @@
+//! The binary as a user meets it: flags and their exit codes, and SIGTERM handling.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use converge_contract::{CheckpointEvent, parse_line};
+
+const BIN: &str = env!("CARGO_BIN_EXE_converge-trainer");
+
+fn trainer() -> Command {
+    let mut c = Command::new(BIN);
+    // The test's own environment must not configure the trainer behind its back.
+    for (k, _) in std::env::vars() {
+        if k.starts_with("CONVERGE_") {
+            c.env_remove(k);
+        }
+    }
+    c
+}
+
+#[test]
+fn invalid_configuration_exits_64_naming_the_flag() {
+    for (args, flag) in [
+        (vec!["--model", "resnet-9000"], "--model"),
+        (vec!["--steps", "0"], "--steps"),
+        (vec!["--batch", "0"], "--batch"),
+        (vec!["--lr", "-1"], "--lr"),
+        (vec!["--size", "0"], "--size"),
+        (vec!["--no-such-flag"], "--no-such-flag"),
+    ] {
+        let out = trainer().args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {stderr}");
+        assert!(stderr.contains(flag), "{args:?}: {stderr}");
+    }
+    // Environment fallbacks are validated the same way.
+    let out = trainer().env("CONVERGE_STEPS", "0").output().unwrap();
+    assert_eq!(out.status.code(), Some(64));
+}
+
+#[test]
+fn list_models_names_all_five() {
+    let out = trainer().arg("--list-models").output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for m in [
+        "mlp-digits",
+        "cnn-digits",
+        "logreg-wine",
+        "vae-digits",
+        "gru-co2",
+    ] {
+        assert!(text.contains(m), "{text}");
+    }
+}
+
+#[test]
+fn sigterm_finishes_the_step_saves_and_exits_0_then_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let spawn = || {
+        trainer()
+            .args([
+                "--model",
+                "mlp-digits",
+                "--steps",
+                "1000000",
+                "--threads",
+                "1",
+            ])
+            .args(["--report-every", "5"])
+            .env("CONVERGE_CHECKPOINT_DIR", dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut child = spawn();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // Wait for training to be under way, then ask it to stop as `docker stop` would.
+    for l in lines.by_ref() {
+        let p = parse_line(&l.unwrap(), None).unwrap().unwrap();
+        if p.step >= 20 {
+            break;
+        }
+    }
+    let sent = Instant::now();
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    let code = child.wait().unwrap();
+    assert!(sent.elapsed() < Duration::from_secs(10));
+    assert_eq!(code.code(), Some(0), "exit status after SIGTERM");
+    let saved = parse_line(rest.last().expect("a line after SIGTERM"), None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(saved.checkpoint, Some(CheckpointEvent::Saved));
+    assert!(saved.checkpoint_bytes.unwrap() > 0);
+
+    // The next incarnation resumes at the saved step.
+    let mut child = spawn();
+    let first = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .next()
+        .unwrap()
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let p = parse_line(&first, None).unwrap().unwrap();
+    assert_eq!(p.checkpoint, Some(CheckpointEvent::Restored));
+    assert_eq!(p.step, saved.step);
+}
+
+#[test]
+fn sigterm_without_a_checkpoint_directory_exits_143() {
+    let mut child = trainer()
+        .args([
+            "--model",
+            "logreg-wine",
+            "--steps",
+            "100000000",
+            "--threads",
+            "1",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    lines.next().unwrap().unwrap();
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    for _ in lines {}
+    assert_eq!(child.wait().unwrap().code(), Some(143));
+}
