@@ -1,2 +1,302 @@
-//! Placeholder.
-fn main() {}
+//! `convergectl`: submit, inspect, cancel and watch jobs; list workers.
+//!
+//! A thin client of `ControlService`; everything it shows, grpcurl can show too. Start at
+//! [`Cmd`].
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use converge_messenger::pb::{self, control_service_client::ControlServiceClient};
+
+#[derive(Parser)]
+#[command(name = "convergectl", version, about = "Drive a Converge cluster")]
+struct Cli {
+    /// The manager's address.
+    #[arg(
+        long,
+        env = "CONVERGE_MANAGER",
+        default_value = "http://127.0.0.1:7070",
+        global = true
+    )]
+    manager: String,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Submit a job; prints its id.
+    Submit {
+        /// Docker image.
+        #[arg(long)]
+        image: String,
+        /// CPU cores requested.
+        #[arg(long, default_value_t = 1.0)]
+        cpus: f64,
+        /// Name shown in listings.
+        #[arg(long, default_value = "")]
+        name: String,
+        /// The metric the job reports.
+        #[arg(long, default_value = "loss")]
+        metric: String,
+        /// `minimize` or `maximize`.
+        #[arg(long, default_value = "minimize")]
+        direction: String,
+        /// Environment variable `KEY=VALUE` (repeatable).
+        #[arg(long = "env", value_parser = key_value)]
+        env: Vec<(String, String)>,
+        /// Label `KEY=VALUE` (repeatable).
+        #[arg(long = "label", value_parser = key_value)]
+        labels: Vec<(String, String)>,
+        /// Arguments for the image's entrypoint (after `--`).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Show one job.
+    Get {
+        /// Job id.
+        job: String,
+        /// Also print its progress samples.
+        #[arg(long)]
+        progress: bool,
+    },
+    /// List jobs.
+    List {
+        /// Only jobs in this state (pending, running, completed, ...).
+        #[arg(long)]
+        state: Option<String>,
+        /// Only jobs on this worker.
+        #[arg(long, default_value = "")]
+        worker: String,
+    },
+    /// Cancel a job.
+    Cancel {
+        /// Job id.
+        job: String,
+    },
+    /// List workers.
+    Workers,
+    /// Print events as they happen.
+    Watch {
+        /// Only this job's events.
+        #[arg(long, default_value = "")]
+        job: String,
+        /// Replay recorded events from this sequence number first.
+        #[arg(long, default_value_t = 0)]
+        from_seq: u64,
+    },
+}
+
+fn key_value(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("`{s}` is not KEY=VALUE"))
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let channel = tonic::transport::Endpoint::from_shared(cli.manager.clone())?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .with_context(|| format!("cannot reach the manager at {}", cli.manager))?;
+    let mut client = ControlServiceClient::new(channel);
+    match cli.cmd {
+        Cmd::Submit {
+            image,
+            cpus,
+            name,
+            metric,
+            direction,
+            env,
+            labels,
+            args,
+        } => {
+            let direction = match direction.as_str() {
+                "minimize" | "min" => pb::Direction::Minimize,
+                "maximize" | "max" => pb::Direction::Maximize,
+                other => bail!("--direction `{other}` must be minimize or maximize"),
+            };
+            let spec = pb::JobSpec {
+                name,
+                image,
+                args,
+                env: env.into_iter().collect(),
+                cpus,
+                metric,
+                direction: direction as i32,
+                labels: labels.into_iter().collect(),
+                ..Default::default()
+            };
+            let r = client
+                .submit_job(pb::SubmitJobRequest { spec: Some(spec) })
+                .await
+                .map_err(status)?
+                .into_inner();
+            println!("{}", r.job_id);
+        }
+        Cmd::Get { job, progress } => {
+            let j = client
+                .get_job(pb::GetJobRequest {
+                    job_id: job,
+                    include_progress: progress,
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            print_job(&j);
+            for p in &j.progress {
+                println!(
+                    "  step {:>8}  value {:>12}  epoch {}",
+                    p.step,
+                    p.value.map(|v| format!("{v:.6}")).unwrap_or_default(),
+                    p.epoch
+                );
+            }
+        }
+        Cmd::List { state, worker } => {
+            let state = match state {
+                None => pb::JobState::Unspecified,
+                Some(s) => pb::JobState::from_str_name(&format!("JOB_STATE_{}", s.to_uppercase()))
+                    .with_context(|| format!("unknown state `{s}`"))?,
+            };
+            let jobs = client
+                .list_jobs(pb::ListJobsRequest {
+                    state: state as i32,
+                    worker_id: worker,
+                })
+                .await
+                .map_err(status)?
+                .into_inner()
+                .jobs;
+            println!(
+                "{:<36}  {:<18}  {:<10}  {:<10}  {:>13}  {:>10}",
+                "ID", "NAME", "STATE", "WORKER", "STEP", "METRIC"
+            );
+            for j in jobs {
+                println!(
+                    "{:<36}  {:<18}  {:<10}  {:<10}  {:>13}  {:>10}",
+                    j.id,
+                    j.spec.as_ref().map(|s| s.name.as_str()).unwrap_or(""),
+                    state_label(j.state),
+                    j.worker_id,
+                    format!("{}/{}", j.step, j.total_steps),
+                    j.metric_value
+                        .map(|v| format!("{v:.4}"))
+                        .unwrap_or_default()
+                );
+            }
+        }
+        Cmd::Cancel { job } => {
+            let j = client
+                .cancel_job(pb::CancelJobRequest { job_id: job })
+                .await
+                .map_err(status)?
+                .into_inner();
+            print_job(&j);
+        }
+        Cmd::Workers => {
+            let ws = client
+                .list_workers(pb::ListWorkersRequest {})
+                .await
+                .map_err(status)?
+                .into_inner()
+                .workers;
+            println!(
+                "{:<12}  {:<8}  {:>6}  {:>9}  {:>5}  POLICY",
+                "ID", "STATE", "CPUS", "REQUESTED", "JOBS"
+            );
+            for w in ws {
+                let state = pb::WorkerState::try_from(w.state)
+                    .map(|s| {
+                        s.as_str_name()
+                            .trim_start_matches("WORKER_STATE_")
+                            .to_lowercase()
+                    })
+                    .unwrap_or_default();
+                println!(
+                    "{:<12}  {:<8}  {:>6.2}  {:>9.2}  {:>5}  {}",
+                    w.id,
+                    state,
+                    w.cpu_capacity,
+                    w.cpu_requested,
+                    w.job_ids.len(),
+                    w.policy
+                );
+            }
+        }
+        Cmd::Watch { job, from_seq } => {
+            let mut events = client
+                .watch_events(pb::WatchEventsRequest {
+                    job_id: job,
+                    from_seq,
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            while let Some(e) = events.message().await.map_err(status)? {
+                println!("{}", describe_event(&e));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn status(s: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{:?}: {}", s.code(), s.message())
+}
+
+fn state_label(s: i32) -> String {
+    pb::JobState::try_from(s)
+        .map(|s| {
+            s.as_str_name()
+                .trim_start_matches("JOB_STATE_")
+                .to_lowercase()
+        })
+        .unwrap_or_else(|_| s.to_string())
+}
+
+fn print_job(j: &pb::Job) {
+    println!("id:       {}", j.id);
+    if let Some(s) = &j.spec {
+        println!("name:     {}", s.name);
+        println!("image:    {} {}", s.image, s.args.join(" "));
+    }
+    println!("state:    {} ({})", state_label(j.state), j.reason);
+    println!("worker:   {} (epoch {})", j.worker_id, j.epoch);
+    println!(
+        "progress: step {}/{}  metric {}  ({} samples, {} malformed lines)",
+        j.step,
+        j.total_steps,
+        j.metric_value
+            .map(|v| format!("{v:.6}"))
+            .unwrap_or("-".into()),
+        j.samples,
+        j.malformed_lines
+    );
+}
+
+fn describe_event(e: &pb::Event) -> String {
+    let kind = pb::EventKind::try_from(e.kind)
+        .map(|k| {
+            k.as_str_name()
+                .trim_start_matches("EVENT_KIND_")
+                .to_lowercase()
+        })
+        .unwrap_or_default();
+    let what = if e.kind == pb::EventKind::JobState as i32 {
+        format!(
+            "{} -> {}",
+            state_label(e.from_state),
+            state_label(e.to_state)
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "#{:<5} {:<12} job={} worker={} {} {}",
+        e.seq, kind, e.job_id, e.worker_id, what, e.reason
+    )
+}
