@@ -88,8 +88,10 @@ pub fn build(root: &Path, names: &[String]) -> Result<()> {
             ),
         )?;
         let tag = format!("converge/{}:dev", i.name);
-        run(Command::new("docker").args(["build", "-q", "-t", &tag]).arg(&ctx))
-            .with_context(|| format!("building image {tag}: is Docker running?"))?;
+        run(Command::new("docker")
+            .args(["build", "-q", "-t", &tag])
+            .arg(&ctx))
+        .with_context(|| format!("building image {tag}: is Docker running?"))?;
     }
     Ok(())
 }
@@ -98,7 +100,11 @@ pub fn build(root: &Path, names: &[String]) -> Result<()> {
 fn has_bin(root: &Path, i: &Image) -> bool {
     let dir = i.package.trim_start_matches("converge-");
     root.join(dir).join("src/main.rs").exists()
-        || root.join(dir).join("src/bin").join(format!("{}.rs", i.bin)).exists()
+        || root
+            .join(dir)
+            .join("src/bin")
+            .join(format!("{}.rs", i.bin))
+            .exists()
 }
 
 fn host_triple() -> Result<String> {

@@ -1,6 +1,7 @@
 //! `cargo xtask`: the project's tasks, in Rust so they run wherever cargo does.
 //!
 //! - `images`: static release binaries and `FROM scratch` images (no registry needed).
+//! - `demo`: the main job on the compose testbed (see [`demo`]).
 //! - `test`: what CI runs (`.ci/run`): installs the test tools, builds images, runs every test.
 //!
 //! Start at [`Cmd`]; each variant's handler is a function below it.
@@ -11,7 +12,9 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod demo;
 mod images;
+mod testbed;
 mod tools;
 
 #[derive(Parser)]
@@ -28,6 +31,16 @@ enum Cmd {
         /// Which images (default: all of them).
         names: Vec<String>,
     },
+    /// The main job: images, the compose testbed, a mix of trainer jobs with live progress,
+    /// a table of completion times, teardown.
+    Demo {
+        /// Placement policy the manager runs.
+        #[arg(long, default_value = "spread")]
+        policy: String,
+        /// Host port for the manager (127.0.0.1 only).
+        #[arg(long, default_value_t = 7070)]
+        port: u16,
+    },
     /// Install the test tools, build the images, run every test (what CI runs).
     Test {
         /// Extra arguments passed to `cargo test`, after `--workspace`.
@@ -41,6 +54,7 @@ fn main() -> Result<()> {
     let root = workspace_root();
     match cli.cmd {
         Cmd::Images { names } => images::build(&root, &names),
+        Cmd::Demo { policy, port } => demo::run(&root, &policy, port),
         Cmd::Test { args } => test(&root, &args),
     }
 }
