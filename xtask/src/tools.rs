@@ -4,7 +4,7 @@
 //! virtualenv under `target/tools`, so nothing is installed system-wide and a second run is a
 //! no-op.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use anyhow::Result;
@@ -27,7 +27,7 @@ pub fn ensure_test_tools(root: &Path) -> Result<String> {
     Ok(prepend_path(&bin))
 }
 
-fn prepend_path(dir: &PathBuf) -> String {
+fn prepend_path(dir: &Path) -> String {
     let old = std::env::var("PATH").unwrap_or_default();
     format!("{}:{old}", dir.display())
 }
