@@ -1,1 +1,135 @@
-//! Placeholder: filled in by its issue.
+//! The Converge agent: one per worker. It runs the worker's training containers through
+//! Docker, watches them, and keeps the manager informed over one gRPC stream.
+//!
+//! ## Tour
+//! - [`run`] is the whole agent: it connects to Docker (negotiating the API version down to
+//!   the engine's), sets up the worker's cgroup parent so its CPU capacity is enforced, adopts
+//!   the containers a previous agent left running, opens the session to the manager
+//!   (`converge_messenger::agent::Session`: register, heartbeats, reconnects) and serves
+//!   commands until the shutdown token is cancelled. Containers keep running after the agent
+//!   stops; the next agent adopts them.
+//! - [`config`]: the command line ([`Cli`]) and the validated [`Config`].
+//! - `executor`: the actor that owns the containers: commands (with fencing by epoch and
+//!   idempotency by command id, see [`executor::CommandLedger`]), Docker events, exit reports,
+//!   re-adoption. Start reading here.
+//! - `monitor`: log followers (progress lines), the progress batcher and the usage sampler,
+//!   and the measurement behind reading usage from cgroup files rather than the stats API.
+//! - [`cgroup`]: the worker's parent cgroup (v1 and v2), quota math and usage files.
+//! - [`docker`]: bollard connection, container names and labels, `Start` → container body.
+//! - `view`: the read-mostly per-container view the heartbeat and registration read.
+//!
+//! ## Running an agent in-process
+//! ```no_run
+//! # async fn example() -> Result<(), converge_agent::Error> {
+//! let mut config = converge_agent::Config::new("http://127.0.0.1:7070", "w1", 2.0);
+//! config.checkpoint_root = "/tmp/converge-checkpoints".into();
+//! let shutdown = tokio_util::sync::CancellationToken::new();
+//! let agent = tokio::spawn(converge_agent::run(config, shutdown.clone()));
+//! // ... later
+//! shutdown.cancel();
+//! agent.await.expect("agent task")?;
+//! # Ok(()) }
+//! ```
+
+use std::sync::Arc;
+
+use converge_messenger::agent::{Session, SessionConfig};
+use converge_messenger::pb;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, info, info_span, warn};
+
+pub mod cgroup;
+pub mod config;
+pub mod docker;
+mod error;
+pub mod executor;
+pub mod monitor;
+mod view;
+
+pub use config::{Cli, Config, UsageSource};
+pub use error::{Error, Result};
+
+/// Runs the agent until `shutdown` is cancelled.
+///
+/// Fails only on what stops the agent from starting: invalid settings, no Docker, no usable
+/// cgroup filesystem, an uncreatable checkpoint root. An unreachable manager is not an error:
+/// the session keeps retrying with backoff.
+pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
+    config.validate()?;
+    let span = info_span!("agent", worker = %config.worker_id);
+    run_inner(config, shutdown).instrument(span).await
+}
+
+async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
+    let docker = docker::connect(config.docker_host.as_deref()).await?;
+    let cgroup = Arc::new(cgroup::WorkerCgroup::detect(
+        &config.cgroup_root,
+        &config.cgroup_parent,
+    )?);
+    cgroup.create(config.cpus)?;
+    std::fs::create_dir_all(&config.checkpoint_root).map_err(|source| Error::Io {
+        path: config.checkpoint_root.clone(),
+        source,
+    })?;
+    info!(
+        cpus = config.cpus,
+        cgroup = %cgroup.docker_parent(),
+        version = ?cgroup.version(),
+        manager = %config.manager,
+        "worker capacity enforced; connecting"
+    );
+
+    let views: view::Views = Arc::default();
+    let (ready_tx, ready_rx) = watch::channel(false);
+    let state = Arc::new(view::WorkerState {
+        register: pb::Register {
+            worker_id: config.worker_id.clone(),
+            cpu_capacity: config.cpus,
+            memory_bytes: config.memory_bytes,
+            calibration: config.calibration,
+            labels: config.labels.clone().into_iter().collect(),
+            containers: Vec::new(),
+            agent_version: env!("CARGO_PKG_VERSION").to_string(),
+            instance_id: uuid::Uuid::new_v4().to_string(),
+        },
+        capacity: config.cpus,
+        views: views.clone(),
+        ready: ready_rx,
+    });
+    let (cmd_tx, cmd_rx) = mpsc::channel(256);
+    let mut session_config = SessionConfig::new(config.manager.clone());
+    session_config.heartbeat_interval = config.heartbeat_interval;
+    let (outbox, _status, session) =
+        Session::spawn(session_config, state, cmd_tx, shutdown.clone());
+
+    let progress = monitor::spawn_batcher(outbox.clone(), shutdown.clone());
+    monitor::spawn_usage_sampler(
+        docker.clone(),
+        cgroup.clone(),
+        config.usage_source,
+        config.usage_interval,
+        views.clone(),
+        outbox.clone(),
+        shutdown.clone(),
+    );
+    let config = Arc::new(config);
+    executor::Executor::new(
+        config.clone(),
+        docker,
+        cgroup.clone(),
+        views,
+        outbox,
+        progress,
+        shutdown.clone(),
+    )
+    .run(cmd_rx, ready_tx)
+    .await;
+    let _ = session.await;
+    if cgroup.remove_if_empty() {
+        info!(cgroup = %cgroup.docker_parent(), "removed the worker cgroup");
+    } else {
+        warn!(cgroup = %cgroup.docker_parent(), "worker cgroup left in place: containers still run in it");
+    }
+    Ok(())
+}

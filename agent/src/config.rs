@@ -1,0 +1,446 @@
+//! Command line and environment (`CONVERGE_*`), parsed into a validated [`Config`].
+//!
+//! The binary parses a [`Cli`] and turns it into a [`Config`] with [`Cli::into_config`]; code
+//! that runs an agent in-process (tests, the testbed) builds a [`Config`] with [`Config::new`]
+//! and adjusts its public fields. Either way [`Config::validate`] runs before the agent starts,
+//! and its error names the setting at fault.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+use crate::error::{Error, Result};
+
+/// `converge-agent`: runs one worker's training containers and reports to the manager.
+#[derive(Debug, Parser)]
+#[command(name = "converge-agent", version, about, long_about = None)]
+pub struct Cli {
+    /// The manager's agent endpoint, e.g. http://127.0.0.1:7070.
+    #[arg(long, env = "CONVERGE_MANAGER")]
+    pub manager: String,
+    /// This worker's id (unique in the cluster; letters, digits, `-`, `_`, `.`).
+    #[arg(long, env = "CONVERGE_WORKER_ID")]
+    pub worker_id: String,
+    /// CPU capacity in cores (fractional allowed), enforced through the worker's cgroup parent.
+    #[arg(long, env = "CONVERGE_CPUS")]
+    pub cpus: f64,
+    /// Memory capacity offered to the manager: bytes, or with a k/m/g suffix (e.g. 4g).
+    #[arg(long, env = "CONVERGE_MEMORY", default_value = "0")]
+    pub memory: String,
+    /// Speed relative to the reference worker (1.0 = reference).
+    #[arg(long, env = "CONVERGE_CALIBRATION", default_value_t = 1.0)]
+    pub calibration: f64,
+    /// Heartbeat period, e.g. 1s or 500ms.
+    #[arg(long, env = "CONVERGE_HEARTBEAT_INTERVAL", default_value = "1s")]
+    pub heartbeat_interval: String,
+    /// Host directory holding every job's checkpoint directory (created if missing).
+    #[arg(
+        long,
+        env = "CONVERGE_CHECKPOINT_ROOT",
+        default_value = "/var/lib/converge/checkpoints"
+    )]
+    pub checkpoint_root: PathBuf,
+    /// Cgroup parent of this worker's containers; default `/converge/<worker-id>`.
+    #[arg(long, env = "CONVERGE_CGROUP_PARENT")]
+    pub cgroup_parent: Option<String>,
+    /// Where the cgroup filesystem is mounted (the host's, when the agent runs in a container).
+    #[arg(long, env = "CONVERGE_CGROUP_ROOT", default_value = "/sys/fs/cgroup")]
+    pub cgroup_root: PathBuf,
+    /// Docker endpoint (unix:///var/run/docker.sock, tcp://host:port); default: DOCKER_HOST or
+    /// the local socket.
+    #[arg(long, env = "CONVERGE_DOCKER_HOST")]
+    pub docker_host: Option<String>,
+    /// How often container CPU and memory usage is sampled and sent, e.g. 1s.
+    #[arg(long, env = "CONVERGE_USAGE_INTERVAL", default_value = "1s")]
+    pub usage_interval: String,
+    /// Where usage is read from (auto: cgroup files when readable, else the Docker stats API).
+    #[arg(long, env = "CONVERGE_USAGE_SOURCE", value_enum, default_value_t = UsageSource::Auto)]
+    pub usage_source: UsageSource,
+    /// Grace period between SIGTERM and SIGKILL for Stop, e.g. 10s.
+    #[arg(long, env = "CONVERGE_STOP_GRACE", default_value = "10s")]
+    pub stop_grace: String,
+    /// Keep containers after their exit was reported (for debugging; default removes them).
+    #[arg(long, env = "CONVERGE_KEEP_EXITED", default_value_t = false)]
+    pub keep_exited: bool,
+    /// Worker labels `key=value` (repeat the flag, or comma-separate in the variable).
+    #[arg(long = "label", env = "CONVERGE_LABELS", value_delimiter = ',')]
+    pub labels: Vec<String>,
+}
+
+/// Where per-container usage is read from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum UsageSource {
+    /// Cgroup files when the container's cgroup is readable, else the stats API.
+    Auto,
+    /// Cgroup files (`cpuacct.usage`/`memory.usage_in_bytes`, or `cpu.stat`/`memory.current`).
+    Cgroup,
+    /// The Docker stats API (one-shot requests).
+    Stats,
+}
+
+/// A validated agent configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Manager endpoint (`http://host:port`).
+    pub manager: String,
+    /// Worker id.
+    pub worker_id: String,
+    /// CPU capacity in cores.
+    pub cpus: f64,
+    /// Memory capacity in bytes (0 = not stated).
+    pub memory_bytes: u64,
+    /// Speed relative to the reference worker.
+    pub calibration: f64,
+    /// Heartbeat period.
+    pub heartbeat_interval: Duration,
+    /// Host directory under which each job's checkpoint directory lives.
+    pub checkpoint_root: PathBuf,
+    /// Cgroup parent of the worker's containers (e.g. `/converge/w1`).
+    pub cgroup_parent: String,
+    /// Mount point of the cgroup filesystem.
+    pub cgroup_root: PathBuf,
+    /// Docker endpoint; `None` = DOCKER_HOST or the local socket.
+    pub docker_host: Option<String>,
+    /// Usage sampling period.
+    pub usage_interval: Duration,
+    /// Where usage is read from.
+    pub usage_source: UsageSource,
+    /// SIGTERM → SIGKILL grace period of Stop.
+    pub stop_grace: Duration,
+    /// Keep containers after reporting their exit.
+    pub keep_exited: bool,
+    /// Worker labels sent with the registration.
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Config {
+    /// A configuration with every optional setting at its default.
+    pub fn new(manager: impl Into<String>, worker_id: impl Into<String>, cpus: f64) -> Self {
+        let worker_id = worker_id.into();
+        Self {
+            manager: manager.into(),
+            cgroup_parent: default_cgroup_parent(&worker_id),
+            worker_id,
+            cpus,
+            memory_bytes: 0,
+            calibration: 1.0,
+            heartbeat_interval: Duration::from_secs(1),
+            checkpoint_root: PathBuf::from("/var/lib/converge/checkpoints"),
+            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+            docker_host: None,
+            usage_interval: Duration::from_secs(1),
+            usage_source: UsageSource::Auto,
+            stop_grace: Duration::from_secs(10),
+            keep_exited: false,
+            labels: BTreeMap::new(),
+        }
+    }
+
+    /// Checks every setting; the error names the one at fault.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |setting: &'static str, why: String| Err(Error::Config { setting, why });
+        match self.manager.split_once("://") {
+            Some(("http" | "https", rest)) if !rest.is_empty() => {}
+            _ => {
+                return bad(
+                    "manager",
+                    format!("`{}` is not an http://host:port endpoint", self.manager),
+                );
+            }
+        }
+        if self.worker_id.is_empty()
+            || self.worker_id.len() > 64
+            || !self
+                .worker_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            return bad(
+                "worker-id",
+                format!(
+                    "`{}` must be 1 to 64 letters, digits, `-`, `_` or `.` (it names containers and cgroups)",
+                    self.worker_id
+                ),
+            );
+        }
+        if !(self.cpus.is_finite() && self.cpus >= 0.01 && self.cpus <= 4096.0) {
+            return bad(
+                "cpus",
+                format!("must be between 0.01 and 4096 cores, got {}", self.cpus),
+            );
+        }
+        if !(self.calibration.is_finite() && self.calibration > 0.0 && self.calibration <= 1000.0) {
+            return bad(
+                "calibration",
+                format!("must be in (0, 1000], got {}", self.calibration),
+            );
+        }
+        if self.heartbeat_interval < Duration::from_millis(10)
+            || self.heartbeat_interval > Duration::from_secs(3600)
+        {
+            return bad(
+                "heartbeat-interval",
+                format!(
+                    "must be between 10ms and 1h, got {:?}",
+                    self.heartbeat_interval
+                ),
+            );
+        }
+        if self.usage_interval < Duration::from_millis(10)
+            || self.usage_interval > Duration::from_secs(3600)
+        {
+            return bad(
+                "usage-interval",
+                format!("must be between 10ms and 1h, got {:?}", self.usage_interval),
+            );
+        }
+        if self.stop_grace > Duration::from_secs(3600) {
+            return bad(
+                "stop-grace",
+                format!("must be at most 1h, got {:?}", self.stop_grace),
+            );
+        }
+        if !self.checkpoint_root.is_absolute() {
+            return bad(
+                "checkpoint-root",
+                format!(
+                    "`{}` must be an absolute host path (Docker bind-mounts below it)",
+                    self.checkpoint_root.display()
+                ),
+            );
+        }
+        let parent = self.cgroup_parent.trim_matches('/');
+        if parent.is_empty()
+            || parent
+                .split('/')
+                .any(|seg| seg.is_empty() || seg == "." || seg == "..")
+        {
+            return bad(
+                "cgroup-parent",
+                format!(
+                    "`{}` must be a cgroup path like /converge/w1 (no empty, `.` or `..` parts)",
+                    self.cgroup_parent
+                ),
+            );
+        }
+        if !self.cgroup_root.is_absolute() {
+            return bad(
+                "cgroup-root",
+                format!("`{}` must be an absolute path", self.cgroup_root.display()),
+            );
+        }
+        for k in self.labels.keys() {
+            if k.is_empty() {
+                return bad("label", "label keys must not be empty".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Cli {
+    /// Parses the text settings and validates the result.
+    pub fn into_config(self) -> Result<Config> {
+        let mut c = Config::new(self.manager, self.worker_id, self.cpus);
+        c.memory_bytes = parse_bytes(&self.memory).map_err(|why| Error::Config {
+            setting: "memory",
+            why,
+        })?;
+        c.calibration = self.calibration;
+        c.heartbeat_interval =
+            parse_duration(&self.heartbeat_interval).map_err(|why| Error::Config {
+                setting: "heartbeat-interval",
+                why,
+            })?;
+        c.usage_interval = parse_duration(&self.usage_interval).map_err(|why| Error::Config {
+            setting: "usage-interval",
+            why,
+        })?;
+        c.stop_grace = parse_duration(&self.stop_grace).map_err(|why| Error::Config {
+            setting: "stop-grace",
+            why,
+        })?;
+        c.checkpoint_root = self.checkpoint_root;
+        if let Some(p) = self.cgroup_parent {
+            c.cgroup_parent = p;
+        }
+        c.cgroup_root = self.cgroup_root;
+        c.docker_host = self.docker_host.filter(|h| !h.is_empty());
+        c.usage_source = self.usage_source;
+        c.keep_exited = self.keep_exited;
+        for l in self.labels.iter().filter(|l| !l.is_empty()) {
+            let Some((k, v)) = l.split_once('=') else {
+                return Err(Error::Config {
+                    setting: "label",
+                    why: format!("`{l}` is not key=value"),
+                });
+            };
+            c.labels.insert(k.trim().to_string(), v.trim().to_string());
+        }
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+/// The cgroup parent a worker gets when none is configured.
+pub fn default_cgroup_parent(worker_id: &str) -> String {
+    format!("/converge/{worker_id}")
+}
+
+/// Parses `1s`, `250ms`, `2m`, `1.5s` or a bare number of seconds.
+pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+    let t = s.trim();
+    let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = t.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (t, 1.0)
+    };
+    match num.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(Duration::from_secs_f64(v * scale)),
+        _ => Err(format!("`{s}` is not a duration (examples: 1s, 250ms, 2m)")),
+    }
+}
+
+/// Parses a byte count: `1073741824`, `512k`, `512m`, `4g` (binary multiples, case-insensitive,
+/// an optional trailing `b` or `i` accepted: `4GiB`, `4gb`).
+pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim().to_ascii_lowercase();
+    let t = t.trim_end_matches('b').trim_end_matches('i');
+    let (num, mult) = match t.chars().last() {
+        Some('k') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('m') => (&t[..t.len() - 1], 1 << 20),
+        Some('g') => (&t[..t.len() - 1], 1 << 30),
+        Some('t') => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
+    };
+    match num.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 && v * (mult as f64) < u64::MAX as f64 => {
+            Ok((v * mult as f64).round() as u64)
+        }
+        _ => Err(format!(
+            "`{s}` is not a byte size (examples: 4g, 512m, 1073741824)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cli(args: &[&str]) -> Cli {
+        let mut v = vec!["converge-agent"];
+        v.extend_from_slice(args);
+        Cli::try_parse_from(v).expect("parses")
+    }
+
+    #[test]
+    fn defaults_follow_the_worker_id() {
+        let c = cli(&[
+            "--manager",
+            "http://m:7070",
+            "--worker-id",
+            "w1",
+            "--cpus",
+            "1.5",
+        ])
+        .into_config()
+        .unwrap();
+        assert_eq!(c.cgroup_parent, "/converge/w1");
+        assert_eq!(c.heartbeat_interval, Duration::from_secs(1));
+        assert_eq!(c.usage_interval, Duration::from_secs(1));
+        assert_eq!(c.calibration, 1.0);
+        assert_eq!(c.cpus, 1.5);
+    }
+
+    #[test]
+    fn text_settings_are_parsed() {
+        let c = cli(&[
+            "--manager",
+            "http://m:7070",
+            "--worker-id",
+            "w1",
+            "--cpus",
+            "2",
+            "--memory",
+            "4g",
+            "--heartbeat-interval",
+            "250ms",
+            "--label",
+            "zone=a",
+            "--label",
+            "disk=ssd",
+        ])
+        .into_config()
+        .unwrap();
+        assert_eq!(c.memory_bytes, 4 << 30);
+        assert_eq!(c.heartbeat_interval, Duration::from_millis(250));
+        assert_eq!(c.labels.get("zone").map(String::as_str), Some("a"));
+        assert_eq!(c.labels.len(), 2);
+    }
+
+    fn setting_of(r: Result<Config>) -> &'static str {
+        match r {
+            Err(Error::Config { setting, .. }) => setting,
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn invalid_settings_are_named() {
+        let base = ["--manager", "http://m:7070", "--worker-id", "w1"];
+        let with = |extra: &[&str]| {
+            let mut v = base.to_vec();
+            v.extend_from_slice(extra);
+            cli(&v).into_config()
+        };
+        assert_eq!(setting_of(with(&["--cpus", "0"])), "cpus");
+        assert_eq!(setting_of(with(&["--cpus", "NaN"])), "cpus");
+        assert_eq!(
+            setting_of(with(&["--cpus", "1", "--memory", "lots"])),
+            "memory"
+        );
+        assert_eq!(
+            setting_of(with(&["--cpus", "1", "--heartbeat-interval", "soon"])),
+            "heartbeat-interval"
+        );
+        assert_eq!(
+            setting_of(with(&["--cpus", "1", "--calibration=-1"])),
+            "calibration"
+        );
+        assert_eq!(
+            setting_of(with(&["--cpus", "1", "--cgroup-parent", "/a/../b"])),
+            "cgroup-parent"
+        );
+        assert_eq!(
+            setting_of(with(&["--cpus", "1", "--checkpoint-root", "rel/dir"])),
+            "checkpoint-root"
+        );
+        assert_eq!(
+            setting_of(with(&["--cpus", "1", "--label", "novalue"])),
+            "label"
+        );
+        let mut c = Config::new("localhost:7070", "w1", 1.0);
+        assert_eq!(setting_of(c.validate().map(|_| c.clone())), "manager");
+        c.manager = "http://m:1".into();
+        c.worker_id = "bad id".into();
+        assert_eq!(setting_of(c.validate().map(|_| c.clone())), "worker-id");
+    }
+
+    #[test]
+    fn durations_and_sizes_parse() {
+        assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("-1s").is_err());
+        assert_eq!(parse_bytes("512m"), Ok(512 << 20));
+        assert_eq!(parse_bytes("4GiB"), Ok(4 << 30));
+        assert_eq!(parse_bytes("100"), Ok(100));
+        assert!(parse_bytes("x").is_err());
+    }
+}

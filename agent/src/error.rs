@@ -1,0 +1,64 @@
+//! The agent's error type.
+
+use std::path::PathBuf;
+
+/// What can stop the agent from starting or running.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A setting is invalid; the binary exits with code 64.
+    #[error("invalid setting --{setting}: {why}")]
+    Config {
+        /// The setting's flag name (without `--`).
+        setting: &'static str,
+        /// What is wrong and what is accepted.
+        why: String,
+    },
+    /// The Docker engine could not be reached or refused the API version.
+    #[error("cannot use the Docker engine at {endpoint}: {source}")]
+    DockerConnect {
+        /// Where the agent looked.
+        endpoint: String,
+        /// What went wrong.
+        #[source]
+        source: bollard::errors::Error,
+    },
+    /// A Docker request failed.
+    #[error("Docker request failed: {0}")]
+    Docker(#[from] bollard::errors::Error),
+    /// The worker's cgroup could not be set up or read.
+    #[error("cgroup {}: {source}", path.display())]
+    Cgroup {
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The cgroup filesystem is not what the agent supports.
+    #[error("unsupported cgroup setup at {}: {why}", path.display())]
+    CgroupUnsupported {
+        /// The cgroup root.
+        path: PathBuf,
+        /// What was found.
+        why: String,
+    },
+    /// A host directory could not be created or read.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The path involved.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// True for configuration errors (exit code 64).
+    pub fn is_config(&self) -> bool {
+        matches!(self, Error::Config { .. })
+    }
+}
+
+/// The agent's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

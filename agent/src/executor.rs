@@ -1,0 +1,1150 @@
+//! The executor: the actor that owns the worker's containers.
+//!
+//! One task owns the container table and receives, in order, the manager's commands and the
+//! Docker events of this worker's containers. For every command it first consults the
+//! [`CommandLedger`] (fencing by epoch, idempotency by command id), then acts through Docker
+//! and answers with a `CommandResult`. Quick commands (Start, SetLimits, Pause, Resume) run
+//! inline, so the table always reflects them before the next message; the ones that wait for a
+//! container to exit (Stop, Save) run in their own task and report back, so a slow checkpoint
+//! never holds up other jobs' commands.
+//!
+//! When a container dies, a finalizer task waits for its log follower to read the last lines,
+//! flushes progress (so the manager sees the `done` line first), reads the exit code and OOM
+//! flag, sends `ContainerExited`, removes the container (unless `--keep-exited`) and tells the
+//! executor to forget it. The Docker container set is therefore the set of containers whose
+//! exit has not been reported yet, which is what makes re-adoption after a restart simple.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bollard::Docker;
+use bollard::models::{ContainerSummaryStateEnum, ContainerUpdateBody, EventMessage};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, EventsOptionsBuilder, KillContainerOptionsBuilder,
+    ListContainersOptionsBuilder, LogsOptionsBuilder, RemoveContainerOptionsBuilder,
+    StopContainerOptionsBuilder, WaitContainerOptionsBuilder,
+};
+use converge_messenger::agent::Outbox;
+use converge_messenger::pb;
+use converge_messenger::pb::agent_message::Kind;
+use converge_messenger::pb::command::Action;
+use converge_messenger::pb::command_result::Detail;
+use futures::StreamExt;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::cgroup::{self, WorkerCgroup};
+use crate::config::Config;
+use crate::docker::{
+    self, LABEL_CHECKPOINT_DIR, LABEL_EPOCH, LABEL_JOB, LABEL_METRIC, LABEL_WORKER,
+};
+use crate::monitor::{self, FollowSpec, ProgressHandle};
+use crate::view::{ContainerView, Views};
+
+/// Command results remembered for answering repeated command ids.
+pub const RESULT_CACHE: usize = 4096;
+
+/// Lines of an adopted container's log read back to recover its last step.
+const ADOPT_TAIL_LINES: u32 = 64;
+
+/// How long an exit report waits for the log follower to read the container's last lines.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// What the ledger says about a command before it runs.
+#[derive(Debug, PartialEq)]
+pub enum Admission {
+    /// New and current: execute it.
+    Execute,
+    /// Seen before and answered: send this again (marked `replayed`).
+    Replay(pb::CommandResult),
+    /// Seen before and still running: its result will be sent when it finishes.
+    InFlight,
+    /// Older than the newest epoch of its job: refused with this result (already recorded).
+    Stale(pb::CommandResult),
+}
+
+/// Fencing and idempotency, as plain data: the newest epoch seen per job, the results of the
+/// last [`RESULT_CACHE`] commands, and the commands still running.
+#[derive(Debug)]
+pub struct CommandLedger {
+    epochs: HashMap<String, u64>,
+    results: HashMap<String, pb::CommandResult>,
+    order: VecDeque<String>,
+    in_flight: HashSet<String>,
+    capacity: usize,
+}
+
+impl Default for CommandLedger {
+    fn default() -> Self {
+        Self::with_capacity(RESULT_CACHE)
+    }
+}
+
+impl CommandLedger {
+    /// A ledger remembering the last `capacity` results.
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self {
+            epochs: HashMap::new(),
+            results: HashMap::new(),
+            order: VecDeque::new(),
+            in_flight: HashSet::new(),
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// Records an epoch seen outside a command (an adopted container's label).
+    pub fn observe_epoch(&mut self, job: &str, epoch: u64) {
+        let e = self.epochs.entry(job.to_string()).or_insert(epoch);
+        *e = (*e).max(epoch);
+    }
+
+    /// The newest epoch seen for a job.
+    pub fn epoch(&self, job: &str) -> Option<u64> {
+        self.epochs.get(job).copied()
+    }
+
+    /// Decides what to do with a command; an admitted command is marked in flight and its
+    /// epoch becomes the job's newest.
+    pub fn admit(&mut self, cmd: &pb::Command) -> Admission {
+        if let Some(r) = self.results.get(&cmd.command_id) {
+            let mut r = r.clone();
+            r.replayed = true;
+            return Admission::Replay(r);
+        }
+        if self.in_flight.contains(&cmd.command_id) {
+            return Admission::InFlight;
+        }
+        if let Some(&newest) = self.epochs.get(&cmd.job_id)
+            && cmd.epoch < newest
+        {
+            let r = result_of(cmd, Err(format!("stale epoch {} < {newest}", cmd.epoch)));
+            self.record(r.clone());
+            return Admission::Stale(r);
+        }
+        self.observe_epoch(&cmd.job_id, cmd.epoch);
+        self.in_flight.insert(cmd.command_id.clone());
+        Admission::Execute
+    }
+
+    /// Remembers a command's result (evicting the oldest beyond the capacity).
+    pub fn record(&mut self, result: pb::CommandResult) {
+        self.in_flight.remove(&result.command_id);
+        if self.results.contains_key(&result.command_id) {
+            return;
+        }
+        self.order.push_back(result.command_id.clone());
+        self.results.insert(result.command_id.clone(), result);
+        while self.order.len() > self.capacity {
+            if let Some(old) = self.order.pop_front() {
+                self.results.remove(&old);
+            }
+        }
+    }
+}
+
+/// A `CommandResult` echoing the command's id, job and epoch.
+pub fn result_of(cmd: &pb::Command, outcome: Result<Option<Detail>, String>) -> pb::CommandResult {
+    let (ok, error, detail) = match outcome {
+        Ok(d) => (true, String::new(), d),
+        Err(e) => (false, e, None),
+    };
+    pb::CommandResult {
+        command_id: cmd.command_id.clone(),
+        job_id: cmd.job_id.clone(),
+        epoch: cmd.epoch,
+        ok,
+        error,
+        replayed: false,
+        detail,
+    }
+}
+
+/// One container the executor owns.
+#[derive(Debug)]
+struct Entry {
+    job_id: String,
+    epoch: u64,
+    container_id: String,
+    checkpoint_dir: String,
+    follower_done: watch::Receiver<bool>,
+    /// A Stop or Save asked for this exit: not a failure of the job.
+    exit_requested: bool,
+    oom: bool,
+    /// The die event arrived; a finalizer is reporting the exit.
+    exiting: bool,
+}
+
+/// Messages from the executor's own helper tasks.
+#[derive(Debug)]
+pub(crate) enum Internal {
+    Event(Box<EventMessage>),
+    Done(pb::CommandResult),
+    Finalized(String),
+}
+
+/// The executor actor's state.
+pub(crate) struct Executor {
+    cfg: Arc<Config>,
+    docker: Docker,
+    cgroup: Arc<WorkerCgroup>,
+    views: Views,
+    outbox: Outbox,
+    progress: ProgressHandle,
+    shutdown: CancellationToken,
+    ledger: CommandLedger,
+    containers: HashMap<String, Entry>,
+    internal_tx: mpsc::Sender<Internal>,
+    internal_rx: mpsc::Receiver<Internal>,
+}
+
+impl Executor {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        cfg: Arc<Config>,
+        docker: Docker,
+        cgroup: Arc<WorkerCgroup>,
+        views: Views,
+        outbox: Outbox,
+        progress: ProgressHandle,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let (internal_tx, internal_rx) = mpsc::channel(1024);
+        Self {
+            cfg,
+            docker,
+            cgroup,
+            views,
+            outbox,
+            progress,
+            shutdown,
+            ledger: CommandLedger::default(),
+            containers: HashMap::new(),
+            internal_tx,
+            internal_rx,
+        }
+    }
+
+    /// Adopts what runs, signals `ready`, then serves commands and events until shutdown.
+    pub(crate) async fn run(
+        mut self,
+        mut commands: mpsc::Receiver<pb::Command>,
+        ready: watch::Sender<bool>,
+    ) {
+        // Events are subscribed from a moment before the listing, so an exit between the
+        // listing and the subscription is replayed rather than lost (duplicates are ignored).
+        let since = unix_secs() - 1;
+        tokio::spawn(
+            watch_events(
+                self.docker.clone(),
+                self.cfg.worker_id.clone(),
+                since,
+                self.internal_tx.clone(),
+                self.shutdown.clone(),
+            )
+            .in_current_span(),
+        );
+        if let Err(e) = self.adopt().await {
+            warn!(error = %e, "could not list this worker's containers; starting with none adopted");
+        }
+        let _ = ready.send(true);
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => break,
+                cmd = commands.recv() => match cmd {
+                    Some(cmd) => self.on_command(cmd).await,
+                    None => break,
+                },
+                Some(msg) = self.internal_rx.recv() => self.on_internal(msg).await,
+            }
+        }
+        info!(
+            containers = self.containers.len(),
+            "executor stopped; containers keep running for the next agent to adopt"
+        );
+    }
+
+    // ---- re-adoption ----
+
+    async fn adopt(&mut self) -> Result<(), bollard::errors::Error> {
+        let filters: HashMap<&str, Vec<String>> = HashMap::from([(
+            "label",
+            vec![format!("{LABEL_WORKER}={}", self.cfg.worker_id)],
+        )]);
+        let list = self
+            .docker
+            .list_containers(Some(
+                ListContainersOptionsBuilder::new()
+                    .all(true)
+                    .filters(&filters)
+                    .build(),
+            ))
+            .await?;
+        let now_ns = unix_ns();
+        for c in list {
+            let Some(id) = c.id.clone() else { continue };
+            let labels = c.labels.clone().unwrap_or_default();
+            let (Some(job), Some(epoch)) = (
+                labels.get(LABEL_JOB).cloned(),
+                labels.get(LABEL_EPOCH).and_then(|e| e.parse::<u64>().ok()),
+            ) else {
+                warn!(container = %id, "container has the worker label but no job/epoch labels; leaving it alone");
+                continue;
+            };
+            let metric = labels.get(LABEL_METRIC).cloned();
+            let checkpoint_dir = labels
+                .get(LABEL_CHECKPOINT_DIR)
+                .cloned()
+                .unwrap_or_else(|| job.clone());
+            self.ledger.observe_epoch(&job, epoch);
+            let state = c.state.unwrap_or(ContainerSummaryStateEnum::EMPTY);
+            match state {
+                ContainerSummaryStateEnum::RUNNING
+                | ContainerSummaryStateEnum::PAUSED
+                | ContainerSummaryStateEnum::RESTARTING => {
+                    let paused = state == ContainerSummaryStateEnum::PAUSED;
+                    let mut view = ContainerView::new(
+                        &job,
+                        epoch,
+                        &id,
+                        if paused {
+                            pb::ContainerState::Paused
+                        } else {
+                            pb::ContainerState::Running
+                        },
+                    );
+                    view.last_step = self.last_step_from_tail(&id, metric.as_deref()).await;
+                    view.cpu_limit = self
+                        .docker
+                        .inspect_container(&id, None)
+                        .await
+                        .ok()
+                        .and_then(|i| i.host_config)
+                        .and_then(|h| h.nano_cpus)
+                        .filter(|n| *n > 0)
+                        .map(|n| n as f64 / 1e9);
+                    self.views.insert(id.clone(), view);
+                    let follower_done = monitor::spawn_follower(
+                        self.docker.clone(),
+                        FollowSpec {
+                            container_id: id.clone(),
+                            job_id: job.clone(),
+                            epoch,
+                            metric,
+                            history_until_ns: Some(now_ns),
+                            tail: Some(ADOPT_TAIL_LINES),
+                        },
+                        self.views.clone(),
+                        self.progress.clone(),
+                        self.shutdown.clone(),
+                    );
+                    info!(%job, epoch, container = %id, "re-adopted a running container");
+                    self.containers.insert(
+                        id.clone(),
+                        Entry {
+                            job_id: job,
+                            epoch,
+                            container_id: id,
+                            checkpoint_dir,
+                            follower_done,
+                            exit_requested: false,
+                            oom: false,
+                            exiting: false,
+                        },
+                    );
+                }
+                ContainerSummaryStateEnum::CREATED => {
+                    // A previous agent died between create and start: its Start was never
+                    // answered, so the manager will ask again. Clear the name for it.
+                    info!(%job, epoch, container = %id, "removing a container that was created but never started");
+                    self.remove(&id).await;
+                }
+                _ => {
+                    // Exited while no agent watched it: report the exit now.
+                    let mut view = ContainerView::new(&job, epoch, &id, pb::ContainerState::Exited);
+                    view.last_step = self.last_step_from_tail(&id, metric.as_deref()).await;
+                    view.done = self.done_in_tail(&id, metric.as_deref()).await;
+                    self.views.insert(id.clone(), view);
+                    info!(%job, epoch, container = %id, "found a container that exited while the agent was down");
+                    let (tx, rx) = watch::channel(true);
+                    drop(tx);
+                    self.containers.insert(
+                        id.clone(),
+                        Entry {
+                            job_id: job,
+                            epoch,
+                            container_id: id.clone(),
+                            checkpoint_dir,
+                            follower_done: rx,
+                            exit_requested: false,
+                            oom: false,
+                            exiting: false,
+                        },
+                    );
+                    self.begin_exit(&id, None);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn tail_lines(&self, id: &str) -> Vec<String> {
+        let opts = LogsOptionsBuilder::new()
+            .stdout(true)
+            .follow(false)
+            .tail(&ADOPT_TAIL_LINES.to_string())
+            .build();
+        let mut out = Vec::new();
+        let mut s = self.docker.logs(id, Some(opts));
+        let mut buf = Vec::new();
+        while let Some(Ok(chunk)) = s.next().await {
+            buf.extend_from_slice(&chunk.into_bytes());
+        }
+        for line in String::from_utf8_lossy(&buf).lines() {
+            out.push(line.to_string());
+        }
+        out
+    }
+
+    async fn last_step_from_tail(&self, id: &str, metric: Option<&str>) -> Option<u64> {
+        self.tail_lines(id)
+            .await
+            .iter()
+            .rev()
+            .find_map(|l| converge_contract::parse_line(l, metric).ok().flatten())
+            .map(|p| p.step)
+    }
+
+    async fn done_in_tail(&self, id: &str, metric: Option<&str>) -> bool {
+        self.tail_lines(id)
+            .await
+            .iter()
+            .any(|l| matches!(converge_contract::parse_line(l, metric), Ok(Some(p)) if p.done))
+    }
+
+    // ---- commands ----
+
+    async fn on_command(&mut self, cmd: pb::Command) {
+        let span = info_span!(
+            "command",
+            id = %cmd.command_id,
+            job = %cmd.job_id,
+            epoch = cmd.epoch,
+            traceparent = %cmd.traceparent
+        );
+        async {
+            match self.ledger.admit(&cmd) {
+                Admission::Replay(r) => {
+                    debug!("repeated command id: answering with the earlier result");
+                    self.outbox.send(Kind::Result(r)).await;
+                }
+                Admission::InFlight => {
+                    debug!("repeated command id still running; its result follows")
+                }
+                Admission::Stale(r) => {
+                    info!(error = %r.error, "refused a stale command");
+                    self.outbox.send(Kind::Result(r)).await;
+                }
+                Admission::Execute => {
+                    if let Some(r) = self.execute(&cmd).await {
+                        self.finish(r).await;
+                    }
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn finish(&mut self, r: pb::CommandResult) {
+        if !r.ok {
+            warn!(command = %r.command_id, job = %r.job_id, error = %r.error, "command failed");
+        }
+        self.ledger.record(r.clone());
+        self.outbox.send(Kind::Result(r)).await;
+    }
+
+    /// Runs a command; `None` when it continues in a task that reports `Internal::Done`.
+    async fn execute(&mut self, cmd: &pb::Command) -> Option<pb::CommandResult> {
+        let Some(action) = cmd.action.as_ref() else {
+            return Some(result_of(
+                cmd,
+                Err("command has no action (a newer manager?); nothing done".into()),
+            ));
+        };
+        let outcome = match action {
+            Action::Start(s) => self.start(cmd, s).await,
+            Action::SetLimits(l) => self.set_limits(cmd, l).await,
+            Action::Pause(_) => self.pause(cmd, true).await,
+            Action::Resume(_) => self.pause(cmd, false).await,
+            Action::Stop(s) => return self.stop(cmd, s),
+            Action::Save(s) => return self.save(cmd, s),
+        };
+        Some(result_of(cmd, outcome))
+    }
+
+    /// The job's live container on this worker.
+    fn live(&self, job: &str) -> Option<&Entry> {
+        self.containers
+            .values()
+            .filter(|e| e.job_id == job && !e.exiting)
+            .max_by_key(|e| e.epoch)
+    }
+
+    fn no_container(&self, cmd: &pb::Command) -> String {
+        format!(
+            "no running container of job {} (epoch {}) on worker {}",
+            cmd.job_id, cmd.epoch, self.cfg.worker_id
+        )
+    }
+
+    async fn start(
+        &mut self,
+        cmd: &pb::Command,
+        start: &pb::Start,
+    ) -> Result<Option<Detail>, String> {
+        if let Some(e) = self.live(&cmd.job_id) {
+            if e.epoch == cmd.epoch {
+                // Never start an incarnation twice (a re-sent Start after a reconnect).
+                return Ok(Some(Detail::Started(pb::Started {
+                    container_id: e.container_id.clone(),
+                    from_checkpoint: false,
+                })));
+            }
+            return Err(format!(
+                "job {} already runs epoch {} in container {} on worker {}: stop or save it first",
+                cmd.job_id, e.epoch, e.container_id, self.cfg.worker_id
+            ));
+        }
+        let parent = self.cgroup.docker_parent();
+        let plan = docker::plan_container(
+            &docker::PlanContext {
+                worker: &self.cfg.worker_id,
+                capacity: self.cfg.cpus,
+                cgroup_parent: &parent,
+                checkpoint_root: &self.cfg.checkpoint_root,
+            },
+            &cmd.job_id,
+            cmd.epoch,
+            start,
+        )?;
+        std::fs::create_dir_all(&plan.host_checkpoint_dir).map_err(|e| {
+            format!(
+                "cannot create checkpoint directory {}: {e}",
+                plan.host_checkpoint_dir.display()
+            )
+        })?;
+        let from_checkpoint = std::fs::read_dir(&plan.host_checkpoint_dir)
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(false);
+        let opts = CreateContainerOptionsBuilder::new()
+            .name(&plan.name)
+            .build();
+        let created = match self
+            .docker
+            .create_container(Some(opts.clone()), plan.body.clone())
+            .await
+        {
+            Err(e) if docker::is_conflict(&e) => {
+                // A leftover of this incarnation (not running: a running one would be in the
+                // table); replace it.
+                info!(name = %plan.name, "replacing a leftover container with the same name");
+                self.remove(&plan.name).await;
+                self.docker
+                    .create_container(Some(opts), plan.body.clone())
+                    .await
+            }
+            other => other,
+        }
+        .map_err(|e| {
+            if docker::is_not_found(&e) {
+                let image = start.spec.as_ref().map(|s| s.image.as_str()).unwrap_or("");
+                format!(
+                    "image {image} is not on worker {}: build or load it there ({})",
+                    self.cfg.worker_id,
+                    docker::describe(&e)
+                )
+            } else {
+                format!("cannot create the container: {}", docker::describe(&e))
+            }
+        })?;
+        let id = created.id;
+        if let Err(e) = self.docker.start_container(&id, None).await {
+            self.remove(&id).await;
+            return Err(format!(
+                "cannot start the container: {}",
+                docker::describe(&e)
+            ));
+        }
+        let mut view = ContainerView::new(&cmd.job_id, cmd.epoch, &id, pb::ContainerState::Running);
+        view.cpu_limit = Some(plan.cpus);
+        self.views.insert(id.clone(), view);
+        let metric = start
+            .spec
+            .as_ref()
+            .map(|s| s.metric.clone())
+            .filter(|m| !m.is_empty());
+        let follower_done = monitor::spawn_follower(
+            self.docker.clone(),
+            FollowSpec {
+                container_id: id.clone(),
+                job_id: cmd.job_id.clone(),
+                epoch: cmd.epoch,
+                metric,
+                history_until_ns: None,
+                tail: None,
+            },
+            self.views.clone(),
+            self.progress.clone(),
+            self.shutdown.clone(),
+        );
+        self.containers.insert(
+            id.clone(),
+            Entry {
+                job_id: cmd.job_id.clone(),
+                epoch: cmd.epoch,
+                container_id: id.clone(),
+                checkpoint_dir: plan.checkpoint_dir,
+                follower_done,
+                exit_requested: false,
+                oom: false,
+                exiting: false,
+            },
+        );
+        info!(container = %id, name = %plan.name, cpus = plan.cpus, from_checkpoint, "started");
+        Ok(Some(Detail::Started(pb::Started {
+            container_id: id,
+            from_checkpoint,
+        })))
+    }
+
+    async fn set_limits(
+        &mut self,
+        cmd: &pb::Command,
+        l: &pb::SetLimits,
+    ) -> Result<Option<Detail>, String> {
+        let id = self
+            .live(&cmd.job_id)
+            .map(|e| e.container_id.clone())
+            .ok_or_else(|| self.no_container(cmd))?;
+        // Under cgroup v1 a child quota above the parent's is refused; 0 ("no limit") is the
+        // whole worker, which under the parent is the same thing.
+        let cpus = cgroup::clamp_cpus(l.cpus, self.cfg.cpus);
+        let shares = (l.cpu_shares > 0).then(|| l.cpu_shares.max(2));
+        let update = ContainerUpdateBody {
+            nano_cpus: Some(cgroup::nano_cpus(cpus)),
+            cpu_shares: shares.map(i64::from),
+            ..Default::default()
+        };
+        self.docker
+            .update_container(&id, update)
+            .await
+            .map_err(|e| format!("cannot update CPU limits: {}", docker::describe(&e)))?;
+        if let Some(mut v) = self.views.get_mut(&id) {
+            v.cpu_limit = Some(cpus);
+        }
+        debug!(cpus, ?shares, "limits applied");
+        Ok(Some(Detail::Limits(pb::LimitsApplied {
+            cpus,
+            cpu_shares: shares.unwrap_or(0),
+        })))
+    }
+
+    async fn pause(&mut self, cmd: &pb::Command, pause: bool) -> Result<Option<Detail>, String> {
+        let id = self
+            .live(&cmd.job_id)
+            .map(|e| e.container_id.clone())
+            .ok_or_else(|| self.no_container(cmd))?;
+        let r = if pause {
+            self.docker.pause_container(&id).await
+        } else {
+            self.docker.unpause_container(&id).await
+        };
+        match r {
+            Ok(()) => {}
+            // Already in the asked-for state: the command's intent holds.
+            Err(e) if docker::is_conflict(&e) && self.state_is(&id, pause) => {}
+            Err(e) => {
+                return Err(format!(
+                    "cannot {} the container: {}",
+                    if pause { "pause" } else { "resume" },
+                    docker::describe(&e)
+                ));
+            }
+        }
+        if let Some(mut v) = self.views.get_mut(&id) {
+            v.state = if pause {
+                pb::ContainerState::Paused
+            } else {
+                pb::ContainerState::Running
+            };
+        }
+        Ok(None)
+    }
+
+    fn state_is(&self, id: &str, paused: bool) -> bool {
+        self.views
+            .get(id)
+            .map(|v| (v.state == pb::ContainerState::Paused) == paused)
+            .unwrap_or(false)
+    }
+
+    fn stop(&mut self, cmd: &pb::Command, s: &pb::Stop) -> Option<pb::CommandResult> {
+        let Some(entry) = self
+            .containers
+            .values_mut()
+            .filter(|e| e.job_id == cmd.job_id && !e.exiting)
+            .max_by_key(|e| e.epoch)
+        else {
+            return Some(result_of(cmd, Err(self.no_container(cmd))));
+        };
+        entry.exit_requested = true;
+        let id = entry.container_id.clone();
+        let docker = self.docker.clone();
+        let grace = self.cfg.stop_grace.as_secs().min(i32::MAX as u64) as i32;
+        let internal = self.internal_tx.clone();
+        let cmd = cmd.clone();
+        let remove = s.remove;
+        info!(reason = %s.reason, container = %id, "stopping");
+        tokio::spawn(
+            async move {
+                let paused = docker
+                    .inspect_container(&id, None)
+                    .await
+                    .ok()
+                    .and_then(|i| i.state)
+                    .and_then(|s| s.paused)
+                    .unwrap_or(false);
+                if paused {
+                    // A paused container cannot handle SIGTERM; let it run to receive it.
+                    let _ = docker.unpause_container(&id).await;
+                }
+                // Docker sends SIGTERM, waits the grace period, then SIGKILL.
+                let r = docker
+                    .stop_container(
+                        &id,
+                        Some(StopContainerOptionsBuilder::new().t(grace).build()),
+                    )
+                    .await;
+                let outcome = match r {
+                    Ok(()) => Ok(None),
+                    Err(e) if docker::is_not_modified(&e) || docker::is_not_found(&e) => Ok(None),
+                    Err(e) => Err(format!(
+                        "cannot stop the container: {}",
+                        docker::describe(&e)
+                    )),
+                };
+                if remove && outcome.is_ok() {
+                    debug!("container is removed once its exit is reported");
+                }
+                let _ = internal
+                    .send(Internal::Done(result_of(&cmd, outcome)))
+                    .await;
+            }
+            .in_current_span(),
+        );
+        None
+    }
+
+    fn save(&mut self, cmd: &pb::Command, s: &pb::Save) -> Option<pb::CommandResult> {
+        let Some(entry) = self
+            .containers
+            .values_mut()
+            .filter(|e| e.job_id == cmd.job_id && !e.exiting)
+            .max_by_key(|e| e.epoch)
+        else {
+            return Some(result_of(cmd, Err(self.no_container(cmd))));
+        };
+        entry.exit_requested = true;
+        let id = entry.container_id.clone();
+        let mut follower_done = entry.follower_done.clone();
+        let checkpoint_dir = entry.checkpoint_dir.clone();
+        let host_dir = self.cfg.checkpoint_root.join(&checkpoint_dir);
+        let docker = self.docker.clone();
+        let views = self.views.clone();
+        let internal = self.internal_tx.clone();
+        let cmd = cmd.clone();
+        let deadline = Duration::from_millis(if s.deadline_ms == 0 {
+            30_000
+        } else {
+            u64::from(s.deadline_ms)
+        });
+        tokio::spawn(
+            async move {
+                let t0 = Instant::now();
+                let _ = docker.unpause_container(&id).await;
+                let outcome = async {
+                    match docker
+                        .kill_container(
+                            &id,
+                            Some(KillContainerOptionsBuilder::new().signal("SIGTERM").build()),
+                        )
+                        .await
+                    {
+                        Ok(()) => {}
+                        // Not running any more (409) or gone (404): it already exited.
+                        Err(e) if docker::is_conflict(&e) || docker::is_not_found(&e) => {}
+                        Err(e) => {
+                            return Err(format!(
+                                "cannot signal the container: {}",
+                                docker::describe(&e)
+                            ));
+                        }
+                    }
+                    let mut killed = false;
+                    if tokio::time::timeout(deadline, wait_exit(&docker, &id))
+                        .await
+                        .is_err()
+                    {
+                        warn!(
+                            ?deadline,
+                            "container ignored SIGTERM past the deadline; killing it"
+                        );
+                        killed = true;
+                        let _ = docker.kill_container(&id, None).await;
+                        let _ =
+                            tokio::time::timeout(Duration::from_secs(10), wait_exit(&docker, &id))
+                                .await;
+                    }
+                    let save_ms = t0.elapsed().as_millis() as u64;
+                    // The checkpoint line is among the last the container printed.
+                    let _ =
+                        tokio::time::timeout(DRAIN_TIMEOUT, follower_done.wait_for(|d| *d)).await;
+                    let (step, line_bytes) = views
+                        .get(&id)
+                        .map(|v| (v.last_step.unwrap_or(0), v.checkpoint_bytes))
+                        .unwrap_or((0, None));
+                    let checkpoint_bytes = match line_bytes {
+                        Some(b) if !killed => b,
+                        _ => tokio::task::spawn_blocking(move || dir_size(&host_dir))
+                            .await
+                            .unwrap_or(0),
+                    };
+                    Ok(Some(Detail::Saved(pb::Saved {
+                        checkpoint_dir,
+                        checkpoint_bytes,
+                        step,
+                        killed,
+                        save_ms,
+                    })))
+                }
+                .await;
+                let _ = internal
+                    .send(Internal::Done(result_of(&cmd, outcome)))
+                    .await;
+            }
+            .in_current_span(),
+        );
+        None
+    }
+
+    // ---- events and exits ----
+
+    async fn on_internal(&mut self, msg: Internal) {
+        match msg {
+            Internal::Done(r) => self.finish(r).await,
+            Internal::Finalized(id) => {
+                self.containers.remove(&id);
+                self.views.remove(&id);
+            }
+            Internal::Event(ev) => self.on_event(*ev),
+        }
+    }
+
+    fn on_event(&mut self, ev: EventMessage) {
+        let Some(actor) = ev.actor else { return };
+        let Some(id) = actor.id else { return };
+        let attrs = actor.attributes.unwrap_or_default();
+        if !self.containers.contains_key(&id) {
+            return;
+        }
+        match ev.action.as_deref().unwrap_or("") {
+            "start" | "unpause" => {
+                if let Some(mut v) = self.views.get_mut(&id)
+                    && v.state != pb::ContainerState::Exited
+                {
+                    v.state = pb::ContainerState::Running;
+                }
+            }
+            "pause" => {
+                if let Some(mut v) = self.views.get_mut(&id) {
+                    v.state = pb::ContainerState::Paused;
+                }
+            }
+            "oom" => {
+                if let Some(e) = self.containers.get_mut(&id) {
+                    e.oom = true;
+                }
+            }
+            "die" => {
+                let code = attrs.get("exitCode").and_then(|c| c.parse::<i32>().ok());
+                self.begin_exit(&id, code);
+            }
+            other => debug!(action = other, "ignoring a container event"),
+        }
+    }
+
+    /// Starts reporting a container's exit (once).
+    fn begin_exit(&mut self, id: &str, code: Option<i32>) {
+        let Some(e) = self.containers.get_mut(id) else {
+            return;
+        };
+        if e.exiting {
+            return;
+        }
+        e.exiting = true;
+        if let Some(mut v) = self.views.get_mut(id) {
+            v.state = pb::ContainerState::Exited;
+            v.exit_code = code.or(v.exit_code);
+        }
+        let docker = self.docker.clone();
+        let views = self.views.clone();
+        let progress = self.progress.clone();
+        let outbox = self.outbox.clone();
+        let internal = self.internal_tx.clone();
+        let mut follower_done = e.follower_done.clone();
+        let (job_id, epoch, requested, oom_event) =
+            (e.job_id.clone(), e.epoch, e.exit_requested, e.oom);
+        let id = id.to_string();
+        let remove = !self.cfg.keep_exited;
+        tokio::spawn(
+            async move {
+                let _ = tokio::time::timeout(DRAIN_TIMEOUT, follower_done.wait_for(|d| *d)).await;
+                progress.flush().await;
+                let state = docker
+                    .inspect_container(&id, None)
+                    .await
+                    .ok()
+                    .and_then(|i| i.state);
+                let exit_code = state
+                    .as_ref()
+                    .and_then(|s| s.exit_code)
+                    .map(|c| c as i32)
+                    .or(code)
+                    .unwrap_or(-1);
+                let oom_killed =
+                    oom_event || state.as_ref().and_then(|s| s.oom_killed).unwrap_or(false);
+                let (done, last_step) = views
+                    .get(&id)
+                    .map(|v| (v.done, v.last_step))
+                    .unwrap_or((false, None));
+                info!(%job_id, epoch, exit_code, oom_killed, done, requested, "container exited");
+                outbox
+                    .send(Kind::Exited(pb::ContainerExited {
+                        job_id,
+                        epoch,
+                        container_id: id.clone(),
+                        exit_code,
+                        oom_killed,
+                        done,
+                        last_step,
+                        requested,
+                    }))
+                    .await;
+                if remove {
+                    let _ = docker
+                        .remove_container(
+                            &id,
+                            Some(RemoveContainerOptionsBuilder::new().force(true).build()),
+                        )
+                        .await;
+                }
+                let _ = internal.send(Internal::Finalized(id)).await;
+            }
+            .in_current_span(),
+        );
+    }
+
+    async fn remove(&self, id: &str) {
+        if let Err(e) = self
+            .docker
+            .remove_container(
+                id,
+                Some(RemoveContainerOptionsBuilder::new().force(true).build()),
+            )
+            .await
+            && !docker::is_not_found(&e)
+        {
+            warn!(container = %id, error = %docker::describe(&e), "could not remove container");
+        }
+    }
+}
+
+/// Follows this worker's container events into the executor, resubscribing (from the last
+/// event's time) when the stream breaks, e.g. across a Docker restart.
+async fn watch_events(
+    docker: Docker,
+    worker: String,
+    mut since: i64,
+    tx: mpsc::Sender<Internal>,
+    shutdown: CancellationToken,
+) {
+    let filters: HashMap<&str, Vec<String>> = HashMap::from([
+        ("type", vec!["container".to_string()]),
+        ("label", vec![format!("{LABEL_WORKER}={worker}")]),
+        (
+            "event",
+            ["start", "die", "oom", "pause", "unpause"]
+                .map(String::from)
+                .to_vec(),
+        ),
+    ]);
+    loop {
+        let opts = EventsOptionsBuilder::new()
+            .since(&since.to_string())
+            .filters(&filters)
+            .build();
+        let mut stream = docker.events(Some(opts));
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                item = stream.next() => match item {
+                    Some(Ok(ev)) => {
+                        if let Some(t) = ev.time {
+                            since = t;
+                        }
+                        if tx.send(Internal::Event(Box::new(ev))).await.is_err() {
+                            return;
+                        }
+                    }
+                    Some(Err(e)) => {
+                        warn!(error = %e, "Docker event stream failed; resubscribing");
+                        break;
+                    }
+                    None => {
+                        warn!("Docker event stream ended; resubscribing");
+                        break;
+                    }
+                },
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}
+
+/// Waits until a container is no longer running (or no longer exists).
+async fn wait_exit(docker: &Docker, id: &str) {
+    let opts = WaitContainerOptionsBuilder::new()
+        .condition("not-running")
+        .build();
+    // bollard reports a non-zero exit code as an error item: either way the container stopped.
+    let _ = docker.wait_container(id, Some(opts)).next().await;
+}
+
+/// Total size of the files under a directory (0 when unreadable).
+fn dir_size(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut stack: Vec<PathBuf> = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            match e.metadata() {
+                Ok(m) if m.is_dir() => stack.push(e.path()),
+                Ok(m) => total += m.len(),
+                Err(_) => {}
+            }
+        }
+    }
+    total
+}
+
+fn unix_secs() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+fn unix_ns() -> i128 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i128)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cmd(id: &str, job: &str, epoch: u64) -> pb::Command {
+        pb::Command {
+            command_id: id.into(),
+            job_id: job.into(),
+            epoch,
+            action: Some(Action::Pause(pb::Pause {})),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_command_older_than_the_newest_epoch_is_refused() {
+        let mut l = CommandLedger::default();
+        assert_eq!(l.admit(&cmd("a", "j", 2)), Admission::Execute);
+        l.record(result_of(&cmd("a", "j", 2), Ok(None)));
+        match l.admit(&cmd("b", "j", 1)) {
+            Admission::Stale(r) => {
+                assert!(!r.ok);
+                assert_eq!(r.error, "stale epoch 1 < 2");
+                assert_eq!(r.epoch, 1);
+            }
+            other => panic!("expected stale, got {other:?}"),
+        }
+        // The same epoch and newer ones are accepted; other jobs are independent.
+        assert_eq!(l.admit(&cmd("c", "j", 2)), Admission::Execute);
+        assert_eq!(l.admit(&cmd("d", "j", 3)), Admission::Execute);
+        assert_eq!(l.epoch("j"), Some(3));
+        assert_eq!(l.admit(&cmd("e", "k", 1)), Admission::Execute);
+    }
+
+    #[test]
+    fn adopted_epochs_fence_commands() {
+        let mut l = CommandLedger::default();
+        l.observe_epoch("j", 5);
+        l.observe_epoch("j", 4);
+        assert!(matches!(l.admit(&cmd("a", "j", 4)), Admission::Stale(_)));
+        assert_eq!(l.admit(&cmd("b", "j", 5)), Admission::Execute);
+    }
+
+    #[test]
+    fn a_repeated_command_id_replays_the_earlier_result() {
+        let mut l = CommandLedger::default();
+        assert_eq!(l.admit(&cmd("a", "j", 1)), Admission::Execute);
+        // While it runs, a repeat is neither executed nor answered twice.
+        assert_eq!(l.admit(&cmd("a", "j", 1)), Admission::InFlight);
+        l.record(result_of(&cmd("a", "j", 1), Err("boom".into())));
+        match l.admit(&cmd("a", "j", 1)) {
+            Admission::Replay(r) => {
+                assert!(r.replayed);
+                assert!(!r.ok);
+                assert_eq!(r.error, "boom");
+            }
+            other => panic!("expected replay, got {other:?}"),
+        }
+        // A stale refusal is remembered too.
+        l.observe_epoch("j", 9);
+        assert!(matches!(l.admit(&cmd("s", "j", 1)), Admission::Stale(_)));
+        assert!(matches!(l.admit(&cmd("s", "j", 1)), Admission::Replay(r) if r.replayed && !r.ok));
+    }
+
+    #[test]
+    fn the_result_cache_is_bounded() {
+        let mut l = CommandLedger::with_capacity(3);
+        for i in 0..5 {
+            let c = cmd(&format!("c{i}"), "j", 1);
+            assert_eq!(l.admit(&c), Admission::Execute);
+            l.record(result_of(&c, Ok(None)));
+        }
+        assert_eq!(l.results.len(), 3);
+        // The oldest were forgotten: executing again is the only option left.
+        assert_eq!(l.admit(&cmd("c0", "j", 1)), Admission::Execute);
+        assert!(matches!(l.admit(&cmd("c4", "j", 1)), Admission::Replay(_)));
+    }
+}

@@ -1,0 +1,136 @@
+//! The read-mostly view of the worker's containers that many tasks share.
+//!
+//! The executor owns the containers (it alone starts, stops and forgets them); the log
+//! followers and the usage sampler write their measurements into the view; the session reads
+//! it to build heartbeats and registrations. A `DashMap` keyed by container id fits that shape
+//! (design.md: dashmap only for read-mostly views, never a second owner of decisions).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use converge_messenger::agent::AgentState;
+use converge_messenger::pb;
+use dashmap::DashMap;
+use tokio::sync::watch;
+
+/// What the agent knows about one container right now.
+#[derive(Clone, Debug)]
+pub struct ContainerView {
+    /// The job it runs.
+    pub job_id: String,
+    /// The incarnation's epoch.
+    pub epoch: u64,
+    /// Docker's id.
+    pub container_id: String,
+    /// Lifecycle state.
+    pub state: pb::ContainerState,
+    /// Exit code once exited.
+    pub exit_code: Option<i32>,
+    /// CPU limit applied, in cores.
+    pub cpu_limit: Option<f64>,
+    /// Average cores used over the last usage interval.
+    pub cpu_cores: f64,
+    /// Cumulative CPU time, ns.
+    pub cpu_total_ns: u64,
+    /// Memory in use, bytes.
+    pub memory_bytes: u64,
+    /// Last progress step seen.
+    pub last_step: Option<u64>,
+    /// Last metric value seen.
+    pub last_value: Option<f64>,
+    /// The job printed its `"done": true` line.
+    pub done: bool,
+    /// Checkpoint bytes of the last checkpoint line.
+    pub checkpoint_bytes: Option<u64>,
+}
+
+impl ContainerView {
+    /// A container the agent just started or adopted.
+    pub fn new(job_id: &str, epoch: u64, container_id: &str, state: pb::ContainerState) -> Self {
+        Self {
+            job_id: job_id.to_string(),
+            epoch,
+            container_id: container_id.to_string(),
+            state,
+            exit_code: None,
+            cpu_limit: None,
+            cpu_cores: 0.0,
+            cpu_total_ns: 0,
+            memory_bytes: 0,
+            last_step: None,
+            last_value: None,
+            done: false,
+            checkpoint_bytes: None,
+        }
+    }
+}
+
+/// Per-container views, keyed by container id.
+pub type Views = Arc<DashMap<String, ContainerView>>;
+
+/// What the session sends about this worker: its identity plus the live view.
+pub struct WorkerState {
+    /// The registration without containers; filled in per (re)connect.
+    pub register: pb::Register,
+    /// CPU capacity, to express limits as fractions.
+    pub capacity: f64,
+    /// The containers.
+    pub views: Views,
+    /// True once the executor has adopted what was already running: registering before that
+    /// would tell the manager the worker is empty and make it start jobs a second time.
+    pub ready: watch::Receiver<bool>,
+}
+
+impl AgentState for WorkerState {
+    async fn register(&self) -> pb::Register {
+        let mut ready = self.ready.clone();
+        // If the executor died before becoming ready, registering an empty worker is still
+        // the truth as far as anyone can know.
+        let _ = ready.wait_for(|r| *r).await;
+        let mut r = self.register.clone();
+        let mut containers: Vec<pb::ContainerReport> = self
+            .views
+            .iter()
+            .map(|v| pb::ContainerReport {
+                job_id: v.job_id.clone(),
+                epoch: v.epoch,
+                container_id: v.container_id.clone(),
+                state: v.state as i32,
+                exit_code: v.exit_code,
+                last_step: v.last_step,
+            })
+            .collect();
+        containers.sort_by(|a, b| a.job_id.cmp(&b.job_id).then(a.epoch.cmp(&b.epoch)));
+        r.containers = containers;
+        r
+    }
+
+    fn heartbeat(&self) -> pb::Heartbeat {
+        // One status per job: if two incarnations briefly coexist, the newest epoch wins.
+        let mut jobs: HashMap<String, pb::JobStatus> = HashMap::new();
+        for v in self.views.iter() {
+            let status = pb::JobStatus {
+                job_id: v.job_id.clone(),
+                epoch: v.epoch,
+                category: pb::Category::Unspecified as i32,
+                growth_efficiency: None,
+                cpu_limit: v.cpu_limit.map(|c| (c / self.capacity).min(1.0)),
+                cpu_usage: v.cpu_cores,
+                memory_bytes: v.memory_bytes,
+                state: v.state as i32,
+            };
+            match jobs.get(&v.job_id) {
+                Some(old) if old.epoch > v.epoch => {}
+                _ => {
+                    jobs.insert(v.job_id.clone(), status);
+                }
+            }
+        }
+        let mut jobs: Vec<pb::JobStatus> = jobs.into_values().collect();
+        jobs.sort_by(|a, b| a.job_id.cmp(&b.job_id));
+        pb::Heartbeat {
+            jobs,
+            ..Default::default()
+        }
+    }
+}
