@@ -40,7 +40,9 @@ pub struct Sample {
 /// A kind of resource growth efficiency can be computed against (Eq. 2's `r_i`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum Resource {
-    /// CPU, in cores (CPU-seconds per second).
+    /// CPU. Drivers report it as the fraction of the worker's capacity in use (the unit of the
+    /// papers' CPU-usage figures and of our limits), so that the papers' α values carry over;
+    /// a driver that reports cores must scale α by the worker's core count.
     #[default]
     Cpu,
     /// Memory, in bytes.
@@ -54,7 +56,7 @@ pub enum Resource {
 /// Average resource use of one container over an interval (Eq. 2's `R_{c,r}`).
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Usage {
-    /// Average CPU cores used.
+    /// Average CPU used (fraction of the worker; see [`Resource::Cpu`]).
     pub cpu: f64,
     /// Average memory bytes used.
     pub memory: f64,
@@ -66,9 +68,9 @@ pub struct Usage {
 
 impl Usage {
     /// Only CPU use (the papers' experiments measure CPU only).
-    pub fn cpu(cores: f64) -> Self {
+    pub fn cpu(cpu: f64) -> Self {
         Usage {
-            cpu: cores,
+            cpu,
             ..Usage::default()
         }
     }

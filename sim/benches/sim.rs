@@ -1,0 +1,2 @@
+//! Placeholder until the criterion benchmarks land.
+fn main() {}

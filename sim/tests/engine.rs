@@ -1,0 +1,167 @@
+//! End-to-end checks of the simulator: determinism, the CPU model's arithmetic, and that each
+//! policy actually acts. Small traces only: every test runs in milliseconds.
+
+use std::path::Path;
+
+use converge_sim::curve::Catalog;
+use converge_sim::engine::run_policy;
+use converge_sim::experiment::{Experiment, FixedJob, PolicySpec, WorkerGroup, Workload};
+use converge_sim::report;
+
+fn experiment(workers: usize, cpus: f64, workload: Workload) -> Experiment {
+    Experiment {
+        name: "test".into(),
+        title: "test".into(),
+        seed: 7,
+        workers: vec![WorkerGroup {
+            count: workers,
+            cpus,
+            calibration: 1.0,
+        }],
+        workload,
+        policy: PolicySpec::Flowcon {
+            alpha: 0.05,
+            itval: 20.0,
+            beta: 2.0,
+            adaptive: false,
+            placement: true,
+        },
+        baseline: PolicySpec::DockerSwarm,
+        system: Default::default(),
+        paper: Default::default(),
+        sweep: vec![],
+        focus_job: None,
+        note: String::new(),
+    }
+}
+
+#[test]
+fn a_lone_job_runs_at_its_parallelism() {
+    let catalog = Catalog::builtin();
+    let e = experiment(
+        1,
+        4.0,
+        Workload::Fixed(vec![FixedJob {
+            model: "vae".into(),
+            at: 10.0,
+        }]),
+    );
+    let run = run_policy(&e, &catalog, PolicySpec::DockerSwarm, false).unwrap();
+    let vae = catalog.get(catalog.index("vae").unwrap());
+    let expected = vae.work / vae.max_cores;
+    assert!(
+        (run.jobs[0].jct - expected).abs() < 1e-6,
+        "{}",
+        run.jobs[0].jct
+    );
+    assert!((run.makespan - expected).abs() < 1e-6);
+}
+
+#[test]
+fn faster_worker_finishes_sooner() {
+    let catalog = Catalog::builtin();
+    let mut e = experiment(
+        1,
+        4.0,
+        Workload::Fixed(vec![FixedJob {
+            model: "gru".into(),
+            at: 0.0,
+        }]),
+    );
+    let slow = run_policy(&e, &catalog, PolicySpec::DockerSwarm, false).unwrap();
+    e.workers[0].calibration = 2.0;
+    let fast = run_policy(&e, &catalog, PolicySpec::DockerSwarm, false).unwrap();
+    assert!((slow.jobs[0].jct / fast.jobs[0].jct - 2.0).abs() < 1e-9);
+}
+
+#[test]
+fn same_seed_gives_byte_identical_results() {
+    let catalog = Catalog::builtin();
+    let mut e = experiment(
+        2,
+        4.0,
+        Workload::Random {
+            jobs: 8,
+            window: (0.0, 100.0),
+            models: vec!["vae".into(), "mnist-pytorch".into(), "gru".into()],
+        },
+    );
+    e.policy = PolicySpec::Flowcon {
+        alpha: 0.05,
+        itval: 20.0,
+        beta: 2.0,
+        adaptive: true,
+        placement: true,
+    };
+    let a = serde_json::to_string(&report::compare(&e, &catalog, true).unwrap()).unwrap();
+    let b = serde_json::to_string(&report::compare(&e, &catalog, true).unwrap()).unwrap();
+    assert_eq!(a, b);
+    e.seed += 1;
+    let c = serde_json::to_string(&report::compare(&e, &catalog, true).unwrap()).unwrap();
+    assert_ne!(a, c, "a different seed draws a different trace");
+}
+
+#[test]
+fn flowcon_prioritizes_the_newcomer_in_the_fixed_schedule() {
+    let catalog = Catalog::builtin();
+    let e = Experiment::load(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/flowcon-3job.json"),
+    )
+    .unwrap();
+    let c = report::compare(&e, &catalog, true).unwrap();
+    // MNIST (TensorFlow), job-3, finishes sooner under FlowCon than under free competition.
+    assert!(c.policy.jobs[2].jct < c.baseline.jobs[2].jct);
+    // And the completing VAE was held to its lower bound at some point: 0.25 of the worker.
+    let trace = c.policy.trace.unwrap();
+    assert!(
+        trace.cpu.iter().any(|(_, shares)| shares
+            .iter()
+            .any(|&(j, s)| j == 0 && (s - 0.25).abs() < 1e-9)),
+        "VAE never held to 0.25"
+    );
+}
+
+#[test]
+fn specon_migrates_converged_jobs() {
+    let catalog = Catalog::builtin();
+    let mut e = experiment(
+        2,
+        4.0,
+        Workload::Fixed(
+            ["vae", "vae", "vae", "gru"]
+                .iter()
+                .enumerate()
+                .map(|(i, m)| FixedJob {
+                    model: m.to_string(),
+                    at: i as f64 * 2.0,
+                })
+                .collect(),
+        ),
+    );
+    e.policy = PolicySpec::Specon {
+        alpha: 0.01,
+        interval: 30.0,
+        rebalance: true,
+    };
+    e.baseline = PolicySpec::Kubernetes;
+    let run = run_policy(&e, &catalog, e.policy, false).unwrap();
+    assert!(run.migrations > 0);
+    assert!(
+        run.jobs.iter().all(|j| j.migrations <= 2),
+        "at most once by Alg. 2 and once by Alg. 3"
+    );
+    let base = run_policy(&e, &catalog, e.baseline, false).unwrap();
+    assert_eq!(base.migrations, 0);
+}
+
+#[test]
+fn every_experiment_file_loads() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments");
+    let all = report::load_all(&dir).unwrap();
+    assert!(all.len() >= 11);
+    let catalog = Catalog::builtin();
+    for e in &all {
+        assert_eq!(e.name.as_str(), e.name.trim());
+        e.jobs(&catalog).unwrap();
+    }
+}
