@@ -1,2 +1,216 @@
-//! Placeholder until the criterion benchmarks land.
-fn main() {}
+//! Speed of the policy decisions at scale and of the simulator itself.
+//!
+//! ```text
+//! CARGO_TARGET_DIR=/work/targets/policy cargo bench -p converge-sim --bench sim
+//! ```
+//! Prints per-decision latency (placement over 10,000 workers with each placer, a FlowCon round
+//! over 100 containers, SpeCon's Alg. 2 host selection and Alg. 3 plan over 10,000 workers) and
+//! the simulator's events per second on a 10,000-worker, 100,000-job run.
+
+// criterion_group! generates an undocumented public function.
+#![allow(missing_docs)]
+
+use std::hint::black_box;
+
+use converge_policy::flowcon::{FlowCon, FlowConConfig, FlowConPlacer, Observation};
+use converge_policy::growth::{Direction, Sample, Usage};
+use converge_policy::specon::{RebalanceCandidate, rebalance_plan, select_host, worker_score};
+use converge_policy::{
+    Category, JobRequest, JobSnapshot, LeastAllocated, Placer, Spread, WorkerSnapshot,
+};
+use converge_sim::curve::Catalog;
+use converge_sim::engine::Simulation;
+use converge_sim::experiment::{Experiment, PolicySpec, WorkerGroup, Workload};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+
+const WORKERS: usize = 10_000;
+
+fn cluster() -> Vec<WorkerSnapshot> {
+    (0..WORKERS)
+        .map(|i| WorkerSnapshot {
+            id: format!("worker-{i}"),
+            cpu_capacity: 16.0,
+            cpu_requested: (i % 13) as f64,
+            memory_capacity: 64 << 30,
+            memory_requested: ((i % 7) as u64) << 30,
+            running: i % 9,
+            calibration: 1.0,
+            schedulable: i % 101 != 0,
+            jobs: (0..(i % 5))
+                .map(|k| JobSnapshot {
+                    job_id: format!("j{i}-{k}"),
+                    category: [Category::New, Category::Watching, Category::Completing]
+                        [(i + k) % 3],
+                    growth_efficiency: Some(((i * 7 + k) % 100) as f64 / 1000.0),
+                    cpu_limit: None,
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+fn placement(c: &mut Criterion) {
+    let workers = cluster();
+    let job = JobRequest {
+        cpus: 2.0,
+        memory_bytes: 1 << 30,
+    };
+    let mut g = c.benchmark_group("placement over 10k workers");
+    g.bench_function("docker swarm spread", |b| {
+        b.iter(|| black_box(Spread.place(black_box(&job), black_box(&workers))))
+    });
+    g.bench_function("kubernetes least-allocated", |b| {
+        b.iter(|| black_box(LeastAllocated.place(black_box(&job), black_box(&workers))))
+    });
+    g.bench_function("flowcon alg 4", |b| {
+        b.iter(|| black_box(FlowConPlacer.place(black_box(&job), black_box(&workers))))
+    });
+    g.finish();
+}
+
+fn flowcon_round(c: &mut Criterion) {
+    let mut f = FlowCon::new(FlowConConfig {
+        adaptive: true,
+        ..FlowConConfig::default()
+    })
+    .unwrap();
+    let mut t = 0.0;
+    let obs = |t: f64| -> Vec<Observation> {
+        (0..100)
+            .map(|i| Observation {
+                job_id: format!("job-{i:03}"),
+                sample: Some(Sample {
+                    time: t,
+                    value: 2.0 * (-(t / (50.0 + i as f64))).exp(),
+                }),
+                initial_value: Some(2.0),
+                direction: Direction::Minimize,
+                usage: Usage::cpu(0.01),
+            })
+            .collect()
+    };
+    let mut inputs = obs(0.0);
+    f.on_round(0.0, &inputs);
+    c.bench_function("flowcon round over 100 containers", |b| {
+        b.iter(|| {
+            t += 20.0;
+            for o in &mut inputs {
+                if let Some(s) = &mut o.sample {
+                    s.time = t;
+                    s.value *= 0.99;
+                }
+            }
+            black_box(f.on_round(t, black_box(&inputs)))
+        })
+    });
+}
+
+fn specon_decisions(c: &mut Criterion) {
+    let w = Default::default();
+    let scores: Vec<Option<f64>> = (0..WORKERS)
+        .map(|i| Some(worker_score(i % 4, i % 3, i % 5, &w)))
+        .collect();
+    let use_: Vec<f64> = (0..WORKERS).map(|i| (i % 17) as f64 / 17.0).collect();
+    c.bench_function("specon alg 2 host selection over 10k workers", |b| {
+        b.iter(|| black_box(select_host(black_box(5), &scores, &use_)))
+    });
+    let counts: Vec<usize> = (0..WORKERS)
+        .map(|i| if i % 50 == 0 { 0 } else { 3 + i % 6 })
+        .collect();
+    let schedulable = vec![true; WORKERS];
+    let candidates: Vec<RebalanceCandidate> = (0..5_000)
+        .map(|i| RebalanceCandidate {
+            job_id: format!("job-{i}"),
+            worker: (i * 7) % WORKERS,
+            converged_for: (i % 300) as f64,
+        })
+        .collect();
+    c.bench_function("specon alg 3 rebalancing over 10k workers", |b| {
+        b.iter(|| {
+            black_box(rebalance_plan(
+                &counts,
+                &schedulable,
+                black_box(&candidates),
+            ))
+        })
+    });
+}
+
+fn scale_experiment(policy: PolicySpec) -> Experiment {
+    Experiment {
+        name: "scale".into(),
+        title: "10k workers, 100k jobs".into(),
+        seed: 1,
+        workers: vec![WorkerGroup {
+            count: WORKERS,
+            cpus: 16.0,
+            calibration: 1.0,
+        }],
+        workload: Workload::Random {
+            jobs: 100_000,
+            window: (0.0, 3_000.0),
+            models: Catalog::builtin()
+                .names()
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        },
+        policy,
+        baseline: PolicySpec::DockerSwarm,
+        system: Default::default(),
+        paper: Default::default(),
+        sweep: vec![],
+        focus_job: None,
+        note: String::new(),
+    }
+}
+
+fn simulator(c: &mut Criterion) {
+    let catalog = Catalog::builtin();
+    let mut g = c.benchmark_group("simulator, 10k workers, 100k jobs");
+    g.sample_size(10);
+    for policy in [
+        PolicySpec::DockerSwarm,
+        PolicySpec::Flowcon {
+            alpha: 0.05,
+            itval: 20.0,
+            beta: 2.0,
+            adaptive: true,
+            placement: true,
+        },
+        PolicySpec::Specon {
+            alpha: 0.01,
+            interval: 30.0,
+            rebalance: true,
+        },
+    ] {
+        let e = scale_experiment(policy);
+        let jobs = e.jobs(&catalog).unwrap();
+        let events = Simulation::new(&e, &catalog, &jobs, policy, false)
+            .unwrap()
+            .run()
+            .unwrap()
+            .events;
+        println!("{}: {events} events per run", policy.label());
+        g.throughput(Throughput::Elements(events));
+        g.bench_function(policy.label(), |b| {
+            b.iter(|| {
+                Simulation::new(&e, &catalog, &jobs, policy, false)
+                    .unwrap()
+                    .run()
+                    .unwrap()
+                    .events
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    placement,
+    flowcon_round,
+    specon_decisions,
+    simulator
+);
+criterion_main!(benches);

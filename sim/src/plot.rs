@@ -51,6 +51,7 @@ pub fn completion_times(policy: &Run, baseline: &Run, title: &str, path: &Path) 
         .map_err(|e| plot_err(path, e))?;
     chart
         .configure_mesh()
+        .max_light_lines(0)
         .disable_x_mesh()
         .x_desc("job")
         .y_desc("completion time (s)")
@@ -103,6 +104,7 @@ pub fn cpu_shares(run: &Run, title: &str, path: &Path) -> Result<()> {
         .map_err(|e| plot_err(path, e))?;
     chart
         .configure_mesh()
+        .max_light_lines(0)
         .x_desc("time (s)")
         .y_desc("CPU share of worker 1")
         .draw()
@@ -153,6 +155,7 @@ pub fn jobs_per_worker(run: &Run, workers: usize, title: &str, path: &Path) -> R
         .map_err(|e| plot_err(path, e))?;
     chart
         .configure_mesh()
+        .max_light_lines(0)
         .x_desc("time (s)")
         .y_desc("jobs on worker")
         .draw()
