@@ -381,26 +381,40 @@ pub(crate) fn spawn_usage_sampler(
                     .map(|v| (v.container_id.clone(), v.job_id.clone(), v.epoch))
                     .collect();
                 prev.retain(|id, _| targets.iter().any(|t| &t.0 == id));
+                // Stats API calls take about a second each (see the module doc): issue them
+                // concurrently so one round costs one second, not one per container.
+                let reads = futures::future::join_all(targets.iter().map(|(id, _, _)| {
+                    let docker = &docker;
+                    let cgroup = &cgroup;
+                    async move {
+                        // (cpu ns, memory bytes, read through the stats API as a fallback)
+                        match source {
+                            UsageSource::Stats => stats_usage(docker, id).await.map(|(c, m)| (c, m, false)),
+                            UsageSource::Cgroup => cgroup
+                                .container_usage_paths(id)
+                                .read()
+                                .map(|(c, m)| (c, m, false))
+                                .map_err(|e| format!("cgroup: {e}")),
+                            UsageSource::Auto => match cgroup.container_usage_paths(id).read() {
+                                Ok((c, m)) => Ok((c, m, false)),
+                                Err(e) => stats_usage(docker, id)
+                                    .await
+                                    .map(|(c, m)| (c, m, true))
+                                    .map_err(|s| format!("cgroup: {e}; stats: {s}")),
+                            },
+                        }
+                    }
+                }))
+                .await;
                 let mut samples = Vec::with_capacity(targets.len());
-                for (id, job_id, epoch) in targets {
-                    let read = match source {
-                        UsageSource::Stats => stats_usage(&docker, &id).await,
-                        UsageSource::Cgroup => cgroup
-                            .container_usage_paths(&id)
-                            .read()
-                            .map_err(|e| e.to_string()),
-                        UsageSource::Auto => match cgroup.container_usage_paths(&id).read() {
-                            Ok(u) => Ok(u),
-                            Err(e) => {
-                                if fell_back.insert(id.clone(), ()).is_none() {
-                                    info!(container = %id, error = %e, "cgroup usage not readable; using the Docker stats API");
-                                }
-                                stats_usage(&docker, &id).await
-                            }
-                        },
-                    };
+                for ((id, job_id, epoch), read) in targets.into_iter().zip(reads) {
                     let (cpu_ns, mem) = match read {
-                        Ok(u) => u,
+                        Ok((cpu, mem, fallback)) => {
+                            if fallback && fell_back.insert(id.clone(), ()).is_none() {
+                                info!(container = %id, "cgroup usage not readable; using the Docker stats API");
+                            }
+                            (cpu, mem)
+                        }
                         // The container may have exited between the listing and the read.
                         Err(e) => {
                             debug!(container = %id, error = %e, "usage read failed");

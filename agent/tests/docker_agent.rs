@@ -1,0 +1,405 @@
+//! The agent against real Docker and a scripted manager over real gRPC.
+//!
+//! These tests need Docker and the trainer image (`cargo xtask images trainer`); without them
+//! they fail with a message saying so.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Manager, Seen, TestWorker, command, require_docker_and_trainer, start_trainer};
+use converge_messenger::pb;
+use converge_messenger::pb::agent_message::Kind;
+use converge_messenger::pb::command::Action;
+use converge_messenger::pb::command_result::Detail;
+use tokio_util::sync::CancellationToken;
+
+const T: Duration = Duration::from_secs(30);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_report_limit_and_readopt_after_an_agent_restart() {
+    let docker = require_docker_and_trainer().await;
+    let worker = TestWorker::new("readopt");
+    let mut m = Manager::start().await;
+
+    // First agent.
+    let token1 = CancellationToken::new();
+    let agent1 = tokio::spawn(converge_agent::run(
+        worker.config(&m.endpoint(), 1.0),
+        token1.clone(),
+    ));
+    let reg = m.registered(T).await;
+    assert_eq!(reg.worker_id, worker.id);
+    assert_eq!(reg.cpu_capacity, 1.0);
+    assert!(
+        reg.containers.is_empty(),
+        "a fresh worker runs nothing: {reg:?}"
+    );
+    // The worker's capacity is its parent cgroup's quota.
+    let parent = worker.cpu_cgroup_dir();
+    assert_eq!(
+        std::fs::read_to_string(parent.join("cpu.cfs_quota_us"))
+            .unwrap()
+            .trim(),
+        "100000"
+    );
+
+    m.send(command(
+        "c1",
+        "job-a",
+        1,
+        start_trainer(5_000_000, 500, 0.5),
+    ));
+    let r = m.result("c1", T).await;
+    assert!(r.ok, "start failed: {}", r.error);
+    let Some(Detail::Started(started)) = r.detail else {
+        panic!("no Started detail: {r:?}")
+    };
+    let cid = started.container_id;
+
+    let samples = m.samples("job-a", 5, T).await;
+    assert!(
+        samples
+            .iter()
+            .all(|s| s.epoch == 1 && s.metric == "loss" && s.value.is_some())
+    );
+    assert!(
+        samples.windows(2).all(|w| w[0].step < w[1].step),
+        "steps increase"
+    );
+
+    let cores = m
+        .wait_for("a usage sample with CPU use", T, |s| match s {
+            Seen::Msg(Kind::Usage(u)) => u
+                .samples
+                .iter()
+                .find(|x| x.job_id == "job-a" && x.cpu_cores > 0.05)
+                .map(|x| (x.cpu_cores, x.memory_bytes)),
+            _ => None,
+        })
+        .await;
+    assert!(
+        cores.0 < 0.75,
+        "the 0.5-core limit holds (saw {} cores)",
+        cores.0
+    );
+    assert!(cores.1 > 0, "memory is reported");
+
+    // A limit above the worker's capacity is clamped to it.
+    m.send(command(
+        "c2",
+        "job-a",
+        1,
+        Action::SetLimits(pb::SetLimits {
+            cpus: 3.0,
+            cpu_shares: 512,
+        }),
+    ));
+    let r = m.result("c2", T).await;
+    assert!(r.ok, "set limits failed: {}", r.error);
+    assert_eq!(
+        r.detail,
+        Some(Detail::Limits(pb::LimitsApplied {
+            cpus: 1.0,
+            cpu_shares: 512
+        }))
+    );
+    let hc = docker
+        .inspect_container(&cid, None)
+        .await
+        .unwrap()
+        .host_config
+        .unwrap();
+    assert_eq!(hc.nano_cpus, Some(1_000_000_000));
+    assert_eq!(hc.cpu_shares, Some(512));
+    assert_eq!(
+        hc.cgroup_parent.as_deref(),
+        Some(worker.cgroup_parent.as_str())
+    );
+    assert_eq!(
+        std::fs::read_to_string(parent.join(&cid).join("cpu.cfs_quota_us"))
+            .unwrap()
+            .trim(),
+        "100000"
+    );
+
+    // Idempotency and fencing.
+    m.send(command(
+        "c2",
+        "job-a",
+        1,
+        Action::SetLimits(pb::SetLimits {
+            cpus: 0.2,
+            cpu_shares: 0,
+        }),
+    ));
+    let r = m.result("c2", T).await;
+    assert!(r.replayed && r.ok, "a repeated id is replayed: {r:?}");
+    assert_eq!(
+        docker
+            .inspect_container(&cid, None)
+            .await
+            .unwrap()
+            .host_config
+            .unwrap()
+            .nano_cpus,
+        Some(1_000_000_000),
+        "a replayed command is not executed again"
+    );
+    m.send(command("c3", "job-a", 0, Action::Pause(pb::Pause {})));
+    let r = m.result("c3", T).await;
+    assert!(!r.ok);
+    assert_eq!(r.error, "stale epoch 0 < 1");
+
+    // The agent goes away; the container keeps running.
+    token1.cancel();
+    agent1.await.unwrap().expect("first agent ends cleanly");
+    assert_eq!(worker.containers(), vec![cid.clone()]);
+    let running = docker
+        .inspect_container(&cid, None)
+        .await
+        .unwrap()
+        .state
+        .unwrap()
+        .running;
+    assert_eq!(running, Some(true));
+
+    // A new agent re-adopts it and reports it in its registration.
+    let token2 = CancellationToken::new();
+    let agent2 = tokio::spawn(converge_agent::run(
+        worker.config(&m.endpoint(), 1.0),
+        token2.clone(),
+    ));
+    let reg = m.registered(T).await;
+    assert_eq!(reg.containers.len(), 1, "{reg:?}");
+    let c = &reg.containers[0];
+    assert_eq!(
+        (c.job_id.as_str(), c.epoch, c.container_id.as_str()),
+        ("job-a", 1, cid.as_str())
+    );
+    assert_eq!(c.state, pb::ContainerState::Running as i32);
+    let adopted_step = c.last_step.expect("last step recovered from the log tail");
+
+    // Progress continues from where it was, without replaying the old log.
+    let after = m.samples("job-a", 3, T).await;
+    assert!(
+        after[0].step >= adopted_step,
+        "old lines are not sent again: {} < {adopted_step}",
+        after[0].step
+    );
+
+    // A repeated Start of the same incarnation never starts a second container.
+    m.send(command(
+        "c4",
+        "job-a",
+        1,
+        start_trainer(5_000_000, 500, 0.5),
+    ));
+    let r = m.result("c4", T).await;
+    assert!(r.ok, "{r:?}");
+    assert_eq!(
+        r.detail,
+        Some(Detail::Started(pb::Started {
+            container_id: cid.clone(),
+            from_checkpoint: false
+        }))
+    );
+    assert_eq!(
+        worker.containers(),
+        vec![cid.clone()],
+        "no second container"
+    );
+
+    // The adopted epoch fences older commands in the new agent too.
+    m.send(command("c5", "job-a", 0, Action::Pause(pb::Pause {})));
+    assert_eq!(m.result("c5", T).await.error, "stale epoch 0 < 1");
+
+    // Save: SIGTERM, the trainer checkpoints and exits 0.
+    m.send(command(
+        "c6",
+        "job-a",
+        1,
+        Action::Save(pb::Save {
+            deadline_ms: 10_000,
+        }),
+    ));
+    let (r, exited) = m.result_and_exit("c6", "job-a", T).await;
+    assert!(r.ok, "{r:?}");
+    let Some(Detail::Saved(saved)) = r.detail else {
+        panic!("no Saved detail: {r:?}")
+    };
+    assert!(!saved.killed);
+    assert!(saved.checkpoint_bytes > 0);
+    assert!(saved.step >= adopted_step);
+    assert_eq!(saved.checkpoint_dir, "job-a");
+    assert!(
+        worker
+            .checkpoint_root
+            .join("job-a")
+            .read_dir()
+            .unwrap()
+            .next()
+            .is_some()
+    );
+    assert_eq!(exited.exit_code, 0);
+    assert!(exited.requested, "a saved job's exit was asked for");
+    assert!(!exited.done);
+
+    // The reported container is removed; the empty worker cgroup goes on shutdown.
+    let deadline = tokio::time::Instant::now() + T;
+    while !worker.containers().is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        worker.containers().is_empty(),
+        "exited container removed after its report"
+    );
+    token2.cancel();
+    agent2.await.unwrap().expect("second agent ends cleanly");
+    assert!(!parent.exists(), "worker cgroup removed on clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_job_reports_done_then_its_exit() {
+    require_docker_and_trainer().await;
+    let worker = TestWorker::new("done");
+    let mut m = Manager::start().await;
+    let token = CancellationToken::new();
+    let agent = tokio::spawn(converge_agent::run(
+        worker.config(&m.endpoint(), 1.0),
+        token.clone(),
+    ));
+    m.registered(T).await;
+
+    m.send(command("s1", "job-d", 3, start_trainer(3000, 100, 0.0)));
+    let r = m.result("s1", T).await;
+    assert!(r.ok, "{r:?}");
+    let mut samples = Vec::new();
+    let exited = m
+        .wait_for("the exit of job-d", T, |s| match s {
+            Seen::Msg(Kind::Progress(b)) => {
+                samples.extend(b.samples.iter().filter(|x| x.job_id == "job-d").cloned());
+                None
+            }
+            Seen::Msg(Kind::Exited(e)) if e.job_id == "job-d" => Some(e.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(exited.exit_code, 0);
+    assert!(
+        exited.done,
+        "the done line was seen before the exit was reported"
+    );
+    assert!(!exited.requested);
+    assert_eq!(exited.epoch, 3);
+    assert_eq!(exited.last_step, Some(3000));
+    assert!(
+        samples.len() >= 5,
+        "every progress line arrives: {}",
+        samples.len()
+    );
+    assert!(
+        samples.last().unwrap().done,
+        "the done sample precedes the exit"
+    );
+
+    token.cancel();
+    agent.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_resume_and_stop() {
+    let docker = require_docker_and_trainer().await;
+    let worker = TestWorker::new("stop");
+    let mut m = Manager::start().await;
+    let token = CancellationToken::new();
+    let agent = tokio::spawn(converge_agent::run(
+        worker.config(&m.endpoint(), 0.5),
+        token.clone(),
+    ));
+    m.registered(T).await;
+
+    m.send(command(
+        "p1",
+        "job-p",
+        1,
+        start_trainer(5_000_000, 1000, 0.5),
+    ));
+    let r = m.result("p1", T).await;
+    let Some(Detail::Started(s)) = r.detail else {
+        panic!("{r:?}")
+    };
+    m.samples("job-p", 1, T).await;
+
+    m.send(command("p2", "job-p", 1, Action::Pause(pb::Pause {})));
+    assert!(m.result("p2", T).await.ok);
+    let st = docker
+        .inspect_container(&s.container_id, None)
+        .await
+        .unwrap()
+        .state
+        .unwrap();
+    assert_eq!(st.paused, Some(true));
+    m.send(command("p3", "job-p", 1, Action::Resume(pb::Resume {})));
+    assert!(m.result("p3", T).await.ok);
+    let st = docker
+        .inspect_container(&s.container_id, None)
+        .await
+        .unwrap()
+        .state
+        .unwrap();
+    assert_eq!(st.paused, Some(false));
+
+    // Commands for a job the worker does not run say so.
+    m.send(command("p4", "job-nope", 1, Action::Pause(pb::Pause {})));
+    let r = m.result("p4", T).await;
+    assert!(
+        !r.ok && r.error.contains("no running container of job job-nope"),
+        "{r:?}"
+    );
+
+    m.send(command(
+        "p5",
+        "job-p",
+        1,
+        Action::Stop(pb::Stop {
+            reason: "test".into(),
+            remove: true,
+        }),
+    ));
+    let (r, exited) = m.result_and_exit("p5", "job-p", T).await;
+    assert!(r.ok, "{r:?}");
+    assert!(exited.requested);
+    assert!(!exited.done);
+
+    token.cancel();
+    agent.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_image_is_an_error_a_person_can_act_on() {
+    require_docker_and_trainer().await;
+    let worker = TestWorker::new("noimage");
+    let mut m = Manager::start().await;
+    let token = CancellationToken::new();
+    let agent = tokio::spawn(converge_agent::run(
+        worker.config(&m.endpoint(), 1.0),
+        token.clone(),
+    ));
+    m.registered(T).await;
+    let mut action = start_trainer(10, 1, 1.0);
+    if let Action::Start(s) = &mut action {
+        s.spec.as_mut().unwrap().image = "converge/does-not-exist:dev".into();
+    }
+    m.send(command("x1", "job-x", 1, action));
+    let r = m.result("x1", T).await;
+    assert!(!r.ok);
+    assert!(
+        r.error.contains("converge/does-not-exist:dev") && r.error.contains("build or load"),
+        "{}",
+        r.error
+    );
+    assert!(worker.containers().is_empty());
+    token.cancel();
+    agent.await.unwrap().unwrap();
+}
