@@ -52,6 +52,9 @@ pub use error::{Error, Result};
 
 /// Runs the agent until `shutdown` is cancelled.
 ///
+/// Dropping the returned future (e.g. aborting its task) stops every task the agent started,
+/// like a killed process: containers keep running and the worker cgroup stays.
+///
 /// Fails only on what stops the agent from starting: invalid settings, no Docker, no usable
 /// cgroup filesystem, an uncreatable checkpoint root. An unreachable manager is not an error:
 /// the session keeps retrying with backoff.
@@ -62,6 +65,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
 }
 
 async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
+    // Every task the agent spawns stops with this token. It is cancelled when the caller
+    // cancels theirs, and also when this future is dropped (a test aborting the agent's task
+    // to play SIGKILL): otherwise the session would live on, heartbeating for a dead agent.
+    let shutdown = shutdown.child_token();
+    let _stop_tasks_on_drop = shutdown.clone().drop_guard();
     let docker = docker::connect(config.docker_host.as_deref()).await?;
     let cgroup = Arc::new(cgroup::WorkerCgroup::detect(
         &config.cgroup_root,

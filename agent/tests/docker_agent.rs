@@ -151,9 +151,15 @@ async fn start_report_limit_and_readopt_after_an_agent_restart() {
     assert!(!r.ok);
     assert_eq!(r.error, "stale epoch 0 < 1");
 
-    // The agent goes away; the container keeps running.
-    token1.cancel();
-    agent1.await.unwrap().expect("first agent ends cleanly");
+    // The agent dies mid-job (its task is aborted, as a test plays SIGKILL): its session goes
+    // with it, and the container keeps running.
+    agent1.abort();
+    let _ = agent1.await;
+    m.wait_for("the dead agent's stream to end", T, |s| {
+        matches!(s, Seen::Disconnected(_)).then_some(())
+    })
+    .await;
+    drop(token1);
     assert_eq!(worker.containers(), vec![cid.clone()]);
     let running = docker
         .inspect_container(&cid, None)
