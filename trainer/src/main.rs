@@ -2,7 +2,8 @@
 //! [`converge_trainer::calibrate`], exit status out. As PID 1 in a container it gets no default
 //! signal handling, so SIGTERM and SIGINT are wired to the training loop's stop signal here.
 
-use std::process::ExitCode;
+use std::os::unix::process::CommandExt;
+use std::process::{Command as Process, ExitCode};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -63,6 +64,7 @@ fn train(args: &converge_trainer::TrainArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(&e),
     };
+    pin_candle_threads(cfg.threads);
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [SIGTERM, SIGINT] {
         // A second signal while the first is being handled (e.g. a slow save) ends the process
@@ -100,6 +102,35 @@ fn train(args: &converge_trainer::TrainArgs) -> ExitCode {
         }
         Err(e) => fail(&e),
     }
+}
+
+/// Makes `--threads` bind all of candle's CPU parallelism, then returns.
+///
+/// Why a re-exec: besides the rayon pool [`converge_trainer::train`] runs in (which bounds gemm
+/// and convolutions), candle 0.11 keeps a process-wide pool of spinning threads for element-wise
+/// ops, sized once from `CANDLE_NUM_THREADS` (else the physical core count), and picks gemm's
+/// fan-out from `RAYON_NUM_THREADS`. Environment variables can only be changed in-process with
+/// `unsafe` (forbidden here), so when they do not match `--threads` the binary `exec`s itself
+/// with them set: same PID (still PID 1 in a container), same arguments, no signal handlers yet.
+/// If the exec fails the run goes on with candle's defaults, and says so.
+fn pin_candle_threads(threads: usize) {
+    let want = threads.to_string();
+    let set = |k: &str| std::env::var(k).is_ok_and(|v| v == want);
+    if set("CANDLE_NUM_THREADS") && set("RAYON_NUM_THREADS") {
+        return;
+    }
+    let err = match std::env::current_exe() {
+        Ok(exe) => Process::new(exe)
+            .args(std::env::args_os().skip(1))
+            .env("CANDLE_NUM_THREADS", &want)
+            .env("RAYON_NUM_THREADS", &want)
+            .exec(),
+        Err(e) => e,
+    };
+    eprintln!(
+        "converge-trainer: could not re-exec with CANDLE_NUM_THREADS={want} ({err}); \
+         element-wise ops may use more than --threads cores"
+    );
 }
 
 fn fail(e: &converge_trainer::Error) -> ExitCode {

@@ -138,3 +138,33 @@ fn sigterm_without_a_checkpoint_directory_exits_143() {
     for _ in lines {}
     assert_eq!(child.wait().unwrap().code(), Some(143));
 }
+
+#[test]
+fn threads_1_leaves_one_compute_thread() {
+    // candle would otherwise start its own element-wise pool sized by the core count; the
+    // binary re-execs itself to size it from --threads. Look at the live process's threads.
+    let mut child = trainer()
+        .args(["--model", "mlp-digits", "--steps", "100000000", "--threads", "1"])
+        .args(["--size", "4", "--batch", "256", "--report-every", "5"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    for l in lines.by_ref() {
+        if parse_line(&l.unwrap(), None).unwrap().unwrap().step >= 10 {
+            break;
+        }
+    }
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", child.id()))
+        .unwrap()
+        .map(|t| std::fs::read_to_string(t.unwrap().path().join("comm")).unwrap())
+        .map(|c| c.trim().to_string())
+        .collect::<Vec<_>>();
+    let _ = child.kill();
+    let _ = child.wait();
+    // The main thread only waits on the pool; `trainer-0` does all the numeric work.
+    let mut compute: Vec<&String> = tasks.iter().filter(|t| *t != "converge-traine").collect();
+    compute.sort();
+    assert_eq!(compute, vec!["trainer-0"], "threads: {tasks:?}");
+}
