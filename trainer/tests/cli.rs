@@ -144,7 +144,14 @@ fn threads_1_leaves_one_compute_thread() {
     // candle would otherwise start its own element-wise pool sized by the core count; the
     // binary re-execs itself to size it from --threads. Look at the live process's threads.
     let mut child = trainer()
-        .args(["--model", "mlp-digits", "--steps", "100000000", "--threads", "1"])
+        .args([
+            "--model",
+            "mlp-digits",
+            "--steps",
+            "100000000",
+            "--threads",
+            "1",
+        ])
         .args(["--size", "4", "--batch", "256", "--report-every", "5"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
