@@ -26,7 +26,7 @@ use bollard::query_parameters::{
     ListContainersOptionsBuilder, LogsOptionsBuilder, RemoveContainerOptionsBuilder,
     StopContainerOptionsBuilder, WaitContainerOptionsBuilder,
 };
-use converge_messenger::agent::Outbox;
+use converge_messenger::agent::{Outbox, SessionStatus};
 use converge_messenger::pb;
 use converge_messenger::pb::agent_message::Kind;
 use converge_messenger::pb::command::Action;
@@ -193,6 +193,7 @@ pub(crate) struct Executor {
     cgroup: Arc<WorkerCgroup>,
     views: Views,
     outbox: Outbox,
+    session: watch::Receiver<SessionStatus>,
     progress: ProgressHandle,
     shutdown: CancellationToken,
     ledger: CommandLedger,
@@ -209,6 +210,7 @@ impl Executor {
         cgroup: Arc<WorkerCgroup>,
         views: Views,
         outbox: Outbox,
+        session: watch::Receiver<SessionStatus>,
         progress: ProgressHandle,
         shutdown: CancellationToken,
     ) -> Self {
@@ -219,6 +221,7 @@ impl Executor {
             cgroup,
             views,
             outbox,
+            session,
             progress,
             shutdown,
             ledger: CommandLedger::default(),
@@ -363,8 +366,17 @@ impl Executor {
                     self.remove(&id).await;
                 }
                 _ => {
-                    // Exited while no agent watched it: report the exit now.
+                    // Exited while no agent watched it: list it as exited in the registration
+                    // (so the manager does not take it for lost) and report the exit.
                     let mut view = ContainerView::new(&job, epoch, &id, pb::ContainerState::Exited);
+                    view.exit_code = self
+                        .docker
+                        .inspect_container(&id, None)
+                        .await
+                        .ok()
+                        .and_then(|i| i.state)
+                        .and_then(|s| s.exit_code)
+                        .map(|c| c as i32);
                     view.last_step = self.last_step_from_tail(&id, metric.as_deref()).await;
                     view.done = self.done_in_tail(&id, metric.as_deref()).await;
                     self.views.insert(id.clone(), view);
@@ -910,6 +922,8 @@ impl Executor {
             (e.job_id.clone(), e.epoch, e.exit_requested, e.oom);
         let id = id.to_string();
         let remove = !self.cfg.keep_exited;
+        let mut session = self.session.clone();
+        let heartbeat = self.cfg.heartbeat_interval;
         tokio::spawn(
             async move {
                 let _ = tokio::time::timeout(DRAIN_TIMEOUT, follower_done.wait_for(|d| *d)).await;
@@ -952,6 +966,10 @@ impl Executor {
                         )
                         .await;
                 }
+                // Until the report has gone out on a live stream, registrations keep listing
+                // the container as exited: a manager that registers us in between must not
+                // take a finished job for a lost one.
+                wait_reported(&mut session, heartbeat).await;
                 let _ = internal.send(Internal::Finalized(id)).await;
             }
             .in_current_span(),
@@ -1024,6 +1042,24 @@ async fn watch_events(
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}
+
+/// Returns once messages queued before the call have had time to go out on a stream that
+/// stayed up (connected, with no re-registration, for two heartbeat periods), or when the
+/// session is gone.
+async fn wait_reported(session: &mut watch::Receiver<SessionStatus>, heartbeat: Duration) {
+    let settle = (heartbeat * 2).max(Duration::from_millis(200));
+    loop {
+        if session.wait_for(|s| s.connected).await.is_err() {
+            return;
+        }
+        let registrations = session.borrow().registrations;
+        tokio::time::sleep(settle).await;
+        let s = session.borrow();
+        if s.connected && s.registrations == registrations {
+            return;
         }
     }
 }

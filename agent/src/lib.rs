@@ -108,8 +108,7 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
     let (cmd_tx, cmd_rx) = mpsc::channel(256);
     let mut session_config = SessionConfig::new(config.manager.clone());
     session_config.heartbeat_interval = config.heartbeat_interval;
-    let (outbox, _status, session) =
-        Session::spawn(session_config, state, cmd_tx, shutdown.clone());
+    let (outbox, status, session) = Session::spawn(session_config, state, cmd_tx, shutdown.clone());
 
     let progress = monitor::spawn_batcher(outbox.clone(), shutdown.clone());
     monitor::spawn_usage_sampler(
@@ -128,6 +127,7 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
         cgroup.clone(),
         views,
         outbox,
+        status,
         progress,
         shutdown.clone(),
     )

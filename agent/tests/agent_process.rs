@@ -102,6 +102,17 @@ async fn a_killed_agent_is_replaced_and_the_new_one_readopts() {
     assert_eq!(running.len(), 1, "{reg:?}");
     assert_eq!(running[0].container_id, long.container_id);
     assert_eq!(running[0].job_id, "job-long");
+    // The finished one is listed as exited, so the manager does not take it for lost before
+    // the exit report arrives.
+    let finished: Vec<&pb::ContainerReport> = reg
+        .containers
+        .iter()
+        .filter(|c| c.state == pb::ContainerState::Exited as i32)
+        .collect();
+    assert_eq!(finished.len(), 1, "{reg:?}");
+    assert_eq!(finished[0].job_id, "job-short");
+    assert_eq!(finished[0].exit_code, Some(0));
+    assert_eq!(finished[0].last_step, Some(8000));
     let exited = m.exited("job-short", T).await;
     assert_eq!(exited.epoch, 4);
     assert_eq!(exited.exit_code, 0);
