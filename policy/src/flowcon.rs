@@ -33,8 +33,10 @@
 //! - Alg. 4 counts jobs placed on a worker but not yet in its report (`running - jobs.len()`) as
 //!   New with no G: that is the paper's "NL is temporarily added 1" against stale heartbeats
 //!   (flowcon-tcc2022-extended.txt:422). A worker with only Completing jobs (or none) is an
-//!   "all in CL" worker; among those the fewest containers wins (lines 2-5), ties to the lowest
-//!   index; otherwise the minimum score wins (lines 10-13), ties to the lowest index.
+//!   "all in CL" worker; among those the fewest containers wins (lines 2-5); otherwise the
+//!   minimum score wins (lines 10-13). The paper does not break ties; we prefer the worker with
+//!   more capacity (cores × calibration), then the lowest index, so that in a heterogeneous
+//!   cluster an empty 16-core worker is chosen before an empty 2-core one.
 
 use std::collections::BTreeMap;
 
@@ -260,8 +262,9 @@ impl FlowCon {
         let mut changed = false;
         // Lines 10-15: containers that are no longer on the worker.
         let before = self.jobs.len();
-        self.jobs
-            .retain(|id, _| observations.iter().any(|o| &o.job_id == id));
+        let observed: std::collections::BTreeSet<&str> =
+            observations.iter().map(|o| o.job_id.as_str()).collect();
+        self.jobs.retain(|id, _| observed.contains(id.as_str()));
         changed |= self.jobs.len() != before;
         // Lines 5-7: containers in no list join NL.
         for o in observations {
@@ -491,6 +494,8 @@ impl Placer for FlowConPlacer {
         // (index, containers) of the best all-completing worker; (index, S) of the best other.
         let mut best_all_cl: Option<(usize, usize)> = None;
         let mut best_score: Option<(usize, f64)> = None;
+        // Ties go to the worker with more capacity (cores × calibration), then the lowest index.
+        let power = |i: usize| workers[i].cpu_capacity * workers[i].calibration;
         for (i, w) in workers.iter().enumerate() {
             if !(w.schedulable && w.fits(job)) {
                 scores.push(f64::INFINITY);
@@ -500,10 +505,12 @@ impl Placer for FlowConPlacer {
             scores.push(s.score);
             if s.nl + s.wl == 0 {
                 // Lines 3-5: every container completing (or none): fewest containers wins.
-                if best_all_cl.is_none_or(|(_, c)| s.cl < c) {
+                if best_all_cl.is_none_or(|(b, c)| s.cl < c || (s.cl == c && power(i) > power(b))) {
                     best_all_cl = Some((i, s.cl));
                 }
-            } else if best_score.is_none_or(|(_, b)| s.score < b) {
+            } else if best_score.is_none_or(|(b, v)| {
+                s.score < v - 1e-12 || ((s.score - v).abs() <= 1e-12 && power(i) > power(b))
+            }) {
                 // Lines 11-13: minimum score.
                 best_score = Some((i, s.score));
             }
@@ -751,6 +758,24 @@ mod tests {
             }
             p => panic!("{p:?}"),
         }
+    }
+
+    #[test]
+    fn alg4_breaks_ties_by_capacity_then_index() {
+        let small = worker("small", 2.0);
+        let big = worker("big", 16.0);
+        let mut fast = worker("fast", 8.0);
+        fast.calibration = 3.0;
+        let job = JobRequest {
+            cpus: 1.0,
+            memory_bytes: 0,
+        };
+        let p = FlowConPlacer.place(&job, &[small.clone(), big.clone(), fast]);
+        assert_eq!(p.index(), Some(2), "8 cores at speed 3 beat 16 at speed 1");
+        assert_eq!(
+            FlowConPlacer.place(&job, &[small.clone(), small]).index(),
+            Some(0)
+        );
     }
 
     #[test]

@@ -295,6 +295,10 @@ pub fn rebalance_plan(
             lim,
         )
     };
+    let mut in_targets = vec![false; counts.len()];
+    for &w in &targets {
+        in_targets[w] = true;
+    }
     let mut moves = Vec::new();
     for &w in &targets {
         // Lines 12 / 27: room below the limit.
@@ -304,7 +308,8 @@ pub fn rebalance_plan(
         // Lines 13 / 23-25: the smallest d on a worker that is not a target and holds at least
         // two more jobs than this one (so the move shrinks the imbalance).
         let Some(pos) = pool.iter().position(|c| {
-            !targets.contains(&c.worker) && counts.get(c.worker).is_some_and(|&n| n > counts[w] + 1)
+            !in_targets.get(c.worker).copied().unwrap_or(true)
+                && counts.get(c.worker).is_some_and(|&n| n > counts[w] + 1)
         }) else {
             continue;
         };
@@ -376,8 +381,9 @@ impl SpeCon {
     /// Alg. 1 over every observed job; returns the reallocation requests (line 16).
     pub fn categorize(&mut self, now: f64, observations: &[JobObservation]) -> Vec<String> {
         // Finished jobs leave; line 2: newcomers start Progressing, not migrated.
-        self.jobs
-            .retain(|id, _| observations.iter().any(|o| &o.job_id == id));
+        let observed: std::collections::BTreeSet<&str> =
+            observations.iter().map(|o| o.job_id.as_str()).collect();
+        self.jobs.retain(|id, _| observed.contains(id.as_str()));
         for o in observations {
             let job = self
                 .jobs
@@ -444,7 +450,12 @@ impl SpeCon {
         let mut counts = vec![[0usize; 3]; workers];
         for j in self.jobs.values() {
             if let Some(c) = counts.get_mut(j.worker) {
-                c[j.category as usize] += 1;
+                let k = match j.category {
+                    Category::New => 0,
+                    Category::Watching => 1,
+                    Category::Completing => 2,
+                };
+                c[k] += 1;
             }
         }
         counts

@@ -178,6 +178,7 @@ pub struct Simulation<'a> {
     events: u64,
     migrations: u64,
     trace: Option<Trace>,
+    index_of: std::collections::HashMap<String, usize>,
 }
 
 impl std::fmt::Debug for Simulation<'_> {
@@ -322,6 +323,11 @@ impl<'a> Simulation<'a> {
             events: 0,
             migrations: 0,
             trace: record.then(Trace::default),
+            index_of: jobs
+                .iter()
+                .enumerate()
+                .map(|(i, j)| (j.id.clone(), i))
+                .collect(),
         };
         for (i, j) in jobs.iter().enumerate() {
             sim.schedule(j.arrival, Event::Arrival(i));
@@ -662,7 +668,7 @@ impl<'a> Simulation<'a> {
         let interval = specon.config().interval;
         self.specon = Some(specon);
         for m in decisions.migrations {
-            let Some(j) = self.jobs.iter().position(|x| x.spec.id == m.job_id) else {
+            let Some(&j) = self.index_of.get(&m.job_id) else {
                 continue;
             };
             if self.jobs[j].state != State::Running(m.from) {

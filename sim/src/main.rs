@@ -209,4 +209,9 @@ gives them; their metrics follow parametric curves with seeded noise, set by eye
 papers' descriptions, not measured. Absolute seconds are therefore not the papers' testbeds'; \
 compare the *changes* (reductions), and read differences as differences between our model \
 workload and theirs as much as between implementations. The same seed gives byte-identical \
-output.\n\n";
+output.\n\n\
+The *oracle SRPT* row runs the same trace with every worker serving the job with the least \
+remaining work first (full knowledge, on the baseline's placement): it bounds what reordering \
+can do for the *average* completion time, not the makespan (it starves long jobs).\n\n\
+Parameter sweeps: `converge-sim sweep FILE --alpha 0.01,0.05 --interval 20,30`. Benchmarks: \
+see `sim/README.md`.\n\n";
