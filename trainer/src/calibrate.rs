@@ -40,7 +40,12 @@ pub struct Row {
     pub checkpoint_bytes: Option<u64>,
     /// CPU seconds / wall seconds of the whole process (shows `--threads 1` uses one core).
     pub cores_used: Option<f64>,
+    /// Every reported `(step, held-out loss)`, step 0 and the last step included.
+    pub curve: Vec<(u64, f64)>,
 }
+
+/// Fractions of the run at which [`curve_table`] samples the held-out loss.
+pub const CURVE_FRACTIONS: [f64; 11] = [0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0];
 
 /// Runs the calibration and returns the markdown table.
 pub fn run(args: &CalibrateArgs) -> Result<String> {
@@ -68,7 +73,7 @@ pub fn run(args: &CalibrateArgs) -> Result<String> {
         eprintln!("calibrate: {} ({steps} steps)...", m.name());
         rows.push(measure(&exe, m, args.size, steps)?);
     }
-    Ok(table(&rows))
+    Ok(format!("{}\n{}", table(&rows), curve_table(&rows)))
 }
 
 fn measure(exe: &Path, m: ModelKind, size: usize, steps: u64) -> Result<Row> {
@@ -137,6 +142,7 @@ fn measure(exe: &Path, m: ModelKind, size: usize, steps: u64) -> Result<Row> {
         peak_rss_kib: field("peak RSS ", "KiB").map(|v| v as u64),
         checkpoint_bytes,
         cores_used,
+        curve: points,
     })
 }
 
@@ -158,7 +164,7 @@ pub fn steps_to_fraction(points: &[(u64, f64)], fraction: f64) -> Option<u64> {
 pub fn table(rows: &[Row]) -> String {
     let mut s = String::from(
         "| model | size | steps | batch | s/step | steps to 90% | initial loss | final loss \
-         | peak RSS (MiB) | checkpoint (KiB) | cores used |\n\
+         | peak RSS (MiB) | checkpoint (KiB) | CPU / wall |\n\
          |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let opt = |v: Option<String>| v.unwrap_or_else(|| "n/a".into());
@@ -179,6 +185,30 @@ pub fn table(rows: &[Row]) -> String {
                 .map(|b| format!("{:.1}", b as f64 / 1024.0))),
             opt(r.cores_used.map(|c| format!("{c:.2}"))),
         );
+    }
+    s
+}
+
+/// The held-out loss at [`CURVE_FRACTIONS`] of each run (the reported point at or after each
+/// fraction): the curve shape a simulator can interpolate.
+pub fn curve_table(rows: &[Row]) -> String {
+    let mut s = String::from("| model |");
+    for f in CURVE_FRACTIONS {
+        s += &format!(" {}% |", (f * 100.0).round());
+    }
+    s += "\n|---|";
+    s += &"---:|".repeat(CURVE_FRACTIONS.len());
+    s += "\n";
+    for r in rows {
+        s += &format!("| {} |", r.model);
+        for f in CURVE_FRACTIONS {
+            let at = (f * r.steps as f64).round() as u64;
+            match r.curve.iter().find(|(step, _)| *step >= at) {
+                Some((_, v)) => s += &format!(" {v:.4} |"),
+                None => s += " n/a |",
+            }
+        }
+        s += "\n";
     }
     s
 }

@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use converge_contract::CHECKPOINT_DIR_ENV;
 
 use crate::error::{Error, Result};
-use crate::models::ModelKind;
+use crate::models::{Metric, ModelKind};
 
 /// `converge-trainer`: trains one model and reports progress on stdout.
 #[derive(Debug, Parser)]
@@ -52,6 +52,10 @@ pub struct TrainArgs {
     /// Model to train (see --list-models).
     #[arg(long, env = "CONVERGE_MODEL", default_value = "mlp-digits")]
     pub model: String,
+    /// What to report: `loss` (held-out loss, minimize; every model) or `accuracy` (held-out
+    /// accuracy, maximize; classifiers only).
+    #[arg(long, env = "CONVERGE_METRIC", default_value = "loss")]
+    pub metric: String,
     /// Total training steps (one optimizer update each). Default: the model's.
     #[arg(long, env = "CONVERGE_STEPS")]
     pub steps: Option<u64>,
@@ -92,6 +96,8 @@ pub const MAX_SIZE: usize = 64;
 pub struct Config {
     /// What to train.
     pub model: ModelKind,
+    /// What to report.
+    pub metric: Metric,
     /// Total steps.
     pub steps: u64,
     /// Mini-batch size.
@@ -118,6 +124,7 @@ impl Config {
         let d = model.defaults();
         Config {
             model,
+            metric: Metric::Loss,
             steps: d.steps,
             batch: d.batch,
             lr: d.lr,
@@ -141,6 +148,10 @@ impl Config {
             ),
         })?;
         let mut c = Config::new(model);
+        c.metric = Metric::from_name(&a.metric).ok_or_else(|| Error::InvalidConfig {
+            flag: "--metric",
+            why: format!("unknown metric `{}`; known: loss, accuracy", a.metric),
+        })?;
         if let Some(s) = a.steps {
             c.steps = s;
         }
@@ -167,6 +178,15 @@ impl Config {
     /// Checks ranges; the error names the flag at fault.
     pub fn validate(&self) -> Result<()> {
         let bad = |flag, why: String| Err(Error::InvalidConfig { flag, why });
+        if self.metric == Metric::Accuracy && !self.model.is_classifier() {
+            return bad(
+                "--metric",
+                format!(
+                    "{} is not a classifier; it reports loss only",
+                    self.model.name()
+                ),
+            );
+        }
         if self.steps == 0 {
             return bad("--steps", "must be at least 1".into());
         }

@@ -18,7 +18,8 @@
 //! | `vae-digits` | variational autoencoder (Kingma & Welling) | sklearn 8x8 digits |
 //! | `gru-co2` | GRU / LSTM / Bi-RNN sequence models | Mauna Loa weekly CO2 |
 //!
-//! Every model reports its loss on held-out rows (`"metric":"loss"`, to minimize).
+//! Every model reports its loss on held-out rows (`"metric":"loss"`, to minimize); the
+//! classifiers can report held-out accuracy instead (`--metric accuracy`, to maximize).
 //!
 //! # Where to start reading
 //! - [`run::train`]: the life of one incarnation: restore or start, step, report, checkpoint,
@@ -46,7 +47,7 @@ pub mod run;
 
 pub use config::{Cli, Command, Config, TrainArgs};
 pub use error::{Error, Result};
-pub use models::{Model, ModelKind};
+pub use models::{Metric, Model, ModelKind};
 pub use run::{Outcome, train};
 
 /// Peak resident set size of this process in KiB (`VmHWM` from `/proc/self/status`), if the

@@ -10,12 +10,12 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use candle_core::{Tensor, Var};
-use converge_contract::{CheckpointEvent, Direction, ProgressLine};
+use converge_contract::{CheckpointEvent, ProgressLine};
 
 use crate::checkpoint::{self, Header};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::models::{self, Model};
+use crate::models::{self, Metric, Model};
 use crate::optim::Adam;
 
 /// How a call to [`train`] ended.
@@ -90,7 +90,7 @@ impl<'a> Run<'a> {
 
     fn go(mut self, should_stop: &(dyn Fn(u64) -> bool + Sync)) -> Result<Outcome> {
         let restored_from = self.restore()?;
-        let mut last_value = Some(self.model.eval_loss()?);
+        let mut last_value = Some(self.evaluate()?);
         let mut first = self.line(last_value);
         if restored_from.is_some() {
             first.checkpoint = Some(CheckpointEvent::Restored);
@@ -121,7 +121,7 @@ impl<'a> Run<'a> {
             self.opt.step(&loss.backward()?)?;
             self.step += 1;
             if self.step < total && self.step.is_multiple_of(self.cfg.report_every) {
-                last_value = Some(self.model.eval_loss()?);
+                last_value = Some(self.evaluate()?);
                 let l = self.line(last_value);
                 self.emit(&l)?;
             }
@@ -135,7 +135,7 @@ impl<'a> Run<'a> {
         // Saved before the final line so that a restarted container finds the finished state
         // and reports `done` again instead of training anew.
         saved_bytes = self.save()?.or(saved_bytes);
-        last_value = Some(self.model.eval_loss()?);
+        last_value = Some(self.evaluate()?);
         let mut done = self.line(last_value);
         done.done = true;
         self.emit(&done)?;
@@ -207,6 +207,19 @@ impl<'a> Run<'a> {
         Ok(Some(bytes))
     }
 
+    /// The reported metric, on the held-out rows.
+    fn evaluate(&self) -> Result<f64> {
+        match self.cfg.metric {
+            Metric::Loss => self.model.eval_loss(),
+            Metric::Accuracy => self.model.eval_accuracy().unwrap_or_else(|| {
+                Err(Error::InvalidConfig {
+                    flag: "--metric",
+                    why: format!("{} does not report accuracy", self.cfg.model.name()),
+                })
+            }),
+        }
+    }
+
     fn elapsed(&self) -> f64 {
         self.elapsed_before + self.started.elapsed().as_secs_f64()
     }
@@ -215,9 +228,9 @@ impl<'a> Run<'a> {
         ProgressLine {
             step: self.step,
             total_steps: Some(self.cfg.steps),
-            metric: Some(self.cfg.model.metric().to_string()),
+            metric: Some(self.cfg.metric.name().to_string()),
             value,
-            direction: Some(Direction::Minimize),
+            direction: Some(self.cfg.metric.direction()),
             elapsed_s: Some(self.elapsed()),
             ..ProgressLine::default()
         }

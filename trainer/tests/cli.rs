@@ -27,6 +27,11 @@ fn invalid_configuration_exits_64_naming_the_flag() {
         (vec!["--batch", "0"], "--batch"),
         (vec!["--lr", "-1"], "--lr"),
         (vec!["--size", "0"], "--size"),
+        (
+            vec!["--model", "vae-digits", "--metric", "accuracy"],
+            "--metric",
+        ),
+        (vec!["--metric", "bleu"], "--metric"),
         (vec!["--no-such-flag"], "--no-such-flag"),
     ] {
         let out = trainer().args(&args).output().unwrap();

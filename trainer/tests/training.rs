@@ -6,7 +6,7 @@ use std::path::Path;
 
 use converge_contract::{CheckpointEvent, Direction, ProgressLine, parse_line};
 use converge_trainer::checkpoint::{self, FILE_NAME};
-use converge_trainer::{Config, Error, ModelKind, Outcome, train};
+use converge_trainer::{Config, Error, Metric, ModelKind, Outcome, train};
 
 /// Steps per model in these tests: enough for each curve's fast phase in a debug build
 /// (a few seconds each on one core).
@@ -37,7 +37,7 @@ fn run(cfg: &Config, stop_at: Option<u64>) -> Result<(Outcome, Vec<ProgressLine>
     let lines = text
         .lines()
         .map(|l| {
-            parse_line(l, Some("loss"))
+            parse_line(l, Some(cfg.metric.name()))
                 .unwrap_or_else(|e| panic!("line {l:?} does not parse: {e}"))
                 .unwrap_or_else(|| panic!("line {l:?} is not a progress line"))
         })
@@ -71,6 +71,37 @@ fn every_model_improves_its_held_out_loss() {
         assert!(
             last <= MAX_RATIO * first,
             "{}: last window {last} is not 30% below first window {first}",
+            m.name()
+        );
+    }
+}
+
+#[test]
+fn classifiers_report_held_out_accuracy_to_maximize() {
+    // Margin: the mean of the last five reported accuracies closes at least half of the gap
+    // between the mean of the first five and a perfect 1.0 (wine starts high: it is easy).
+    for m in ModelKind::ALL.into_iter().filter(|m| m.is_classifier()) {
+        let mut cfg = config(m, None);
+        cfg.metric = Metric::Accuracy;
+        let (_, lines) = run(&cfg, None).unwrap();
+        assert!(
+            lines
+                .iter()
+                .all(|l| l.direction == Some(Direction::Maximize)
+                    && l.metric.as_deref() == Some("accuracy"))
+        );
+        let values: Vec<f64> = lines.iter().filter_map(|l| l.value).collect();
+        assert!(values.iter().all(|v| (0.0..=1.0).contains(v)), "{values:?}");
+        let mean = |w: &[f64]| w.iter().sum::<f64>() / w.len() as f64;
+        let first = mean(&values[..5]);
+        let last = mean(&values[values.len() - 5..]);
+        eprintln!(
+            "{}: accuracy first window {first:.3}, last window {last:.3}",
+            m.name()
+        );
+        assert!(
+            last >= first + 0.5 * (1.0 - first),
+            "{}: {first} -> {last}",
             m.name()
         );
     }

@@ -51,4 +51,12 @@ impl Model for Cnn {
         let logits = self.forward(&self.data.eval_x)?;
         scalar(&candle_nn::loss::cross_entropy(&logits, &self.data.eval_y)?)
     }
+
+    fn eval_accuracy(&self) -> Option<Result<f64>> {
+        Some(
+            self.forward(&self.data.eval_x)
+                .map_err(Into::into)
+                .and_then(|logits| self.data.accuracy(&logits)),
+        )
+    }
 }

@@ -22,6 +22,45 @@ pub trait Model {
     fn train_loss(&self, step: u64) -> Result<Tensor>;
     /// The loss on the fixed held-out rows (deterministic given the weights).
     fn eval_loss(&self) -> Result<f64>;
+    /// The fraction of held-out rows classified correctly, for classifiers; `None` for the
+    /// others.
+    fn eval_accuracy(&self) -> Option<Result<f64>> {
+        None
+    }
+}
+
+/// What a run reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Metric {
+    /// Held-out loss, to minimize (every model).
+    Loss,
+    /// Held-out accuracy, to maximize (classifiers only).
+    Accuracy,
+}
+
+impl Metric {
+    /// The name on progress lines and in `--metric`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::Loss => "loss",
+            Metric::Accuracy => "accuracy",
+        }
+    }
+
+    /// Parses a `--metric` value.
+    pub fn from_name(s: &str) -> Option<Self> {
+        [Metric::Loss, Metric::Accuracy]
+            .into_iter()
+            .find(|m| m.name() == s)
+    }
+
+    /// Whether smaller or larger is better.
+    pub fn direction(self) -> converge_contract::Direction {
+        match self {
+            Metric::Loss => converge_contract::Direction::Minimize,
+            Metric::Accuracy => converge_contract::Direction::Maximize,
+        }
+    }
 }
 
 /// Default hyper-parameters of a model.
@@ -124,9 +163,12 @@ impl ModelKind {
         rows.unwrap_or(0)
     }
 
-    /// The metric every model reports: its loss on held-out rows, to minimize.
-    pub fn metric(self) -> &'static str {
-        "loss"
+    /// Whether the model can report [`Metric::Accuracy`].
+    pub fn is_classifier(self) -> bool {
+        matches!(
+            self,
+            ModelKind::MlpDigits | ModelKind::CnnDigits | ModelKind::LogregWine
+        )
     }
 }
 
@@ -176,6 +218,12 @@ impl ClassTensors {
             seed: cfg.seed,
             batch: cfg.batch,
         })
+    }
+
+    /// Fraction of held-out rows whose largest logit is the label.
+    fn accuracy(&self, eval_logits: &Tensor) -> Result<f64> {
+        let hits = eval_logits.argmax(1)?.eq(&self.eval_y)?;
+        scalar(&hits.to_dtype(DType::F32)?.mean_all()?)
     }
 
     /// `(x, y)` of `step`'s mini-batch.
