@@ -55,7 +55,6 @@ impl Model for Cnn {
     fn eval_accuracy(&self) -> Option<Result<f64>> {
         Some(
             self.forward(&self.data.eval_x)
-                .map_err(Into::into)
                 .and_then(|logits| self.data.accuracy(&logits)),
         )
     }

@@ -50,7 +50,6 @@ impl Model for Mlp {
     fn eval_accuracy(&self) -> Option<Result<f64>> {
         Some(
             self.forward(&self.data.eval_x)
-                .map_err(Into::into)
                 .and_then(|logits| self.data.accuracy(&logits)),
         )
     }
