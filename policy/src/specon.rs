@@ -216,6 +216,14 @@ pub struct SpeCon {
     jobs: BTreeMap<String, SpeConJob>,
 }
 
+fn category_slot(c: Category) -> usize {
+    match c {
+        Category::New => 0,
+        Category::Watching => 1,
+        Category::Completing => 2,
+    }
+}
+
 /// Alg. 2 line 3: `S_w = |PC|·w_pc + |WC|·w_wc + |CC|·w_cc`.
 pub fn worker_score(pc: usize, wc: usize, cc: usize, w: &Weights) -> f64 {
     pc as f64 * w.pc + wc as f64 * w.wc + cc as f64 * w.cc
@@ -356,8 +364,10 @@ impl SpeCon {
             ..SpeConDecisions::default()
         };
         let mut moved: Vec<String> = Vec::new();
+        // Counts are computed once per round and updated as moves are decided.
+        let mut counts = self.counts(workers.len());
         for job_id in &requests {
-            match self.schedule(job_id, workers) {
+            match self.schedule_with(job_id, workers, &mut counts) {
                 Some(m) => {
                     moved.push(m.job_id.clone());
                     decisions.migrations.push(m);
@@ -450,12 +460,7 @@ impl SpeCon {
         let mut counts = vec![[0usize; 3]; workers];
         for j in self.jobs.values() {
             if let Some(c) = counts.get_mut(j.worker) {
-                let k = match j.category {
-                    Category::New => 0,
-                    Category::Watching => 1,
-                    Category::Completing => 2,
-                };
-                c[k] += 1;
+                c[category_slot(j.category)] += 1;
             }
         }
         counts
@@ -464,19 +469,29 @@ impl SpeCon {
     /// Alg. 2 for one request: marks the job migrated and returns the move, or `None` when it
     /// stays (its host is a candidate) or nothing is eligible.
     pub fn schedule(&mut self, job_id: &str, workers: &[WorkerLoad]) -> Option<Migration> {
-        let current = {
+        let mut counts = self.counts(workers.len());
+        self.schedule_with(job_id, workers, &mut counts)
+    }
+
+    /// [`SpeCon::schedule`] with per-worker `[PC, WC, CC]` counts kept by the caller.
+    fn schedule_with(
+        &mut self,
+        job_id: &str,
+        workers: &[WorkerLoad],
+        counts: &mut [[usize; 3]],
+    ) -> Option<Migration> {
+        let (current, category) = {
             let job = self.jobs.get(job_id)?;
             if job.migrated {
                 return None;
             }
-            job.worker
+            (job.worker, job.category)
         };
-        let counts = self.counts(workers.len());
         let w = &self.config.weights;
         // Lines 2-3.
         let scores: Vec<Option<f64>> = workers
             .iter()
-            .zip(&counts)
+            .zip(counts.iter())
             .map(|(wk, c)| wk.schedulable.then(|| worker_score(c[0], c[1], c[2], w)))
             .collect();
         let resource: Vec<f64> = workers.iter().map(|w| w.resource_use).collect();
@@ -487,6 +502,13 @@ impl SpeCon {
         match target {
             Some(to) if to != current => {
                 job.worker = to;
+                let k = category_slot(category);
+                if let Some(c) = counts.get_mut(current) {
+                    c[k] = c[k].saturating_sub(1);
+                }
+                if let Some(c) = counts.get_mut(to) {
+                    c[k] += 1;
+                }
                 Some(Migration {
                     job_id: job_id.to_string(),
                     from: current,
@@ -506,6 +528,8 @@ impl SpeCon {
         workers: &[WorkerLoad],
         exclude: &[String],
     ) -> (Vec<Migration>, usize) {
+        let excluded: std::collections::BTreeSet<&str> =
+            exclude.iter().map(String::as_str).collect();
         let mut counts = vec![0usize; workers.len()];
         for j in self.jobs.values() {
             if let Some(c) = counts.get_mut(j.worker) {
@@ -516,7 +540,7 @@ impl SpeCon {
         let candidates: Vec<RebalanceCandidate> = self
             .jobs
             .iter()
-            .filter(|(id, j)| !j.rebalanced && !exclude.contains(id))
+            .filter(|(id, j)| !j.rebalanced && !excluded.contains(id.as_str()))
             .filter_map(|(id, j)| {
                 j.converged_at.map(|t| RebalanceCandidate {
                     job_id: id.clone(),
