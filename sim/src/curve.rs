@@ -54,6 +54,25 @@ pub enum Shape {
     },
 }
 
+impl Parametric {
+    /// An exponential curve from a calibration row: the metric goes from `initial` to `last`
+    /// and has made 90% of that improvement at `fraction_at_90` of the run (the trainer's
+    /// `calibrate` table reports exactly these columns). `exp(-rate · f90) = 0.1` gives the rate;
+    /// the floor is set so that the curve ends at `last`.
+    pub fn from_calibration(initial: f64, last: f64, fraction_at_90: f64) -> Self {
+        let f90 = fraction_at_90.clamp(1e-3, 1.0);
+        let rate = std::f64::consts::LN_10 / f90;
+        let tail = (-rate).exp();
+        // last = floor + (initial - floor)·tail  =>  floor = (last - initial·tail) / (1 - tail).
+        let floor = (last - initial * tail) / (1.0 - tail);
+        Parametric {
+            initial,
+            floor,
+            shape: Shape::Exponential { rate },
+        }
+    }
+}
+
 impl Curve for Parametric {
     fn value(&self, fraction: f64) -> f64 {
         let x = fraction.clamp(0.0, 1.0);
@@ -217,6 +236,16 @@ mod tests {
         };
         assert_eq!(p.direction(), Direction::Maximize);
         assert!((p.value(1.0) - (0.9 - 0.8 / 4.0)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn calibration_rows_become_curves_through_their_points() {
+        // Loss 2.5 -> 0.1, 90% of the gain made at 20% of the run.
+        let c = Parametric::from_calibration(2.5, 0.1, 0.2);
+        assert!((c.value(0.0) - 2.5).abs() < 1e-12);
+        assert!((c.value(1.0) - 0.1).abs() < 1e-12);
+        let gained = (2.5 - c.value(0.2)) / (2.5 - 0.1);
+        assert!((gained - 0.9).abs() < 0.01, "{gained}");
     }
 
     #[test]

@@ -176,6 +176,13 @@ fn results(catalog: &Catalog, dir: &Path, out: &Path) -> anyhow::Result<()> {
                 )
             })?;
         } else {
+            draw("cpu-policy", &|p| {
+                plot::cpu_shares(
+                    &c.policy,
+                    &format!("{}: CPU share on worker-1, {}", e.name, c.policy.policy),
+                    p,
+                )
+            })?;
             draw("workers-policy", &|p| {
                 plot::jobs_per_worker(
                     &c.policy,
