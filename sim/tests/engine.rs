@@ -158,7 +158,7 @@ fn specon_migrates_converged_jobs() {
 fn every_experiment_file_loads() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments");
     let all = report::load_all(&dir).unwrap();
-    assert!(all.len() >= 11);
+    assert!(all.len() >= 12);
     let catalog = Catalog::builtin();
     for e in &all {
         assert_eq!(e.name.as_str(), e.name.trim());
