@@ -2,9 +2,9 @@
 //! work is done.
 //!
 //! [`Curve`] is the plug: [`Parametric`] curves (exponential or power-law decay toward a floor)
-//! are what the experiments use today; [`TableCurve`] interpolates measured points, ready for
-//! the trainer's calibration table (trainer/README.md) once it exists: load its rows into a
-//! `TableCurve` and register it in a [`Catalog`]. Seeded noise is added by the engine, not here,
+//! are what the experiments use today; [`TableCurve`] interpolates measured points, and
+//! [`Catalog::load_curve_table`] reads the trainer's calibration curve table
+//! (`converge-trainer calibrate`) into the catalog (the binary's `--curves FILE`). Seeded noise is added by the engine, not here,
 //! so curves stay pure functions.
 //!
 //! The catalog's models stand in for the papers' workloads (FlowCon Table 1, SpeCon Table II).
@@ -190,6 +190,69 @@ impl Catalog {
         self.models.push(model);
     }
 
+    /// Loads the trainer's calibration curve table (`converge-trainer calibrate`, the markdown
+    /// table `| model | 0% | 1% | ... | 100% |` of held-out loss at fractions of each run) and
+    /// gives every model named there that curve. A model the catalog already has keeps its work
+    /// and parallelism; a new one gets `new_work` reference core-seconds and one core (the
+    /// calibration runs one thread per model). Returns the names loaded. Cells reading `n/a`
+    /// are skipped.
+    pub fn load_curve_table(&mut self, text: &str, new_work: f64) -> Result<Vec<String>> {
+        let bad = |why: String| Error::Invalid(format!("calibration curve table: {why}"));
+        let rows: Vec<Vec<&str>> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with('|'))
+            .map(|l| l.trim_matches('|').split('|').map(str::trim).collect())
+            .collect();
+        let header = rows
+            .iter()
+            .find(|r| r.first().is_some_and(|c| *c == "model"))
+            .ok_or_else(|| bad("no header row starting with `| model |`".into()))?;
+        let fractions: Vec<f64> = header[1..]
+            .iter()
+            .map(|c| {
+                c.trim_end_matches('%')
+                    .parse::<f64>()
+                    .map(|p| p / 100.0)
+                    .map_err(|_| bad(format!("header cell {c:?} is not a percentage")))
+            })
+            .collect::<Result<_>>()?;
+        let mut loaded = Vec::new();
+        for row in rows.iter().filter(|r| {
+            r.first()
+                .is_some_and(|c| *c != "model" && !c.starts_with("---"))
+        }) {
+            let name = row[0].to_string();
+            let points: Vec<(f64, f64)> = row[1..]
+                .iter()
+                .zip(&fractions)
+                .filter_map(|(cell, &f)| cell.parse::<f64>().ok().map(|v| (f, v)))
+                .collect();
+            if points.len() < 2 {
+                return Err(bad(format!(
+                    "model {name:?} has fewer than two numeric points"
+                )));
+            }
+            let direction = if points.last().map(|p| p.1) <= points.first().map(|p| p.1) {
+                Direction::Minimize
+            } else {
+                Direction::Maximize
+            };
+            let curve = Box::new(TableCurve { points, direction });
+            match self.models.iter_mut().find(|m| m.name == name) {
+                Some(m) => m.curve = curve,
+                None => self.models.push(Model {
+                    name: name.clone(),
+                    work: new_work,
+                    max_cores: 1.0,
+                    curve,
+                }),
+            }
+            loaded.push(name);
+        }
+        Ok(loaded)
+    }
+
     /// The model's index by name.
     pub fn index(&self, name: &str) -> Result<usize> {
         self.models
@@ -246,6 +309,25 @@ mod tests {
         assert!((c.value(1.0) - 0.1).abs() < 1e-12);
         let gained = (2.5 - c.value(0.2)) / (2.5 - 0.1);
         assert!((gained - 0.9).abs() < 0.01, "{gained}");
+    }
+
+    #[test]
+    fn trainer_curve_table_loads_into_the_catalog() {
+        let text = "| model | 0% | 10% | 50% | 100% |\n|---|---:|---:|---:|---:|\n\
+                    | vae | 550.0 | 300.0 | 150.0 | 120.0 |\n\
+                    | mlp-digits | 2.30 | 0.90 | n/a | 0.20 |\n";
+        let mut c = Catalog::builtin();
+        let work = c.get(c.index("vae").unwrap()).work;
+        let names = c.load_curve_table(text, 300.0).unwrap();
+        assert_eq!(names, vec!["vae", "mlp-digits"]);
+        let vae = c.get(c.index("vae").unwrap());
+        assert_eq!(vae.work, work, "known models keep their work");
+        assert!((vae.curve.value(0.3) - 225.0).abs() < 1e-9);
+        let mlp = c.get(c.index("mlp-digits").unwrap());
+        assert_eq!((mlp.work, mlp.max_cores), (300.0, 1.0));
+        // n/a skipped: 0.9 + (0.2 - 0.9) · (0.55 - 0.1) / (1.0 - 0.1) = 0.55.
+        assert!((mlp.curve.value(0.55) - 0.55).abs() < 1e-9);
+        assert!(c.load_curve_table("| x | y |", 1.0).is_err());
     }
 
     #[test]

@@ -22,6 +22,10 @@ use converge_sim::{plot, report};
     about = "Discrete-event simulator for Converge's policies"
 )]
 struct Cli {
+    /// The trainer's calibration curve table (markdown, from `converge-trainer calibrate`):
+    /// its curves replace the built-in ones of the same name, other models are added.
+    #[arg(long, global = true, env = "CONVERGE_SIM_CURVES")]
+    curves: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -72,7 +76,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match execute(cli.command) {
+    match execute(cli.curves.as_deref(), cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("converge-sim: {e:#}");
@@ -81,8 +85,15 @@ fn main() -> ExitCode {
     }
 }
 
-fn execute(command: Command) -> anyhow::Result<()> {
-    let catalog = Catalog::builtin();
+fn execute(curves: Option<&Path>, command: Command) -> anyhow::Result<()> {
+    let mut catalog = Catalog::builtin();
+    if let Some(path) = curves {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading curve table {}", path.display()))?;
+        let names = catalog.load_curve_table(&text, 300.0)?;
+        eprintln!("curves from {}: {}", path.display(), names.join(", "));
+    }
+    let catalog = catalog;
     match command {
         Command::Run { file, json } => {
             let e = Experiment::load(&file)?;
