@@ -127,6 +127,22 @@ impl WorkerCgroup {
         }
     }
 
+    /// Caps the memory of all the worker's containers together at `bytes`.
+    pub fn set_memory_limit(&self, bytes: u64) -> Result<()> {
+        let dir = match self.version {
+            CgroupVersion::V1 => self.root.join("memory").join(&self.parent),
+            CgroupVersion::V2 => self.root.join(&self.parent),
+        };
+        fs::create_dir_all(&dir).map_err(|source| Error::Cgroup {
+            path: dir.clone(),
+            source,
+        })?;
+        match self.version {
+            CgroupVersion::V1 => write(&dir.join("memory.limit_in_bytes"), &bytes.to_string()),
+            CgroupVersion::V2 => write(&dir.join("memory.max"), &bytes.to_string()),
+        }
+    }
+
     /// The CPU capacity currently enforced on the parent, in cores (`None` = unlimited).
     pub fn capacity(&self) -> Result<Option<f64>> {
         let dir = self.cpu_dir();

@@ -173,6 +173,8 @@ struct Entry {
     follower_done: watch::Receiver<bool>,
     /// A Stop or Save asked for this exit: not a failure of the job.
     exit_requested: bool,
+    /// Remove the container once its exit is reported, even with `--keep-exited`.
+    remove_on_exit: bool,
     oom: bool,
     /// The die event arrived; a finalizer is reporting the exit.
     exiting: bool,
@@ -354,6 +356,7 @@ impl Executor {
                             checkpoint_dir,
                             follower_done,
                             exit_requested: false,
+                            remove_on_exit: false,
                             oom: false,
                             exiting: false,
                         },
@@ -392,6 +395,7 @@ impl Executor {
                             checkpoint_dir,
                             follower_done: rx,
                             exit_requested: false,
+                            remove_on_exit: false,
                             oom: false,
                             exiting: false,
                         },
@@ -622,6 +626,7 @@ impl Executor {
                 checkpoint_dir: plan.checkpoint_dir,
                 follower_done,
                 exit_requested: false,
+                remove_on_exit: false,
                 oom: false,
                 exiting: false,
             },
@@ -714,12 +719,12 @@ impl Executor {
             return Some(result_of(cmd, Err(self.no_container(cmd))));
         };
         entry.exit_requested = true;
+        entry.remove_on_exit = s.remove;
         let id = entry.container_id.clone();
         let docker = self.docker.clone();
         let grace = self.cfg.stop_grace.as_secs().min(i32::MAX as u64) as i32;
         let internal = self.internal_tx.clone();
         let cmd = cmd.clone();
-        let remove = s.remove;
         info!(reason = %s.reason, container = %id, "stopping");
         tokio::spawn(
             async move {
@@ -749,9 +754,6 @@ impl Executor {
                         docker::describe(&e)
                     )),
                 };
-                if remove && outcome.is_ok() {
-                    debug!("container is removed once its exit is reported");
-                }
                 let _ = internal
                     .send(Internal::Done(result_of(&cmd, outcome)))
                     .await;
@@ -921,7 +923,7 @@ impl Executor {
         let (job_id, epoch, requested, oom_event) =
             (e.job_id.clone(), e.epoch, e.exit_requested, e.oom);
         let id = id.to_string();
-        let remove = !self.cfg.keep_exited;
+        let remove = !self.cfg.keep_exited || e.remove_on_exit;
         let mut session = self.session.clone();
         let heartbeat = self.cfg.heartbeat_interval;
         tokio::spawn(

@@ -76,6 +76,13 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
         &config.cgroup_parent,
     )?);
     cgroup.create(config.cpus)?;
+    if config.memory_bytes > 0
+        && let Err(e) = cgroup.set_memory_limit(config.memory_bytes)
+    {
+        // Memory is offered to the manager either way; enforcing it is a second line of
+        // defence (it fails when the containers already use more than the new limit).
+        warn!(error = %e, "worker memory capacity not enforced");
+    }
     std::fs::create_dir_all(&config.checkpoint_root).map_err(|source| Error::Io {
         path: config.checkpoint_root.clone(),
         source,

@@ -24,10 +24,9 @@ async fn start_report_limit_and_readopt_after_an_agent_restart() {
 
     // First agent.
     let token1 = CancellationToken::new();
-    let agent1 = tokio::spawn(converge_agent::run(
-        worker.config(&m.endpoint(), 1.0),
-        token1.clone(),
-    ));
+    let mut config = worker.config(&m.endpoint(), 1.0);
+    config.memory_bytes = 1 << 30;
+    let agent1 = tokio::spawn(converge_agent::run(config, token1.clone()));
     let reg = m.registered(T).await;
     assert_eq!(reg.worker_id, worker.id);
     assert_eq!(reg.cpu_capacity, 1.0);
@@ -42,6 +41,15 @@ async fn start_report_limit_and_readopt_after_an_agent_restart() {
             .unwrap()
             .trim(),
         "100000"
+    );
+    let memory_parent = std::path::Path::new("/sys/fs/cgroup/memory")
+        .join(worker.cgroup_parent.trim_start_matches('/'));
+    assert_eq!(
+        std::fs::read_to_string(memory_parent.join("memory.limit_in_bytes"))
+            .unwrap()
+            .trim(),
+        "1073741824",
+        "the worker's memory capacity is enforced too"
     );
 
     m.send(command(
