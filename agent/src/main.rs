@@ -11,7 +11,10 @@ const EXIT_CONFIG: u8 = 64;
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // Logs go to stderr, coloured only on a terminal (not in `docker logs` or a CI log).
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
