@@ -134,3 +134,72 @@ impl AgentState for WorkerState {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(ready: bool) -> (WorkerState, watch::Sender<bool>) {
+        let (tx, rx) = watch::channel(ready);
+        (
+            WorkerState {
+                register: pb::Register {
+                    worker_id: "w1".into(),
+                    cpu_capacity: 2.0,
+                    ..Default::default()
+                },
+                capacity: 2.0,
+                views: Views::default(),
+                ready: rx,
+            },
+            tx,
+        )
+    }
+
+    #[test]
+    fn heartbeat_reports_one_status_per_job_with_limits_as_fractions() {
+        let (s, _tx) = state(true);
+        let mut old = ContainerView::new("j", 1, "c-old", pb::ContainerState::Exited);
+        old.cpu_cores = 9.0;
+        let mut new = ContainerView::new("j", 2, "c-new", pb::ContainerState::Running);
+        new.cpu_limit = Some(0.5);
+        new.cpu_cores = 0.4;
+        new.memory_bytes = 42;
+        s.views.insert("c-old".into(), old);
+        s.views.insert("c-new".into(), new);
+        s.views.insert(
+            "c-k".into(),
+            ContainerView::new("k", 1, "c-k", pb::ContainerState::Paused),
+        );
+        let hb = s.heartbeat();
+        assert_eq!(hb.jobs.len(), 2);
+        let j = &hb.jobs[0];
+        assert_eq!((j.job_id.as_str(), j.epoch), ("j", 2));
+        assert_eq!(j.cpu_limit, Some(0.25));
+        assert_eq!(j.cpu_usage, 0.4);
+        assert_eq!(j.memory_bytes, 42);
+        assert_eq!(hb.jobs[1].state, pb::ContainerState::Paused as i32);
+    }
+
+    #[tokio::test]
+    async fn registration_waits_until_adoption_is_done() {
+        let (s, tx) = state(false);
+        let s = Arc::new(s);
+        let s2 = s.clone();
+        let reg = tokio::spawn(async move { s2.register().await });
+        tokio::task::yield_now().await;
+        assert!(
+            !reg.is_finished(),
+            "registering before adoption would hide running jobs"
+        );
+        let mut v = ContainerView::new("j", 3, "c1", pb::ContainerState::Running);
+        v.last_step = Some(120);
+        s.views.insert("c1".into(), v);
+        tx.send(true).unwrap();
+        let r = reg.await.unwrap();
+        assert_eq!(r.worker_id, "w1");
+        assert_eq!(r.containers.len(), 1);
+        assert_eq!(r.containers[0].last_step, Some(120));
+        assert_eq!(r.containers[0].state, pb::ContainerState::Running as i32);
+    }
+}
