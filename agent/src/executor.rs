@@ -107,8 +107,7 @@ impl CommandLedger {
         self.epochs.get(job).copied()
     }
 
-    /// Decides what to do with a command; an admitted command is marked in flight and its
-    /// epoch becomes the job's newest.
+    /// Decides what to do with a command; an admitted command is marked in flight.
     pub fn admit(&mut self, cmd: &pb::Command) -> Admission {
         if let Some(r) = self.results.get(&cmd.command_id) {
             let mut r = r.clone();
@@ -125,14 +124,20 @@ impl CommandLedger {
             self.record(r.clone());
             return Admission::Stale(r);
         }
-        self.observe_epoch(&cmd.job_id, cmd.epoch);
         self.in_flight.insert(cmd.command_id.clone());
         Admission::Execute
     }
 
     /// Remembers a command's result (evicting the oldest beyond the capacity).
+    ///
+    /// A successful command's epoch becomes its job's newest. A failed one raises no fence:
+    /// a Start of epoch 2 refused because epoch 1 still runs here must not make the Stop of
+    /// epoch 1 that would clear the way "stale".
     pub fn record(&mut self, result: pb::CommandResult) {
         self.in_flight.remove(&result.command_id);
+        if result.ok {
+            self.observe_epoch(&result.job_id, result.epoch);
+        }
         if self.results.contains_key(&result.command_id) {
             return;
         }
@@ -1138,8 +1143,24 @@ mod tests {
         // The same epoch and newer ones are accepted; other jobs are independent.
         assert_eq!(l.admit(&cmd("c", "j", 2)), Admission::Execute);
         assert_eq!(l.admit(&cmd("d", "j", 3)), Admission::Execute);
+        l.record(result_of(&cmd("d", "j", 3), Ok(None)));
         assert_eq!(l.epoch("j"), Some(3));
         assert_eq!(l.admit(&cmd("e", "k", 1)), Admission::Execute);
+    }
+
+    #[test]
+    fn a_failed_command_raises_no_fence() {
+        let mut l = CommandLedger::default();
+        l.observe_epoch("j", 1);
+        // Start of epoch 2 fails (epoch 1 still runs here) ...
+        assert_eq!(l.admit(&cmd("start2", "j", 2)), Admission::Execute);
+        l.record(result_of(
+            &cmd("start2", "j", 2),
+            Err("already runs epoch 1".into()),
+        ));
+        // ... so the Stop of epoch 1 that clears the way is not stale.
+        assert_eq!(l.admit(&cmd("stop1", "j", 1)), Admission::Execute);
+        assert_eq!(l.epoch("j"), Some(1));
     }
 
     #[test]
