@@ -218,49 +218,85 @@ pub(crate) fn spawn_follower(
 }
 
 async fn follow(docker: &Docker, spec: &FollowSpec, views: &Views, progress: &ProgressHandle) {
-    let mut opts = LogsOptionsBuilder::new()
-        .follow(true)
-        .stdout(true)
-        .stderr(false)
-        .timestamps(true);
-    if let Some(t) = spec.tail {
-        opts = opts.tail(&t.to_string());
-    }
-    let mut stream = docker.logs(&spec.container_id, Some(opts.build()));
-    let mut buf: Vec<u8> = Vec::new();
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
-                buf.extend_from_slice(&message);
-                while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
-                    let line: Vec<u8> = buf.drain(..=pos).collect();
-                    handle_line(&String::from_utf8_lossy(&line), spec, views, progress).await;
+    let mut spec = spec.clone();
+    // Unix ns of the newest line read, to resume after a broken stream without resending.
+    let mut last_ts: Option<i128> = None;
+    loop {
+        let mut opts = LogsOptionsBuilder::new()
+            .follow(true)
+            .stdout(true)
+            .stderr(false)
+            .timestamps(true);
+        if let Some(t) = spec.tail {
+            opts = opts.tail(&t.to_string());
+        }
+        if let Some(ts) = last_ts {
+            opts = opts.since((ts / 1_000_000_000).clamp(0, i32::MAX as i128) as i32);
+        }
+        let mut stream = docker.logs(&spec.container_id, Some(opts.build()));
+        let mut buf: Vec<u8> = Vec::new();
+        let mut failed = None;
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
+                    buf.extend_from_slice(&message);
+                    while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+                        let line: Vec<u8> = buf.drain(..=pos).collect();
+                        let ts =
+                            handle_line(&String::from_utf8_lossy(&line), &spec, views, progress)
+                                .await;
+                        last_ts = ts.or(last_ts);
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    failed = Some(e);
+                    break;
                 }
             }
-            Ok(_) => {}
-            Err(e) => {
-                warn!(error = %e, "log stream failed; progress of this container is no longer read");
-                break;
-            }
         }
+        if !buf.is_empty() {
+            let ts = handle_line(&String::from_utf8_lossy(&buf), &spec, views, progress).await;
+            last_ts = ts.or(last_ts);
+        }
+        // The stream ends when the container stops; if it is still running, the stream broke
+        // (e.g. the engine restarted): follow again from the last line read.
+        let running = docker
+            .inspect_container(&spec.container_id, None)
+            .await
+            .ok()
+            .and_then(|i| i.state)
+            .and_then(|s| s.running)
+            .unwrap_or(false);
+        if !running {
+            debug!("log stream ended");
+            return;
+        }
+        warn!(error = ?failed.map(|e| e.to_string()), "log stream broke while the container runs; following again");
+        spec.tail = None;
+        spec.history_until_ns = last_ts.or(spec.history_until_ns);
+        // Short: the usual cause is the engine updating the state a moment after the stream.
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    if !buf.is_empty() {
-        handle_line(&String::from_utf8_lossy(&buf), spec, views, progress).await;
-    }
-    debug!("log stream ended");
 }
 
-async fn handle_line(raw: &str, spec: &FollowSpec, views: &Views, progress: &ProgressHandle) {
+/// Reads one log line; returns its Docker timestamp (Unix ns) when it has one.
+async fn handle_line(
+    raw: &str,
+    spec: &FollowSpec,
+    views: &Views,
+    progress: &ProgressHandle,
+) -> Option<i128> {
     let raw = raw.trim_end_matches(['\n', '\r']);
     // Timestamps are on (to tell history from new lines); Docker puts one and a space first.
     let (ts, line) = match raw.split_once(' ') {
-        Some((ts, line)) if docker::parse_timestamp_ns(ts).is_some() => (Some(ts), line),
-        _ => (None, raw),
+        Some((ts, line)) => match docker::parse_timestamp_ns(ts) {
+            Some(t) => (Some(t), line),
+            None => (None, raw),
+        },
+        None => (None, raw),
     };
-    let history = match (
-        spec.history_until_ns,
-        ts.and_then(docker::parse_timestamp_ns),
-    ) {
+    let history = match (spec.history_until_ns, ts) {
         (Some(cut), Some(t)) => t <= cut,
         _ => false,
     };
@@ -296,6 +332,7 @@ async fn handle_line(raw: &str, spec: &FollowSpec, views: &Views, progress: &Pro
             }
         }
     }
+    ts
 }
 
 /// A parsed progress line as a wire sample.
