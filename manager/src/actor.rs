@@ -38,6 +38,8 @@ pub struct ActorConfig {
     pub lost_after_missed: u32,
     /// Progress points kept per job.
     pub progress_history: usize,
+    /// What agents run on their workers (`free` or `flowcon`).
+    pub worker_policy: &'static str,
 }
 
 /// A control request, answered on its `reply` channel.
@@ -370,6 +372,7 @@ impl Actor {
             manager_id: self.config.manager_id.clone(),
             policy: self.placer.name().to_string(),
             heartbeat_interval_ms: self.config.heartbeat_interval.as_millis() as u64,
+            worker_policy: self.config.worker_policy.to_string(),
         }));
         info!(worker = %id, cpus = reg.cpu_capacity, containers = reg.containers.len(), reconnect, "worker registered");
         self.events.emit(Event {

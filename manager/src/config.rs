@@ -12,7 +12,7 @@ pub struct Cli {
     /// Address serving the agent streams, the control API, reflection and health.
     #[arg(long, env = "CONVERGE_LISTEN", default_value = "0.0.0.0:7070")]
     pub listen: SocketAddr,
-    /// Placement policy: `spread` (Docker Swarm's spread, the baseline).
+    /// Policy: `spread` (Docker Swarm, the baseline), `least-allocated`, `round-robin`, `flowcon`.
     #[arg(long, env = "CONVERGE_POLICY", default_value = "spread")]
     pub policy: String,
     /// Heartbeat period agents use; loss is counted in these.
@@ -27,7 +27,7 @@ pub struct Cli {
 }
 
 /// The placement policies the manager can run.
-pub const POLICIES: &[&str] = &["spread"];
+pub const POLICIES: &[&str] = &["spread", "least-allocated", "round-robin", "flowcon"];
 
 /// Validated settings.
 #[derive(Debug, Clone)]
@@ -101,5 +101,26 @@ impl Config {
             lost_after: 3,
             progress_history: 256,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_accepted_policy_is_runnable_and_others_are_refused() {
+        for p in POLICIES {
+            let set = crate::policy_set(p).unwrap_or_else(|| panic!("{p} accepted but unknown"));
+            assert!(["free", "flowcon"].contains(&set.worker_policy));
+        }
+        assert_eq!(
+            crate::policy_set("flowcon").unwrap().worker_policy,
+            "flowcon"
+        );
+        let cli = Cli::parse_from(["converge-manager", "--policy", "fastest"]);
+        let err = cli.validate().unwrap_err();
+        assert_eq!(err.flag, "policy");
+        assert!(err.to_string().contains("spread, least-allocated"), "{err}");
     }
 }

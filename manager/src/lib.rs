@@ -36,12 +36,34 @@ pub use config::Config;
 pub use control::ManagerHandle;
 pub use error::{Error, Result};
 
-/// The placement policy named in the configuration.
-pub fn placer(name: &str) -> Option<Box<dyn Placer + Send>> {
-    match name {
-        "spread" => Some(Box::new(converge_policy::baseline::Spread)),
-        _ => None,
-    }
+/// What a `--policy` name means: how jobs are placed, and what agents run on their workers.
+pub struct PolicySet {
+    /// Placement (manager side).
+    pub placer: Box<dyn Placer + Send>,
+    /// The worker-side algorithm agents are told to run: `free` or `flowcon`.
+    pub worker_policy: &'static str,
+}
+
+/// The policies `--policy` accepts, with what each runs (README "Policies").
+///
+/// - `spread`: Docker Swarm's spread placement, free competition on workers (FlowCon's "DS").
+/// - `least-allocated`: Kubernetes' default scoring, free competition.
+/// - `round-robin`: even initial placement, free competition (SpeCon's "DS").
+/// - `flowcon`: FlowCon Alg. 4 placement and Alg. 1-3 elastic limits on every worker.
+pub fn policy_set(name: &str) -> Option<PolicySet> {
+    use converge_policy::baseline::{LeastAllocated, RoundRobin, Spread};
+    use converge_policy::flowcon::FlowConPlacer;
+    let (placer, worker_policy): (Box<dyn Placer + Send>, _) = match name {
+        "spread" => (Box::new(Spread), "free"),
+        "least-allocated" => (Box::new(LeastAllocated), "free"),
+        "round-robin" => (Box::new(RoundRobin::default()), "free"),
+        "flowcon" => (Box::new(FlowConPlacer), "flowcon"),
+        _ => return None,
+    };
+    Some(PolicySet {
+        placer,
+        worker_policy,
+    })
 }
 
 /// Serves the manager on `listener` until `shutdown` is cancelled.
@@ -50,21 +72,18 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<()> {
-    let placer = placer(&config.policy).ok_or_else(|| {
-        Error::invalid(
-            "policy",
-            format!("unknown placement policy `{}`", config.policy),
-        )
-    })?;
+    let policies = policy_set(&config.policy)
+        .ok_or_else(|| Error::invalid("policy", format!("unknown policy `{}`", config.policy)))?;
     let actor_config = actor::ActorConfig {
         manager_id: format!("manager-{}", uuid::Uuid::new_v4()),
         heartbeat_interval: config.heartbeat_interval,
         lost_after_missed: config.lost_after,
         progress_history: config.progress_history,
+        worker_policy: policies.worker_policy,
     };
     let (req_tx, req_rx) = mpsc::channel(1024);
     let (stream_tx, stream_rx) = mpsc::channel(8192);
-    let actor = actor::Actor::new(actor_config, placer);
+    let actor = actor::Actor::new(actor_config, policies.placer);
     let actor_task = tokio::spawn(actor.run(req_rx, stream_rx, shutdown.clone()));
 
     let (health, health_service) = tonic_health::server::health_reporter();
