@@ -76,6 +76,7 @@ impl Manager {
                             manager_id: "scripted".into(),
                             policy: "none".into(),
                             heartbeat_interval_ms: 200,
+                            ..Default::default()
                         }));
                         *link2.lock().unwrap() = Some(link);
                         Seen::Connected(register)
