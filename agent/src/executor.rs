@@ -239,11 +239,13 @@ impl Executor {
     }
 
     /// Adopts what runs, signals `ready`, then serves commands and events until shutdown.
+    /// Fails only when the worker's containers cannot be listed: registering without them
+    /// would make the manager start running jobs a second time.
     pub(crate) async fn run(
         mut self,
         mut commands: mpsc::Receiver<pb::Command>,
         ready: watch::Sender<bool>,
-    ) {
+    ) -> Result<(), bollard::errors::Error> {
         // Events are subscribed from a moment before the listing, so an exit between the
         // listing and the subscription is replayed rather than lost (duplicates are ignored).
         let since = unix_secs() - 1;
@@ -257,8 +259,14 @@ impl Executor {
             )
             .in_current_span(),
         );
-        if let Err(e) = self.adopt().await {
-            warn!(error = %e, "could not list this worker's containers; starting with none adopted");
+        let mut attempt = 0;
+        while let Err(e) = self.adopt().await {
+            attempt += 1;
+            if attempt >= 5 {
+                return Err(e);
+            }
+            warn!(error = %e, attempt, "could not list this worker's containers; retrying");
+            tokio::time::sleep(Duration::from_secs(1)).await;
         }
         let _ = ready.send(true);
         loop {
@@ -275,6 +283,7 @@ impl Executor {
             containers = self.containers.len(),
             "executor stopped; containers keep running for the next agent to adopt"
         );
+        Ok(())
     }
 
     // ---- re-adoption ----
@@ -570,9 +579,24 @@ impl Executor {
             .await
         {
             Err(e) if docker::is_conflict(&e) => {
-                // A leftover of this incarnation (not running: a running one would be in the
-                // table); replace it.
-                info!(name = %plan.name, "replacing a leftover container with the same name");
+                // A leftover of this incarnation. A running one would be in the table; make
+                // sure before removing anything, since a job must never run twice.
+                let running = self
+                    .docker
+                    .inspect_container(&plan.name, None)
+                    .await
+                    .ok()
+                    .and_then(|i| i.state)
+                    .and_then(|s| s.running)
+                    .unwrap_or(false);
+                if running {
+                    return Err(format!(
+                        "container {} already runs on worker {} but is not adopted; \
+                         not starting a second one (restart the agent to adopt it)",
+                        plan.name, self.cfg.worker_id
+                    ));
+                }
+                info!(name = %plan.name, "replacing a stopped leftover container with the same name");
                 self.remove(&plan.name).await;
                 self.docker
                     .create_container(Some(opts), plan.body.clone())

@@ -139,7 +139,7 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
         shutdown.clone(),
     )
     .run(cmd_rx, ready_tx)
-    .await;
+    .await?;
     let _ = session.await;
     if cgroup.remove_if_empty() {
         info!(cgroup = %cgroup.docker_parent(), "removed the worker cgroup");
