@@ -256,3 +256,151 @@ impl Drop for ScriptedAgent {
         self.shutdown.cancel();
     }
 }
+
+/// An in-process agent for one test worker; its containers and cgroup go when it drops.
+pub struct TestAgent {
+    worker_id: String,
+    /// Its configuration (to start it again after [`TestAgent::kill`]).
+    pub config: converge_agent::config::Config,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TestAgent {
+    /// Starts an agent for `worker_id` with `cpus` cores, checkpoints under `checkpoints`.
+    pub fn start(
+        endpoint: &str,
+        worker_id: &str,
+        cpus: f64,
+        checkpoints: &std::path::Path,
+    ) -> Self {
+        let mut config = converge_agent::config::Config::new(endpoint, worker_id, cpus);
+        config.checkpoint_root = checkpoints.to_path_buf();
+        config.heartbeat_interval = Duration::from_millis(250);
+        config.usage_interval = Duration::from_millis(500);
+        Self::start_with(config)
+    }
+
+    /// Starts an agent with exactly this configuration.
+    pub fn start_with(config: converge_agent::config::Config) -> Self {
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let c = config.clone();
+        let task = tokio::spawn(async move {
+            if let Err(e) = converge_agent::run(c, token).await {
+                panic!("agent failed: {e}");
+            }
+        });
+        Self {
+            worker_id: config.worker_id.clone(),
+            config,
+            shutdown,
+            task,
+        }
+    }
+
+    /// Kills the agent the hard way (its task is dropped mid-flight, like SIGKILL), leaving
+    /// its containers running.
+    pub fn kill(&self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for TestAgent {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        self.task.abort();
+        remove_worker_containers(&self.worker_id);
+        // The cgroup parent can only go once its containers are gone.
+        for sub in [
+            "cpu", "cpuacct", "cpuset", "memory", "blkio", "pids", "devices", "freezer", "systemd",
+            "",
+        ] {
+            let dir = self
+                .config
+                .cgroup_root
+                .join(sub)
+                .join(self.config.cgroup_parent.trim_start_matches('/'));
+            let _ = std::fs::remove_dir(&dir);
+        }
+    }
+}
+
+/// `(id, state)` of every container carrying `label` (`key=value`).
+pub fn containers_of(label: &str) -> Vec<(String, String)> {
+    let out = std::process::Command::new("docker")
+        .args([
+            "ps",
+            "-a",
+            "--filter",
+            &format!("label={label}"),
+            "--format",
+            "{{.ID}} {{.State}}",
+        ])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(id, st)| (id.to_string(), st.to_string()))
+        .collect()
+}
+
+/// Removes every container a test worker started.
+pub fn remove_worker_containers(worker: &str) {
+    let ids: Vec<String> = containers_of(&format!("converge.worker={worker}"))
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    if !ids.is_empty() {
+        let _ = std::process::Command::new("docker")
+            .args(["rm", "-f"])
+            .args(&ids)
+            .output();
+    }
+}
+
+/// `prefix-<8 hex>`: names that never collide between tests or runs.
+pub fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
+}
+
+/// One job, optionally with its progress samples.
+pub async fn job(
+    c: &mut pb::control_service_client::ControlServiceClient<tonic::transport::Channel>,
+    id: &str,
+    progress: bool,
+) -> anyhow::Result<pb::Job> {
+    Ok(c.get_job(pb::GetJobRequest {
+        job_id: id.into(),
+        include_progress: progress,
+    })
+    .await?
+    .into_inner())
+}
+
+/// A temporary directory removed on drop (checkpoints of the test's jobs).
+pub fn tempfile_dir(prefix: &str) -> anyhow::Result<TempDir> {
+    let p = std::env::temp_dir().join(unique(&format!("converge-{prefix}")));
+    std::fs::create_dir_all(&p)?;
+    Ok(TempDir(p))
+}
+
+/// A temporary directory, removed with its contents on drop.
+pub struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    /// The directory.
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

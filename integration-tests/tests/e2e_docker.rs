@@ -6,123 +6,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use converge_integration_tests::{
-    TRAINER_IMAGE, TestManager, eventually, require_docker, trainer_spec,
+    TRAINER_IMAGE, TestAgent, TestManager, containers_of, eventually, job, require_docker,
+    tempfile_dir, trainer_spec, unique,
 };
 use converge_messenger::pb::{self, JobState};
-use tokio_util::sync::CancellationToken;
-
-/// An in-process agent for one test worker; its containers and cgroup go when it drops.
-struct TestAgent {
-    worker_id: String,
-    config: converge_agent::config::Config,
-    shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl TestAgent {
-    fn start(endpoint: &str, worker_id: &str, cpus: f64, checkpoints: &std::path::Path) -> Self {
-        let mut config = converge_agent::config::Config::new(endpoint, worker_id, cpus);
-        config.checkpoint_root = checkpoints.to_path_buf();
-        config.heartbeat_interval = Duration::from_millis(250);
-        config.usage_interval = Duration::from_millis(500);
-        Self::start_with(config)
-    }
-
-    fn start_with(config: converge_agent::config::Config) -> Self {
-        let shutdown = CancellationToken::new();
-        let token = shutdown.clone();
-        let c = config.clone();
-        let task = tokio::spawn(async move {
-            if let Err(e) = converge_agent::run(c, token).await {
-                panic!("agent failed: {e}");
-            }
-        });
-        Self {
-            worker_id: config.worker_id.clone(),
-            config,
-            shutdown,
-            task,
-        }
-    }
-
-    /// Kills the agent the hard way (its task is dropped mid-flight, like SIGKILL), leaving
-    /// its containers running.
-    fn kill(&self) {
-        self.task.abort();
-    }
-}
-
-impl Drop for TestAgent {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-        self.task.abort();
-        remove_worker_containers(&self.worker_id);
-        // The cgroup parent can only go once its containers are gone.
-        for sub in [
-            "cpu", "cpuacct", "cpuset", "memory", "blkio", "pids", "devices", "freezer", "systemd",
-            "",
-        ] {
-            let dir = self
-                .config
-                .cgroup_root
-                .join(sub)
-                .join(self.config.cgroup_parent.trim_start_matches('/'));
-            let _ = std::fs::remove_dir(&dir);
-        }
-    }
-}
-
-fn containers_of(label: &str) -> Vec<(String, String)> {
-    let out = std::process::Command::new("docker")
-        .args([
-            "ps",
-            "-a",
-            "--filter",
-            &format!("label={label}"),
-            "--format",
-            "{{.ID}} {{.State}}",
-        ])
-        .output()
-        .expect("docker ps");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_once(' '))
-        .map(|(id, st)| (id.to_string(), st.to_string()))
-        .collect()
-}
-
-fn remove_worker_containers(worker: &str) {
-    let ids: Vec<String> = containers_of(&format!("converge.worker={worker}"))
-        .into_iter()
-        .map(|(id, _)| id)
-        .collect();
-    if !ids.is_empty() {
-        let _ = std::process::Command::new("docker")
-            .args(["rm", "-f"])
-            .args(&ids)
-            .output();
-    }
-}
-
-fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    )
-}
-
-async fn job(
-    c: &mut pb::control_service_client::ControlServiceClient<tonic::transport::Channel>,
-    id: &str,
-    progress: bool,
-) -> anyhow::Result<pb::Job> {
-    Ok(c.get_job(pb::GetJobRequest {
-        job_id: id.into(),
-        include_progress: progress,
-    })
-    .await?
-    .into_inner())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_jobs_on_two_workers_complete_with_every_transition_in_order() -> anyhow::Result<()> {
@@ -371,25 +258,4 @@ async fn restarted_agent_readopts_its_running_container() -> anyhow::Result<()> 
     drop(agent);
     manager.stop().await;
     Ok(())
-}
-
-/// A temporary directory removed on drop (checkpoints of the test's jobs).
-fn tempfile_dir(prefix: &str) -> anyhow::Result<TempDir> {
-    let p = std::env::temp_dir().join(unique(&format!("converge-{prefix}")));
-    std::fs::create_dir_all(&p)?;
-    Ok(TempDir(p))
-}
-
-struct TempDir(std::path::PathBuf);
-
-impl TempDir {
-    fn path(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }

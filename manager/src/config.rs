@@ -12,7 +12,8 @@ pub struct Cli {
     /// Address serving the agent streams, the control API, reflection and health.
     #[arg(long, env = "CONVERGE_LISTEN", default_value = "0.0.0.0:7070")]
     pub listen: SocketAddr,
-    /// Policy: `spread` (Docker Swarm, the baseline), `least-allocated`, `round-robin`, `flowcon`.
+    /// Policy: `spread` (Docker Swarm, the baseline), `least-allocated`, `round-robin`,
+    /// `flowcon`, `specon`, `converge` (FlowCon and SpeCon together).
     #[arg(long, env = "CONVERGE_POLICY", default_value = "spread")]
     pub policy: String,
     /// Heartbeat period agents use; loss is counted in these.
@@ -24,10 +25,29 @@ pub struct Cli {
     /// Progress points kept per job.
     #[arg(long, env = "CONVERGE_PROGRESS_HISTORY", default_value_t = 256)]
     pub progress_history: usize,
+    /// How long a job may take to checkpoint and exit when it is moved before it is killed
+    /// (it then resumes from its last periodic checkpoint).
+    #[arg(long, env = "CONVERGE_SAVE_DEADLINE", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub save_deadline: Duration,
+    /// How often SpeCon's rebalancing (Alg. 3) runs, with `specon` and `converge`.
+    #[arg(long, env = "CONVERGE_REBALANCE_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub rebalance_interval: Duration,
+    /// How long a job whose worker was lost waits before it restarts elsewhere from its
+    /// checkpoint. Keep it above the agents' fencing delay, so the old incarnation has
+    /// stopped itself before the new one starts.
+    #[arg(long, env = "CONVERGE_RECOVER_LOST_AFTER", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub recover_lost_after: Duration,
 }
 
 /// The placement policies the manager can run.
-pub const POLICIES: &[&str] = &["spread", "least-allocated", "round-robin", "flowcon"];
+pub const POLICIES: &[&str] = &[
+    "spread",
+    "least-allocated",
+    "round-robin",
+    "flowcon",
+    "specon",
+    "converge",
+];
 
 /// Validated settings.
 #[derive(Debug, Clone)]
@@ -42,6 +62,12 @@ pub struct Config {
     pub lost_after: u32,
     /// Progress points kept per job.
     pub progress_history: usize,
+    /// Save deadline for moves.
+    pub save_deadline: Duration,
+    /// Rebalancing period.
+    pub rebalance_interval: Duration,
+    /// Grace before a lost job restarts elsewhere.
+    pub recover_lost_after: Duration,
 }
 
 /// A setting that cannot work, naming the flag.
@@ -81,12 +107,29 @@ impl Cli {
                 message: "must be at least 1".into(),
             });
         }
+        if self.save_deadline < Duration::from_millis(100)
+            || self.save_deadline > Duration::from_secs(3600)
+        {
+            return Err(ConfigError {
+                flag: "save-deadline",
+                message: "must be between 100ms and 1h".into(),
+            });
+        }
+        if self.rebalance_interval < Duration::from_secs(1) {
+            return Err(ConfigError {
+                flag: "rebalance-interval",
+                message: "must be at least 1s".into(),
+            });
+        }
         Ok(Config {
             listen: self.listen,
             policy: self.policy,
             heartbeat_interval: self.heartbeat_interval,
             lost_after: self.lost_after,
             progress_history: self.progress_history,
+            save_deadline: self.save_deadline,
+            rebalance_interval: self.rebalance_interval,
+            recover_lost_after: self.recover_lost_after,
         })
     }
 }
@@ -100,6 +143,9 @@ impl Config {
             heartbeat_interval: Duration::from_secs(1),
             lost_after: 3,
             progress_history: 256,
+            save_deadline: Duration::from_secs(10),
+            rebalance_interval: Duration::from_secs(30),
+            recover_lost_after: Duration::from_secs(60),
         }
     }
 }

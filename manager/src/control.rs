@@ -114,6 +114,20 @@ impl ControlService for ManagerHandle {
         Ok(Response::new(pb::ListWorkersResponse { workers }))
     }
 
+    async fn drain_worker(
+        &self,
+        request: Request<pb::DrainWorkerRequest>,
+    ) -> Result<Response<pb::Worker>, Status> {
+        let worker_id = request.into_inner().worker_id;
+        if worker_id.is_empty() {
+            return Err(Error::invalid("worker_id", "required").into());
+        }
+        let w = self
+            .ask(|reply| ActorRequest::Drain { worker_id, reply })
+            .await??;
+        Ok(Response::new(w))
+    }
+
     type WatchEventsStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
 
     async fn watch_events(

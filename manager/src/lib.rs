@@ -42,6 +42,8 @@ pub struct PolicySet {
     pub placer: Box<dyn Placer + Send>,
     /// The worker-side algorithm agents are told to run: `free` or `flowcon`.
     pub worker_policy: &'static str,
+    /// Whether SpeCon migrations and rebalancing run.
+    pub migration: bool,
 }
 
 /// The policies `--policy` accepts, with what each runs (README "Policies").
@@ -50,19 +52,25 @@ pub struct PolicySet {
 /// - `least-allocated`: Kubernetes' default scoring, free competition.
 /// - `round-robin`: even initial placement, free competition (SpeCon's "DS").
 /// - `flowcon`: FlowCon Alg. 4 placement and Alg. 1-3 elastic limits on every worker.
+/// - `specon`: even initial placement, free competition, SpeCon migration (Alg. 1 on the
+///   agents, Alg. 2 on their requests, Alg. 3 rebalancing on a timer).
+/// - `converge`: FlowCon placement and limits together with SpeCon migration.
 pub fn policy_set(name: &str) -> Option<PolicySet> {
     use converge_policy::baseline::{LeastAllocated, RoundRobin, Spread};
     use converge_policy::flowcon::FlowConPlacer;
-    let (placer, worker_policy): (Box<dyn Placer + Send>, _) = match name {
-        "spread" => (Box::new(Spread), "free"),
-        "least-allocated" => (Box::new(LeastAllocated), "free"),
-        "round-robin" => (Box::new(RoundRobin::default()), "free"),
-        "flowcon" => (Box::new(FlowConPlacer), "flowcon"),
+    let (placer, worker_policy, migration): (Box<dyn Placer + Send>, _, _) = match name {
+        "spread" => (Box::new(Spread), "free", false),
+        "least-allocated" => (Box::new(LeastAllocated), "free", false),
+        "round-robin" => (Box::new(RoundRobin::default()), "free", false),
+        "flowcon" => (Box::new(FlowConPlacer), "flowcon", false),
+        "specon" => (Box::new(RoundRobin::default()), "free", true),
+        "converge" => (Box::new(FlowConPlacer), "flowcon", true),
         _ => return None,
     };
     Some(PolicySet {
         placer,
         worker_policy,
+        migration,
     })
 }
 
@@ -80,6 +88,10 @@ pub async fn serve(
         lost_after_missed: config.lost_after,
         progress_history: config.progress_history,
         worker_policy: policies.worker_policy,
+        migration: policies.migration,
+        save_deadline: config.save_deadline,
+        rebalance_interval: config.rebalance_interval,
+        recover_lost_after: config.recover_lost_after,
     };
     let (req_tx, req_rx) = mpsc::channel(1024);
     let (stream_tx, stream_rx) = mpsc::channel(8192);

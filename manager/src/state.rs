@@ -98,6 +98,71 @@ pub struct Job {
     pub exit_code: Option<i32>,
     /// The placement policy that placed it.
     pub policy: String,
+    /// CPU cores the job used on average over its worker's last report.
+    pub cpu_usage: f64,
+    /// When its worker first reported it converged (Completing) in this incarnation.
+    pub converged_since: Option<Instant>,
+    /// SpeCon Alg. 2 has decided about it (moved or kept): it is never considered again.
+    pub migration_decided: bool,
+    /// SpeCon Alg. 3 has moved it: never again.
+    pub rebalanced: bool,
+    /// The migration under way, if any.
+    pub migration: Option<Migration>,
+    /// Downtime of the last finished migration, in ms.
+    pub last_migration_downtime_ms: Option<u64>,
+    /// When the job became Lost.
+    pub lost_since: Option<Instant>,
+}
+
+/// Why a job is being moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoveReason {
+    /// SpeCon Alg. 2: converged on a shared worker.
+    Speculative,
+    /// SpeCon Alg. 3: evening out the cluster.
+    Rebalance,
+    /// The user drained its worker.
+    Drain,
+}
+
+impl MoveReason {
+    /// Short name for events and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MoveReason::Speculative => "speculative",
+            MoveReason::Rebalance => "rebalance",
+            MoveReason::Drain => "drain",
+        }
+    }
+}
+
+/// Where a migration is: save on the source, then restore (a new incarnation) elsewhere.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MovePhase {
+    /// Save sent to the source; waiting for `Saved`. No restore is sent before it.
+    Saving {
+        /// The Save command's id (its result ends this phase).
+        command_id: String,
+    },
+    /// Start of the new incarnation sent to `to`; waiting for its first progress line.
+    Restoring,
+}
+
+/// A migration in flight.
+#[derive(Debug, Clone)]
+pub struct Migration {
+    /// Source worker.
+    pub from: String,
+    /// Target worker (changes if a restore is retried elsewhere).
+    pub to: String,
+    /// Why.
+    pub reason: MoveReason,
+    /// Phase.
+    pub phase: MovePhase,
+    /// When the save was sent (downtime is measured from here).
+    pub started: Instant,
+    /// Restores tried so far.
+    pub restore_attempts: u32,
 }
 
 impl Job {
@@ -150,6 +215,7 @@ impl Job {
                 Vec::new()
             },
             policy: self.policy.clone(),
+            last_migration_downtime_ms: self.last_migration_downtime_ms,
         }
     }
 }

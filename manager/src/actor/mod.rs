@@ -4,7 +4,8 @@
 //! control requests from the gRPC handlers ([`Request`], answered on a `oneshot`), stream
 //! events from the agent streams ([`StreamEvent`]), and a timer that detects silent workers.
 //! Placement is delegated to a [`Placer`] from `converge-policy`; the actor only builds the
-//! snapshots it looks at and carries out its answer.
+//! snapshots it looks at and carries out its answer. Moving a job between workers (SpeCon's
+//! migrations, rebalancing, draining, recovering a lost job) lives in [`migrate`].
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
@@ -24,8 +25,10 @@ use tracing::{debug, info, warn};
 
 use crate::error::{Error, Result};
 use crate::events::EventLog;
-use crate::state::{Cluster, Job, Worker};
+use crate::state::{Cluster, Job, MovePhase, Worker};
 use crate::validate::{self, Limits};
+
+mod migrate;
 
 /// Settings the actor runs with.
 #[derive(Clone, Debug)]
@@ -40,6 +43,14 @@ pub struct ActorConfig {
     pub progress_history: usize,
     /// What agents run on their workers (`free` or `flowcon`).
     pub worker_policy: &'static str,
+    /// Whether SpeCon migrations (Alg. 2 on requests, Alg. 3 rebalancing) are on.
+    pub migration: bool,
+    /// How long a container may take to checkpoint and exit before it is killed.
+    pub save_deadline: Duration,
+    /// How often Alg. 3 rebalancing runs (when migration is on).
+    pub rebalance_interval: Duration,
+    /// How long a job may stay Lost before it is restarted elsewhere from its checkpoint.
+    pub recover_lost_after: Duration,
 }
 
 /// A control request, answered on its `reply` channel.
@@ -81,6 +92,13 @@ pub enum Request {
     ListWorkers {
         /// The workers, by id.
         reply: oneshot::Sender<Vec<pb::Worker>>,
+    },
+    /// Stop placing on a worker and move its jobs away.
+    Drain {
+        /// The worker.
+        worker_id: String,
+        /// The worker after the request.
+        reply: oneshot::Sender<Result<pb::Worker>>,
     },
     /// Event history plus a live feed.
     Watch {
@@ -124,12 +142,15 @@ impl Actor {
     ) {
         let mut tick = tokio::time::interval(self.config.heartbeat_interval / 2);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut rebalance = tokio::time::interval(self.config.rebalance_interval);
+        rebalance.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 Some(req) = requests.recv() => self.on_request(req),
                 Some(ev) = streams.recv() => self.on_stream(ev),
                 _ = tick.tick() => self.on_tick(Instant::now()),
+                _ = rebalance.tick(), if self.config.migration => self.rebalance(Instant::now()),
                 else => break,
             }
         }
@@ -183,6 +204,9 @@ impl Actor {
                     .map(|w| self.cluster.worker_pb(w, policy))
                     .collect();
                 let _ = reply.send(ws);
+            }
+            Request::Drain { worker_id, reply } => {
+                let _ = reply.send(self.drain(&worker_id));
             }
             Request::Watch {
                 job_id,
@@ -240,6 +264,13 @@ impl Actor {
             migrations: 0,
             exit_code: None,
             policy: self.placer.name().to_string(),
+            cpu_usage: 0.0,
+            converged_since: None,
+            migration_decided: false,
+            rebalanced: false,
+            migration: None,
+            last_migration_downtime_ms: None,
+            lost_since: None,
         };
         info!(job = %id, image = %job.spec.image, cpus = job.spec.cpus, "job submitted");
         self.cluster.jobs.insert(id.clone(), job);
@@ -366,7 +397,10 @@ impl Actor {
         w.instance_id = reg.instance_id.clone();
         w.last_seen = now;
         w.last_seen_unix_ms = now_ms();
-        w.state = WorkerState::Ready;
+        // A drained worker stays drained across reconnects; a lost one is back.
+        if w.state != WorkerState::Draining {
+            w.state = WorkerState::Ready;
+        }
         w.link = Some(link.clone());
         let _ = link.send(ManagerKind::Registered(pb::Registered {
             manager_id: self.config.manager_id.clone(),
@@ -378,7 +412,7 @@ impl Actor {
         self.events.emit(Event {
             kind: EventKind::WorkerState as i32,
             worker_id: id.clone(),
-            worker_state: WorkerState::Ready as i32,
+            worker_state: self.cluster.workers[&id].state as i32,
             reason: if reconnect {
                 format!(
                     "re-registered with {} containers{}",
@@ -489,6 +523,13 @@ impl Actor {
                             pb::Category::try_from(s.category).unwrap_or(pb::Category::Unspecified);
                         j.growth_efficiency = s.growth_efficiency;
                         j.cpu_limit = s.cpu_limit;
+                        j.cpu_usage = s.cpu_usage;
+                        // Alg. 3's converged duration counts from the first report of it.
+                        if j.category == pb::Category::Completing {
+                            j.converged_since.get_or_insert(now);
+                        } else {
+                            j.converged_since = None;
+                        }
                     }
                 }
             }
@@ -499,14 +540,13 @@ impl Actor {
             }
             AgentKind::Result(r) => self.on_result(worker, r),
             AgentKind::Exited(e) => self.on_exited(worker, e),
-            AgentKind::MigrationRequest(m) => {
-                debug!(%worker, job = %m.job_id, "migration requests need the SpeCon policy; ignored")
-            }
+            AgentKind::MigrationRequest(m) => self.on_migration_request(worker, m),
         }
     }
 
     fn on_progress(&mut self, batch: pb::ProgressBatch) {
         let cap = self.config.progress_history;
+        let mut restored = Vec::new();
         for s in batch.samples {
             let Some(j) = self.cluster.jobs.get_mut(&s.job_id) else {
                 continue;
@@ -524,6 +564,13 @@ impl Actor {
                 value: s.value,
                 epoch: s.epoch,
             });
+            if s.epoch == j.epoch
+                && j.migration
+                    .as_ref()
+                    .is_some_and(|m| m.phase == MovePhase::Restoring)
+            {
+                restored.push(j.id.clone());
+            }
             if s.epoch == j.epoch {
                 j.step = j.step.max(s.step);
                 if let Some(t) = s.total_steps {
@@ -539,9 +586,22 @@ impl Actor {
                 j.malformed += m.count;
             }
         }
+        for id in restored {
+            self.migration_resumed(&id);
+        }
     }
 
     fn on_result(&mut self, worker: &str, r: pb::CommandResult) {
+        // Save and restore results of a move are the migration's to interpret (they carry the
+        // old epoch, or the new one on the target).
+        let moving = self
+            .cluster
+            .jobs
+            .get(&r.job_id)
+            .is_some_and(|j| j.migration.is_some());
+        if moving && self.on_migration_result(worker, &r) {
+            return;
+        }
         let Some(job) = self.cluster.jobs.get(&r.job_id) else {
             return;
         };
@@ -584,6 +644,9 @@ impl Actor {
             return;
         }
         let id = e.job_id.clone();
+        if job.migration.is_some() && self.on_migration_exit(&e) {
+            return;
+        }
         if let Some(j) = self.cluster.jobs.get_mut(&id) {
             j.exit_code = Some(e.exit_code);
             if let Some(s) = e.last_step {
@@ -639,9 +702,15 @@ impl Actor {
                 .map(|j| j.id.clone())
                 .collect();
             for j in jobs {
+                if let Some(job) = self.cluster.jobs.get_mut(&j) {
+                    // A move in flight is abandoned; the job is restartable from its checkpoint.
+                    job.migration = None;
+                    job.lost_since = Some(now);
+                }
                 self.set_state(&j, JobState::Lost, &format!("worker {id} lost: {reason}"));
             }
         }
+        self.recover_lost(now);
     }
 
     // ---- scheduling ----

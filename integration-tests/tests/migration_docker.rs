@@ -1,0 +1,192 @@
+//! Moving a job between workers by checkpoint save/restore, on real Docker with real trainer
+//! containers: the step counter continues, the loss does not jump back, and Docker never shows
+//! two running containers of the job.
+
+use std::time::Duration;
+
+use converge_integration_tests::{
+    TRAINER_IMAGE, TestAgent, TestManager, containers_of, eventually, job, require_docker,
+    tempfile_dir, trainer_spec, unique,
+};
+use converge_messenger::pb::{self, JobState};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drained_worker_moves_its_job_which_resumes_at_the_saved_step() -> anyhow::Result<()> {
+    require_docker(&[TRAINER_IMAGE]);
+    let checkpoints = tempfile_dir("migrate")?;
+    let manager = TestManager::start(|c| {
+        c.heartbeat_interval = Duration::from_millis(250);
+        // Keep both incarnations' reports for the comparison below.
+        c.progress_history = 4096;
+    })
+    .await?;
+    let (w1, w2) = (unique("it-m1"), unique("it-m2"));
+    // Only w1 exists when the job is placed, so it starts there.
+    let _a1 = TestAgent::start(&manager.endpoint(), &w1, 1.0, checkpoints.path());
+    let mut client = manager.control().await?;
+    eventually(Duration::from_secs(20), "w1 to register", || {
+        let mut c = client.clone();
+        async move {
+            Ok((c
+                .list_workers(pb::ListWorkersRequest {})
+                .await?
+                .into_inner()
+                .workers
+                .len()
+                == 1)
+                .then_some(()))
+        }
+    })
+    .await?;
+    let mut spec = trainer_spec("mlp-digits", 6000, 20);
+    spec.args.extend(["--size".into(), "2".into()]);
+    let id = client
+        .submit_job(pb::SubmitJobRequest { spec: Some(spec) })
+        .await?
+        .into_inner()
+        .job_id;
+    let label = format!("converge.job={id}");
+    eventually(Duration::from_secs(60), "the job to run on w1", || {
+        let mut c = client.clone();
+        let id = id.clone();
+        async move {
+            let j = job(&mut c, &id, false).await?;
+            Ok((j.state == JobState::Running as i32 && j.step >= 200).then_some(()))
+        }
+    })
+    .await?;
+    let _a2 = TestAgent::start(&manager.endpoint(), &w2, 1.0, checkpoints.path());
+    eventually(Duration::from_secs(20), "w2 to register", || {
+        let mut c = client.clone();
+        async move {
+            Ok((c
+                .list_workers(pb::ListWorkersRequest {})
+                .await?
+                .into_inner()
+                .workers
+                .len()
+                == 2)
+                .then_some(()))
+        }
+    })
+    .await?;
+    let mut events = client
+        .watch_events(pb::WatchEventsRequest {
+            job_id: id.clone(),
+            from_seq: 0,
+        })
+        .await?
+        .into_inner();
+
+    let drained = client
+        .drain_worker(pb::DrainWorkerRequest {
+            worker_id: w1.clone(),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(drained.state, pb::WorkerState::Draining as i32);
+
+    // Poll Docker and the job until it completes: never two running containers of the job.
+    let done = eventually(
+        Duration::from_secs(180),
+        "the moved job to complete",
+        || {
+            let mut c = client.clone();
+            let id = id.clone();
+            let label = label.clone();
+            async move {
+                let running: Vec<_> = containers_of(&label)
+                    .into_iter()
+                    .filter(|(_, state)| state == "running")
+                    .collect();
+                assert!(
+                    running.len() <= 1,
+                    "two incarnations running at once: {running:?}"
+                );
+                let j = job(&mut c, &id, true).await?;
+                Ok(matches!(
+                    JobState::try_from(j.state)?,
+                    JobState::Completed | JobState::Failed
+                )
+                .then_some(j))
+            }
+        },
+    )
+    .await?;
+    assert_eq!(done.state, JobState::Completed as i32, "{done:#?}");
+    assert_eq!(done.worker_id, w2, "finished on the target");
+    assert_eq!(done.epoch, 2, "exactly one new incarnation");
+    assert_eq!(done.migrations, 1);
+    assert_eq!(done.step, 6000);
+    let downtime = done.last_migration_downtime_ms.expect("downtime recorded");
+
+    // Every step of the move was an event the user could watch, in order.
+    let mut reasons = Vec::new();
+    let mut saved_step = None;
+    while let Ok(Some(e)) = tokio::time::timeout(Duration::from_millis(300), events.message())
+        .await
+        .map(|r| r.ok().flatten())
+    {
+        if e.kind == pb::EventKind::Migration as i32 {
+            reasons.push(e.reason.clone());
+            if e.reason.contains("saved at step") {
+                saved_step = Some(e.attributes["step"].parse::<u64>()?);
+            }
+            if let Some(d) = e.attributes.get("downtime_ms") {
+                assert_eq!(*d, downtime.to_string());
+            }
+        }
+    }
+    let order = ["saving", "saved at step", "resumed on"];
+    let mut pos = 0;
+    for r in &reasons {
+        if pos < order.len() && r.contains(order[pos]) {
+            pos += 1;
+        }
+    }
+    assert_eq!(
+        pos,
+        order.len(),
+        "migration events out of order or missing: {reasons:#?}"
+    );
+
+    // The new incarnation's first report is at exactly the step the old one saved.
+    let saved_step = saved_step.expect("a Saved event with its step");
+    let first_new = done
+        .progress
+        .iter()
+        .filter(|p| p.epoch == 2 && p.value.is_some())
+        .min_by_key(|p| p.step)
+        .expect("epoch 2 samples");
+    assert_eq!(
+        first_new.step, saved_step,
+        "resumed at a different step than saved"
+    );
+    // And its loss continues the curve: within 10% of the highest of the last five reports
+    // before the move (the held-out loss wobbles a few percent near convergence), and nowhere
+    // near the untrained loss a fresh start would report.
+    let old: Vec<&pb::ProgressPoint> = done
+        .progress
+        .iter()
+        .filter(|p| p.epoch == 1 && p.value.is_some())
+        .collect();
+    let recent_max = old
+        .iter()
+        .rev()
+        .take(5)
+        .map(|p| p.value.unwrap())
+        .fold(f64::MIN, f64::max);
+    let first_loss = first_new.value.unwrap();
+    assert!(
+        first_loss <= recent_max * 1.10,
+        "loss jumped back: {recent_max} -> {first_loss}"
+    );
+    let initial = old.first().unwrap().value.unwrap();
+    assert!(
+        first_loss < initial / 5.0,
+        "looks like a fresh start: {initial} -> {first_loss}"
+    );
+    println!("migration downtime: {downtime} ms");
+    manager.stop().await;
+    Ok(())
+}
