@@ -417,3 +417,41 @@ async fn a_missing_image_is_an_error_a_person_can_act_on() {
     token.cancel();
     agent.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_save_past_its_deadline_kills_the_container() {
+    require_docker_and_trainer().await;
+    let worker = TestWorker::new("kill");
+    let mut m = Manager::start().await;
+    let token = CancellationToken::new();
+    let agent = tokio::spawn(converge_agent::run(
+        worker.config(&m.endpoint(), 1.0),
+        token.clone(),
+    ));
+    m.registered(T).await;
+    m.send(command(
+        "k1",
+        "job-k",
+        2,
+        start_trainer(5_000_000, 500, 0.1),
+    ));
+    assert!(m.result("k1", T).await.ok);
+    m.samples("job-k", 1, T).await;
+    // 1 ms is less than any checkpoint takes: the agent must kill and say so.
+    m.send(command(
+        "k2",
+        "job-k",
+        2,
+        Action::Save(pb::Save { deadline_ms: 1 }),
+    ));
+    let (r, exited) = m.result_and_exit("k2", "job-k", T).await;
+    assert!(r.ok, "{r:?}");
+    let Some(Detail::Saved(saved)) = r.detail else {
+        panic!("{r:?}")
+    };
+    assert!(saved.killed, "{saved:?}");
+    assert!(exited.requested);
+    assert_ne!(exited.exit_code, 0, "a killed container does not exit 0");
+    token.cancel();
+    agent.await.unwrap().unwrap();
+}
