@@ -51,6 +51,9 @@ pub const RESULT_CACHE: usize = 4096;
 /// Lines of an adopted container's log read back to recover its last step.
 const ADOPT_TAIL_LINES: u32 = 64;
 
+/// Save deadline when the command sets none.
+const DEFAULT_SAVE_DEADLINE_MS: u64 = 30_000;
+
 /// How long an exit report waits for the log follower to read the container's last lines.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -810,8 +813,10 @@ impl Executor {
         let views = self.views.clone();
         let internal = self.internal_tx.clone();
         let cmd = cmd.clone();
+        // The protocol gives no default; an unset deadline gets Docker's own stop timeout
+        // scale rather than an immediate kill that would lose the checkpoint.
         let deadline = Duration::from_millis(if s.deadline_ms == 0 {
-            30_000
+            DEFAULT_SAVE_DEADLINE_MS
         } else {
             u64::from(s.deadline_ms)
         });

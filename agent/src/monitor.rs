@@ -3,7 +3,7 @@
 //!
 //! - A **log follower** streams a container's stdout through bollard, reads each line with
 //!   [`converge_contract::parse_line`] (the job's metric as the expected one), records the last
-//!   step in the [`Views`] and hands samples and malformed-line counts to the batcher.
+//!   step in the per-container views and hands samples and malformed-line counts to the batcher.
 //! - The **progress batcher** turns samples into `ProgressBatch`es: flushed every 250 ms or at
 //!   64 samples, whichever comes first, sent with `Outbox::try_send` (a newer batch supersedes a
 //!   dropped one). Before an exit is reported its container's last samples are flushed, so the
