@@ -26,8 +26,12 @@ pub struct Row {
     pub steps: u64,
     /// Mini-batch size.
     pub batch: usize,
-    /// Training seconds per step (held-out evaluations every 1% of the run included).
+    /// Wall-clock training seconds per step (held-out evaluations every 1% of the run
+    /// included); inflated when the machine is busy.
     pub secs_per_step: f64,
+    /// CPU seconds per step of the whole process (start-up included): at one thread, the cost
+    /// of a step on an otherwise idle core, whatever else the machine was doing.
+    pub cpu_secs_per_step: Option<f64>,
     /// First reported step by which the loss had made 90% of its total improvement.
     pub steps_to_90: Option<u64>,
     /// Held-out loss at step 0.
@@ -126,7 +130,8 @@ fn measure(exe: &Path, m: ModelKind, size: usize, steps: u64) -> Result<Row> {
         let after = &stderr[stderr.rfind(key)? + key.len()..];
         after.split(unit).next()?.trim().parse().ok()
     };
-    let cores_used = match (field(" cpu ", "s"), field(" wall ", "s")) {
+    let cpu = field(" cpu ", "s");
+    let cores_used = match (cpu, field(" wall ", "s")) {
         (Some(cpu), Some(wall)) if wall > 0.0 => Some(cpu / wall),
         _ => None,
     };
@@ -136,6 +141,7 @@ fn measure(exe: &Path, m: ModelKind, size: usize, steps: u64) -> Result<Row> {
         steps,
         batch: m.defaults().batch,
         secs_per_step: elapsed / steps as f64,
+        cpu_secs_per_step: cpu.map(|c| c / steps as f64),
         steps_to_90: steps_to_fraction(&points, 0.9),
         initial,
         last,
@@ -163,18 +169,19 @@ pub fn steps_to_fraction(points: &[(u64, f64)], fraction: f64) -> Option<u64> {
 /// The markdown table.
 pub fn table(rows: &[Row]) -> String {
     let mut s = String::from(
-        "| model | size | steps | batch | s/step | steps to 90% | initial loss | final loss \
+        "| model | size | steps | batch | CPU s/step | wall s/step | steps to 90% | initial loss | final loss \
          | peak RSS (MiB) | checkpoint (KiB) | CPU / wall |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let opt = |v: Option<String>| v.unwrap_or_else(|| "n/a".into());
     for r in rows {
         s += &format!(
-            "| {} | {} | {} | {} | {:.5} | {} | {:.4} | {:.4} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {:.6} | {} | {:.4} | {:.4} | {} | {} | {} |\n",
             r.model,
             r.size,
             r.steps,
             r.batch,
+            opt(r.cpu_secs_per_step.map(|c| format!("{c:.6}"))),
             r.secs_per_step,
             opt(r.steps_to_90.map(|v| v.to_string())),
             r.initial,

@@ -60,13 +60,10 @@ pub fn peak_rss_kib() -> Option<u64> {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
-/// CPU seconds (user + system, all threads) this process has used, from `/proc/self/stat`.
-/// Assumes the kernel's usual 100 clock ticks per second (reading `CLK_TCK` needs libc).
+/// CPU seconds (user + system, all threads, finished ones included) this process has used.
 pub fn cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the parenthesized command name; utime and stime are fields 14 and 15.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    Some(ticks as f64 / 100.0)
+    use nix::sys::resource::{UsageWho, getrusage};
+    use nix::sys::time::TimeValLike;
+    let u = getrusage(UsageWho::RUSAGE_SELF).ok()?;
+    Some((u.user_time().num_microseconds() + u.system_time().num_microseconds()) as f64 / 1e6)
 }

@@ -81,7 +81,7 @@ fn train(args: &converge_trainer::TrainArgs) -> ExitCode {
     match result {
         Ok(outcome) => {
             eprintln!(
-                "converge-trainer: {} at step {}; wall {:.2}s cpu {:.2}s peak RSS {} KiB",
+                "converge-trainer: {} at step {}; wall {:.4}s cpu {:.4}s peak RSS {} KiB",
                 if outcome.finished {
                     "finished"
                 } else {

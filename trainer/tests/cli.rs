@@ -180,3 +180,23 @@ fn threads_1_leaves_one_compute_thread() {
     compute.sort();
     assert_eq!(compute, vec!["trainer-0"], "threads: {tasks:?}");
 }
+
+#[test]
+fn a_refused_checkpoint_exits_65_and_is_left_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("converge-trainer.ckpt");
+    std::fs::write(&path, b"CVGTRAIN but then garbage").unwrap();
+    let out = trainer()
+        .args(["--model", "logreg-wine", "--steps", "10", "--threads", "1"])
+        .env("CONVERGE_CHECKPOINT_DIR", dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(65), "{stderr}");
+    assert!(stderr.contains("is corrupt"), "{stderr}");
+    assert!(
+        out.stdout.is_empty(),
+        "no progress over a refused checkpoint"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), b"CVGTRAIN but then garbage");
+}
