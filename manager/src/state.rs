@@ -216,6 +216,7 @@ impl Job {
             },
             policy: self.policy.clone(),
             last_migration_downtime_ms: self.last_migration_downtime_ms,
+            cpu_usage: self.cpu_usage,
         }
     }
 }

@@ -13,6 +13,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod demo;
+mod experiment;
 mod images;
 mod testbed;
 mod tools;
@@ -41,6 +42,15 @@ enum Cmd {
         #[arg(long, default_value_t = 7070)]
         port: u16,
     },
+    /// A paper's experiment on the real testbed, baseline vs policy on one schedule
+    /// (`flowcon-3job`, `specon-2worker`); writes `experiments/NAME/`.
+    Experiment {
+        /// Which experiment.
+        name: String,
+        /// Host port for the manager (127.0.0.1 only).
+        #[arg(long, default_value_t = 7070)]
+        port: u16,
+    },
     /// Install the test tools, build the images, run every test (what CI runs).
     Test {
         /// Extra arguments passed to `cargo test`, after `--workspace`.
@@ -55,6 +65,7 @@ fn main() -> Result<()> {
     match cli.cmd {
         Cmd::Images { names } => images::build(&root, &names),
         Cmd::Demo { policy, port } => demo::run(&root, &policy, port),
+        Cmd::Experiment { name, port } => experiment::run(&root, &name, port),
         Cmd::Test { args } => test(&root, &args),
     }
 }

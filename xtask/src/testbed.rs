@@ -24,6 +24,18 @@ pub struct Testbed {
 impl Testbed {
     /// Starts manager and agents with `policy`; checkpoints under `target/testbed`.
     pub fn up(root: &Path, policy: &str, port: u16) -> Result<Self> {
+        Self::up_with(root, policy, port, &[], &[])
+    }
+
+    /// Like [`Testbed::up`], with only `services` (all when empty) and extra environment for
+    /// the compose file's `${...}` settings.
+    pub fn up_with(
+        root: &Path,
+        policy: &str,
+        port: u16,
+        services: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
         let checkpoints = root.join("target/testbed/checkpoints");
         std::fs::create_dir_all(&checkpoints)?;
         let tb = Self {
@@ -35,8 +47,12 @@ impl Testbed {
         tb.down_quietly();
         let mut cmd = tb.command();
         cmd.args(["up", "-d"])
+            .args(services)
             .env("CONVERGE_POLICY", policy)
             .env("CONVERGE_PORT", port.to_string());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
         run(&mut cmd)?;
         Ok(tb)
     }

@@ -647,6 +647,12 @@ impl Actor {
         if job.migration.is_some() && self.on_migration_exit(&e) {
             return;
         }
+        if e.requested && e.exit_code != 0 {
+            // We asked for this exit (a stop whose result drives the job's state); a signal's
+            // exit code is not the job failing.
+            debug!(job = %id, code = e.exit_code, "requested exit");
+            return;
+        }
         if let Some(j) = self.cluster.jobs.get_mut(&id) {
             j.exit_code = Some(e.exit_code);
             if let Some(s) = e.last_step {
