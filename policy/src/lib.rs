@@ -18,6 +18,10 @@
 //! - [`specon`]: [`specon::SpeCon`], the manager's cluster-wide state machine (Alg. 1, 2, 3)
 //!   with the step [`specon::SpeCon::on_round`]; [`specon::select_host`] and
 //!   [`specon::rebalance_plan`] are the pure kernels.
+//! - [`value`]: value-based allocation: [`value::ValueCurve`], expected execution time under CPU
+//!   shares ([`value::completion_offsets`]), β (Eq. 1) and the overload test (Eq. 2), and
+//!   [`value::ValueAllocator`] (DwoP and DwP) with the steps [`value::ValueAllocator::on_arrival`],
+//!   [`value::ValueAllocator::on_departure`] and [`value::ValueAllocator::on_tick`].
 //!
 //! Every step takes the time as an argument and returns its decisions as data; none of the
 //! algorithms draws random numbers (ties are broken by index or id), so the same inputs give the
@@ -32,6 +36,7 @@ mod error;
 pub mod flowcon;
 pub mod growth;
 pub mod specon;
+pub mod value;
 
 pub use baseline::{FreeCompetition, LeastAllocated, RoundRobin, Spread};
 pub use cluster::{Category, JobRequest, JobSnapshot, Placement, Placer, WorkerSnapshot};
