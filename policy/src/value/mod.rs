@@ -52,8 +52,8 @@
 //!   stated objective (:106) and its reason for preemption, "the resources regained … may be used
 //!   in a more beneficial way" (:110). At most one victim per decision: only the chosen node's.
 //! - **Victim criteria** (:114 names lowest expected value and lowest value density, :152
-//!   evaluates lowest value density and minimal remaining value, defined in [13], which we do
-//!   not have). Ours: *lowest expected value* = `V_j` under the current sharing; *lowest value
+//!   evaluates lowest value density and minimal remaining value, defined in the paper's ref. 13,
+//!   which we do not have). Ours: *lowest expected value* = `V_j` under the current sharing; *lowest value
 //!   density* = `V_j` per second of the node the container still needs alone (`V_j/(r_j·ζ_i)`);
 //!   *minimal remaining value* = the most it could still earn, its curve at the completion it
 //!   would reach alone on the node from now (`VC_j(now + r_j·ζ_i − AT_j)`). Ties by job id.
