@@ -407,6 +407,7 @@ impl Actor {
             policy: self.placer.name().to_string(),
             heartbeat_interval_ms: self.config.heartbeat_interval.as_millis() as u64,
             worker_policy: self.config.worker_policy.to_string(),
+            migration: self.config.migration,
         }));
         info!(worker = %id, cpus = reg.cpu_capacity, containers = reg.containers.len(), reconnect, "worker registered");
         self.events.emit(Event {
