@@ -12,6 +12,16 @@ use clap::Parser;
 use converge_trainer::{Cli, Command, Config, ModelKind, calibrate};
 use signal_hook::consts::{SIGINT, SIGTERM};
 
+/// Writes one line to stderr in a single `write`, so log collectors that interleave a
+/// container's stdout and stderr by chunk never split it (`eprintln!` writes piecewise).
+macro_rules! log {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let line = format!("{}\n", format_args!($($arg)*));
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }};
+}
+
 /// Exit status after a stop signal when there was no checkpoint directory to save into:
 /// 128 + SIGTERM, what a shell reports for a terminated process, so nobody mistakes it for a
 /// saved stop.
@@ -36,7 +46,7 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                eprintln!("converge-trainer: calibrate: {e:#}");
+                log!("converge-trainer: calibrate: {e:#}");
                 ExitCode::from(70)
             }
         },
@@ -72,7 +82,7 @@ fn train(args: &converge_trainer::TrainArgs) -> ExitCode {
         let registered = signal_hook::flag::register_conditional_shutdown(sig, 130, stop.clone())
             .and_then(|_| signal_hook::flag::register(sig, stop.clone()));
         if let Err(e) = registered {
-            eprintln!("converge-trainer: cannot handle signal {sig}: {e}");
+            log!("converge-trainer: cannot handle signal {sig}: {e}");
             return ExitCode::from(71);
         }
     }
@@ -80,7 +90,7 @@ fn train(args: &converge_trainer::TrainArgs) -> ExitCode {
     let result = converge_trainer::train(&cfg, &|_| stop.load(Ordering::SeqCst), &mut stdout);
     match result {
         Ok(outcome) => {
-            eprintln!(
+            log!(
                 "converge-trainer: {} at step {}; wall {:.4}s cpu {:.4}s peak RSS {} KiB",
                 if outcome.finished {
                     "finished"
@@ -93,9 +103,7 @@ fn train(args: &converge_trainer::TrainArgs) -> ExitCode {
                 converge_trainer::peak_rss_kib().unwrap_or(0),
             );
             if !outcome.finished && outcome.saved_bytes.is_none() {
-                eprintln!(
-                    "converge-trainer: stopped with no checkpoint directory; state discarded"
-                );
+                log!("converge-trainer: stopped with no checkpoint directory; state discarded");
                 return ExitCode::from(STOPPED_UNSAVED);
             }
             ExitCode::SUCCESS
@@ -127,13 +135,13 @@ fn pin_candle_threads(threads: usize) {
             .exec(),
         Err(e) => e,
     };
-    eprintln!(
+    log!(
         "converge-trainer: could not re-exec with CANDLE_NUM_THREADS={want} ({err}); \
          element-wise ops may use more than --threads cores"
     );
 }
 
 fn fail(e: &converge_trainer::Error) -> ExitCode {
-    eprintln!("converge-trainer: error: {e}");
+    log!("converge-trainer: error: {e}");
     ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(70))
 }

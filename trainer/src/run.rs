@@ -237,7 +237,11 @@ impl<'a> Run<'a> {
     }
 
     fn emit(&mut self, l: &ProgressLine) -> Result<()> {
-        writeln!(self.out, "{}", l.to_line()).map_err(Error::Output)?;
+        // One `write` per line: a reader that interleaves stdout and stderr by chunk (as
+        // container log collectors do) then never sees a progress line split.
+        let mut text = l.to_line();
+        text.push('\n');
+        self.out.write_all(text.as_bytes()).map_err(Error::Output)?;
         self.out.flush().map_err(Error::Output)
     }
 }
