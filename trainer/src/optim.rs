@@ -50,7 +50,8 @@ impl Adam {
     /// value and moments.
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {
         self.t += 1;
-        let t = self.t as i32;
+        // Past 2^31 updates the bias corrections are exactly 1 anyway.
+        let t = i32::try_from(self.t).unwrap_or(i32::MAX);
         let c1 = 1.0 - BETA1.powi(t);
         let c2 = 1.0 - BETA2.powi(t);
         for ((_, var), (m, v)) in self.params.iter().zip(self.moments.iter_mut()) {

@@ -200,3 +200,32 @@ fn a_refused_checkpoint_exits_65_and_is_left_in_place() {
     );
     assert_eq!(std::fs::read(&path).unwrap(), b"CVGTRAIN but then garbage");
 }
+
+#[test]
+fn the_result_does_not_depend_on_threads() {
+    // A migrated job may land on a worker with another core count (`--threads 0` resolves to
+    // it). gemm splits work across threads by output blocks, never along the reduction, and
+    // element-wise ops are independent per element, so the numbers are the same bit for bit.
+    let final_line = |threads: &str| {
+        let out = trainer()
+            .args(["--model", "mlp-digits", "--size", "4", "--batch", "256"])
+            .args([
+                "--steps",
+                "30",
+                "--report-every",
+                "1000",
+                "--threads",
+                threads,
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let text = String::from_utf8(out.stdout).unwrap();
+        let last = parse_line(text.lines().last().unwrap(), None)
+            .unwrap()
+            .unwrap();
+        assert!(last.done);
+        last.value.unwrap()
+    };
+    assert_eq!(final_line("1").to_bits(), final_line("2").to_bits());
+}
