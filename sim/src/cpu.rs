@@ -47,6 +47,69 @@ pub fn fair_share(capacity: f64, demand: &[f64], limit: &[f64]) -> Vec<f64> {
     alloc
 }
 
+/// Weighted water-filling of `capacity` over containers capped at `caps` with `weights`
+/// (positive): containers are served in order of `cap/weight`, each getting `left · w/W_left`
+/// up to its cap, so what a capped container leaves flows to the others in proportion to their
+/// weights.
+pub fn weighted_water_fill(capacity: f64, caps: &[f64], weights: &[f64]) -> Vec<f64> {
+    let mut order: Vec<usize> = (0..caps.len()).collect();
+    order.sort_by(|&a, &b| {
+        (caps[a] / weights[a])
+            .total_cmp(&(caps[b] / weights[b]))
+            .then(a.cmp(&b))
+    });
+    let mut out = vec![0.0; caps.len()];
+    let mut remaining = capacity.max(0.0);
+    let mut weight_left: f64 = weights.iter().sum();
+    for i in order {
+        let share = if weight_left > 0.0 {
+            remaining * weights[i] / weight_left
+        } else {
+            0.0
+        };
+        let given = caps[i].max(0.0).min(share);
+        out[i] = given;
+        remaining -= given;
+        weight_left -= weights[i];
+    }
+    out
+}
+
+/// [`fair_share`] with CPU shares: each container's slice is proportional to `weight` (its
+/// `--cpu-shares`), under the same soft limits. Equal weights give [`fair_share`] exactly.
+pub fn weighted_fair_share(
+    capacity: f64,
+    demand: &[f64],
+    limit: &[f64],
+    weight: &[f64],
+) -> Vec<f64> {
+    if weight.windows(2).all(|w| w[0] == w[1]) {
+        return fair_share(capacity, demand, limit);
+    }
+    let caps: Vec<f64> = demand
+        .iter()
+        .zip(limit)
+        .map(|(&d, &l)| d.min(l.clamp(0.0, 1.0) * capacity))
+        .collect();
+    let mut alloc = weighted_water_fill(capacity, &caps, weight);
+    let used: f64 = alloc.iter().sum();
+    let leftover = capacity - used;
+    if leftover > 1e-12 {
+        let want: Vec<f64> = demand
+            .iter()
+            .zip(&alloc)
+            .map(|(&d, &a)| (d - a).max(0.0))
+            .collect();
+        for (a, e) in alloc
+            .iter_mut()
+            .zip(weighted_water_fill(leftover, &want, weight))
+        {
+            *a += e;
+        }
+    }
+    alloc
+}
+
 /// The oracle's sharing: shortest remaining work first, each container up to its demand.
 pub fn srpt_share(capacity: f64, demand: &[f64], remaining: &[f64]) -> Vec<f64> {
     let mut order: Vec<usize> = (0..demand.len()).collect();
@@ -83,6 +146,30 @@ mod tests {
         // Both limited to 0.25 of 4 cores: caps 1 + 1, the 2 idle cores flow back.
         assert_eq!(fair_share(4.0, &[4.0, 4.0], &[0.25, 0.25]), vec![2.0, 2.0]);
         assert_eq!(fair_share(4.0, &[4.0, 1.5], &[0.25, 0.25]), vec![2.5, 1.5]);
+    }
+
+    #[test]
+    fn cpu_shares_weight_the_split() {
+        // Paper :59: ξ_j/Ξ_i of the node. 768:256 of one core.
+        let a = weighted_fair_share(1.0, &[1.0, 1.0], &[1.0, 1.0], &[768.0, 256.0]);
+        assert_eq!(a, vec![0.75, 0.25]);
+        // A container capped by its demand leaves its slice to the others by weight: 4 cores,
+        // weights 1:1:2, the first can use only 0.5 -> the rest (3.5) splits 1:2.
+        let a = weighted_fair_share(4.0, &[0.5, 4.0, 4.0], &[1.0; 3], &[1.0, 1.0, 2.0]);
+        let want = [0.5, 3.5 / 3.0, 7.0 / 3.0];
+        for (x, y) in a.iter().zip(want) {
+            assert!((x - y).abs() < 1e-12, "{a:?}");
+        }
+    }
+
+    #[test]
+    fn equal_shares_are_bit_for_bit_fair_share() {
+        let d = [4.0, 1.5, 3.0];
+        let l = [0.25, 0.25, 1.0];
+        assert_eq!(
+            weighted_fair_share(4.0, &d, &l, &[1024.0; 3]),
+            fair_share(4.0, &d, &l)
+        );
     }
 
     #[test]

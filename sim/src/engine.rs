@@ -10,6 +10,13 @@
 //! worker speed (calibration), metric noise (seeded), the manager's stale view between
 //! heartbeats, and the migration pause (save + restore seconds during which the job makes no
 //! progress). Runtimes are a model of the papers' testbeds, not a measurement of ours.
+//!
+//! Value-based allocation (value-based-allocation.txt) adds CPU shares (weights in the CPU
+//! model), pausing (a paused container stays on its worker and uses no CPU), stopping,
+//! rejection and dropping: [`PolicySpec::Value`] calls [`ValueAllocator`] at each arrival
+//! (after a tick that drops worthless jobs), after each completion (resumptions) and at each
+//! heartbeat (drops); [`PolicySpec::ValueGa`] runs the GA's static plan ([`crate::ga`]). A job's
+//! value is its curve at its completion, 0 if it did not complete.
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
@@ -17,18 +24,71 @@ use std::collections::{BinaryHeap, VecDeque};
 use converge_policy::flowcon::{FlowCon, FlowConConfig, FlowConPlacer, Observation};
 use converge_policy::growth::{Sample, Usage};
 use converge_policy::specon::{JobObservation, SpeCon, SpeConConfig, WorkerLoad};
+use converge_policy::value::{
+    Container, NodeState, OfflineJob, PreemptAction, ValueAction, ValueAllocator, ValueConfig,
+    ValueDecision, ValueJob,
+};
 use converge_policy::{JobRequest, Placement, Placer, RoundRobin, Spread, WorkerSnapshot};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::cpu::{fair_share, srpt_share};
+use crate::cpu::{fair_share, srpt_share, weighted_fair_share};
 use crate::curve::Catalog;
 use crate::error::{Error, Result};
 use crate::experiment::{Experiment, JobSpec, PolicySpec, SystemModel};
 
 /// Hard stop against runaway runs (a bug, not a workload).
 const MAX_EVENTS: u64 = 500_000_000;
+
+/// Docker's default `--cpu-shares`: every container has it unless a value policy sets another.
+const DEFAULT_SHARES: u32 = 1024;
+
+/// How a job ended.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outcome {
+    /// It ran to completion.
+    #[default]
+    Completed,
+    /// A value policy did not run it (the reason).
+    Rejected(String),
+    /// A value policy dropped it because its value reached zero (the reason).
+    Dropped(String),
+    /// A value policy stopped it to make room for another (the reason).
+    Stopped(String),
+}
+
+impl Outcome {
+    /// Whether the job completed.
+    pub fn is_completed(&self) -> bool {
+        *self == Outcome::Completed
+    }
+}
+
+/// Value-based allocation counts of a run (value-curve workloads only).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ValueSummary {
+    /// `Σ V_j` (value-based-allocation.txt:88): every job's curve at its completion, 0 if it did
+    /// not complete.
+    pub total: f64,
+    /// Jobs that completed.
+    pub completed: usize,
+    /// Jobs rejected at arrival.
+    pub rejected: usize,
+    /// Jobs dropped when their value reached zero.
+    pub dropped: usize,
+    /// Jobs stopped as victims.
+    pub stopped: usize,
+    /// Preemptions (pauses and stops).
+    pub preemptions: u64,
+    /// Resumptions of paused jobs.
+    pub resumes: u64,
+    /// Arrival decisions taken by the allocator.
+    pub decisions: u64,
+    /// Wall-clock seconds spent in those decisions, when the driver passed a timer.
+    pub decision_seconds: Option<f64>,
+}
 
 /// One job's outcome.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -47,6 +107,12 @@ pub struct JobResult {
     pub worker: usize,
     /// Times it was migrated.
     pub migrations: u32,
+    /// How it ended.
+    #[serde(default, skip_serializing_if = "Outcome::is_completed")]
+    pub outcome: Outcome,
+    /// Its value, for jobs with a value curve.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<f64>,
 }
 
 /// Time series for plots (recorded only when asked).
@@ -75,6 +141,9 @@ pub struct Run {
     pub migrations: u64,
     /// Plots' data, if recorded.
     pub trace: Option<Trace>,
+    /// Value-based allocation counts, for value-curve workloads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<ValueSummary>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -120,7 +189,11 @@ enum State {
     Pending,
     Running(usize),
     Migrating(usize),
+    /// On a worker, using no CPU (value-based preemption).
+    Paused(usize),
     Done,
+    /// Rejected, dropped or stopped (see `SimJob::outcome`).
+    Ended,
 }
 
 #[derive(Debug)]
@@ -137,6 +210,8 @@ struct SimJob {
     round_cpu: f64,
     round_time: f64,
     initial: f64,
+    shares: u32,
+    outcome: Outcome,
 }
 
 #[derive(Debug)]
@@ -148,6 +223,8 @@ struct SimWorker {
     version: u64,
     round_version: u64,
     flowcon: Option<FlowCon>,
+    /// Paused containers (value-based preemption): here, but not sharing the CPU.
+    paused: Vec<usize>,
 }
 
 /// How each worker shares CPU.
@@ -179,6 +256,10 @@ pub struct Simulation<'a> {
     migrations: u64,
     trace: Option<Trace>,
     index_of: std::collections::HashMap<String, usize>,
+    value: Option<ValueAllocator>,
+    plan: Option<crate::ga::Plan>,
+    value_stats: ValueSummary,
+    timer: Option<Box<dyn Fn() -> f64>>,
 }
 
 impl std::fmt::Debug for Simulation<'_> {
@@ -213,6 +294,8 @@ impl<'a> Simulation<'a> {
                     Box::new(RoundRobin::default())
                 }
                 PolicySpec::Oracle => Box::new(Spread),
+                // Value policies place through the allocator or the plan, never the placer.
+                PolicySpec::Value { .. } | PolicySpec::ValueGa { .. } => Box::new(Spread),
             }
         };
         let placer = match policy {
@@ -263,6 +346,7 @@ impl<'a> Simulation<'a> {
                     version: 0,
                     round_version: 0,
                     flowcon: flowcon_config.map(FlowCon::new).transpose()?,
+                    paused: Vec::new(),
                 })
             })
             .collect::<Result<_>>()?;
@@ -296,8 +380,51 @@ impl<'a> Simulation<'a> {
                 migrations: 0,
                 round_cpu: 0.0,
                 round_time: 0.0,
+                shares: DEFAULT_SHARES,
+                outcome: Outcome::Completed,
             })
             .collect();
+        let value_policy = matches!(
+            policy,
+            PolicySpec::Value { .. } | PolicySpec::ValueGa { .. }
+        );
+        if value_policy && jobs.iter().any(|j| j.value.is_none()) {
+            return Err(Error::Invalid(format!(
+                "{}: {} needs a value curve on every job",
+                experiment.name,
+                policy.label()
+            )));
+        }
+        let value = match policy {
+            PolicySpec::Value { stride, preemption } => {
+                Some(ValueAllocator::new(ValueConfig { stride, preemption })?)
+            }
+            _ => None,
+        };
+        let plan = match policy {
+            PolicySpec::ValueGa {
+                population,
+                generations,
+            } => {
+                let speeds: Vec<f64> = workers_spec.iter().map(|w| w.1).collect();
+                let offline: Vec<OfflineJob> = jobs
+                    .iter()
+                    .map(|j| OfflineJob {
+                        release: j.arrival,
+                        work: j.work,
+                        curve: j.value.expect("checked above"),
+                    })
+                    .collect();
+                // The GA's own stream, from the experiment's seed.
+                let mut rng = ChaCha8Rng::seed_from_u64(experiment.seed ^ 0x6a_0ff1_13e0);
+                let config = crate::ga::GaConfig {
+                    population,
+                    generations,
+                };
+                Some(crate::ga::plan(&speeds, &offline, config, &mut rng).0)
+            }
+            _ => None,
+        };
         let mut sim = Simulation {
             catalog,
             system: experiment.system,
@@ -328,6 +455,10 @@ impl<'a> Simulation<'a> {
                 .enumerate()
                 .map(|(i, j)| (j.id.clone(), i))
                 .collect(),
+            value,
+            plan,
+            value_stats: ValueSummary::default(),
+            timer: None,
         };
         for (i, j) in jobs.iter().enumerate() {
             sim.schedule(j.arrival, Event::Arrival(i));
@@ -338,6 +469,13 @@ impl<'a> Simulation<'a> {
             sim.schedule(interval, Event::SpeConRound);
         }
         Ok(sim)
+    }
+
+    /// Measures the wall-clock time of each value-based arrival decision with `timer` (seconds
+    /// from any fixed origin). The simulation itself never reads a clock: the binary passes one.
+    pub fn with_timer(mut self, timer: Box<dyn Fn() -> f64>) -> Self {
+        self.timer = Some(timer);
+        self
     }
 
     fn schedule(&mut self, time: f64, event: Event) {
@@ -364,6 +502,8 @@ impl<'a> Simulation<'a> {
                 )));
             }
             match event {
+                Event::Arrival(j) if self.value.is_some() => self.value_arrival(j),
+                Event::Arrival(j) if self.plan.is_some() => self.plan_arrival(j),
                 Event::Arrival(j) => {
                     self.waiting.push_back(j);
                     self.place_waiting();
@@ -398,12 +538,38 @@ impl<'a> Simulation<'a> {
                 jct: j.finish - j.spec.arrival,
                 worker: j.worker,
                 migrations: j.migrations,
+                outcome: j.outcome.clone(),
+                value: j.spec.value.map(|c| {
+                    if j.state == State::Done {
+                        c.value_at(j.finish - j.spec.arrival)
+                    } else {
+                        0.0
+                    }
+                }),
             })
             .collect();
         let first = jobs.iter().map(|j| j.arrival).fold(f64::INFINITY, f64::min);
         let last = jobs.iter().map(|j| j.finish).fold(0.0, f64::max);
-        let avg = jobs.iter().map(|j| j.jct).sum::<f64>() / jobs.len().max(1) as f64;
+        // Completed jobs only (with value policies some never complete).
+        let done: Vec<f64> = jobs
+            .iter()
+            .map(|j| j.jct)
+            .filter(|t| t.is_finite())
+            .collect();
+        let avg = done.iter().sum::<f64>() / done.len().max(1) as f64;
+        let value = jobs.iter().any(|j| j.value.is_some()).then(|| {
+            let count = |f: fn(&Outcome) -> bool| jobs.iter().filter(|j| f(&j.outcome)).count();
+            ValueSummary {
+                total: jobs.iter().filter_map(|j| j.value).sum(),
+                completed: count(|o| matches!(o, Outcome::Completed)),
+                rejected: count(|o| matches!(o, Outcome::Rejected(_))),
+                dropped: count(|o| matches!(o, Outcome::Dropped(_))),
+                stopped: count(|o| matches!(o, Outcome::Stopped(_))),
+                ..self.value_stats.clone()
+            }
+        });
         Run {
+            value,
             policy: self.label,
             makespan: if jobs.is_empty() { 0.0 } else { last - first },
             avg_jct: avg,
@@ -439,7 +605,20 @@ impl<'a> Simulation<'a> {
         let alloc = match self.sharing {
             Sharing::Fair => {
                 let limits: Vec<f64> = worker.jobs.iter().map(|&j| self.jobs[j].limit).collect();
-                fair_share(worker.cpus, &demand, &limits)
+                if worker
+                    .jobs
+                    .iter()
+                    .all(|&j| self.jobs[j].shares == DEFAULT_SHARES)
+                {
+                    fair_share(worker.cpus, &demand, &limits)
+                } else {
+                    let weights: Vec<f64> = worker
+                        .jobs
+                        .iter()
+                        .map(|&j| f64::from(self.jobs[j].shares))
+                        .collect();
+                    weighted_fair_share(worker.cpus, &demand, &limits, &weights)
+                }
             }
             Sharing::Srpt => {
                 let remaining: Vec<f64> = worker
@@ -539,6 +718,9 @@ impl<'a> Simulation<'a> {
         if gone > 0 {
             self.containers_changed(w);
             self.place_waiting();
+            if self.value.is_some() {
+                self.value_departure(w);
+            }
         } else {
             self.reallocate(w);
         }
@@ -610,6 +792,9 @@ impl<'a> Simulation<'a> {
     }
 
     fn heartbeat(&mut self) {
+        if self.value.is_some() {
+            self.value_tick();
+        }
         // One pass over the jobs, not one per worker: this runs every few seconds at 100k jobs.
         let mut incoming = vec![0usize; self.workers.len()];
         for j in &self.jobs {
@@ -695,9 +880,178 @@ impl<'a> Simulation<'a> {
         }
     }
 
+    /// Brings every worker up to now.
+    fn advance_all(&mut self) {
+        for w in 0..self.workers.len() {
+            self.advance(w);
+        }
+    }
+
+    /// The cluster as [`ValueAllocator`] sees it (workers advanced to now by the caller).
+    fn node_states(&self) -> Vec<NodeState> {
+        let container = |j: usize, paused: bool| {
+            let job = &self.jobs[j];
+            Container {
+                job: value_job(&job.spec),
+                shares: job.shares,
+                remaining_s: (job.spec.work - job.done).max(0.0),
+                paused,
+            }
+        };
+        self.workers
+            .iter()
+            .enumerate()
+            .map(|(i, w)| NodeState {
+                id: self.snapshots[i].id.clone(),
+                speed: w.calibration,
+                schedulable: true,
+                containers: w
+                    .jobs
+                    .iter()
+                    .map(|&j| container(j, false))
+                    .chain(w.paused.iter().map(|&j| container(j, true)))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// Job `j` will not complete: rejected, dropped or stopped.
+    fn end(&mut self, j: usize, outcome: Outcome) {
+        self.jobs[j].state = State::Ended;
+        self.jobs[j].outcome = outcome;
+        self.unfinished -= 1;
+    }
+
+    /// Takes job `j` off worker `w` (running or paused).
+    fn take_off(&mut self, j: usize, w: usize) {
+        let worker = &mut self.workers[w];
+        worker.jobs.retain(|&x| x != j);
+        worker.paused.retain(|&x| x != j);
+    }
+
+    /// Applies drops and resumptions, then reshares the workers they touched.
+    fn apply_value_actions(&mut self, actions: Vec<ValueAction>) {
+        let mut touched = std::collections::BTreeSet::new();
+        for a in actions {
+            match a {
+                ValueAction::Drop { job, node, reason } => {
+                    let j = self.index_of[&job];
+                    self.take_off(j, node);
+                    self.end(j, Outcome::Dropped(reason));
+                    touched.insert(node);
+                }
+                ValueAction::Resume {
+                    job,
+                    node,
+                    cpu_shares,
+                    ..
+                } => {
+                    let j = self.index_of[&job];
+                    self.take_off(j, node);
+                    self.workers[node].jobs.push(j);
+                    self.jobs[j].shares = cpu_shares;
+                    self.jobs[j].state = State::Running(node);
+                    self.value_stats.resumes += 1;
+                    touched.insert(node);
+                }
+            }
+        }
+        for w in touched {
+            self.containers_changed(w);
+        }
+    }
+
+    /// Drops worthless jobs everywhere (value-based-allocation.txt:65).
+    fn value_tick(&mut self) {
+        let Some(alloc) = self.value.clone() else {
+            return;
+        };
+        self.advance_all();
+        let actions = alloc.on_tick(self.now, &self.node_states());
+        self.apply_value_actions(actions);
+    }
+
+    /// A container finished on worker `w`: drops there, then resumptions.
+    fn value_departure(&mut self, w: usize) {
+        let Some(alloc) = self.value.clone() else {
+            return;
+        };
+        self.advance_all();
+        let actions = alloc.on_departure(self.now, w, &self.node_states());
+        self.apply_value_actions(actions);
+    }
+
+    /// Job `j` arrives under DwoP/DwP.
+    fn value_arrival(&mut self, j: usize) {
+        let Some(alloc) = self.value.clone() else {
+            return;
+        };
+        self.value_tick();
+        let nodes = self.node_states();
+        let job = value_job(&self.jobs[j].spec);
+        let started = self.timer.as_ref().map(|t| t());
+        let decision = alloc.on_arrival(self.now, &job, &nodes);
+        if let (Some(t), Some(t0)) = (self.timer.as_ref(), started) {
+            *self.value_stats.decision_seconds.get_or_insert(0.0) += t() - t0;
+        }
+        self.value_stats.decisions += 1;
+        match decision {
+            ValueDecision::Place {
+                node,
+                cpu_shares,
+                victims,
+                ..
+            } => {
+                for v in victims {
+                    let vj = self.index_of[&v.job];
+                    self.take_off(vj, v.node);
+                    self.value_stats.preemptions += 1;
+                    match v.action {
+                        PreemptAction::Pause => {
+                            self.workers[v.node].paused.push(vj);
+                            self.jobs[vj].state = State::Paused(v.node);
+                        }
+                        PreemptAction::Stop => self.end(vj, Outcome::Stopped(v.reason)),
+                    }
+                    if v.node != node {
+                        self.containers_changed(v.node);
+                    }
+                }
+                self.jobs[j].shares = cpu_shares;
+                self.snapshots[node].running += 1;
+                self.start(j, node);
+            }
+            ValueDecision::Reject { reason } => self.end(j, Outcome::Rejected(reason)),
+        }
+    }
+
+    /// Job `j` arrives under the GA's static plan.
+    fn plan_arrival(&mut self, j: usize) {
+        match self.plan.as_ref().and_then(|p| p.get(j).copied().flatten()) {
+            Some((node, shares)) => {
+                self.jobs[j].shares = shares;
+                self.snapshots[node].running += 1;
+                self.start(j, node);
+            }
+            None => self.end(j, Outcome::Rejected("rejected by the offline plan".into())),
+        }
+    }
+
     /// The FlowCon configuration in force (None for other policies).
     pub fn flowcon_config(&self) -> Option<FlowConConfig> {
         self.flowcon_config
+    }
+}
+
+/// A job spec as the value allocator sees it (the spec has a curve: checked in `new`).
+fn value_job(spec: &JobSpec) -> ValueJob {
+    ValueJob {
+        id: spec.id.clone(),
+        released_at: spec.arrival,
+        estimated_s: spec.work,
+        curve: spec
+            .value
+            .expect("value policies check every job has a curve"),
     }
 }
 

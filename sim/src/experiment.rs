@@ -7,6 +7,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+use converge_policy::value::{PreemptAction, PreemptionConfig, ValueCurve, VictimCriterion};
+
 use crate::curve::Catalog;
 use crate::error::{Error, Result};
 
@@ -136,6 +138,28 @@ pub enum PolicySpec {
     /// Shortest-remaining-work-first on every worker with full knowledge (an upper bound on
     /// what sharing can do), on the baseline's placement.
     Oracle,
+    /// Value-based allocation (value-based-allocation.txt:104-114): DwoP, or DwP when
+    /// `preemption` is given. Every job needs a value curve.
+    Value {
+        /// CPU-share stride (1 = every share 1..=1024).
+        #[serde(default = "one_u32")]
+        stride: u32,
+        /// DwP's λ, victim criterion and action; absent for DwoP.
+        #[serde(default)]
+        preemption: Option<PreemptionConfig>,
+    },
+    /// The value-based allocation paper's GA offline baseline (:100-102): the whole workload
+    /// known in advance, each job given a node (or rejected) and a CPU share.
+    ValueGa {
+        /// Chromosomes per generation.
+        population: usize,
+        /// Generations.
+        generations: usize,
+    },
+}
+
+fn one_u32() -> u32 {
+    1
 }
 
 fn two() -> f64 {
@@ -165,6 +189,30 @@ impl PolicySpec {
             } => format!("SpeCon (α={alpha}, interval={interval}s)"),
             PolicySpec::Kubernetes => "Kubernetes default (DS)".into(),
             PolicySpec::Oracle => "oracle SRPT".into(),
+            PolicySpec::Value {
+                stride,
+                preemption: None,
+            } => format!("DwoP (stride {stride})"),
+            PolicySpec::Value {
+                stride,
+                preemption: Some(p),
+            } => format!(
+                "DwP (λ={}, {}, {}, stride {stride})",
+                p.lambda,
+                match p.criterion {
+                    VictimCriterion::LowestExpectedValue => "LEV",
+                    VictimCriterion::LowestValueDensity => "LVD",
+                    VictimCriterion::MinimalRemainingValue => "MRV",
+                },
+                match p.action {
+                    PreemptAction::Pause => "pause",
+                    PreemptAction::Stop => "stop",
+                }
+            ),
+            PolicySpec::ValueGa {
+                population,
+                generations,
+            } => format!("GA ({population} × {generations} generations)"),
         }
     }
 
@@ -275,6 +323,9 @@ pub struct JobSpec {
     pub work: f64,
     /// Most cores it can use.
     pub max_cores: f64,
+    /// Its value curve (value-based allocation workloads only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<ValueCurve>,
 }
 
 impl Experiment {
@@ -371,6 +422,7 @@ impl Experiment {
                     arrival: at,
                     work: model.work * f,
                     max_cores: model.max_cores,
+                    value: None,
                 }
             })
             .collect())

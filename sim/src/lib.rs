@@ -25,7 +25,9 @@ pub mod curve;
 pub mod engine;
 mod error;
 pub mod experiment;
+pub mod ga;
 pub mod plot;
 pub mod report;
+pub mod value;
 
 pub use error::{Error, Result};

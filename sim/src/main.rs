@@ -14,7 +14,18 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use converge_sim::curve::Catalog;
 use converge_sim::experiment::Experiment;
+use converge_sim::value::{self, ValueExperiment};
 use converge_sim::{plot, report};
+
+/// Seconds since the first call: the wall clock the value studies time their decisions with
+/// (only the binary reads clocks; the simulation's own time is virtual).
+fn wall_clock() -> f64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs_f64()
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -62,6 +73,18 @@ enum Command {
         /// Arrival window, seconds.
         #[arg(long, default_value_t = 3_000.0)]
         window: f64,
+    },
+    /// Run one value-based allocation study (`sim/experiments/value/*.json`) and print its
+    /// table.
+    Value {
+        /// The study file.
+        file: PathBuf,
+        /// Override the number of workloads per cell (fewer = quicker).
+        #[arg(long)]
+        seeds: Option<usize>,
+        /// Print the grid as JSON instead of markdown.
+        #[arg(long)]
+        json: bool,
     },
     /// Regenerate RESULTS.md and its plots from every experiment file.
     Results {
@@ -136,6 +159,21 @@ fn execute(curves: Option<&Path>, command: Command) -> anyhow::Result<()> {
             );
             let rows = report::sweep(&e, &catalog, &points)?;
             println!("{}", report::sweep_table(&rows, e.focus_job.as_deref()));
+        }
+        Command::Value { file, seeds, json } => {
+            let mut e = ValueExperiment::load(&file)?;
+            if let Some(n) = seeds {
+                e.seeds = n;
+            }
+            e.check()?;
+            let started = std::time::Instant::now();
+            let grid = e.run(&catalog, Some(wall_clock))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&grid)?);
+            } else {
+                println!("{}", value::section(&e, &grid, &[], true)?);
+            }
+            eprintln!("{}: {:.1} s", e.name, started.elapsed().as_secs_f64());
         }
         Command::Results { experiments, out } => results(&catalog, &experiments, &out)?,
         Command::Scale {
