@@ -67,6 +67,28 @@ pub struct Cli {
     /// Worker labels `key=value` (repeat the flag, or comma-separate in the variable).
     #[arg(long = "label", env = "CONVERGE_LABELS", value_delimiter = ',')]
     pub labels: Vec<String>,
+    /// FlowCon's algorithm interval `itval` (when the manager's policy runs FlowCon), e.g. 20s.
+    #[arg(long, env = "CONVERGE_FLOWCON_INTERVAL", default_value = "20s")]
+    pub flowcon_interval: String,
+    /// A fixed FlowCon threshold α (turns the adaptive threshold, Alg. 3, off). α is in
+    /// fractions of the job's initial metric gained per second per worker of CPU.
+    #[arg(long, env = "CONVERGE_FLOWCON_ALPHA")]
+    pub flowcon_alpha: Option<f64>,
+    /// β of FlowCon's lower bound 1/(β·n) on a limit (n = containers on the worker).
+    #[arg(long, env = "CONVERGE_FLOWCON_BETA", default_value_t = 2.0)]
+    pub flowcon_beta: f64,
+    /// SpeCon's categorization interval (when the manager migrates jobs), e.g. 30s.
+    #[arg(long, env = "CONVERGE_SPECON_INTERVAL", default_value = "30s")]
+    pub specon_interval: String,
+    /// SpeCon's categorization threshold α: fraction of the job's initial metric gained in one
+    /// categorization interval.
+    #[arg(long, env = "CONVERGE_SPECON_ALPHA", default_value_t = 0.01)]
+    pub specon_alpha: f64,
+    /// Checkpoint and stop every job container after this long without the manager (0 = never).
+    /// Keep it below the manager's --recover-lost-after minus --stop-grace and the ~15 s a
+    /// silent network takes to be noticed, so a job restarted elsewhere never runs twice.
+    #[arg(long, env = "CONVERGE_FENCE_AFTER", default_value = "30s")]
+    pub fence_after: String,
 }
 
 /// Where per-container usage is read from.
@@ -113,6 +135,32 @@ pub struct Config {
     pub keep_exited: bool,
     /// Worker labels sent with the registration.
     pub labels: BTreeMap<String, String>,
+    /// FlowCon's initial algorithm interval `itval` (FlowCon TCC'22 Alg. 1 line 1).
+    pub flowcon_interval: Duration,
+    /// A fixed FlowCon threshold α; `None` runs the adaptive threshold (TCC'22 Alg. 3).
+    pub flowcon_alpha: Option<f64>,
+    /// β of FlowCon's lower bound `1/(β·n)` (ICPP'19 Alg. 1 line 22).
+    pub flowcon_beta: f64,
+    /// SpeCon's categorization interval `t_m - t_{m-1}` (SpeCon Alg. 1 line 1).
+    pub specon_interval: Duration,
+    /// SpeCon's categorization threshold α (SpeCon Alg. 1 line 1).
+    pub specon_alpha: f64,
+    /// Self-fencing: after this long disconnected from the manager, every job container is
+    /// checkpointed and stopped (the Save path, with `stop_grace` as its deadline); zero = off.
+    ///
+    /// This is what makes "at most one incarnation of a job, ever" hold across a partition. The
+    /// manager declares a silent worker lost and, after its `--recover-lost-after` (60 s by
+    /// default), restarts the worker's jobs elsewhere from their checkpoints. The agent has to
+    /// have stopped them first, so the timeouts must satisfy
+    /// `fence_after + detection + stop_grace < recover_lost_after`, where detection is how long
+    /// the agent takes to notice a dead stream: at once when the manager's process ends, at
+    /// most ~15 s (HTTP/2 keep-alive: ping every 10 s, 5 s timeout) when the network goes
+    /// silent. The defaults give 30 + 15 + 10 = 55 s < 60 s.
+    pub fence_after: Duration,
+    /// Where the executor reports each FlowCon round it ran (for tests and benchmarks that
+    /// measure the time from a container event to the applied limits). Reports are dropped,
+    /// never waited for, when the channel is full.
+    pub round_reports: Option<tokio::sync::mpsc::Sender<crate::policy::RoundReport>>,
 }
 
 impl Config {
@@ -135,6 +183,34 @@ impl Config {
             stop_grace: Duration::from_secs(10),
             keep_exited: false,
             labels: BTreeMap::new(),
+            flowcon_interval: Duration::from_secs(20),
+            flowcon_alpha: None,
+            flowcon_beta: 2.0,
+            specon_interval: Duration::from_secs(30),
+            specon_alpha: 0.01,
+            fence_after: Duration::from_secs(30),
+            round_reports: None,
+        }
+    }
+
+    /// FlowCon's parameters as the policy takes them.
+    pub fn flowcon(&self) -> converge_policy::flowcon::FlowConConfig {
+        let default = converge_policy::flowcon::FlowConConfig::default();
+        converge_policy::flowcon::FlowConConfig {
+            alpha: self.flowcon_alpha.unwrap_or(default.alpha),
+            itval: self.flowcon_interval.as_secs_f64(),
+            beta: self.flowcon_beta,
+            adaptive: self.flowcon_alpha.is_none(),
+            resource: converge_policy::growth::Resource::Cpu,
+        }
+    }
+
+    /// SpeCon's parameters as the policy takes them (only Alg. 1 runs on the agent).
+    pub fn specon(&self) -> converge_policy::specon::SpeConConfig {
+        converge_policy::specon::SpeConConfig {
+            alpha: self.specon_alpha,
+            interval: self.specon_interval.as_secs_f64(),
+            ..Default::default()
         }
     }
 
@@ -236,6 +312,57 @@ impl Config {
                 return bad("label", "label keys must not be empty".into());
             }
         }
+        if self.flowcon_interval < Duration::from_millis(100)
+            || self.flowcon_interval > Duration::from_secs(3600)
+        {
+            return bad(
+                "flowcon-interval",
+                format!(
+                    "must be between 100ms and 1h, got {:?}",
+                    self.flowcon_interval
+                ),
+            );
+        }
+        if let Some(a) = self.flowcon_alpha
+            && !(a.is_finite() && a >= 0.0)
+        {
+            return bad(
+                "flowcon-alpha",
+                format!("must be a finite threshold >= 0, got {a}"),
+            );
+        }
+        if !(self.flowcon_beta.is_finite() && self.flowcon_beta >= 1.0) {
+            return bad(
+                "flowcon-beta",
+                format!(
+                    "must be a finite number >= 1 (the lower bound 1/(beta*n) must not exceed a fair share), got {}",
+                    self.flowcon_beta
+                ),
+            );
+        }
+        if self.specon_interval < Duration::from_millis(100)
+            || self.specon_interval > Duration::from_secs(3600)
+        {
+            return bad(
+                "specon-interval",
+                format!(
+                    "must be between 100ms and 1h, got {:?}",
+                    self.specon_interval
+                ),
+            );
+        }
+        if !(self.specon_alpha.is_finite() && self.specon_alpha >= 0.0) {
+            return bad(
+                "specon-alpha",
+                format!("must be a finite threshold >= 0, got {}", self.specon_alpha),
+            );
+        }
+        if self.fence_after > Duration::from_secs(24 * 3600) {
+            return bad(
+                "fence-after",
+                format!("must be at most 24h (0 = off), got {:?}", self.fence_after),
+            );
+        }
         Ok(())
     }
 }
@@ -270,6 +397,22 @@ impl Cli {
         c.docker_host = self.docker_host.filter(|h| !h.is_empty());
         c.usage_source = self.usage_source;
         c.keep_exited = self.keep_exited;
+        c.flowcon_interval =
+            parse_duration(&self.flowcon_interval).map_err(|why| Error::Config {
+                setting: "flowcon-interval",
+                why,
+            })?;
+        c.flowcon_alpha = self.flowcon_alpha;
+        c.flowcon_beta = self.flowcon_beta;
+        c.specon_interval = parse_duration(&self.specon_interval).map_err(|why| Error::Config {
+            setting: "specon-interval",
+            why,
+        })?;
+        c.specon_alpha = self.specon_alpha;
+        c.fence_after = parse_duration(&self.fence_after).map_err(|why| Error::Config {
+            setting: "fence-after",
+            why,
+        })?;
         for l in self.labels.iter().filter(|l| !l.is_empty()) {
             let Some((k, v)) = l.split_once('=') else {
                 return Err(Error::Config {
@@ -382,6 +525,53 @@ mod tests {
         assert_eq!(c.heartbeat_interval, Duration::from_millis(250));
         assert_eq!(c.labels.get("zone").map(String::as_str), Some("a"));
         assert_eq!(c.labels.len(), 2);
+    }
+
+    #[test]
+    fn policy_settings_default_to_the_papers_and_parse() {
+        let base = [
+            "--manager",
+            "http://m:7070",
+            "--worker-id",
+            "w1",
+            "--cpus",
+            "1",
+        ];
+        let c = cli(&base).into_config().unwrap();
+        assert_eq!(c.flowcon_interval, Duration::from_secs(20));
+        assert!(c.flowcon().adaptive, "Alg. 3 on by default");
+        assert_eq!(c.flowcon().beta, 2.0);
+        assert_eq!(c.specon_interval, Duration::from_secs(30));
+        assert_eq!(c.specon_alpha, 0.01);
+        assert_eq!(c.fence_after, Duration::from_secs(30));
+        let mut v = base.to_vec();
+        v.extend([
+            "--flowcon-interval",
+            "2s",
+            "--flowcon-alpha",
+            "0.02",
+            "--flowcon-beta",
+            "4",
+            "--specon-interval",
+            "5s",
+            "--fence-after",
+            "0",
+        ]);
+        let c = cli(&v).into_config().unwrap();
+        let f = c.flowcon();
+        assert!(!f.adaptive, "a fixed alpha turns Alg. 3 off");
+        assert_eq!((f.alpha, f.itval, f.beta), (0.02, 2.0, 4.0));
+        assert_eq!(c.specon().interval, 5.0);
+        assert!(c.fence_after.is_zero());
+        let mut bad = base.to_vec();
+        bad.extend(["--flowcon-beta", "0.5"]);
+        assert_eq!(setting_of(cli(&bad).into_config()), "flowcon-beta");
+        let mut bad = base.to_vec();
+        bad.extend(["--flowcon-alpha=-1"]);
+        assert_eq!(setting_of(cli(&bad).into_config()), "flowcon-alpha");
+        let mut bad = base.to_vec();
+        bad.extend(["--specon-interval", "never"]);
+        assert_eq!(setting_of(cli(&bad).into_config()), "specon-interval");
     }
 
     fn setting_of(r: Result<Config>) -> &'static str {

@@ -14,7 +14,8 @@
 //! executor to forget it. The Docker container set is therefore the set of containers whose
 //! exit has not been reported yet, which is what makes re-adoption after a restart simple.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -43,7 +44,11 @@ use crate::docker::{
     self, LABEL_CHECKPOINT_DIR, LABEL_EPOCH, LABEL_JOB, LABEL_METRIC, LABEL_WORKER,
 };
 use crate::monitor::{self, FollowSpec, ProgressHandle};
-use crate::view::{ContainerView, Views};
+use crate::policy::{
+    self, AppliedLimit, FlowConDriver, Mode, RoundReport, RoundTrigger, Running, SpeConDriver,
+};
+use crate::view::{ContainerView, JobPolicy, PolicyView, Views};
+use converge_policy::growth::Direction;
 
 /// Command results remembered for answering repeated command ids.
 pub const RESULT_CACHE: usize = 4096;
@@ -186,6 +191,9 @@ struct Entry {
     oom: bool,
     /// The die event arrived; a finalizer is reporting the exit.
     exiting: bool,
+    /// The metric's direction as the job's spec gave it (None for adopted containers); a
+    /// direction on the progress lines takes precedence.
+    direction: Option<Direction>,
 }
 
 /// Messages from the executor's own helper tasks.
@@ -210,6 +218,18 @@ pub(crate) struct Executor {
     containers: HashMap<String, Entry>,
     internal_tx: mpsc::Sender<Internal>,
     internal_rx: mpsc::Receiver<Internal>,
+    /// The heartbeat's copy of the policy rounds' decisions (written only here).
+    policy: Arc<PolicyView>,
+    /// What the manager's last registration asked the worker to run.
+    mode: Mode,
+    /// FlowCon's executor state, while the worker policy is "flowcon".
+    flowcon: Option<FlowConDriver>,
+    /// SpeCon's Alg. 1 state, while the manager migrates.
+    specon: Option<SpeConDriver>,
+    /// Since when no stream to the manager has been up (None while connected).
+    disconnected_since: Option<Instant>,
+    /// This disconnection already fenced the containers.
+    fenced: bool,
 }
 
 impl Executor {
@@ -222,6 +242,7 @@ impl Executor {
         outbox: Outbox,
         session: watch::Receiver<SessionStatus>,
         progress: ProgressHandle,
+        policy: Arc<PolicyView>,
         shutdown: CancellationToken,
     ) -> Self {
         let (internal_tx, internal_rx) = mpsc::channel(1024);
@@ -238,6 +259,14 @@ impl Executor {
             containers: HashMap::new(),
             internal_tx,
             internal_rx,
+            policy,
+            mode: Mode::default(),
+            flowcon: None,
+            specon: None,
+            // Never connected yet counts as disconnected: containers adopted while the manager
+            // stays unreachable are fenced like any others.
+            disconnected_since: Some(Instant::now()),
+            fenced: false,
         }
     }
 
@@ -272,7 +301,14 @@ impl Executor {
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
         let _ = ready.send(true);
+        let mut session = self.session.clone();
+        let mut session_open = true;
+        let status = session.borrow_and_update().clone();
+        self.on_session(&status).await;
         loop {
+            let flowcon_at = self.flowcon.as_ref().map(|f| f.next_round);
+            let specon_at = self.specon.as_ref().map(|s| s.next_round);
+            let fence_at = self.fence_at();
             tokio::select! {
                 _ = self.shutdown.cancelled() => break,
                 cmd = commands.recv() => match cmd {
@@ -280,6 +316,19 @@ impl Executor {
                     None => break,
                 },
                 Some(msg) = self.internal_rx.recv() => self.on_internal(msg).await,
+                changed = session.changed(), if session_open => match changed {
+                    Ok(()) => {
+                        let status = session.borrow_and_update().clone();
+                        self.on_session(&status).await;
+                    }
+                    // The session task is gone (shutdown): nothing will change any more.
+                    Err(_) => session_open = false,
+                },
+                _ = sleep_until(flowcon_at) => {
+                    self.flowcon_round(RoundTrigger::Interval, None).await;
+                }
+                _ = sleep_until(specon_at) => self.specon_round().await,
+                _ = sleep_until(fence_at) => self.fence(),
             }
         }
         info!(
@@ -376,6 +425,7 @@ impl Executor {
                             remove_on_exit: false,
                             oom: false,
                             exiting: false,
+                            direction: None,
                         },
                     );
                 }
@@ -415,6 +465,7 @@ impl Executor {
                             remove_on_exit: false,
                             oom: false,
                             exiting: false,
+                            direction: None,
                         },
                     );
                     self.begin_exit(&id, None);
@@ -661,6 +712,13 @@ impl Executor {
                 remove_on_exit: false,
                 oom: false,
                 exiting: false,
+                direction: start.spec.as_ref().and_then(|s| {
+                    match pb::Direction::try_from(s.direction) {
+                        Ok(pb::Direction::Maximize) => Some(Direction::Maximize),
+                        Ok(pb::Direction::Minimize) => Some(Direction::Minimize),
+                        _ => None,
+                    }
+                }),
             },
         );
         info!(container = %id, name = %plan.name, cpus = plan.cpus, from_checkpoint, "started");
@@ -796,23 +854,9 @@ impl Executor {
     }
 
     fn save(&mut self, cmd: &pb::Command, s: &pb::Save) -> Option<pb::CommandResult> {
-        let Some(entry) = self
-            .containers
-            .values_mut()
-            .filter(|e| e.job_id == cmd.job_id && !e.exiting)
-            .max_by_key(|e| e.epoch)
-        else {
+        let Some(id) = self.live(&cmd.job_id).map(|e| e.container_id.clone()) else {
             return Some(result_of(cmd, Err(self.no_container(cmd))));
         };
-        entry.exit_requested = true;
-        let id = entry.container_id.clone();
-        let mut follower_done = entry.follower_done.clone();
-        let checkpoint_dir = entry.checkpoint_dir.clone();
-        let host_dir = self.cfg.checkpoint_root.join(&checkpoint_dir);
-        let docker = self.docker.clone();
-        let views = self.views.clone();
-        let internal = self.internal_tx.clone();
-        let cmd = cmd.clone();
         // The protocol gives no default; an unset deadline gets Docker's own stop timeout
         // scale rather than an immediate kill that would lose the checkpoint.
         let deadline = Duration::from_millis(if s.deadline_ms == 0 {
@@ -820,66 +864,14 @@ impl Executor {
         } else {
             u64::from(s.deadline_ms)
         });
+        let Some(saving) = self.begin_save(&id, deadline) else {
+            return Some(result_of(cmd, Err(self.no_container(cmd))));
+        };
+        let internal = self.internal_tx.clone();
+        let cmd = cmd.clone();
         tokio::spawn(
             async move {
-                let t0 = Instant::now();
-                let _ = docker.unpause_container(&id).await;
-                let outcome = async {
-                    match docker
-                        .kill_container(
-                            &id,
-                            Some(KillContainerOptionsBuilder::new().signal("SIGTERM").build()),
-                        )
-                        .await
-                    {
-                        Ok(()) => {}
-                        // Not running any more (409) or gone (404): it already exited.
-                        Err(e) if docker::is_conflict(&e) || docker::is_not_found(&e) => {}
-                        Err(e) => {
-                            return Err(format!(
-                                "cannot signal the container: {}",
-                                docker::describe(&e)
-                            ));
-                        }
-                    }
-                    let mut killed = false;
-                    if tokio::time::timeout(deadline, wait_exit(&docker, &id))
-                        .await
-                        .is_err()
-                    {
-                        warn!(
-                            ?deadline,
-                            "container ignored SIGTERM past the deadline; killing it"
-                        );
-                        killed = true;
-                        let _ = docker.kill_container(&id, None).await;
-                        let _ =
-                            tokio::time::timeout(Duration::from_secs(10), wait_exit(&docker, &id))
-                                .await;
-                    }
-                    let save_ms = t0.elapsed().as_millis() as u64;
-                    // The checkpoint line is among the last the container printed.
-                    let _ =
-                        tokio::time::timeout(DRAIN_TIMEOUT, follower_done.wait_for(|d| *d)).await;
-                    let (step, line_bytes) = views
-                        .get(&id)
-                        .map(|v| (v.last_step.unwrap_or(0), v.checkpoint_bytes))
-                        .unwrap_or((0, None));
-                    let checkpoint_bytes = match line_bytes {
-                        Some(b) if !killed => b,
-                        _ => tokio::task::spawn_blocking(move || dir_size(&host_dir))
-                            .await
-                            .unwrap_or(0),
-                    };
-                    Ok(Some(Detail::Saved(pb::Saved {
-                        checkpoint_dir,
-                        checkpoint_bytes,
-                        step,
-                        killed,
-                        save_ms,
-                    })))
-                }
-                .await;
+                let outcome = saving.await;
                 let _ = internal
                     .send(Internal::Done(result_of(&cmd, outcome)))
                     .await;
@@ -887,6 +879,393 @@ impl Executor {
             .in_current_span(),
         );
         None
+    }
+
+    /// Checkpoint-and-stop of one container (the Save path): SIGTERM, wait for the exit up to
+    /// `deadline`, else kill. Marks the exit as requested and returns the work to run (its
+    /// outcome is a `Saved` detail); `None` when the container is not in the table.
+    fn begin_save(
+        &mut self,
+        id: &str,
+        deadline: Duration,
+    ) -> Option<impl Future<Output = Result<Option<Detail>, String>> + Send + 'static> {
+        let entry = self.containers.get_mut(id)?;
+        entry.exit_requested = true;
+        let id = entry.container_id.clone();
+        let mut follower_done = entry.follower_done.clone();
+        let checkpoint_dir = entry.checkpoint_dir.clone();
+        let host_dir = self.cfg.checkpoint_root.join(&checkpoint_dir);
+        let docker = self.docker.clone();
+        let views = self.views.clone();
+        Some(async move {
+            let t0 = Instant::now();
+            let _ = docker.unpause_container(&id).await;
+            match docker
+                .kill_container(
+                    &id,
+                    Some(KillContainerOptionsBuilder::new().signal("SIGTERM").build()),
+                )
+                .await
+            {
+                Ok(()) => {}
+                // Not running any more (409) or gone (404): it already exited.
+                Err(e) if docker::is_conflict(&e) || docker::is_not_found(&e) => {}
+                Err(e) => {
+                    return Err(format!(
+                        "cannot signal the container: {}",
+                        docker::describe(&e)
+                    ));
+                }
+            }
+            let mut killed = false;
+            if tokio::time::timeout(deadline, wait_exit(&docker, &id))
+                .await
+                .is_err()
+            {
+                warn!(
+                    ?deadline,
+                    "container ignored SIGTERM past the deadline; killing it"
+                );
+                killed = true;
+                let _ = docker.kill_container(&id, None).await;
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(10), wait_exit(&docker, &id)).await;
+            }
+            let save_ms = t0.elapsed().as_millis() as u64;
+            // The checkpoint line is among the last the container printed.
+            let _ = tokio::time::timeout(DRAIN_TIMEOUT, follower_done.wait_for(|d| *d)).await;
+            let (step, line_bytes) = views
+                .get(&id)
+                .map(|v| (v.last_step.unwrap_or(0), v.checkpoint_bytes))
+                .unwrap_or((0, None));
+            let checkpoint_bytes = match line_bytes {
+                Some(b) if !killed => b,
+                _ => tokio::task::spawn_blocking(move || dir_size(&host_dir))
+                    .await
+                    .unwrap_or(0),
+            };
+            Ok(Some(Detail::Saved(pb::Saved {
+                checkpoint_dir,
+                checkpoint_bytes,
+                step,
+                killed,
+                save_ms,
+            })))
+        })
+    }
+
+    // ---- worker policies (FlowCon, SpeCon) and self-fencing ----
+
+    /// The session changed: track the disconnection clock, and follow the policy the manager
+    /// asked for in its last `Registered`.
+    async fn on_session(&mut self, status: &SessionStatus) {
+        if status.connected {
+            self.disconnected_since = None;
+            self.fenced = false;
+        } else if self.disconnected_since.is_none() {
+            self.disconnected_since = Some(Instant::now());
+        }
+        let mode = Mode::from_registered(status.registered.as_ref());
+        if status.registered.is_some() && mode != self.mode {
+            self.set_mode(mode).await;
+        }
+    }
+
+    async fn set_mode(&mut self, mode: Mode) {
+        let now = Instant::now();
+        info!(
+            flowcon = mode.flowcon,
+            migration = mode.migration,
+            "worker policy from the manager"
+        );
+        self.mode = mode;
+        if mode.flowcon && self.flowcon.is_none() {
+            match FlowConDriver::new(self.cfg.flowcon(), self.cfg.cpus, now) {
+                Ok(d) => self.flowcon = Some(d),
+                Err(e) => warn!(error = %e, "FlowCon not started: invalid parameters"),
+            }
+            self.flowcon_round(RoundTrigger::PolicyChanged, None).await;
+        } else if !mode.flowcon
+            && let Some(d) = self.flowcon.take()
+        {
+            // "free": containers compete freely within the worker's capacity again.
+            for id in d.limited {
+                if self.containers.get(&id).is_some_and(|e| !e.exiting) {
+                    let _ = self.apply_cpus(&id, self.cfg.cpus).await;
+                }
+            }
+        }
+        if mode.migration && self.specon.is_none() {
+            match SpeConDriver::new(self.cfg.specon(), now) {
+                Ok(d) => self.specon = Some(d),
+                Err(e) => warn!(error = %e, "SpeCon not started: invalid parameters"),
+            }
+        } else if !mode.migration {
+            self.specon = None;
+        }
+        self.publish();
+    }
+
+    /// The job containers on the worker (one per job, the newest epoch), as the rounds see them.
+    fn running(&self) -> Vec<Running> {
+        let mut by_job: BTreeMap<&str, &Entry> = BTreeMap::new();
+        for e in self.containers.values().filter(|e| !e.exiting) {
+            match by_job.get(e.job_id.as_str()) {
+                Some(old) if old.epoch >= e.epoch => {}
+                _ => {
+                    by_job.insert(&e.job_id, e);
+                }
+            }
+        }
+        by_job
+            .into_values()
+            .filter_map(|e| {
+                let v = self.views.get(&e.container_id)?;
+                if !matches!(
+                    v.state,
+                    pb::ContainerState::Running | pb::ContainerState::Paused
+                ) {
+                    return None;
+                }
+                // The counter itself at this instant (~15 µs), so that the interval CPU use is
+                // measured over exactly the round's interval; else the sampler's last reading.
+                let cpu_ns = self
+                    .cgroup
+                    .container_usage_paths(&e.container_id)
+                    .read()
+                    .ok()
+                    .map(|(cpu, _)| cpu)
+                    .or((v.cpu_total_ns > 0).then_some(v.cpu_total_ns));
+                let direction = match v.direction {
+                    Some(converge_contract::Direction::Maximize) => Direction::Maximize,
+                    Some(converge_contract::Direction::Minimize) => Direction::Minimize,
+                    None => e.direction.unwrap_or_default(),
+                };
+                Some(Running {
+                    job_id: e.job_id.clone(),
+                    epoch: e.epoch,
+                    container_id: e.container_id.clone(),
+                    sample: v.last_value.zip(v.last_value_at).map(|(x, t)| (t, x)),
+                    first_value: v.first_value,
+                    direction,
+                    cpu_ns,
+                    cpu_limit: v.cpu_limit,
+                })
+            })
+            .collect()
+    }
+
+    /// One FlowCon round (TCC'22 Alg. 1-3) and its limits applied; `event` is the Docker
+    /// event's own time and when the executor received it, for rounds an event started.
+    async fn flowcon_round(
+        &mut self,
+        trigger: RoundTrigger,
+        event: Option<(Option<SystemTime>, Instant)>,
+    ) {
+        if self.flowcon.is_none() {
+            return;
+        }
+        let running = self.running();
+        let Some(driver) = self.flowcon.as_mut() else {
+            return;
+        };
+        let plan = driver.round(Instant::now(), &running);
+        let current: HashMap<&str, Option<f64>> = running
+            .iter()
+            .map(|r| (r.container_id.as_str(), r.cpu_limit))
+            .collect();
+        let mut applied = Vec::with_capacity(plan.targets.len());
+        for t in &plan.targets {
+            let now = current.get(t.container_id.as_str()).copied().flatten();
+            // Docker's quota has a 10 µs-per-100 ms grain; skip updates that change nothing.
+            let changed = now.is_none_or(|c| (c - t.cpus).abs() > 1e-4);
+            let error = if changed {
+                self.apply_cpus(&t.container_id, t.cpus).await.err()
+            } else {
+                None
+            };
+            if changed
+                && error.is_none()
+                && let Some(d) = self.flowcon.as_mut()
+            {
+                d.limited.insert(t.container_id.clone());
+            }
+            applied.push(AppliedLimit {
+                job_id: t.job_id.clone(),
+                container_id: t.container_id.clone(),
+                cpus: if error.is_some() {
+                    now.unwrap_or(self.cfg.cpus)
+                } else {
+                    t.cpus
+                },
+                changed,
+                error,
+            });
+        }
+        let event_to_applied =
+            event.and_then(|(at, _)| at.and_then(|at| SystemTime::now().duration_since(at).ok()));
+        let received_to_applied = event.map(|(_, received)| received.elapsed());
+        debug!(
+            ?trigger,
+            alpha = plan.decisions.alpha,
+            itval = plan.decisions.itval,
+            ?event_to_applied,
+            ?received_to_applied,
+            limits = ?applied.iter().map(|a| (a.job_id.as_str(), a.cpus)).collect::<Vec<_>>(),
+            "FlowCon round"
+        );
+        self.publish();
+        if let Some(tx) = &self.cfg.round_reports {
+            let _ = tx.try_send(RoundReport {
+                trigger,
+                decisions: plan.decisions,
+                applied,
+                usage: plan.usage,
+                event_to_applied,
+                received_to_applied,
+            });
+        }
+    }
+
+    /// Sets a container's CPU limit (cores) through the same Docker update as `SetLimits`.
+    async fn apply_cpus(&mut self, id: &str, cpus: f64) -> Result<(), String> {
+        let cpus = cgroup::clamp_cpus(cpus, self.cfg.cpus);
+        let update = ContainerUpdateBody {
+            nano_cpus: Some(cgroup::nano_cpus(cpus)),
+            ..Default::default()
+        };
+        match self.docker.update_container(id, update).await {
+            Ok(()) => {
+                if let Some(mut v) = self.views.get_mut(id) {
+                    v.cpu_limit = Some(cpus);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                let why = format!("cannot update CPU limits: {}", docker::describe(&e));
+                // The container may have exited since the round looked (its die event follows).
+                debug!(container = %id, error = %why, "limit not applied");
+                Err(why)
+            }
+        }
+    }
+
+    /// One SpeCon Alg. 1 categorization, and a MigrationRequest for each converged job it names.
+    async fn specon_round(&mut self) {
+        let running = self.running();
+        let Some(driver) = self.specon.as_mut() else {
+            return;
+        };
+        let requests = driver.round(Instant::now(), &running);
+        self.publish();
+        for r in requests {
+            info!(job = %r.job_id, epoch = r.epoch, reason = %r.reason, "requesting migration");
+            self.outbox.send(Kind::MigrationRequest(r)).await;
+        }
+    }
+
+    /// Copies the rounds' decisions into the heartbeat's view: FlowCon's lists when it runs
+    /// (also under `converge`, where SpeCon's categories only drive the requests), else
+    /// SpeCon's categories.
+    fn publish(&self) {
+        let epochs: HashMap<&str, u64> = self
+            .containers
+            .values()
+            .filter(|e| !e.exiting)
+            .map(|e| (e.job_id.as_str(), e.epoch))
+            .collect();
+        let mut jobs: HashMap<String, JobPolicy> = HashMap::new();
+        if let Some(d) = &self.flowcon {
+            for s in d.flowcon().snapshots() {
+                if let Some(&epoch) = epochs.get(s.job_id.as_str()) {
+                    jobs.insert(
+                        s.job_id,
+                        JobPolicy {
+                            epoch,
+                            category: policy::category_to_pb(s.category),
+                            growth_efficiency: s.growth_efficiency,
+                        },
+                    );
+                }
+            }
+        } else if let Some(d) = &self.specon {
+            for (id, c) in d.categories() {
+                if let Some(&epoch) = epochs.get(id.as_str()) {
+                    jobs.insert(
+                        id.clone(),
+                        JobPolicy {
+                            epoch,
+                            category: policy::category_to_pb(c),
+                            growth_efficiency: None,
+                        },
+                    );
+                }
+            }
+        }
+        self.policy.jobs.retain(|id, _| jobs.contains_key(id));
+        for (id, p) in jobs {
+            self.policy.jobs.insert(id, p);
+        }
+        *self
+            .policy
+            .flowcon
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = self
+            .flowcon
+            .as_ref()
+            .map(|d| (d.flowcon().alpha(), d.flowcon().itval()));
+    }
+
+    /// When this disconnection fences the containers (None: connected, fenced, or off).
+    fn fence_at(&self) -> Option<Instant> {
+        if self.cfg.fence_after.is_zero() || self.fenced {
+            return None;
+        }
+        self.disconnected_since.map(|t| t + self.cfg.fence_after)
+    }
+
+    /// Self-fencing: no manager for `--fence-after`. The manager will declare this worker lost
+    /// and restart its jobs elsewhere from their checkpoints (after its `--recover-lost-after`),
+    /// so every job container here is checkpointed and stopped first: at most one incarnation
+    /// of a job ever runs. Their exits are reported with the next registration.
+    fn fence(&mut self) {
+        self.fenced = true;
+        let ids: Vec<(String, String, u64)> = self
+            .containers
+            .values()
+            .filter(|e| !e.exiting && !e.exit_requested)
+            .map(|e| (e.container_id.clone(), e.job_id.clone(), e.epoch))
+            .collect();
+        if ids.is_empty() {
+            return;
+        }
+        warn!(
+            containers = ids.len(),
+            fence_after = ?self.cfg.fence_after,
+            "no manager for longer than --fence-after: checkpointing and stopping every job \
+             container, so that a job restarted elsewhere never runs twice"
+        );
+        let deadline = self.cfg.stop_grace.max(Duration::from_secs(1));
+        for (id, job, epoch) in ids {
+            let Some(saving) = self.begin_save(&id, deadline) else {
+                continue;
+            };
+            tokio::spawn(
+                async move {
+                    match saving.await {
+                        Ok(Some(Detail::Saved(s))) => info!(
+                            %job, epoch, step = s.step, killed = s.killed, save_ms = s.save_ms,
+                            "fenced: checkpointed and stopped"
+                        ),
+                        Ok(_) => info!(%job, epoch, "fenced: stopped"),
+                        Err(e) => {
+                            warn!(%job, epoch, error = %e, "fencing could not stop the container")
+                        }
+                    }
+                }
+                .in_current_span(),
+            );
+        }
     }
 
     // ---- events and exits ----
@@ -898,11 +1277,13 @@ impl Executor {
                 self.containers.remove(&id);
                 self.views.remove(&id);
             }
-            Internal::Event(ev) => self.on_event(*ev),
+            Internal::Event(ev) => self.on_event(*ev).await,
         }
     }
 
-    fn on_event(&mut self, ev: EventMessage) {
+    async fn on_event(&mut self, ev: EventMessage) {
+        let received = Instant::now();
+        let at = policy::event_time(ev.time_nano);
         let Some(actor) = ev.actor else { return };
         let Some(id) = actor.id else { return };
         let attrs = actor.attributes.unwrap_or_default();
@@ -910,11 +1291,18 @@ impl Executor {
             return;
         }
         match ev.action.as_deref().unwrap_or("") {
-            "start" | "unpause" => {
+            action @ ("start" | "unpause") => {
                 if let Some(mut v) = self.views.get_mut(&id)
                     && v.state != pb::ContainerState::Exited
                 {
                     v.state = pb::ContainerState::Running;
+                }
+                if action == "start" {
+                    // FlowCon TCC'22 Alg. 2 lines 5-9: a new container joins NL and Alg. 1 runs
+                    // now, not at the end of the interval.
+                    let job_id = self.containers[&id].job_id.clone();
+                    self.flowcon_round(RoundTrigger::Started { job_id }, Some((at, received)))
+                        .await;
                 }
             }
             "pause" => {
@@ -929,7 +1317,15 @@ impl Executor {
             }
             "die" => {
                 let code = attrs.get("exitCode").and_then(|c| c.parse::<i32>().ok());
+                let first = self.containers.get(&id).is_some_and(|e| !e.exiting);
                 self.begin_exit(&id, code);
+                if first {
+                    // FlowCon TCC'22 Alg. 2 lines 10-17: a finished container leaves its list,
+                    // releases its share, and Alg. 1 runs now.
+                    let job_id = self.containers[&id].job_id.clone();
+                    self.flowcon_round(RoundTrigger::Died { job_id }, Some((at, received)))
+                        .await;
+                }
             }
             other => debug!(action = other, "ignoring a container event"),
         }
@@ -1097,6 +1493,14 @@ async fn wait_reported(session: &mut watch::Receiver<SessionStatus>, heartbeat: 
         if s.connected && s.registrations == registrations {
             return;
         }
+    }
+}
+
+/// Sleeps until `at`; never returns for `None`.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -16,7 +16,17 @@
 //!   and the measurement behind reading usage from cgroup files rather than the stats API.
 //! - [`cgroup`]: the worker's parent cgroup (v1 and v2), quota math and usage files.
 //! - [`docker`]: bollard connection, container names and labels, `Start` → container body.
-//! - `view`: the read-mostly per-container view the heartbeat and registration read.
+//! - [`policy`]: the worker side of the manager's policy: FlowCon's elastic CPU limits
+//!   (TCC'22 Alg. 1-3, rounds every `--flowcon-interval` and at once on a container start or
+//!   die) and SpeCon's Alg. 1 (migration requests for converged jobs), both driven by the
+//!   executor from real progress and cgroup CPU time.
+//! - `view`: the read-mostly per-container view the heartbeat and registration read, and the
+//!   policy rounds' categories, growth efficiencies and threshold.
+//!
+//! ## Self-fencing
+//! After `--fence-after` (30 s) without a manager the executor checkpoints and stops every
+//! job container (see [`Config::fence_after`] for how this relates to the manager's
+//! `--recover-lost-after`), so a job the manager restarts elsewhere never runs twice.
 //!
 //! ## Running an agent in-process
 //! ```no_run
@@ -45,6 +55,7 @@ pub mod docker;
 mod error;
 pub mod executor;
 pub mod monitor;
+pub mod policy;
 mod view;
 
 pub use config::{Cli, Config, UsageSource};
@@ -96,6 +107,7 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
     );
 
     let views: view::Views = Arc::default();
+    let policy: Arc<view::PolicyView> = Arc::default();
     let (ready_tx, ready_rx) = watch::channel(false);
     let state = Arc::new(view::WorkerState {
         register: pb::Register {
@@ -110,6 +122,7 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
         },
         capacity: config.cpus,
         views: views.clone(),
+        policy: policy.clone(),
         ready: ready_rx,
     });
     let (cmd_tx, cmd_rx) = mpsc::channel(256);
@@ -136,6 +149,7 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
         outbox,
         status,
         progress,
+        policy,
         shutdown.clone(),
     )
     .run(cmd_rx, ready_tx)

@@ -307,6 +307,11 @@ async fn handle_line(
                 v.last_step = Some(p.step);
                 if p.value.is_some() {
                     v.last_value = p.value;
+                    v.last_value_at = Some(Instant::now());
+                    v.first_value = v.first_value.or(p.value);
+                }
+                if p.direction.is_some() {
+                    v.direction = p.direction;
                 }
                 v.done |= p.done;
                 if p.checkpoint == Some(CheckpointEvent::Saved) {

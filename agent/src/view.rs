@@ -12,6 +12,7 @@ use converge_messenger::agent::AgentState;
 use converge_messenger::pb;
 use dashmap::DashMap;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 /// What the agent knows about one container right now.
 #[derive(Clone, Debug)]
@@ -38,6 +39,13 @@ pub struct ContainerView {
     pub last_step: Option<u64>,
     /// Last metric value seen.
     pub last_value: Option<f64>,
+    /// When the agent read the line carrying `last_value` (the time of FlowCon's and SpeCon's
+    /// progress samples).
+    pub last_value_at: Option<Instant>,
+    /// The first metric value this incarnation reported (what progress is normalized by).
+    pub first_value: Option<f64>,
+    /// The metric's direction, when the job said.
+    pub direction: Option<converge_contract::Direction>,
     /// The job printed its `"done": true` line.
     pub done: bool,
     /// Checkpoint bytes of the last checkpoint line.
@@ -59,6 +67,9 @@ impl ContainerView {
             memory_bytes: 0,
             last_step: None,
             last_value: None,
+            last_value_at: None,
+            first_value: None,
+            direction: None,
             done: false,
             checkpoint_bytes: None,
         }
@@ -68,6 +79,27 @@ impl ContainerView {
 /// Per-container views, keyed by container id.
 pub type Views = Arc<DashMap<String, ContainerView>>;
 
+/// A job's state in the worker's policy rounds, as the heartbeat reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobPolicy {
+    /// The incarnation the round saw.
+    pub epoch: u64,
+    /// FlowCon's list, or SpeCon's category when FlowCon does not run.
+    pub category: pb::Category,
+    /// FlowCon's growth efficiency (None until measured, and under SpeCon alone).
+    pub growth_efficiency: Option<f64>,
+}
+
+/// What the executor's policy rounds decided, for the heartbeat to read. The executor is its
+/// only writer; this is a read-mostly copy of its decisions, not a second owner of them.
+#[derive(Debug, Default)]
+pub struct PolicyView {
+    /// By job id.
+    pub jobs: DashMap<String, JobPolicy>,
+    /// FlowCon's threshold α and interval, seconds (None when FlowCon does not run).
+    pub flowcon: std::sync::Mutex<Option<(f64, f64)>>,
+}
+
 /// What the session sends about this worker: its identity plus the live view.
 pub struct WorkerState {
     /// The registration without containers; filled in per (re)connect.
@@ -76,6 +108,8 @@ pub struct WorkerState {
     pub capacity: f64,
     /// The containers.
     pub views: Views,
+    /// The policy rounds' categories, growth efficiencies, threshold and interval.
+    pub policy: Arc<PolicyView>,
     /// True once the executor has adopted what was already running: registering before that
     /// would tell the manager the worker is empty and make it start jobs a second time.
     pub ready: watch::Receiver<bool>,
@@ -109,11 +143,22 @@ impl AgentState for WorkerState {
         // One status per job: if two incarnations briefly coexist, the newest epoch wins.
         let mut jobs: HashMap<String, pb::JobStatus> = HashMap::new();
         for v in self.views.iter() {
+            let policy = self
+                .policy
+                .jobs
+                .get(&v.job_id)
+                .filter(|p| p.epoch == v.epoch)
+                .map(|p| p.clone());
             let status = pb::JobStatus {
                 job_id: v.job_id.clone(),
                 epoch: v.epoch,
-                category: pb::Category::Unspecified as i32,
-                growth_efficiency: None,
+                category: policy
+                    .as_ref()
+                    .map_or(pb::Category::Unspecified, |p| p.category)
+                    as i32,
+                growth_efficiency: policy.and_then(|p| p.growth_efficiency),
+                // The limit the cgroup enforces (what FlowCon decided, once applied), as a
+                // fraction of the worker.
                 cpu_limit: v.cpu_limit.map(|c| (c / self.capacity).min(1.0)),
                 cpu_usage: v.cpu_cores,
                 memory_bytes: v.memory_bytes,
@@ -128,8 +173,15 @@ impl AgentState for WorkerState {
         }
         let mut jobs: Vec<pb::JobStatus> = jobs.into_values().collect();
         jobs.sort_by(|a, b| a.job_id.cmp(&b.job_id));
+        let flowcon = *self
+            .policy
+            .flowcon
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         pb::Heartbeat {
             jobs,
+            alpha: flowcon.map(|(alpha, _)| alpha),
+            interval_s: flowcon.map(|(_, itval)| itval),
             ..Default::default()
         }
     }
@@ -150,6 +202,7 @@ mod tests {
                 },
                 capacity: 2.0,
                 views: Views::default(),
+                policy: Arc::default(),
                 ready: rx,
             },
             tx,
@@ -179,6 +232,46 @@ mod tests {
         assert_eq!(j.cpu_usage, 0.4);
         assert_eq!(j.memory_bytes, 42);
         assert_eq!(hb.jobs[1].state, pb::ContainerState::Paused as i32);
+    }
+
+    #[test]
+    fn heartbeat_carries_the_policy_rounds_state_for_the_current_epoch() {
+        let (s, _tx) = state(true);
+        let mut v = ContainerView::new("j", 2, "c-j", pb::ContainerState::Running);
+        v.cpu_limit = Some(0.5);
+        s.views.insert("c-j".into(), v);
+        s.views.insert(
+            "c-k".into(),
+            ContainerView::new("k", 1, "c-k", pb::ContainerState::Running),
+        );
+        s.policy.jobs.insert(
+            "j".into(),
+            JobPolicy {
+                epoch: 2,
+                category: pb::Category::Completing,
+                growth_efficiency: Some(0.004),
+            },
+        );
+        // A round's state for an older incarnation is not reported for the new one.
+        s.policy.jobs.insert(
+            "k".into(),
+            JobPolicy {
+                epoch: 0,
+                category: pb::Category::New,
+                growth_efficiency: Some(1.0),
+            },
+        );
+        *s.policy.flowcon.lock().unwrap() = Some((0.02, 4.0));
+        let hb = s.heartbeat();
+        assert_eq!(hb.alpha, Some(0.02));
+        assert_eq!(hb.interval_s, Some(4.0));
+        let j = &hb.jobs[0];
+        assert_eq!(j.category, pb::Category::Completing as i32);
+        assert_eq!(j.growth_efficiency, Some(0.004));
+        assert_eq!(j.cpu_limit, Some(0.25));
+        let k = &hb.jobs[1];
+        assert_eq!(k.category, pb::Category::Unspecified as i32);
+        assert_eq!(k.growth_efficiency, None);
     }
 
     #[tokio::test]

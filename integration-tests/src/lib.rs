@@ -404,3 +404,65 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// A container's full id and Docker `NanoCpus` (`docker inspect`; 0 = no limit).
+pub fn inspect_nano_cpus(container: &str) -> Result<(String, i64)> {
+    let out = Command::new("docker")
+        .args([
+            "inspect",
+            "--format",
+            "{{.Id}} {{.HostConfig.NanoCpus}}",
+            container,
+        ])
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "docker inspect {container}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let text = String::from_utf8(out.stdout)?;
+    let (id, nano) = text
+        .trim()
+        .split_once(' ')
+        .context("docker inspect output")?;
+    Ok((id.to_string(), nano.parse()?))
+}
+
+/// What a container's own cgroup says about its CPU: the CFS quota as cores (`None` = no
+/// quota) and its cumulative CPU time in ns. `config` is its worker agent's configuration
+/// (cgroup root and parent); `container_id` the full id.
+pub fn cgroup_cpu(
+    config: &converge_agent::config::Config,
+    container_id: &str,
+) -> Result<(Option<f64>, u64)> {
+    use converge_agent::cgroup::{CgroupVersion, WorkerCgroup};
+    let cg = WorkerCgroup::detect(&config.cgroup_root, &config.cgroup_parent)?;
+    let dir = cg.cpu_dir().join(container_id);
+    let quota = match cg.version() {
+        CgroupVersion::V1 => {
+            let q: i64 = std::fs::read_to_string(dir.join("cpu.cfs_quota_us"))?
+                .trim()
+                .parse()?;
+            let p: i64 = std::fs::read_to_string(dir.join("cpu.cfs_period_us"))?
+                .trim()
+                .parse()?;
+            (q > 0).then(|| q as f64 / p as f64)
+        }
+        CgroupVersion::V2 => {
+            converge_agent::cgroup::parse_cpu_max(&std::fs::read_to_string(dir.join("cpu.max"))?)
+        }
+    };
+    let (cpu_ns, _) = cg.container_usage_paths(container_id).read()?;
+    Ok((quota, cpu_ns))
+}
+
+/// The one running container of a job (short id), if there is exactly one.
+pub fn running_container_of(job_id: &str) -> Option<String> {
+    let running: Vec<String> = containers_of(&format!("converge.job={job_id}"))
+        .into_iter()
+        .filter(|(_, state)| state == "running")
+        .map(|(id, _)| id)
+        .collect();
+    (running.len() == 1).then(|| running[0].clone())
+}
