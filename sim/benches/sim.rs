@@ -4,7 +4,8 @@
 //! CARGO_TARGET_DIR=/work/targets/policy cargo bench -p converge-sim --bench sim
 //! ```
 //! Prints per-decision latency (placement over 10,000 workers with each placer, a FlowCon round
-//! over 100 containers, SpeCon's Alg. 2 host selection and Alg. 3 plan over 10,000 workers) and
+//! over 100 containers, SpeCon's Alg. 2 host selection and Alg. 3 plan over 10,000 workers, one
+//! value-based DwoP and DwP arrival decision over 50 workers at CPU-share stride 1 and 18) and
 //! the simulator's events per second on a 10,000-worker, 100,000-job run.
 
 // criterion_group! generates an undocumented public function.
@@ -15,6 +16,10 @@ use std::hint::black_box;
 use converge_policy::flowcon::{FlowCon, FlowConConfig, FlowConPlacer, Observation};
 use converge_policy::growth::{Direction, Sample, Usage};
 use converge_policy::specon::{RebalanceCandidate, rebalance_plan, select_host, worker_score};
+use converge_policy::value::{
+    Container, NodeState, PreemptionConfig, ValueAllocator, ValueConfig, ValueCurve, ValueJob,
+    beta, is_overloaded,
+};
 use converge_policy::{
     Category, JobRequest, JobSnapshot, LeastAllocated, Placer, Spread, WorkerSnapshot,
 };
@@ -136,6 +141,64 @@ fn specon_decisions(c: &mut Criterion) {
     });
 }
 
+/// 50 workers (every third 50% faster), each running 4 containers of the paper's kind (ET
+/// 100-800 s, curves full until 1.5 × ET, zero at 3 × ET), part-way through and late enough
+/// that about half the workers are overloaded at λ = 0.5.
+fn value_cluster() -> Vec<NodeState> {
+    (0..50)
+        .map(|i| NodeState {
+            id: format!("worker-{}", i + 1),
+            speed: if i % 3 == 2 { 1.5 } else { 1.0 },
+            schedulable: true,
+            containers: (0..4)
+                .map(|k| {
+                    let et = 100.0 + ((i * 37 + k * 101) % 700) as f64;
+                    let released = -(((i * 13 + k * 29) % 40) as f64) * et / 20.0;
+                    Container {
+                        job: ValueJob {
+                            id: format!("job-{i}-{k}"),
+                            released_at: released,
+                            estimated_s: et,
+                            curve: ValueCurve::new(100.0, 1.5 * et, 3.0 * et).unwrap(),
+                        },
+                        shares: 1 + ((i * 97 + k * 389) % 1024) as u32,
+                        remaining_s: et * (0.2 + 0.2 * k as f64),
+                        paused: false,
+                    }
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+fn value_decisions(c: &mut Criterion) {
+    let nodes = value_cluster();
+    let job = ValueJob {
+        id: "new".into(),
+        released_at: 0.0,
+        estimated_s: 300.0,
+        curve: ValueCurve::new(100.0, 450.0, 900.0).unwrap(),
+    };
+    let overloaded = nodes
+        .iter()
+        .filter(|n| is_overloaded(beta(0.0, n), 0.5))
+        .count();
+    println!("value decisions: {overloaded} of 50 workers overloaded at λ = 0.5");
+    let mut g = c.benchmark_group("value decision over 50 workers");
+    for stride in [1, 18] {
+        let dwop = ValueAllocator::new(ValueConfig::dwop(stride)).unwrap();
+        let dwp =
+            ValueAllocator::new(ValueConfig::dwp(stride, PreemptionConfig::default())).unwrap();
+        g.bench_function(format!("dwop stride {stride}"), |b| {
+            b.iter(|| black_box(dwop.on_arrival(0.0, black_box(&job), black_box(&nodes))))
+        });
+        g.bench_function(format!("dwp stride {stride}"), |b| {
+            b.iter(|| black_box(dwp.on_arrival(0.0, black_box(&job), black_box(&nodes))))
+        });
+    }
+    g.finish();
+}
+
 fn scale_experiment(policy: PolicySpec) -> Experiment {
     Experiment {
         name: "scale".into(),
@@ -211,6 +274,7 @@ criterion_group!(
     placement,
     flowcon_round,
     specon_decisions,
+    value_decisions,
     simulator
 );
 criterion_main!(benches);

@@ -18,7 +18,10 @@
 //! - [`engine::Simulation`] / [`engine::run_policy`]: one run of one policy.
 //! - [`report`]: policy vs baseline vs oracle, tables beside the paper's numbers, sweeps, and
 //!   `RESULTS.md`; [`plot`] draws the SVG figures.
-//! - The `converge-sim` binary: `run FILE`, `sweep FILE --alpha .. --interval ..`, `results`.
+//! - [`value`]: the value-based allocation paper's studies (W1..W9 under Spread, the GA, DwoP and
+//!   DwP; λ, stride, cluster size, value curves); [`ga`] is its offline GA baseline.
+//! - The `converge-sim` binary: `run FILE`, `sweep FILE --alpha .. --interval ..`, `value FILE`,
+//!   `results`.
 
 pub mod cpu;
 pub mod curve;

@@ -328,6 +328,16 @@ fn results(catalog: &Catalog, dir: &Path, out: &Path) -> anyhow::Result<()> {
         }
         doc.push_str(&report::section(&c, sweep.as_deref(), &plots));
     }
+    let studies = value::load_all(&dir.join("value"))?;
+    if !studies.is_empty() {
+        doc.push_str(VALUE_HEADER);
+    }
+    for e in studies {
+        eprintln!("running {}", e.name);
+        let grid = e.run(catalog, Some(wall_clock))?;
+        let plots = value::plots(&e, &grid, base)?;
+        doc.push_str(&value::section(&e, &grid, &plots, true)?);
+    }
     std::fs::write(out, doc).with_context(|| format!("writing {}", out.display()))?;
     eprintln!("wrote {}", out.display());
     Ok(())
@@ -348,3 +358,14 @@ remaining work first (full knowledge, on the baseline's placement): it bounds wh
 can do for the *average* completion time, not the makespan (it starves long jobs).\n\n\
 Parameter sweeps: `converge-sim sweep FILE --alpha 0.01,0.05 --interval 20,30`. Benchmarks: \
 see `sim/README.md`.\n\n";
+
+const VALUE_HEADER: &str = "# Value-based allocation\n\n\
+The value-based allocation paper's experiments (`shared/papers/value-based-allocation.txt` \
+§VI), from the files in `sim/experiments/value/` (one study each; run one with \
+`converge-sim value FILE`). Every cell runs the same seeded workloads; totals are means over \
+them. A worker here is one unit of CPU of its speed, shared by CPU shares as the paper's \
+model says (:59): a container alone gets all of it, two with equal shares half each. The \
+value curves are ours (the paper gives none): full value until 1.5 × ET, zero at 3 × ET; the \
+`value-curves` study shows how they move the comparison. The allocation times are wall-clock \
+measurements of the policy's arrival decision in this run, on this machine: the only numbers \
+in this file that change from one regeneration to the next.\n\n";

@@ -183,3 +183,134 @@ pub fn jobs_per_worker(run: &Run, workers: usize, title: &str, path: &Path) -> R
         .map_err(|e| plot_err(path, e))?;
     root.present().map_err(|e| plot_err(path, e))
 }
+
+/// Grouped bars (the value-based allocation paper's Fig. 3): one group per row label, one bar
+/// per series, `values[group][series]`.
+pub fn grouped_bars(
+    path: &Path,
+    title: &str,
+    y_desc: &str,
+    groups: &[String],
+    series: &[String],
+    values: &[Vec<f64>],
+) -> Result<()> {
+    let ymax = values.iter().flatten().copied().fold(1.0, f64::max) * 1.1;
+    let n = groups.len().max(1);
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(35)
+        .y_label_area_size(60)
+        .build_cartesian_2d(-0.5..n as f64 - 0.5, 0.0..ymax)
+        .map_err(|e| plot_err(path, e))?;
+    chart
+        .configure_mesh()
+        .max_light_lines(0)
+        .disable_x_mesh()
+        .y_desc(y_desc)
+        .x_labels(2 * n + 1)
+        .x_label_formatter(&|x| {
+            // Groups are centred on integers; other ticks stay blank.
+            if (x - x.round()).abs() > 1e-6 || x.round() < 0.0 {
+                return String::new();
+            }
+            groups.get(x.round() as usize).cloned().unwrap_or_default()
+        })
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    let width = 0.8 / series.len().max(1) as f64;
+    for (s, label) in series.iter().enumerate() {
+        let color = Palette99::pick(s).to_rgba();
+        chart
+            .draw_series(values.iter().enumerate().map(|(g, row)| {
+                let x = g as f64 - 0.4 + width * s as f64;
+                let v = row.get(s).copied().unwrap_or(0.0);
+                Rectangle::new([(x, 0.0), (x + width * 0.9, v)], color.filled())
+            }))
+            .map_err(|e| plot_err(path, e))?
+            .label(label.clone())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    root.present().map_err(|e| plot_err(path, e))
+}
+
+/// Lines over a numeric x axis (the paper's Fig. 4): `values[x][series]`.
+pub fn lines(
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    xs: &[f64],
+    series: &[String],
+    values: &[Vec<f64>],
+) -> Result<()> {
+    let xmin = xs.iter().copied().fold(f64::INFINITY, f64::min);
+    let xmax = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let (xmin, xmax) = if xmin < xmax {
+        (xmin, xmax)
+    } else {
+        (xmin - 1.0, xmin + 1.0)
+    };
+    let ymax = values
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|v| v.is_finite())
+        .fold(0.0, f64::max)
+        * 1.1;
+    let ymax = if ymax > 0.0 { ymax } else { 1.0 };
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(35)
+        .y_label_area_size(60)
+        .build_cartesian_2d(xmin..xmax, 0.0..ymax)
+        .map_err(|e| plot_err(path, e))?;
+    chart
+        .configure_mesh()
+        .max_light_lines(0)
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    for (s, label) in series.iter().enumerate() {
+        let color = Palette99::pick(s).to_rgba();
+        let pts: Vec<(f64, f64)> = xs
+            .iter()
+            .zip(values)
+            .filter_map(|(&x, row)| {
+                row.get(s)
+                    .copied()
+                    .filter(|v| v.is_finite())
+                    .map(|v| (x, v))
+            })
+            .collect();
+        chart
+            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+            .map_err(|e| plot_err(path, e))?
+            .label(label.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], color));
+        chart
+            .draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled())))
+            .map_err(|e| plot_err(path, e))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    root.present().map_err(|e| plot_err(path, e))
+}

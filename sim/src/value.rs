@@ -510,7 +510,94 @@ pub fn load_all(dir: &Path) -> Result<Vec<ValueExperiment>> {
 }
 
 fn ms(s: Option<f64>) -> String {
-    s.map_or("–".into(), |s| format!("{:.2} ms", s * 1000.0))
+    match s {
+        None => "–".into(),
+        Some(s) if s < 1e-3 => format!("{:.1} µs", s * 1e6),
+        Some(s) => format!("{:.2} ms", s * 1e3),
+    }
+}
+
+/// Draws the study's figures under `base` (RESULTS.md's folder); returns their paths relative
+/// to it.
+pub fn plots(e: &ValueExperiment, g: &Grid, base: &Path) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let means: Vec<Vec<f64>> = g
+        .cells
+        .iter()
+        .map(|r| r.iter().map(Cell::mean).collect())
+        .collect();
+    let mut draw = |suffix: &str, f: &dyn Fn(&Path) -> Result<()>| -> Result<()> {
+        let name = format!("results/{}-{suffix}.svg", e.name);
+        f(&base.join(&name))?;
+        out.push(name);
+        Ok(())
+    };
+    match &e.study {
+        Study::Lambda { lambdas } => {
+            // x = λ, one line per workload set.
+            let per_lambda: Vec<Vec<f64>> = (0..lambdas.len())
+                .map(|l| means.iter().map(|row| row[l]).collect())
+                .collect();
+            draw("value", &|p| {
+                crate::plot::lines(
+                    p,
+                    &format!("{}: DwP total value by λ, per workload set", e.name),
+                    "λ",
+                    "total value",
+                    lambdas,
+                    &g.rows,
+                    &per_lambda,
+                )
+            })?;
+        }
+        Study::Scalability { workers, .. } => {
+            let xs: Vec<f64> = workers.iter().map(|&n| n as f64).collect();
+            draw("value", &|p| {
+                crate::plot::lines(
+                    p,
+                    &format!("{}: total value by cluster size (Fig. 4)", e.name),
+                    "workers",
+                    "total value",
+                    &xs,
+                    &g.columns,
+                    &means,
+                )
+            })?;
+            let times: Vec<Vec<f64>> = g
+                .cells
+                .iter()
+                .map(|r| {
+                    r.iter()
+                        .map(|c| c.seconds_per_decision().map_or(f64::NAN, |s| s * 1e3))
+                        .collect()
+                })
+                .collect();
+            if times.iter().flatten().any(|t| t.is_finite()) {
+                draw("time", &|p| {
+                    crate::plot::lines(
+                        p,
+                        &format!("{}: allocation time per container", e.name),
+                        "workers",
+                        "ms per decision",
+                        &xs,
+                        &g.columns,
+                        &times,
+                    )
+                })?;
+            }
+        }
+        _ => draw("value", &|p| {
+            crate::plot::grouped_bars(
+                p,
+                &format!("{}: mean total value", e.name),
+                "total value",
+                &g.rows,
+                &g.columns,
+                &means,
+            )
+        })?,
+    }
+    Ok(out)
 }
 
 /// The markdown section for one study (`plots` relative to RESULTS.md; `timed` says whether the
