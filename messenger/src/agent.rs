@@ -10,6 +10,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use rand::SeedableRng;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
@@ -51,6 +55,48 @@ pub enum SessionError {
     Protocol,
 }
 
+/// What the session counts, for the agent's `/metrics` (see [`SessionMetrics::register`]).
+#[derive(Clone, Debug, Default)]
+pub struct SessionMetrics {
+    sent: Family<KindLabel, Counter>,
+    registrations: Counter,
+    disconnects: Counter,
+}
+
+/// A message kind, as a label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+impl SessionMetrics {
+    /// Adds the session's metrics to `registry` (under the caller's prefix).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "messages_sent",
+            "Messages written to the manager stream, by kind",
+            self.sent.clone(),
+        );
+        registry.register(
+            "registrations",
+            "Successful registrations with the manager (the first, then one per reconnect)",
+            self.registrations.clone(),
+        );
+        registry.register(
+            "disconnects",
+            "Streams to the manager that ended or could not be set up, before a retry",
+            self.disconnects.clone(),
+        );
+    }
+
+    /// Counts a message once the stream took it (a send that failed is retried, not lost).
+    fn sent(&self, kind: Option<&'static str>) {
+        if let Some(kind) = kind {
+            self.sent.get_or_create(&KindLabel { kind }).inc();
+        }
+    }
+}
+
 /// How the session connects and how often it reports.
 #[derive(Clone, Debug)]
 pub struct SessionConfig {
@@ -62,6 +108,8 @@ pub struct SessionConfig {
     pub backoff: Backoff,
     /// How long to wait for the manager's `Registered`.
     pub register_timeout: Duration,
+    /// Counters the session keeps (unregistered by default: counted, never shown).
+    pub metrics: SessionMetrics,
 }
 
 impl SessionConfig {
@@ -72,6 +120,7 @@ impl SessionConfig {
             heartbeat_interval: Duration::from_secs(1),
             backoff: Backoff::default(),
             register_timeout: Duration::from_secs(10),
+            metrics: SessionMetrics::default(),
         }
     }
 }
@@ -162,6 +211,7 @@ async fn run<S: AgentState>(
         if shutdown.is_cancelled() {
             return;
         }
+        config.metrics.disconnects.inc();
         let was_connected = status.borrow().connected;
         if was_connected {
             // The stream worked for a while: start the schedule over.
@@ -232,6 +282,9 @@ async fn connect_and_serve<S: AgentState>(
         },
     };
     info!(%worker, containers, manager = %registered.manager_id, policy = %registered.policy, "registered with manager");
+    let metrics = &config.metrics;
+    metrics.registrations.inc();
+    metrics.sent(Some("register"));
     status.send_modify(|s| {
         s.connected = true;
         s.registrations += 1;
@@ -239,11 +292,13 @@ async fn connect_and_serve<S: AgentState>(
         s.last_error = None;
     });
 
-    if let Some(msg) = carry.take()
-        && let Err(e) = tx.send(msg).await
-    {
-        *carry = Some(e.0);
-        return Err(SessionError::Closed);
+    if let Some(msg) = carry.take() {
+        let kind = msg.kind.as_ref().map(AgentKind::name);
+        if let Err(e) = tx.send(msg).await {
+            *carry = Some(e.0);
+            return Err(SessionError::Closed);
+        }
+        metrics.sent(kind);
     }
     let mut heartbeat = tokio::time::interval(config.heartbeat_interval);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -258,12 +313,15 @@ async fn connect_and_serve<S: AgentState>(
                 if tx.send(AgentMessage { kind: Some(AgentKind::Heartbeat(hb)) }).await.is_err() {
                     return Err(SessionError::Closed);
                 }
+                metrics.sent(Some("heartbeat"));
             }
             Some(msg) = outbox.recv() => {
+                let kind = msg.kind.as_ref().map(AgentKind::name);
                 if let Err(e) = tx.send(msg).await {
                     *carry = Some(e.0);
                     return Err(SessionError::Closed);
                 }
+                metrics.sent(kind);
             }
             msg = inbound.message() => match msg? {
                 None => return Err(SessionError::Closed),

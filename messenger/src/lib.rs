@@ -10,6 +10,7 @@
 //!   and every stream's life into [`manager::StreamEvent`]s on one channel — including the
 //!   disconnect, which is an event, not a log line.
 //! - [`backoff`]: the reconnect schedule. [`trace`]: W3C trace context carried in commands.
+//! - [`telemetry`]: logs, OTLP trace export and the `/metrics` endpoint both binaries use.
 //!
 //! Start with [`agent::Session`] and [`manager::AgentStreams`]: they are the two ends of one
 //! stream.
@@ -17,6 +18,7 @@
 pub mod agent;
 pub mod backoff;
 pub mod manager;
+pub mod telemetry;
 pub mod trace;
 
 /// Generated protocol types (`package converge.v1`).
@@ -27,6 +29,37 @@ pub mod pb {
     /// Encoded descriptors of every converge.v1 file, for gRPC server reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] =
         tonic::include_file_descriptor_set!("converge_descriptor");
+}
+
+impl pb::agent_message::Kind {
+    /// The kind's name, as metrics label it (`heartbeat`, `progress`, ...).
+    pub fn name(&self) -> &'static str {
+        use pb::agent_message::Kind as K;
+        match self {
+            K::Register(_) => "register",
+            K::Heartbeat(_) => "heartbeat",
+            K::Progress(_) => "progress",
+            K::Usage(_) => "usage",
+            K::Result(_) => "result",
+            K::Exited(_) => "exited",
+            K::MigrationRequest(_) => "migration_request",
+        }
+    }
+}
+
+impl pb::command::Action {
+    /// The action's name, as metrics and spans label it (`start`, `save`, ...).
+    pub fn name(&self) -> &'static str {
+        use pb::command::Action as A;
+        match self {
+            A::Start(_) => "start",
+            A::SetLimits(_) => "set_limits",
+            A::Save(_) => "save",
+            A::Pause(_) => "pause",
+            A::Resume(_) => "resume",
+            A::Stop(_) => "stop",
+        }
+    }
 }
 
 /// Milliseconds since the Unix epoch, the wire's timestamp unit.
