@@ -37,6 +37,13 @@ pub struct Cli {
     /// stopped itself before the new one starts.
     #[arg(long, env = "CONVERGE_RECOVER_LOST_AFTER", default_value = "60s", value_parser = humantime::parse_duration)]
     pub recover_lost_after: Duration,
+    /// Address serving Prometheus metrics at `/metrics` (off when unset).
+    #[arg(long, env = "CONVERGE_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Log lines as `text` (for people) or `json` (one object per line, with span fields).
+    /// Traces go to the OTLP endpoint in `OTEL_EXPORTER_OTLP_ENDPOINT`, when set.
+    #[arg(long, env = "CONVERGE_LOG_FORMAT", default_value = "text")]
+    pub log_format: converge_messenger::telemetry::LogFormat,
 }
 
 /// The placement policies the manager can run.
@@ -68,6 +75,8 @@ pub struct Config {
     pub rebalance_interval: Duration,
     /// Grace before a lost job restarts elsewhere.
     pub recover_lost_after: Duration,
+    /// Where `/metrics` is served, if anywhere.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// A setting that cannot work, naming the flag.
@@ -130,6 +139,7 @@ impl Cli {
             save_deadline: self.save_deadline,
             rebalance_interval: self.rebalance_interval,
             recover_lost_after: self.recover_lost_after,
+            metrics_listen: self.metrics_listen,
         })
     }
 }
@@ -146,6 +156,7 @@ impl Config {
             save_deadline: Duration::from_secs(10),
             rebalance_interval: Duration::from_secs(30),
             recover_lost_after: Duration::from_secs(60),
+            metrics_listen: None,
         }
     }
 }
@@ -168,5 +179,27 @@ mod tests {
         let err = cli.validate().unwrap_err();
         assert_eq!(err.flag, "policy");
         assert!(err.to_string().contains("spread, least-allocated"), "{err}");
+    }
+
+    #[test]
+    fn log_format_and_metrics_address_are_parsed() {
+        let cli = Cli::parse_from([
+            "converge-manager",
+            "--log-format",
+            "json",
+            "--metrics-listen",
+            "127.0.0.1:9464",
+        ]);
+        assert_eq!(
+            cli.log_format,
+            converge_messenger::telemetry::LogFormat::Json
+        );
+        let config = cli.validate().unwrap();
+        assert_eq!(
+            config.metrics_listen,
+            Some("127.0.0.1:9464".parse().unwrap())
+        );
+        let bad = Cli::try_parse_from(["converge-manager", "--log-format", "xml"]).unwrap_err();
+        assert!(bad.to_string().contains("text"), "{bad}");
     }
 }

@@ -9,6 +9,9 @@
 //! - [`state`], [`events`]: the data the actor owns and the numbered event log WatchEvents
 //!   streams.
 //! - [`error`]: the crate's errors and their one conversion into `tonic::Status`.
+//! - [`metrics`]: the manager's Prometheus metrics, served at `/metrics` with
+//!   `--metrics-listen`. Traces and logs are set up by the binary
+//!   (`converge_messenger::telemetry`); `docs/observability.md` describes all three.
 //!
 //! [`serve`] wires it together: the actor task, the agent streams (`converge-messenger`), the
 //! control API, gRPC reflection (v1 and v1alpha, so grpcurl 1.8 works) and health.
@@ -18,6 +21,7 @@ pub mod config;
 pub mod control;
 pub mod error;
 pub mod events;
+pub mod metrics;
 pub mod state;
 pub mod validate;
 
@@ -95,7 +99,20 @@ pub async fn serve(
     };
     let (req_tx, req_rx) = mpsc::channel(1024);
     let (stream_tx, stream_rx) = mpsc::channel(8192);
-    let actor = actor::Actor::new(actor_config, policies.placer);
+    let metrics = metrics::ManagerMetrics::new();
+    if let Some(addr) = config.metrics_listen {
+        let listener = TcpListener::bind(addr).await?;
+        info!(addr = %listener.local_addr()?, "metrics at /metrics");
+        let (registry, token) = (metrics.registry(), shutdown.clone());
+        tokio::spawn(async move {
+            if let Err(e) =
+                converge_messenger::telemetry::serve_metrics(listener, registry, token).await
+            {
+                tracing::error!(error = %e, "metrics endpoint failed");
+            }
+        });
+    }
+    let actor = actor::Actor::new(actor_config, policies.placer, metrics);
     let actor_task = tokio::spawn(actor.run(req_rx, stream_rx, shutdown.clone()));
 
     let (health, health_service) = tonic_health::server::health_reporter();

@@ -2,6 +2,7 @@
 
 use clap::Parser;
 use converge_manager::config::Cli;
+use converge_messenger::telemetry::{SpanExport, Telemetry};
 use tokio_util::sync::CancellationToken;
 
 /// Exit code for an invalid configuration (EX_USAGE).
@@ -9,12 +10,12 @@ const EX_USAGE: i32 = 64;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
-    let config = match Cli::parse().validate() {
+    let cli = Cli::parse();
+    // Traces go wherever the standard OTEL_* variables say; nowhere when they are unset.
+    let telemetry = Telemetry::new(cli.log_format)
+        .export(SpanExport::from_env("converge-manager"))
+        .init()?;
+    let config = match cli.validate() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("converge-manager: {e}");
@@ -24,7 +25,10 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen).await?;
     let shutdown = CancellationToken::new();
     tokio::spawn(shutdown_on_signal(shutdown.clone()));
-    converge_manager::serve(config, listener, shutdown).await?;
+    let result = converge_manager::serve(config, listener, shutdown).await;
+    // Send the spans still buffered before the process goes.
+    telemetry.shutdown().await;
+    result?;
     Ok(())
 }
 

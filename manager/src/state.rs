@@ -112,6 +112,9 @@ pub struct Job {
     pub last_migration_downtime_ms: Option<u64>,
     /// When the job became Lost.
     pub lost_since: Option<Instant>,
+    /// The trace context of the job's submission span: every later span of the job is its
+    /// child, so the job is one trace (empty when traces are not exported).
+    pub trace: opentelemetry::Context,
 }
 
 /// Why a job is being moved.
@@ -163,6 +166,9 @@ pub struct Migration {
     pub started: Instant,
     /// Restores tried so far.
     pub restore_attempts: u32,
+    /// The move's span, from the decision to the first progress on the target (or its
+    /// abandonment): dropping the migration ends it. Each step is a child span.
+    pub span: tracing::Span,
 }
 
 impl Job {

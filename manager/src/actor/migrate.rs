@@ -25,11 +25,14 @@ use converge_policy::cluster::{Category, JobRequest};
 use converge_policy::specon::{
     RebalanceCandidate, Weights, rebalance_plan, select_host, worker_score,
 };
+use opentelemetry::trace::TraceContextExt;
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{Span, debug, field, info, info_span, warn};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::{Actor, command, start_command};
 use crate::error::{Error, Result};
+use crate::metrics::Round;
 use crate::state::{Migration, MovePhase, MoveReason};
 
 /// Restores tried (source first, then elsewhere) before a job is declared failed.
@@ -57,6 +60,19 @@ impl Actor {
             return;
         }
         let id = m.job_id.clone();
+        let span = self.job_span(
+            &id,
+            info_span!(
+                parent: None,
+                "migration_request",
+                job = %id,
+                %worker,
+                request = %m.reason,
+                scores = field::Empty,
+                decision = field::Empty
+            ),
+        );
+        let _entered = span.enter();
         let (ids, scores, resource) = self.specon_scores(&id);
         let Some(cur) = ids.iter().position(|w| w == worker) else {
             return;
@@ -75,9 +91,27 @@ impl Actor {
             })
             .collect();
         attributes.insert("request".into(), m.reason.clone());
-        match select_host(cur, &scores, &resource) {
+        let mut shown: Vec<_> = attributes
+            .iter()
+            .filter(|(k, _)| k.starts_with("score."))
+            .collect();
+        shown.sort();
+        span.record(
+            "scores",
+            shown
+                .iter()
+                .map(|(k, v)| format!("{}={v}", &k["score.".len()..]))
+                .collect::<Vec<_>>()
+                .join(" "),
+        );
+        let began = Instant::now();
+        let selected = select_host(cur, &scores, &resource);
+        self.metrics
+            .round("specon", Round::MigrationSelect, began.elapsed());
+        match selected {
             Some(t) if t != cur => {
                 let to = ids[t].clone();
+                span.record("decision", format!("move to {to}"));
                 self.begin_migration(&id, &to, MoveReason::Speculative, attributes);
             }
             other => {
@@ -86,6 +120,9 @@ impl Actor {
                 } else {
                     format!("kept on {worker}: no other worker can take it")
                 };
+                span.record("decision", "keep");
+                self.metrics
+                    .migration(MoveReason::Speculative.as_str(), "declined");
                 info!(job = %id, %why, "migration declined");
                 self.events.emit(Event {
                     kind: EventKind::Migration as i32,
@@ -158,7 +195,22 @@ impl Actor {
         if candidates.is_empty() {
             return;
         }
+        // A round with candidates is a trace of its own; the moves it starts are in their
+        // jobs' traces, linked back to it.
+        let span = info_span!(
+            parent: None,
+            "rebalance",
+            candidates = candidates.len(),
+            balance_factor = field::Empty,
+            moves = field::Empty
+        );
+        let _entered = span.enter();
+        let began = Instant::now();
         let (moves, bf) = rebalance_plan(&counts, &schedulable, &candidates);
+        self.metrics
+            .round("specon", Round::Rebalance, began.elapsed());
+        span.record("balance_factor", bf);
+        span.record("moves", moves.len());
         for (job, _from, to) in moves {
             let target = &snaps[to];
             let j = &self.cluster.jobs[&job];
@@ -180,6 +232,8 @@ impl Actor {
 
     /// `DrainWorker`: no new placements on the worker; its running jobs move elsewhere.
     pub(super) fn drain(&mut self, worker_id: &str) -> Result<pb::Worker> {
+        let span = info_span!(parent: None, "drain", worker = %worker_id);
+        let _entered = span.enter();
         let Some(w) = self.cluster.workers.get_mut(worker_id) else {
             return Err(Error::invalid(
                 "worker_id",
@@ -231,12 +285,29 @@ impl Actor {
         reason: MoveReason,
         mut attributes: HashMap<String, String>,
     ) {
-        let Some(j) = self.cluster.jobs.get_mut(id) else {
+        let Some(from) = self.cluster.jobs.get(id).and_then(|j| j.worker_id.clone()) else {
             return;
         };
-        let Some(from) = j.worker_id.clone() else {
-            return;
-        };
+        let span = self.job_span(
+            id,
+            info_span!(
+                parent: None,
+                "migration",
+                job = %id,
+                %from,
+                %to,
+                reason = reason.as_str(),
+                outcome = field::Empty,
+                downtime_ms = field::Empty
+            ),
+        );
+        // What decided the move (a rebalancing round, a drain) is in another trace: link it.
+        let decided_by = Span::current().context();
+        span.add_link(decided_by.span().span_context().clone());
+        self.metrics.migration(reason.as_str(), "started");
+        let step = info_span!(parent: &span, "migration.save", job = %id, worker = %from);
+        let _entered = step.enter();
+        let j = self.cluster.jobs.get_mut(id).expect("checked above");
         let save = command(
             j,
             Action::Save(pb::Save {
@@ -252,6 +323,7 @@ impl Actor {
             },
             started: Instant::now(),
             restore_attempts: 0,
+            span,
         });
         let epoch = j.epoch;
         info!(job = %id, %from, %to, reason = reason.as_str(), "migration started");
@@ -284,11 +356,14 @@ impl Actor {
             return false;
         };
         let id = r.job_id.clone();
+        let _in_move = m.span.enter();
         match &m.phase {
             MovePhase::Saving { command_id } if *command_id == r.command_id => {
                 if !r.ok {
                     // Nothing was saved; the container was not stopped by us: it runs on.
                     warn!(job = %id, error = %r.error, "save failed; the job stays where it is");
+                    m.span.record("outcome", "aborted");
+                    self.metrics.migration(m.reason.as_str(), "aborted");
                     if let Some(j) = self.cluster.jobs.get_mut(&id) {
                         j.migration = None;
                     }
@@ -327,6 +402,7 @@ impl Actor {
                         saved.step, saved.checkpoint_bytes, saved.save_ms
                     )
                 };
+                info!(job = %id, step = saved.step, bytes = saved.checkpoint_bytes, save_ms = saved.save_ms, killed = saved.killed, "saved");
                 self.migration_event(&id, worker, how, attributes);
                 self.restore(&id, &m.to);
                 true
@@ -366,6 +442,18 @@ impl Actor {
         let Some(j) = self.cluster.jobs.get_mut(id) else {
             return;
         };
+        let step = match &j.migration {
+            Some(m) => info_span!(
+                parent: &m.span,
+                "migration.restore",
+                job = %id,
+                worker = %to,
+                attempt = m.restore_attempts + 1
+            ),
+            // A lost job restarting elsewhere has no move span: the placement span is current.
+            None => Span::none(),
+        };
+        let _entered = step.enter();
         j.epoch += 1;
         j.worker_id = Some(to.to_string());
         j.container_id.clear();
@@ -387,6 +475,8 @@ impl Actor {
             return;
         };
         if m.restore_attempts >= MAX_RESTORE_ATTEMPTS {
+            m.span.record("outcome", "failed");
+            self.metrics.migration(m.reason.as_str(), "failed");
             if let Some(j) = self.cluster.jobs.get_mut(id) {
                 j.migration = None;
             }
@@ -420,6 +510,8 @@ impl Actor {
         match next {
             Some(to) => self.restore(id, &to),
             None => {
+                m.span.record("outcome", "failed");
+                self.metrics.migration(m.reason.as_str(), "failed");
                 if let Some(j) = self.cluster.jobs.get_mut(id) {
                     j.migration = None;
                     j.worker_id = None;
@@ -443,7 +535,13 @@ impl Actor {
         let Some(m) = j.migration.take() else {
             return;
         };
-        let downtime = m.started.elapsed().as_millis() as u64;
+        let elapsed = m.started.elapsed();
+        let downtime = elapsed.as_millis() as u64;
+        m.span.record("outcome", "completed");
+        m.span.record("downtime_ms", downtime);
+        let _in_move = m.span.enter();
+        self.metrics.migration(m.reason.as_str(), "completed");
+        self.metrics.migration_downtime(m.reason.as_str(), elapsed);
         j.migrations += 1;
         j.last_migration_downtime_ms = Some(downtime);
         let (worker, step) = (m.to.clone(), j.step);
@@ -478,6 +576,10 @@ impl Actor {
         }
         if e.exit_code == 0 && e.done {
             // It finished its last step as we asked it to save: nothing left to move.
+            if let Some(m) = &j.migration {
+                m.span.record("outcome", "aborted");
+                self.metrics.migration(m.reason.as_str(), "aborted");
+            }
             let id = e.job_id.clone();
             if let Some(j) = self.cluster.jobs.get_mut(&id) {
                 j.migration = None;

@@ -6,6 +6,11 @@
 //! Placement is delegated to a [`Placer`] from `converge-policy`; the actor only builds the
 //! snapshots it looks at and carries out its answer. Moving a job between workers (SpeCon's
 //! migrations, rebalancing, draining, recovering a lost job) lives in [`migrate`].
+//!
+//! Tracing: each job's submission span is the root of the job's trace; its context is kept on
+//! the job, and every later span of the job (placement, each migration, every command sent)
+//! is parented to it, whatever the actor happens to be handling when it occurs. Every command
+//! carries its `send_command` span's context, so the agent's spans join the same trace.
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
@@ -21,10 +26,12 @@ use converge_policy::cluster::{JobRequest, JobSnapshot, Placement, Placer, Worke
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{Span, debug, field, info, info_span, warn};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::error::{Error, Result};
 use crate::events::EventLog;
+use crate::metrics::{ManagerMetrics, Round};
 use crate::state::{Cluster, Job, MovePhase, Worker};
 use crate::validate::{self, Limits};
 
@@ -119,18 +126,34 @@ pub struct Actor {
     events: EventLog,
     /// Which worker each live stream belongs to.
     conns: HashMap<ConnectionId, String>,
+    metrics: ManagerMetrics,
 }
 
 impl Actor {
-    /// A manager with no workers and no jobs.
-    pub fn new(config: ActorConfig, placer: Box<dyn Placer + Send>) -> Self {
+    /// A manager with no workers and no jobs, counting into `metrics`.
+    pub fn new(
+        config: ActorConfig,
+        placer: Box<dyn Placer + Send>,
+        metrics: ManagerMetrics,
+    ) -> Self {
         Self {
             config,
             placer,
             cluster: Cluster::default(),
             events: EventLog::default(),
             conns: HashMap::new(),
+            metrics,
         }
+    }
+
+    /// A span of job `id`'s work, parented to the job's root (its submission span) so that it
+    /// joins the job's trace whatever the actor is handling now. Create it with
+    /// `parent: None`; it must not have been entered yet.
+    fn job_span(&self, id: &str, span: Span) -> Span {
+        if let Some(j) = self.cluster.jobs.get(id) {
+            let _ = span.set_parent(j.trace.clone());
+        }
+        span
     }
 
     /// Runs until `shutdown` is cancelled or every input channel is closed.
@@ -234,9 +257,27 @@ impl Actor {
                 .filter(|m| *m > 0)
                 .max(),
         };
+        // The root of the job's trace: everything the job goes through hangs below it.
+        let span = info_span!(
+            parent: None,
+            "submit",
+            job = field::Empty,
+            image = field::Empty,
+            policy = self.placer.name()
+        );
+        let _entered = span.enter();
         // Validation happens before anything is recorded: a refused submission creates nothing.
-        let spec = validate::validate(spec.map(|s| *s), limits)?;
+        let spec = match validate::validate(spec.map(|s| *s), limits) {
+            Ok(s) => s,
+            Err(e) => {
+                info!(error = %e, "submission refused");
+                self.metrics.rejected(self.placer.name(), "validation");
+                return Err(e);
+            }
+        };
         let id = uuid::Uuid::new_v4().to_string();
+        span.record("job", id.as_str());
+        span.record("image", spec.image.as_str());
         let seq = self.cluster.next_job_seq;
         self.cluster.next_job_seq += 1;
         let job = Job {
@@ -271,9 +312,11 @@ impl Actor {
             migration: None,
             last_migration_downtime_ms: None,
             lost_since: None,
+            trace: span.context(),
         };
         info!(job = %id, image = %job.spec.image, cpus = job.spec.cpus, "job submitted");
         self.cluster.jobs.insert(id.clone(), job);
+        self.metrics.job_submitted();
         self.events.emit(Event {
             kind: EventKind::JobState as i32,
             job_id: id.clone(),
@@ -298,6 +341,8 @@ impl Actor {
                 state_name(job.state)
             )));
         }
+        let span = self.job_span(id, info_span!(parent: None, "cancel", job = %id));
+        let _entered = span.enter();
         if job.occupies_worker()
             && let Some(w) = job.worker_id.clone()
         {
@@ -326,6 +371,7 @@ impl Actor {
                 link,
             } => self.on_register(conn, register, link),
             StreamEvent::Message { conn, kind } => {
+                self.metrics.received(kind.name());
                 let Some(worker) = self.conns.get(&conn).cloned() else {
                     debug!(conn, "message from a replaced stream ignored");
                     return;
@@ -333,6 +379,7 @@ impl Actor {
                 self.on_agent_message(&worker, kind);
             }
             StreamEvent::Disconnected { conn, reason } => {
+                self.metrics.disconnected();
                 let Some(worker) = self.conns.remove(&conn) else {
                     return;
                 };
@@ -357,6 +404,8 @@ impl Actor {
         let id = reg.worker_id.clone();
         let now = Instant::now();
         let reconnect = self.cluster.workers.contains_key(&id);
+        self.metrics.registered(reconnect);
+        self.metrics.received("register");
         if let Some(old) = self.cluster.workers.get(&id).and_then(|w| w.link.as_ref()) {
             // The agent reconnected before its old stream's end reached us: the new stream
             // wins, and anything still arriving on the old one is ignored.
@@ -711,7 +760,10 @@ impl Actor {
             for j in jobs {
                 if let Some(job) = self.cluster.jobs.get_mut(&j) {
                     // A move in flight is abandoned; the job is restartable from its checkpoint.
-                    job.migration = None;
+                    if let Some(m) = job.migration.take() {
+                        m.span.record("outcome", "abandoned");
+                        self.metrics.migration(m.reason.as_str(), "abandoned");
+                    }
                     job.lost_since = Some(now);
                 }
                 self.set_state(&j, JobState::Lost, &format!("worker {id} lost: {reason}"));
@@ -742,15 +794,50 @@ impl Actor {
                 cpus: spec.cpus,
                 memory_bytes: spec.memory_bytes,
             };
-            match self.placer.place(&request, &snapshots) {
+            let policy = self.placer.name();
+            let began = Instant::now();
+            let placement = self.placer.place(&request, &snapshots);
+            let took = began.elapsed();
+            self.metrics.round(policy, Round::Placement, took);
+            // The span is made once the outcome is known: a job waiting for room is tried again
+            // on every tick, and only a new reason is worth a span.
+            match placement {
                 Placement::Worker { index, scores } => {
                     let worker = ids[index].clone();
+                    let span = self.job_span(
+                        &id,
+                        info_span!(
+                            parent: None,
+                            "placement",
+                            job = %id,
+                            policy,
+                            worker = %worker,
+                            scores = %scores_text(&ids, &scores),
+                            decision_us = took.as_micros() as u64
+                        ),
+                    );
+                    let _entered = span.enter();
+                    self.metrics.placed(policy);
                     self.start(&id, &worker, &ids, &scores);
                 }
                 Placement::Unschedulable { reason } => {
-                    let j = self.cluster.jobs.get_mut(&id).expect("pending job exists");
+                    let j = self.cluster.jobs.get(&id).expect("pending job exists");
                     if j.reason != reason {
-                        debug!(job = %id, %reason, "job waits");
+                        let span = self.job_span(
+                            &id,
+                            info_span!(
+                                parent: None,
+                                "placement",
+                                job = %id,
+                                policy,
+                                worker = field::Empty,
+                                decision_us = took.as_micros() as u64
+                            ),
+                        );
+                        let _entered = span.enter();
+                        debug!(%reason, "job waits");
+                        self.metrics.rejected(policy, "placement");
+                        let j = self.cluster.jobs.get_mut(&id).expect("pending job exists");
                         j.reason = reason;
                     }
                 }
@@ -826,7 +913,24 @@ impl Actor {
 
     /// Sends `cmd` to `worker`'s agent. A closed link means the stream is gone: the worker
     /// stops being schedulable now, and its loss is decided by the heartbeat timer.
-    fn send(&mut self, worker: &str, cmd: Command) {
+    fn send(&mut self, worker: &str, mut cmd: Command) {
+        let action = cmd.action.as_ref().map_or("none", |a| a.name());
+        let span = info_span!(
+            "send_command",
+            action,
+            job = %cmd.job_id,
+            epoch = cmd.epoch,
+            %worker,
+            command = %cmd.command_id
+        );
+        // Outside any span of the job (a reconcile, a cancel): hang it below the job's root.
+        if Span::current().is_none()
+            && let Some(j) = self.cluster.jobs.get(&cmd.job_id)
+        {
+            let _ = span.set_parent(j.trace.clone());
+        }
+        let _entered = span.enter();
+        cmd.traceparent = converge_messenger::trace::inject();
         let Some(w) = self.cluster.workers.get_mut(worker) else {
             return;
         };
@@ -838,6 +942,8 @@ impl Actor {
             warn!(%worker, error = %e, "could not send command; dropping the stream");
             self.conns.remove(&e.0);
             w.link = None;
+        } else {
+            self.metrics.command_sent(action);
         }
     }
 
@@ -851,6 +957,10 @@ impl Actor {
         let (worker, epoch) = (j.worker_id.clone().unwrap_or_default(), j.epoch);
         if from == to {
             return;
+        }
+        self.metrics.job_state(Some(from), to);
+        if to == JobState::Rejected {
+            self.metrics.rejected(self.placer.name(), "policy");
         }
         info!(job = %id, from = state_name(from), to = state_name(to), %reason, "job state");
         self.events.emit(Event {
@@ -897,6 +1007,15 @@ fn command(j: &Job, action: Action) -> Command {
         traceparent: String::new(),
         action: Some(action),
     }
+}
+
+/// `w1=0.5 w2=0.25`: the scores the policy compared, one per worker.
+fn scores_text(ids: &[String], scores: &[f64]) -> String {
+    ids.iter()
+        .zip(scores)
+        .map(|(w, s)| format!("{w}={s}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn category_from_pb(c: pb::Category) -> Option<converge_policy::cluster::Category> {

@@ -1,0 +1,320 @@
+//! The manager's Prometheus metrics (`/metrics`, `docs/observability.md` says what each means).
+//!
+//! One [`Registry`] per manager, never a global one: a test process running a manager next to
+//! agents keeps their counts apart. The actor is the only writer; the endpoint only encodes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use converge_messenger::pb::JobState;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::actor::state_name;
+
+/// Every job state, so each one is shown (at 0) before any job reaches it.
+const STATES: [JobState; 10] = [
+    JobState::Pending,
+    JobState::Starting,
+    JobState::Running,
+    JobState::Migrating,
+    JobState::Paused,
+    JobState::Completed,
+    JobState::Failed,
+    JobState::Cancelled,
+    JobState::Lost,
+    JobState::Rejected,
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyLabel {
+    policy: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RejectionLabel {
+    policy: &'static str,
+    stage: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MigrationLabel {
+    reason: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActionLabel {
+    action: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RoundLabel {
+    policy: &'static str,
+    round: &'static str,
+}
+
+/// A policy decision the manager times.
+#[derive(Clone, Copy, Debug)]
+pub enum Round {
+    /// One placement decision (`Placer::place`).
+    Placement,
+    /// SpeCon Alg. 2 host selection for a migration request.
+    MigrationSelect,
+    /// SpeCon Alg. 3, one rebalancing round.
+    Rebalance,
+}
+
+impl Round {
+    fn name(self) -> &'static str {
+        match self {
+            Round::Placement => "placement",
+            Round::MigrationSelect => "migration_select",
+            Round::Rebalance => "rebalance",
+        }
+    }
+}
+
+/// The manager's counters, gauges and histograms, and the registry that shows them.
+#[derive(Clone, Debug)]
+pub struct ManagerMetrics {
+    registry: Arc<Registry>,
+    jobs: Family<StateLabel, Gauge>,
+    submitted: Counter,
+    placements: Family<PolicyLabel, Counter>,
+    rejections: Family<RejectionLabel, Counter>,
+    migrations: Family<MigrationLabel, Counter>,
+    downtime: Family<ReasonLabel, Histogram>,
+    registrations: Family<KindLabel, Counter>,
+    disconnects: Counter,
+    received: Family<KindLabel, Counter>,
+    commands: Family<ActionLabel, Counter>,
+    rounds: Family<RoundLabel, Histogram>,
+}
+
+impl Default for ManagerMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ManagerMetrics {
+    /// Fresh metrics in a registry of their own (names start with `converge_manager_`).
+    pub fn new() -> Self {
+        let mut root = Registry::default();
+        let r = root.sub_registry_with_prefix("converge_manager");
+        let jobs = Family::<StateLabel, Gauge>::default();
+        for s in STATES {
+            let _ = jobs.get_or_create(&StateLabel {
+                state: state_name(s),
+            });
+        }
+        r.register("jobs", "Jobs in each state now", jobs.clone());
+        let submitted = Counter::default();
+        r.register(
+            "jobs_submitted",
+            "Jobs accepted by SubmitJob",
+            submitted.clone(),
+        );
+        let placements = Family::default();
+        r.register(
+            "placements",
+            "Incarnations placed on a worker (first starts and restarts), by placement policy",
+            placements.clone(),
+        );
+        let rejections = Family::default();
+        r.register(
+            "rejections",
+            "Jobs refused: stage=validation (SubmitJob refused the spec), placement (the policy \
+             found no worker; counted once per new reason, not per retry), policy (the job \
+             became Rejected)",
+            rejections.clone(),
+        );
+        let migrations = Family::default();
+        r.register(
+            "migrations",
+            "Migration decisions and their ends, by reason (speculative, rebalance, drain) and \
+             outcome (started, completed, aborted, failed, declined)",
+            migrations.clone(),
+        );
+        // 50 ms .. ~100 s: checkpoint save + restore of a training job.
+        let downtime = Family::<ReasonLabel, Histogram>::new_with_constructor(
+            (|| Histogram::new(exponential_buckets(0.05, 2.0, 12))) as fn() -> Histogram,
+        );
+        r.register(
+            "migration_downtime_seconds",
+            "Save sent to first progress on the target, of completed migrations",
+            downtime.clone(),
+        );
+        let registrations = Family::default();
+        r.register(
+            "agent_registrations",
+            "Agent streams registered: kind=first (a worker new to this manager) or reconnect",
+            registrations.clone(),
+        );
+        let disconnects = Counter::default();
+        r.register(
+            "agent_disconnects",
+            "Agent streams that ended",
+            disconnects.clone(),
+        );
+        let received = Family::default();
+        r.register(
+            "messages_received",
+            "Messages from agents, by kind",
+            received.clone(),
+        );
+        let commands = Family::default();
+        r.register(
+            "commands_sent",
+            "Commands sent to agents, by action",
+            commands.clone(),
+        );
+        // 1 µs .. ~4 s: a placement over thousands of workers should stay well under 1 ms.
+        let rounds = Family::<RoundLabel, Histogram>::new_with_constructor(
+            (|| Histogram::new(exponential_buckets(1e-6, 4.0, 12))) as fn() -> Histogram,
+        );
+        r.register(
+            "policy_round_seconds",
+            "Time the policy took to decide, by policy and round (placement, migration_select, \
+             rebalance)",
+            rounds.clone(),
+        );
+        Self {
+            registry: Arc::new(root),
+            jobs,
+            submitted,
+            placements,
+            rejections,
+            migrations,
+            downtime,
+            registrations,
+            disconnects,
+            received,
+            commands,
+            rounds,
+        }
+    }
+
+    /// The registry, for the `/metrics` endpoint.
+    pub fn registry(&self) -> Arc<Registry> {
+        self.registry.clone()
+    }
+
+    pub(crate) fn job_submitted(&self) {
+        self.submitted.inc();
+        self.job_state(None, JobState::Pending);
+    }
+
+    pub(crate) fn job_state(&self, from: Option<JobState>, to: JobState) {
+        if let Some(from) = from {
+            self.jobs
+                .get_or_create(&StateLabel {
+                    state: state_name(from),
+                })
+                .dec();
+        }
+        self.jobs
+            .get_or_create(&StateLabel {
+                state: state_name(to),
+            })
+            .inc();
+    }
+
+    pub(crate) fn placed(&self, policy: &'static str) {
+        self.placements.get_or_create(&PolicyLabel { policy }).inc();
+    }
+
+    pub(crate) fn rejected(&self, policy: &'static str, stage: &'static str) {
+        self.rejections
+            .get_or_create(&RejectionLabel { policy, stage })
+            .inc();
+    }
+
+    pub(crate) fn migration(&self, reason: &'static str, outcome: &'static str) {
+        self.migrations
+            .get_or_create(&MigrationLabel { reason, outcome })
+            .inc();
+    }
+
+    pub(crate) fn migration_downtime(&self, reason: &'static str, downtime: Duration) {
+        self.downtime
+            .get_or_create(&ReasonLabel { reason })
+            .observe(downtime.as_secs_f64());
+    }
+
+    pub(crate) fn registered(&self, reconnect: bool) {
+        let kind = if reconnect { "reconnect" } else { "first" };
+        self.registrations.get_or_create(&KindLabel { kind }).inc();
+    }
+
+    pub(crate) fn disconnected(&self) {
+        self.disconnects.inc();
+    }
+
+    pub(crate) fn received(&self, kind: &'static str) {
+        self.received.get_or_create(&KindLabel { kind }).inc();
+    }
+
+    pub(crate) fn command_sent(&self, action: &'static str) {
+        self.commands.get_or_create(&ActionLabel { action }).inc();
+    }
+
+    pub(crate) fn round(&self, policy: &'static str, round: Round, took: Duration) {
+        self.rounds
+            .get_or_create(&RoundLabel {
+                policy,
+                round: round.name(),
+            })
+            .observe(took.as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_job_state_is_shown_before_any_job_exists() {
+        let m = ManagerMetrics::new();
+        let text = converge_messenger::telemetry::encode_metrics(&m.registry());
+        assert!(
+            text.contains(r#"converge_manager_jobs{state="completed"} 0"#),
+            "{text}"
+        );
+        m.job_submitted();
+        m.job_state(Some(JobState::Pending), JobState::Starting);
+        let text = converge_messenger::telemetry::encode_metrics(&m.registry());
+        assert!(
+            text.contains(r#"converge_manager_jobs{state="pending"} 0"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"converge_manager_jobs{state="starting"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains("converge_manager_jobs_submitted_total 1"),
+            "{text}"
+        );
+    }
+}
