@@ -89,6 +89,13 @@ pub struct Cli {
     /// silent network takes to be noticed, so a job restarted elsewhere never runs twice.
     #[arg(long, env = "CONVERGE_FENCE_AFTER", default_value = "30s")]
     pub fence_after: String,
+    /// Address serving Prometheus metrics at `/metrics` (off when unset).
+    #[arg(long, env = "CONVERGE_METRICS_LISTEN")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Log lines as `text` (for people) or `json` (one object per line, with span fields).
+    /// Traces go to the OTLP endpoint in `OTEL_EXPORTER_OTLP_ENDPOINT`, when set.
+    #[arg(long, env = "CONVERGE_LOG_FORMAT", default_value = "text")]
+    pub log_format: converge_messenger::telemetry::LogFormat,
 }
 
 /// Where per-container usage is read from.
@@ -161,6 +168,8 @@ pub struct Config {
     /// measure the time from a container event to the applied limits). Reports are dropped,
     /// never waited for, when the channel is full.
     pub round_reports: Option<tokio::sync::mpsc::Sender<crate::policy::RoundReport>>,
+    /// Where `/metrics` is served, if anywhere.
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 impl Config {
@@ -190,6 +199,7 @@ impl Config {
             specon_alpha: 0.01,
             fence_after: Duration::from_secs(30),
             round_reports: None,
+            metrics_listen: None,
         }
     }
 
@@ -397,6 +407,7 @@ impl Cli {
         c.docker_host = self.docker_host.filter(|h| !h.is_empty());
         c.usage_source = self.usage_source;
         c.keep_exited = self.keep_exited;
+        c.metrics_listen = self.metrics_listen;
         c.flowcon_interval =
             parse_duration(&self.flowcon_interval).map_err(|why| Error::Config {
                 setting: "flowcon-interval",

@@ -51,6 +51,15 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The metrics endpoint could not listen on its address.
+    #[error("cannot serve metrics on {addr}: {source}")]
+    MetricsListen {
+        /// The `--metrics-listen` address.
+        addr: std::net::SocketAddr,
+        /// Why binding failed.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl Error {

@@ -228,6 +228,7 @@ pub(crate) struct Executor {
     specon: Option<SpeConDriver>,
     /// Since when no stream to the manager has been up (None while connected).
     disconnected_since: Option<Instant>,
+    metrics: crate::metrics::AgentMetrics,
     /// This disconnection already fenced the containers.
     fenced: bool,
 }
@@ -243,6 +244,7 @@ impl Executor {
         session: watch::Receiver<SessionStatus>,
         progress: ProgressHandle,
         policy: Arc<PolicyView>,
+        metrics: crate::metrics::AgentMetrics,
         shutdown: CancellationToken,
     ) -> Self {
         let (internal_tx, internal_rx) = mpsc::channel(1024);
@@ -267,6 +269,7 @@ impl Executor {
             // stays unreachable are fenced like any others.
             disconnected_since: Some(Instant::now()),
             fenced: false,
+            metrics,
         }
     }
 
@@ -512,28 +515,38 @@ impl Executor {
     // ---- commands ----
 
     async fn on_command(&mut self, cmd: pb::Command) {
+        let action = cmd.action.as_ref().map_or("none", |a| a.name());
         let span = info_span!(
             "command",
+            action,
             id = %cmd.command_id,
             job = %cmd.job_id,
             epoch = cmd.epoch,
             traceparent = %cmd.traceparent
         );
+        // The manager's span that sent the command is this span's parent: the job's trace
+        // continues here (issue 8).
+        converge_messenger::trace::set_remote_parent(&span, &cmd.traceparent);
         async {
             match self.ledger.admit(&cmd) {
                 Admission::Replay(r) => {
                     debug!("repeated command id: answering with the earlier result");
+                    self.metrics.command(action, "replayed");
                     self.outbox.send(Kind::Result(r)).await;
                 }
                 Admission::InFlight => {
-                    debug!("repeated command id still running; its result follows")
+                    debug!("repeated command id still running; its result follows");
+                    self.metrics.command(action, "replayed");
                 }
                 Admission::Stale(r) => {
                     info!(error = %r.error, "refused a stale command");
+                    self.metrics.command(action, "stale");
                     self.outbox.send(Kind::Result(r)).await;
                 }
                 Admission::Execute => {
                     if let Some(r) = self.execute(&cmd).await {
+                        self.metrics
+                            .command(action, if r.ok { "ok" } else { "failed" });
                         self.finish(r).await;
                     }
                 }
@@ -560,7 +573,10 @@ impl Executor {
             ));
         };
         let outcome = match action {
-            Action::Start(s) => self.start(cmd, s).await,
+            Action::Start(s) => {
+                let span = info_span!("container_start", image = %s.spec.as_ref().map_or("", |j| j.image.as_str()));
+                self.start(cmd, s).instrument(span).await
+            }
             Action::SetLimits(l) => self.set_limits(cmd, l).await,
             Action::Pause(_) => self.pause(cmd, true).await,
             Action::Resume(_) => self.pause(cmd, false).await,
@@ -746,10 +762,9 @@ impl Executor {
             cpu_shares: shares.map(i64::from),
             ..Default::default()
         };
-        self.docker
-            .update_container(&id, update)
-            .await
-            .map_err(|e| format!("cannot update CPU limits: {}", docker::describe(&e)))?;
+        let updated = self.docker.update_container(&id, update).await;
+        self.metrics.limit_applied("command", updated.is_ok());
+        updated.map_err(|e| format!("cannot update CPU limits: {}", docker::describe(&e)))?;
         if let Some(mut v) = self.views.get_mut(&id) {
             v.cpu_limit = Some(cpus);
         }
@@ -815,6 +830,7 @@ impl Executor {
         let grace = self.cfg.stop_grace.as_secs().min(i32::MAX as u64) as i32;
         let internal = self.internal_tx.clone();
         let cmd = cmd.clone();
+        let metrics = self.metrics.clone();
         info!(reason = %s.reason, container = %id, "stopping");
         tokio::spawn(
             async move {
@@ -844,6 +860,7 @@ impl Executor {
                         docker::describe(&e)
                     )),
                 };
+                metrics.command("stop", if outcome.is_ok() { "ok" } else { "failed" });
                 let _ = internal
                     .send(Internal::Done(result_of(&cmd, outcome)))
                     .await;
@@ -869,9 +886,11 @@ impl Executor {
         };
         let internal = self.internal_tx.clone();
         let cmd = cmd.clone();
+        let metrics = self.metrics.clone();
         tokio::spawn(
             async move {
                 let outcome = saving.await;
+                metrics.command("save", if outcome.is_ok() { "ok" } else { "failed" });
                 let _ = internal
                     .send(Internal::Done(result_of(&cmd, outcome)))
                     .await;
@@ -1055,9 +1074,29 @@ impl Executor {
             .collect()
     }
 
+    /// [`Self::run_flowcon_round`] in a span and timed.
+    async fn flowcon_round(
+        &mut self,
+        trigger: RoundTrigger,
+        event: Option<(Option<SystemTime>, Instant)>,
+    ) {
+        if self.flowcon.is_none() {
+            return;
+        }
+        // Each round is a trace of its own (not a child of the agent's lifelong span); logs
+        // still show it inside the agent's span.
+        let span = info_span!("flowcon_round", trigger = ?trigger);
+        converge_messenger::trace::set_remote_parent(&span, "");
+        let began = Instant::now();
+        self.run_flowcon_round(trigger, event)
+            .instrument(span)
+            .await;
+        self.metrics.round("flowcon", began.elapsed());
+    }
+
     /// One FlowCon round (TCC'22 Alg. 1-3) and its limits applied; `event` is the Docker
     /// event's own time and when the executor received it, for rounds an event started.
-    async fn flowcon_round(
+    async fn run_flowcon_round(
         &mut self,
         trigger: RoundTrigger,
         event: Option<(Option<SystemTime>, Instant)>,
@@ -1134,7 +1173,9 @@ impl Executor {
             nano_cpus: Some(cgroup::nano_cpus(cpus)),
             ..Default::default()
         };
-        match self.docker.update_container(id, update).await {
+        let updated = self.docker.update_container(id, update).await;
+        self.metrics.limit_applied("flowcon", updated.is_ok());
+        match updated {
             Ok(()) => {
                 if let Some(mut v) = self.views.get_mut(id) {
                     v.cpu_limit = Some(cpus);
@@ -1152,6 +1193,15 @@ impl Executor {
 
     /// One SpeCon Alg. 1 categorization, and a MigrationRequest for each converged job it names.
     async fn specon_round(&mut self) {
+        // A trace of its own, like FlowCon's rounds.
+        let span = info_span!("specon_round");
+        converge_messenger::trace::set_remote_parent(&span, "");
+        let began = Instant::now();
+        self.run_specon_round().instrument(span).await;
+        self.metrics.round("specon", began.elapsed());
+    }
+
+    async fn run_specon_round(&mut self) {
         let running = self.running();
         let Some(driver) = self.specon.as_mut() else {
             return;

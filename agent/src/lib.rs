@@ -54,6 +54,7 @@ pub mod config;
 pub mod docker;
 mod error;
 pub mod executor;
+pub mod metrics;
 pub mod monitor;
 pub mod policy;
 mod view;
@@ -128,9 +129,28 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
     let (cmd_tx, cmd_rx) = mpsc::channel(256);
     let mut session_config = SessionConfig::new(config.manager.clone());
     session_config.heartbeat_interval = config.heartbeat_interval;
+    let metrics = metrics::AgentMetrics::new();
+    session_config.metrics = metrics.session();
+    if let Some(addr) = config.metrics_listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| Error::MetricsListen { addr, source })?;
+        info!(%addr, "metrics at /metrics");
+        let (registry, token) = (metrics.registry(), shutdown.clone());
+        tokio::spawn(
+            async move {
+                if let Err(e) =
+                    converge_messenger::telemetry::serve_metrics(listener, registry, token).await
+                {
+                    warn!(error = %e, "metrics endpoint failed");
+                }
+            }
+            .in_current_span(),
+        );
+    }
     let (outbox, status, session) = Session::spawn(session_config, state, cmd_tx, shutdown.clone());
 
-    let progress = monitor::spawn_batcher(outbox.clone(), shutdown.clone());
+    let progress = monitor::spawn_batcher(outbox.clone(), metrics.clone(), shutdown.clone());
     monitor::spawn_usage_sampler(
         docker.clone(),
         cgroup.clone(),
@@ -150,6 +170,7 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
         status,
         progress,
         policy,
+        metrics,
         shutdown.clone(),
     )
     .run(cmd_rx, ready_tx)

@@ -3,24 +3,16 @@
 use std::process::ExitCode;
 
 use clap::Parser;
+use converge_messenger::telemetry::{SpanExport, Telemetry};
 use tokio_util::sync::CancellationToken;
-use tracing_subscriber::EnvFilter;
 
 /// Exit code for invalid settings (EX_USAGE).
 const EXIT_CONFIG: u8 = 64;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    // Logs go to stderr, coloured only on a terminal (not in `docker logs` or a CI log).
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .init();
-    let config = match converge_agent::Cli::try_parse() {
-        Ok(cli) => cli.into_config(),
+    let cli = match converge_agent::Cli::try_parse() {
+        Ok(cli) => cli,
         Err(e) => {
             // Help and version are not errors; anything else is a usage error (exit 64).
             let code = if e.use_stderr() { EXIT_CONFIG } else { 0 };
@@ -28,7 +20,19 @@ async fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    let config = match config {
+    // Logs go to stderr (coloured only on a terminal); traces wherever the standard OTEL_*
+    // variables say, nowhere when they are unset.
+    let telemetry = match Telemetry::new(cli.log_format)
+        .export(SpanExport::from_env("converge-agent"))
+        .init()
+    {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("converge-agent: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let config = match cli.into_config() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("converge-agent: {e}");
@@ -37,7 +41,10 @@ async fn main() -> ExitCode {
     };
     let shutdown = CancellationToken::new();
     tokio::spawn(signals(shutdown.clone()));
-    match converge_agent::run(config, shutdown).await {
+    let result = converge_agent::run(config, shutdown).await;
+    // Send the spans still buffered before the process goes.
+    telemetry.shutdown().await;
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("converge-agent: {e}");

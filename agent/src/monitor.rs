@@ -124,6 +124,7 @@ pub(crate) enum ProgressEvent {
 #[derive(Clone, Debug)]
 pub(crate) struct ProgressHandle {
     tx: mpsc::Sender<ProgressEvent>,
+    metrics: crate::metrics::AgentMetrics,
 }
 
 impl ProgressHandle {
@@ -137,7 +138,11 @@ impl ProgressHandle {
 }
 
 /// Starts the progress batcher.
-pub(crate) fn spawn_batcher(outbox: Outbox, shutdown: CancellationToken) -> ProgressHandle {
+pub(crate) fn spawn_batcher(
+    outbox: Outbox,
+    metrics: crate::metrics::AgentMetrics,
+    shutdown: CancellationToken,
+) -> ProgressHandle {
     let (tx, mut rx) = mpsc::channel::<ProgressEvent>(1024);
     tokio::spawn(
         async move {
@@ -176,7 +181,7 @@ pub(crate) fn spawn_batcher(outbox: Outbox, shutdown: CancellationToken) -> Prog
         }
         .in_current_span(),
     );
-    ProgressHandle { tx }
+    ProgressHandle { tx, metrics }
 }
 
 /// What a log follower needs to know about its container.
@@ -319,12 +324,14 @@ async fn handle_line(
                 }
             }
             if !history {
+                progress.metrics.progress_line(true);
                 let sample = to_sample(&spec.job_id, spec.epoch, spec.metric.as_deref(), p);
                 let _ = progress.tx.send(ProgressEvent::Sample(sample)).await;
             }
         }
         Err(e) => {
             if !history {
+                progress.metrics.progress_line(false);
                 debug!(error = %e, "malformed progress line");
                 let _ = progress
                     .tx
