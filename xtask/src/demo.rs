@@ -14,14 +14,14 @@ use tonic::transport::Channel;
 
 use crate::testbed::Testbed;
 
-/// The demo's job mix: (model, steps). Sized so the run takes a couple of minutes on two
-/// 1-CPU workers, with jobs that converge at different times.
-const JOBS: &[(&str, u64)] = &[
-    ("mlp-digits", 1500),
-    ("cnn-digits", 600),
-    ("logreg-wine", 400),
-    ("vae-digits", 1500),
-    ("gru-co2", 400),
+/// The demo's job mix: (model, size, steps). Sized (trainer/README.md calibration) so the run
+/// takes a couple of minutes on two 1-CPU workers, with jobs that converge at different times.
+const JOBS: &[(&str, u32, u64)] = &[
+    ("mlp-digits", 8, 3000),
+    ("cnn-digits", 4, 1500),
+    ("logreg-wine", 1, 20000),
+    ("vae-digits", 16, 3000),
+    ("gru-co2", 2, 800),
 ];
 
 /// Runs the demo.
@@ -46,13 +46,15 @@ async fn drive(port: u16) -> Result<()> {
     wait_for_workers(&mut client, 2).await?;
 
     let mut ids = Vec::new();
-    for (model, steps) in JOBS {
+    for (model, size, steps) in JOBS {
         let spec = pb::JobSpec {
             name: model.to_string(),
             image: "converge/trainer:dev".into(),
             args: [
                 "--model",
                 model,
+                "--size",
+                &size.to_string(),
                 "--steps",
                 &steps.to_string(),
                 "--report-every",
