@@ -1113,27 +1113,44 @@ impl Executor {
             .iter()
             .map(|r| (r.container_id.as_str(), r.cpu_limit))
             .collect();
-        let mut applied = Vec::with_capacity(plan.targets.len());
-        for t in &plan.targets {
+        // The updates are independent (each container's quota under the worker's), so they go
+        // to Docker together: a round costs one update's latency, not one per container.
+        let capacity = self.cfg.cpus;
+        let docker = &self.docker;
+        let updates = plan.targets.iter().map(|t| {
             let now = current.get(t.container_id.as_str()).copied().flatten();
             // Docker's quota has a 10 µs-per-100 ms grain; skip updates that change nothing.
             let changed = now.is_none_or(|c| (c - t.cpus).abs() > 1e-4);
-            let error = if changed {
-                self.apply_cpus(&t.container_id, t.cpus).await.err()
-            } else {
-                None
-            };
-            if changed
-                && error.is_none()
-                && let Some(d) = self.flowcon.as_mut()
-            {
-                d.limited.insert(t.container_id.clone());
+            async move {
+                let error = if changed {
+                    update_cpus(docker, &t.container_id, t.cpus, capacity)
+                        .await
+                        .err()
+                } else {
+                    None
+                };
+                (t, now, changed, error)
+            }
+        });
+        let results = futures::future::join_all(updates).await;
+        let mut applied = Vec::with_capacity(results.len());
+        for (t, now, changed, error) in results {
+            if changed {
+                self.metrics.limit_applied("flowcon", error.is_none());
+            }
+            if changed && error.is_none() {
+                if let Some(mut v) = self.views.get_mut(&t.container_id) {
+                    v.cpu_limit = Some(t.cpus);
+                }
+                if let Some(d) = self.flowcon.as_mut() {
+                    d.limited.insert(t.container_id.clone());
+                }
             }
             applied.push(AppliedLimit {
                 job_id: t.job_id.clone(),
                 container_id: t.container_id.clone(),
                 cpus: if error.is_some() {
-                    now.unwrap_or(self.cfg.cpus)
+                    now.unwrap_or(capacity)
                 } else {
                     t.cpus
                 },
@@ -1168,27 +1185,13 @@ impl Executor {
 
     /// Sets a container's CPU limit (cores) through the same Docker update as `SetLimits`.
     async fn apply_cpus(&mut self, id: &str, cpus: f64) -> Result<(), String> {
-        let cpus = cgroup::clamp_cpus(cpus, self.cfg.cpus);
-        let update = ContainerUpdateBody {
-            nano_cpus: Some(cgroup::nano_cpus(cpus)),
-            ..Default::default()
-        };
-        let updated = self.docker.update_container(id, update).await;
+        let updated = update_cpus(&self.docker, id, cpus, self.cfg.cpus).await;
         self.metrics.limit_applied("flowcon", updated.is_ok());
-        match updated {
-            Ok(()) => {
-                if let Some(mut v) = self.views.get_mut(id) {
-                    v.cpu_limit = Some(cpus);
-                }
-                Ok(())
-            }
-            Err(e) => {
-                let why = format!("cannot update CPU limits: {}", docker::describe(&e));
-                // The container may have exited since the round looked (its die event follows).
-                debug!(container = %id, error = %why, "limit not applied");
-                Err(why)
-            }
+        let cpus = updated?;
+        if let Some(mut v) = self.views.get_mut(id) {
+            v.cpu_limit = Some(cpus);
         }
+        Ok(())
     }
 
     /// One SpeCon Alg. 1 categorization, and a MigrationRequest for each converged job it names.
@@ -1542,6 +1545,25 @@ async fn wait_reported(session: &mut watch::Receiver<SessionStatus>, heartbeat: 
         let s = session.borrow();
         if s.connected && s.registrations == registrations {
             return;
+        }
+    }
+}
+
+/// Sets a container's CPU limit to `cpus` cores (clamped to the worker's capacity); returns
+/// the limit now in force.
+async fn update_cpus(docker: &Docker, id: &str, cpus: f64, capacity: f64) -> Result<f64, String> {
+    let cpus = cgroup::clamp_cpus(cpus, capacity);
+    let update = ContainerUpdateBody {
+        nano_cpus: Some(cgroup::nano_cpus(cpus)),
+        ..Default::default()
+    };
+    match docker.update_container(id, update).await {
+        Ok(()) => Ok(cpus),
+        Err(e) => {
+            let why = format!("cannot update CPU limits: {}", docker::describe(&e));
+            // The container may have exited since the round looked (its die event follows).
+            debug!(container = %id, error = %why, "limit not applied");
+            Err(why)
         }
     }
 }
