@@ -86,6 +86,11 @@ pub struct TrainArgs {
     /// Print the models this trainer knows and exit.
     #[arg(long)]
     pub list_models: bool,
+    /// Fault injection: ignore SIGTERM and keep training, as a misbehaving image would, so an
+    /// orchestrator's "kill after the save deadline, resume from the last periodic checkpoint"
+    /// path can be tested with a real workload. SIGINT still stops it.
+    #[arg(long, env = "CONVERGE_FAULT_IGNORE_SIGTERM")]
+    pub ignore_sigterm: bool,
 }
 
 /// Largest accepted `--size`: width 64x the default is already minutes per step on one core.

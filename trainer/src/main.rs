@@ -76,7 +76,20 @@ fn train(args: &converge_trainer::TrainArgs) -> ExitCode {
     };
     pin_candle_threads(cfg.threads);
     let stop = Arc::new(AtomicBool::new(false));
-    for sig in [SIGTERM, SIGINT] {
+    let stopping_signals: &[i32] = if args.ignore_sigterm {
+        // A handler that only sets an unused flag: the signal is caught (as PID 1 or not) and
+        // changes nothing.
+        let ignored = Arc::new(AtomicBool::new(false));
+        if let Err(e) = signal_hook::flag::register(SIGTERM, ignored) {
+            log!("converge-trainer: cannot handle signal {SIGTERM}: {e}");
+            return ExitCode::from(71);
+        }
+        log!("converge-trainer: fault injection: ignoring SIGTERM");
+        &[SIGINT]
+    } else {
+        &[SIGTERM, SIGINT]
+    };
+    for &sig in stopping_signals {
         // A second signal while the first is being handled (e.g. a slow save) ends the process
         // at once: the checkpoint on disk is still the previous, complete one.
         let registered = signal_hook::flag::register_conditional_shutdown(sig, 130, stop.clone())

@@ -120,6 +120,63 @@ fn sigterm_finishes_the_step_saves_and_exits_0_then_resumes() {
 }
 
 #[test]
+fn ignore_sigterm_keeps_training_through_sigterm_and_still_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = trainer()
+        .args([
+            "--model",
+            "mlp-digits",
+            "--steps",
+            "1000000",
+            "--threads",
+            "1",
+        ])
+        .args([
+            "--report-every",
+            "5",
+            "--checkpoint-every",
+            "50",
+            "--ignore-sigterm",
+        ])
+        .env("CONVERGE_CHECKPOINT_DIR", dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut step_at_term = 0;
+    for l in lines.by_ref() {
+        let p = parse_line(&l.unwrap(), None).unwrap().unwrap();
+        if p.step >= 20 {
+            step_at_term = p.step;
+            break;
+        }
+    }
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    // It keeps going well past the step it was at, saving periodically, and never exits.
+    let mut periodic_saves = 0;
+    for l in lines.by_ref() {
+        let p = parse_line(&l.unwrap(), None).unwrap().unwrap();
+        if p.checkpoint == Some(CheckpointEvent::Saved) {
+            periodic_saves += 1;
+        }
+        if p.step >= step_at_term + 200 {
+            break;
+        }
+    }
+    assert!(child.try_wait().unwrap().is_none(), "it exited on SIGTERM");
+    assert!(
+        periodic_saves >= 2,
+        "periodic checkpoints continue: {periodic_saves}"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
 fn sigterm_without_a_checkpoint_directory_exits_143() {
     let mut child = trainer()
         .args([
