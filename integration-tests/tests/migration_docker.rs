@@ -190,3 +190,160 @@ async fn drained_worker_moves_its_job_which_resumes_at_the_saved_step() -> anyho
     manager.stop().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_ignoring_sigterm_is_killed_and_resumes_from_its_last_periodic_checkpoint()
+-> anyhow::Result<()> {
+    require_docker(&[TRAINER_IMAGE]);
+    let checkpoints = tempfile_dir("sigterm")?;
+    let manager = TestManager::start(|c| {
+        c.heartbeat_interval = Duration::from_millis(250);
+        // Short, so the test does not wait long for the kill.
+        c.save_deadline = Duration::from_secs(2);
+        c.progress_history = 4096;
+    })
+    .await?;
+    let (w1, w2) = (unique("it-k1"), unique("it-k2"));
+    let _a1 = TestAgent::start(&manager.endpoint(), &w1, 1.0, checkpoints.path());
+    let mut client = manager.control().await?;
+    eventually(Duration::from_secs(20), "w1 to register", || {
+        let mut c = client.clone();
+        async move {
+            Ok((c
+                .list_workers(pb::ListWorkersRequest {})
+                .await?
+                .into_inner()
+                .workers
+                .len()
+                == 1)
+                .then_some(()))
+        }
+    })
+    .await?;
+    let mut spec = trainer_spec("mlp-digits", 6000, 20);
+    spec.args.extend(
+        [
+            "--size",
+            "2",
+            "--checkpoint-every",
+            "100",
+            "--ignore-sigterm",
+        ]
+        .map(String::from),
+    );
+    let id = client
+        .submit_job(pb::SubmitJobRequest { spec: Some(spec) })
+        .await?
+        .into_inner()
+        .job_id;
+    let label = format!("converge.job={id}");
+    eventually(
+        Duration::from_secs(60),
+        "the job to pass a periodic checkpoint",
+        || {
+            let mut c = client.clone();
+            let id = id.clone();
+            async move {
+                let j = job(&mut c, &id, false).await?;
+                Ok((j.state == JobState::Running as i32 && j.step >= 250).then_some(()))
+            }
+        },
+    )
+    .await?;
+    let _a2 = TestAgent::start(&manager.endpoint(), &w2, 1.0, checkpoints.path());
+    eventually(Duration::from_secs(20), "w2 to register", || {
+        let mut c = client.clone();
+        async move {
+            Ok((c
+                .list_workers(pb::ListWorkersRequest {})
+                .await?
+                .into_inner()
+                .workers
+                .len()
+                == 2)
+                .then_some(()))
+        }
+    })
+    .await?;
+    client
+        .drain_worker(pb::DrainWorkerRequest {
+            worker_id: w1.clone(),
+        })
+        .await?;
+
+    let done = eventually(
+        Duration::from_secs(180),
+        "the job to complete after the kill",
+        || {
+            let mut c = client.clone();
+            let id = id.clone();
+            let label = label.clone();
+            async move {
+                let running = containers_of(&label)
+                    .into_iter()
+                    .filter(|(_, s)| s == "running")
+                    .count();
+                assert!(running <= 1, "two incarnations running at once");
+                let j = job(&mut c, &id, true).await?;
+                Ok(matches!(
+                    JobState::try_from(j.state)?,
+                    JobState::Completed | JobState::Failed
+                )
+                .then_some(j))
+            }
+        },
+    )
+    .await?;
+    assert_eq!(done.state, JobState::Completed as i32, "{done:#?}");
+    assert_eq!((done.worker_id.as_str(), done.epoch), (w2.as_str(), 2));
+    assert_eq!(done.step, 6000);
+
+    // The save was a kill, and the new incarnation resumed from a periodic checkpoint at or
+    // before the last step the old one reported.
+    let mut events = client
+        .watch_events(pb::WatchEventsRequest {
+            job_id: id.clone(),
+            from_seq: 1,
+        })
+        .await?
+        .into_inner();
+    let mut killed = None;
+    while let Ok(Some(e)) = tokio::time::timeout(Duration::from_millis(300), events.message())
+        .await
+        .map(|r| r.ok().flatten())
+    {
+        if let Some(k) = e.attributes.get("killed") {
+            killed = Some(k == "true");
+        }
+    }
+    assert_eq!(killed, Some(true), "the agent had to kill the container");
+    let last_old = done
+        .progress
+        .iter()
+        .filter(|p| p.epoch == 1)
+        .map(|p| p.step)
+        .max()
+        .unwrap();
+    let first_new = done
+        .progress
+        .iter()
+        .filter(|p| p.epoch == 2)
+        .map(|p| p.step)
+        .min()
+        .unwrap();
+    assert!(
+        first_new <= last_old,
+        "resumed ahead of where it was: {last_old} -> {first_new}"
+    );
+    assert_eq!(
+        first_new % 100,
+        0,
+        "resumed from a periodic checkpoint (every 100 steps): {first_new}"
+    );
+    assert!(
+        first_new >= 200,
+        "a periodic checkpoint, not a fresh start: {first_new}"
+    );
+    manager.stop().await;
+    Ok(())
+}
