@@ -413,9 +413,13 @@ fn shutdown_provider(p: &SdkTracerProvider) {
 pub type MetricsRegistry = Arc<prometheus_client::registry::Registry>;
 
 /// The content type of the OpenMetrics text format `prometheus_client` writes.
-pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// The registry as OpenMetrics text.
+/// The content type of the classic Prometheus text format (0.0.4).
+pub const PROMETHEUS_TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The registry as OpenMetrics text (what Prometheus asks for when it scrapes).
 pub fn encode_metrics(registry: &prometheus_client::registry::Registry) -> String {
     let mut body = String::new();
     // Writing into a String cannot fail.
@@ -423,22 +427,64 @@ pub fn encode_metrics(registry: &prometheus_client::registry::Registry) -> Strin
     body
 }
 
-/// Serves `GET /metrics` from `registry` on `listener` until `shutdown` is cancelled.
+/// The registry in the classic Prometheus text format, for clients that do not ask for
+/// OpenMetrics (curl, `promtool check metrics`, older scrapers). The two differ only where a
+/// counter is named: OpenMetrics names the family `x` and its sample `x_total`, the classic
+/// format names both `x_total`; and the classic format has no `# UNIT` or `# EOF` lines.
+pub fn encode_metrics_classic(registry: &prometheus_client::registry::Registry) -> String {
+    let open = encode_metrics(registry);
+    let counters: std::collections::HashSet<&str> = open
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(open.len() + 16 * counters.len());
+    for line in open.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|p| {
+            let rest = line.strip_prefix(p)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters
+                .contains(name)
+                .then(|| format!("{p}{name}_total {tail}"))
+        });
+        out.push_str(renamed.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    out
+}
+
+/// Serves `GET /metrics` from `registry` on `listener` until `shutdown` is cancelled:
+/// OpenMetrics to clients that accept it (Prometheus does), the classic text format to others.
 pub async fn serve_metrics(
     listener: tokio::net::TcpListener,
     registry: MetricsRegistry,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    use axum::http::header::CONTENT_TYPE;
+    use axum::http::HeaderMap;
+    use axum::http::header::{ACCEPT, CONTENT_TYPE};
     let app = axum::Router::new().route(
         "/metrics",
-        axum::routing::get(move || {
+        axum::routing::get(move |headers: HeaderMap| {
             let registry = registry.clone();
             async move {
-                (
-                    [(CONTENT_TYPE, METRICS_CONTENT_TYPE)],
-                    encode_metrics(&registry),
-                )
+                let open = headers
+                    .get_all(ACCEPT)
+                    .iter()
+                    .filter_map(|v| v.to_str().ok())
+                    .any(|v| v.contains("application/openmetrics-text"));
+                if open {
+                    (
+                        [(CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)],
+                        encode_metrics(&registry),
+                    )
+                } else {
+                    (
+                        [(CONTENT_TYPE, PROMETHEUS_TEXT_CONTENT_TYPE)],
+                        encode_metrics_classic(&registry),
+                    )
+                }
             }
         }),
     );
@@ -458,5 +504,30 @@ mod tests {
         }
         let err = "yaml".parse::<LogFormat>().unwrap_err();
         assert!(err.contains("text") && err.contains("json"), "{err}");
+    }
+
+    #[test]
+    fn the_classic_format_names_counter_families_with_their_total_suffix() {
+        use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
+        let mut r = prometheus_client::registry::Registry::default();
+        let c = Counter::<u64>::default();
+        c.inc();
+        r.register("jobs_submitted", "Jobs accepted", c);
+        r.register("jobs", "Jobs now", Gauge::<i64>::default());
+        let open = encode_metrics(&r);
+        assert!(open.contains("# TYPE jobs_submitted counter\n"), "{open}");
+        assert!(open.ends_with("# EOF\n"), "{open}");
+        let classic = encode_metrics_classic(&r);
+        assert!(
+            classic.contains("# HELP jobs_submitted_total Jobs accepted"),
+            "{classic}"
+        );
+        assert!(
+            classic.contains("# TYPE jobs_submitted_total counter\n"),
+            "{classic}"
+        );
+        assert!(classic.contains("jobs_submitted_total 1\n"), "{classic}");
+        assert!(classic.contains("# TYPE jobs gauge\n"), "{classic}");
+        assert!(!classic.contains("# EOF"), "{classic}");
     }
 }
