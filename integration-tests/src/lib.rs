@@ -466,3 +466,106 @@ pub fn running_container_of(job_id: &str) -> Option<String> {
         .collect();
     (running.len() == 1).then(|| running[0].clone())
 }
+
+/// A loopback address with a port that was free a moment ago, for a server that binds its own
+/// listener from an address (`--metrics-listen`).
+pub fn free_local_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local address")
+}
+
+/// `GET http://addr/metrics`, asking for OpenMetrics as Prometheus does (`openmetrics`) or
+/// for whatever a plain client gets: the body, after checking the status and content type.
+pub async fn scrape_metrics(addr: SocketAddr, openmetrics: bool) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // A plain HTTP/1.1 request, with Prometheus' own Accept header when asked: no HTTP client
+    // to depend on, and the exact negotiation a scraper does.
+    let accept = if openmetrics {
+        "Accept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5\r\n"
+    } else {
+        ""
+    };
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connecting to the metrics endpoint at {addr}"))?;
+    s.write_all(
+        format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\n{accept}Connection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .await?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).await?;
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .context("no end of headers in the metrics response")?;
+    if !head.starts_with("HTTP/1.1 200") {
+        bail!("GET /metrics on {addr}: {head}");
+    }
+    let want = if openmetrics {
+        "content-type: application/openmetrics-text"
+    } else {
+        "content-type: text/plain; version=0.0.4"
+    };
+    if !head.to_ascii_lowercase().contains(want) {
+        bail!("GET /metrics on {addr}: expected {want}: {head}");
+    }
+    Ok(body.to_string())
+}
+
+/// Prometheus' `promtool`: from `$PROMTOOL` or `PATH` (Debian's `prometheus` package, which
+/// `cargo xtask test` installs).
+pub fn promtool() -> PathBuf {
+    if let Some(p) = std::env::var_os("PROMTOOL") {
+        return p.into();
+    }
+    let found = Command::new("promtool")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(
+        found,
+        "promtool not found: run `cargo xtask test` (it installs Debian's `prometheus` package) or `apt-get install -y --no-install-recommends prometheus`"
+    );
+    "promtool".into()
+}
+
+/// `promtool check metrics` on `text`; fails with what promtool said.
+pub fn promtool_check(text: &str) -> Result<()> {
+    use std::io::Write;
+    let mut child = Command::new(promtool())
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("starting promtool")?;
+    child
+        .stdin
+        .take()
+        .context("promtool stdin")?
+        .write_all(text.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "promtool check metrics failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// The value of the sample `name{labels}` exactly as written in `text` (`labels` as
+/// `a="x",b="y"`, empty for none); `None` when absent.
+pub fn metric_value(text: &str, name: &str, labels: &str) -> Option<f64> {
+    let key = if labels.is_empty() {
+        name.to_string()
+    } else {
+        format!("{name}{{{labels}}}")
+    };
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key)?.strip_prefix(' '))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
