@@ -22,6 +22,9 @@
 //!   executor from real progress and cgroup CPU time.
 //! - `view`: the read-mostly per-container view the heartbeat and registration read, and the
 //!   policy rounds' categories, growth efficiencies and threshold.
+//! - [`metrics`]: the agent's Prometheus metrics (its own registry), served at `/metrics`
+//!   with `--metrics-listen`. Command spans continue the manager's trace from the command's
+//!   `traceparent`; `docs/observability.md` describes traces, metrics and logs.
 //!
 //! ## Self-fencing
 //! After `--fence-after` (30 s) without a manager the executor checkpoints and stops every

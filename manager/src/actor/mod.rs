@@ -5,7 +5,7 @@
 //! events from the agent streams ([`StreamEvent`]), and a timer that detects silent workers.
 //! Placement is delegated to a [`Placer`] from `converge-policy`; the actor only builds the
 //! snapshots it looks at and carries out its answer. Moving a job between workers (SpeCon's
-//! migrations, rebalancing, draining, recovering a lost job) lives in [`migrate`].
+//! migrations, rebalancing, draining, recovering a lost job) lives in `migrate`.
 //!
 //! Tracing: each job's submission span is the root of the job's trace; its context is kept on
 //! the job, and every later span of the job (placement, each migration, every command sent)
