@@ -1,6 +1,8 @@
-//! One job is one trace across the manager and its agent (issue 8), checked at a real OTLP
+//! One job is one trace across the manager and its agents (issue 8), checked at a real OTLP
 //! receiver: the OpenTelemetry collector's gRPC `TraceService` on loopback, fed by the real
-//! exporters of a manager and an agent running in this process on real Docker.
+//! exporters of a manager and agents running in this process on real Docker. First a job's
+//! submission, placement and start; then another job's move by a drain (save on one agent,
+//! restore on the other).
 //!
 //! The process has one global subscriber, so this file holds one test; the telemetry routes
 //! each component's spans to its own `service.name`, as the two binaries would report them.
@@ -109,12 +111,32 @@ fn find<'a>(
     })
 }
 
+/// The spans of one trace in start order, for a person reading the test's output.
+fn print_trace(spans: &[Received], trace_id: &[u8]) {
+    let mut in_trace: Vec<&Received> = spans
+        .iter()
+        .filter(|r| r.span.trace_id == trace_id)
+        .collect();
+    in_trace.sort_by_key(|r| r.span.start_time_unix_nano);
+    println!("trace {}", hex(trace_id));
+    for r in in_trace {
+        println!(
+            "{:>16} {:<18} span {} parent {}",
+            r.service,
+            r.span.name,
+            hex(&r.span.span_id),
+            hex(&r.span.parent_span_id)
+        );
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_jobs_placement_and_start_are_one_trace_across_manager_and_agent() -> Result<()> {
+async fn a_jobs_placement_start_and_migration_are_one_trace_across_manager_and_agents() -> Result<()>
+{
     require_docker(&[TRAINER_IMAGE]);
 
     // A real OTLP/gRPC receiver on loopback.
@@ -238,21 +260,7 @@ async fn a_jobs_placement_and_start_are_one_trace_across_manager_and_agent() -> 
         })
         .context("the agent's container_start span under its command span")?;
 
-    // The job's trace as received, for a person reading the test's output.
-    let mut in_trace: Vec<&Received> = spans
-        .iter()
-        .filter(|r| r.span.trace_id == submit.span.trace_id)
-        .collect();
-    in_trace.sort_by_key(|r| r.span.start_time_unix_nano);
-    for r in &in_trace {
-        println!(
-            "{:>16} {:<16} span {} parent {}",
-            r.service,
-            r.span.name,
-            hex(&r.span.span_id),
-            hex(&r.span.parent_span_id)
-        );
-    }
+    print_trace(&spans, &submit.span.trace_id);
 
     // One trace: the job's submission is its root...
     let trace = hex(&submit.span.trace_id);
@@ -289,6 +297,162 @@ async fn a_jobs_placement_and_start_are_one_trace_across_manager_and_agent() -> 
         "placement scores name the worker: {scores:?}"
     );
 
+    // A migration joins the job's trace too: a second job runs on the first worker, which is
+    // drained once a second worker is there.
+    let mut spec = trainer_spec("mlp-digits", 6000, 20);
+    spec.args.extend(["--size".into(), "2".into()]);
+    let moved = client
+        .submit_job(pb::SubmitJobRequest { spec: Some(spec) })
+        .await?
+        .into_inner()
+        .job_id;
+    eventually(Duration::from_secs(60), "the second job to run", || {
+        let (mut c, id) = (client.clone(), moved.clone());
+        async move {
+            let j = job(&mut c, &id, false).await?;
+            Ok((j.state == JobState::Running as i32 && j.step >= 100).then_some(()))
+        }
+    })
+    .await?;
+    let worker2 = unique("otlp2");
+    let agent2 = TestAgent::start(&manager.endpoint(), &worker2, 1.0, checkpoints.path());
+    eventually(
+        Duration::from_secs(20),
+        "the second worker to register",
+        || {
+            let mut c = client.clone();
+            async move {
+                let n = c
+                    .list_workers(pb::ListWorkersRequest {})
+                    .await?
+                    .into_inner()
+                    .workers
+                    .len();
+                Ok((n == 2).then_some(()))
+            }
+        },
+    )
+    .await?;
+    client
+        .drain_worker(pb::DrainWorkerRequest {
+            worker_id: worker.clone(),
+        })
+        .await?;
+    eventually(
+        Duration::from_secs(60),
+        "the job to resume on the second worker",
+        || {
+            let (mut c, id) = (client.clone(), moved.clone());
+            async move {
+                let j = job(&mut c, &id, false).await?;
+                Ok((j.migrations == 1 && j.state == JobState::Running as i32).then_some(()))
+            }
+        },
+    )
+    .await?;
+    client
+        .cancel_job(pb::CancelJobRequest {
+            job_id: moved.clone(),
+        })
+        .await?;
+    let spans = eventually(Duration::from_secs(20), "the migration's spans", || {
+        let (t, r, id) = (telemetry.clone(), receiver.clone(), moved.clone());
+        async move {
+            tokio::task::spawn_blocking(move || t.force_flush()).await?;
+            let spans = r.snapshot();
+            let done = find(&spans, "converge-manager", "migration", &[("job", &id)]).is_some()
+                && find(
+                    &spans,
+                    "converge-agent",
+                    "command",
+                    &[("job", &id), ("action", "start"), ("epoch", "2")],
+                )
+                .is_some();
+            Ok(done.then_some(spans))
+        }
+    })
+    .await?;
+    let id = moved.as_str();
+    let submit = find(&spans, "converge-manager", "submit", &[("job", id)])
+        .context("the second job's submit span")?;
+    let migration = find(
+        &spans,
+        "converge-manager",
+        "migration",
+        &[("job", id), ("reason", "drain"), ("outcome", "completed")],
+    )
+    .context("the manager's migration span, completed")?;
+    let drain = find(&spans, "converge-manager", "drain", &[("worker", &worker)])
+        .context("the manager's drain span")?;
+    let child_of = |parent: &Received, service: &str, name: &str, attrs: &[(&str, &str)]| {
+        spans
+            .iter()
+            .find(|r| {
+                r.service == service
+                    && r.span.name == name
+                    && r.span.parent_span_id == parent.span.span_id
+                    && attrs.iter().all(|(k, v)| r.attr(k).as_deref() == Some(*v))
+            })
+            .cloned()
+            .with_context(|| format!("{name} ({service}) under {}", parent.span.name))
+    };
+    let save = child_of(migration, "converge-manager", "migration.save", &[])?;
+    let send_save = child_of(
+        &save,
+        "converge-manager",
+        "send_command",
+        &[("action", "save")],
+    )?;
+    let agent_save = child_of(
+        &send_save,
+        "converge-agent",
+        "command",
+        &[("action", "save")],
+    )?;
+    let restore = child_of(migration, "converge-manager", "migration.restore", &[])?;
+    let send_start = child_of(
+        &restore,
+        "converge-manager",
+        "send_command",
+        &[("action", "start")],
+    )?;
+    let agent_start = child_of(
+        &send_start,
+        "converge-agent",
+        "command",
+        &[("action", "start"), ("epoch", "2")],
+    )?;
+    let restart = child_of(&agent_start, "converge-agent", "container_start", &[])?;
+    print_trace(&spans, &submit.span.trace_id);
+    assert_eq!(
+        migration.span.parent_span_id, submit.span.span_id,
+        "migration under submit"
+    );
+    for s in [
+        &save,
+        &send_save,
+        &agent_save,
+        &restore,
+        &send_start,
+        &agent_start,
+        &restart,
+    ] {
+        assert_eq!(
+            s.span.trace_id, submit.span.trace_id,
+            "{} ({}) is not in the moved job's trace",
+            s.span.name, s.service
+        );
+    }
+    assert!(
+        migration
+            .span
+            .links
+            .iter()
+            .any(|l| l.span_id == drain.span.span_id),
+        "the migration links to the drain that decided it"
+    );
+
+    drop(agent2);
     drop(agent);
     manager.stop().await;
     stop_receiver.cancel();
