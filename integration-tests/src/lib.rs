@@ -569,3 +569,26 @@ pub fn metric_value(text: &str, name: &str, labels: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(&key)?.strip_prefix(' '))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
+
+impl TestManager {
+    /// Starts a manager on `addr` (e.g. the address of one that stopped, so that its agents
+    /// reconnect to the new one); `tweak` adjusts the default test configuration.
+    pub async fn start_at(addr: SocketAddr, tweak: impl FnOnce(&mut Config)) -> Result<Self> {
+        init_tracing();
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let mut config = Config::for_listen(addr);
+        tweak(&mut config);
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let task = tokio::spawn(async move {
+            if let Err(e) = converge_manager::serve(config, listener, token).await {
+                panic!("manager failed: {e}");
+            }
+        });
+        Ok(Self {
+            addr,
+            shutdown,
+            task: Some(task),
+        })
+    }
+}

@@ -390,3 +390,76 @@ async fn event_to_applied_limits_latency() -> anyhow::Result<()> {
     manager.stop().await;
     Ok(())
 }
+
+/// Issue 5: when the manager's policy says "free" (here: the worker re-registers with a manager
+/// running `spread`), the agent removes the limits FlowCon set and its containers compete
+/// freely within the worker's capacity again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_flowcon_set_are_released_when_the_policy_turns_free() -> anyhow::Result<()> {
+    require_docker(&[TRAINER_IMAGE]);
+    let checkpoints = tempfile_dir("flowcon-free")?;
+    let manager = TestManager::start(|c| {
+        c.policy = "flowcon".into();
+        c.heartbeat_interval = Duration::from_millis(250);
+    })
+    .await?;
+    let addr = manager.addr;
+    let mut config = converge_agent::config::Config::new(manager.endpoint(), unique("it-ff"), 1.0);
+    config.checkpoint_root = checkpoints.path().to_path_buf();
+    config.heartbeat_interval = Duration::from_millis(250);
+    config.flowcon_interval = Duration::from_secs(1);
+    // Two jobs both learning: their limits become their shares of growth efficiency.
+    config.flowcon_alpha = Some(0.0);
+    config.fence_after = Duration::ZERO;
+    let agent = TestAgent::start_with(config);
+    let mut client = manager.control().await?;
+    wait_workers(&client, 1).await?;
+    let ids = [
+        submit(&mut client, long_mlp()).await?,
+        submit(&mut client, long_mlp()).await?,
+    ];
+    // Some container is held below the whole worker by FlowCon.
+    eventually(
+        Duration::from_secs(40),
+        "a FlowCon limit below 1 CPU",
+        || {
+            let ids = ids.clone();
+            async move {
+                for id in &ids {
+                    if let Some(c) = running_container_of(id)
+                        && inspect_nano_cpus(&c)?.1 < 1_000_000_000
+                    {
+                        return Ok(Some(()));
+                    }
+                }
+                Ok(None)
+            }
+        },
+    )
+    .await?;
+    drop(client);
+    tokio::time::timeout(Duration::from_secs(15), manager.stop())
+        .await
+        .map_err(|_| anyhow::anyhow!("the manager did not stop"))?;
+    let manager = TestManager::start_at(addr, |c| {
+        c.policy = "spread".into();
+        c.heartbeat_interval = Duration::from_millis(250);
+    })
+    .await?;
+    eventually(Duration::from_secs(30), "every limit released", || {
+        let ids = ids.clone();
+        async move {
+            for id in &ids {
+                let c = running_container_of(id).expect("the job keeps running");
+                if inspect_nano_cpus(&c)?.1 != 1_000_000_000 {
+                    return Ok(None);
+                }
+            }
+            Ok(Some(()))
+        }
+    })
+    .await?;
+    drop(agent);
+    manager.stop().await;
+    Ok(())
+}
