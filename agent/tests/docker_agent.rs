@@ -429,20 +429,25 @@ async fn a_save_past_its_deadline_kills_the_container() {
         token.clone(),
     ));
     m.registered(T).await;
-    m.send(command(
-        "k1",
-        "job-k",
-        2,
-        start_trainer(5_000_000, 500, 0.1),
-    ));
+    // The trainer's fault injection makes it ignore SIGTERM, as a misbehaving image would, so
+    // the kill is certain (a well-behaved trainer can finish its save inside any short
+    // deadline and exit 0 before the kill lands).
+    let mut start = start_trainer(5_000_000, 500, 0.1);
+    if let Action::Start(s) = &mut start {
+        s.spec
+            .as_mut()
+            .unwrap()
+            .args
+            .push("--ignore-sigterm".into());
+    }
+    m.send(command("k1", "job-k", 2, start));
     assert!(m.result("k1", T).await.ok);
     m.samples("job-k", 1, T).await;
-    // 1 ms is less than any checkpoint takes: the agent must kill and say so.
     m.send(command(
         "k2",
         "job-k",
         2,
-        Action::Save(pb::Save { deadline_ms: 1 }),
+        Action::Save(pb::Save { deadline_ms: 500 }),
     ));
     let (r, exited) = m.result_and_exit("k2", "job-k", T).await;
     assert!(r.ok, "{r:?}");

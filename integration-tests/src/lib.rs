@@ -592,3 +592,49 @@ impl TestManager {
         })
     }
 }
+
+/// A container's CPU weight as its own cgroup holds it: `cpu.shares` under cgroup v1,
+/// `cpu.weight` under v2, with the value Docker writes there for `--cpu-shares shares`
+/// (v1: the share itself, at least 2; v2: runc's mapping `1 + (shares − 2)·9999/262142`).
+/// Returns `(found, expected)`.
+pub fn cgroup_cpu_weight(
+    config: &converge_agent::config::Config,
+    container_id: &str,
+    shares: u32,
+) -> Result<(u64, u64)> {
+    use converge_agent::cgroup::{CgroupVersion, WorkerCgroup};
+    let cg = WorkerCgroup::detect(&config.cgroup_root, &config.cgroup_parent)?;
+    let dir = cg.cpu_dir().join(container_id);
+    let shares = u64::from(shares.max(2));
+    let (file, expected) = match cg.version() {
+        CgroupVersion::V1 => ("cpu.shares", shares),
+        CgroupVersion::V2 => ("cpu.weight", 1 + (shares - 2) * 9999 / 262_142),
+    };
+    let found = std::fs::read_to_string(dir.join(file))
+        .with_context(|| format!("reading {file} of container {container_id}"))?
+        .trim()
+        .parse()?;
+    Ok((found, expected))
+}
+
+/// Every recorded event of `job_id` so far (the control API's replay), in order.
+pub async fn events_of(
+    c: &mut ControlServiceClient<Channel>,
+    job_id: &str,
+) -> Result<Vec<pb::Event>> {
+    let mut stream = c
+        .watch_events(pb::WatchEventsRequest {
+            job_id: job_id.into(),
+            from_seq: 1,
+        })
+        .await?
+        .into_inner();
+    let mut out = Vec::new();
+    // The replay comes first and at once; the stream then waits for live events.
+    while let Ok(Ok(Some(e))) =
+        tokio::time::timeout(Duration::from_millis(300), stream.message()).await
+    {
+        out.push(e);
+    }
+    Ok(out)
+}

@@ -151,7 +151,12 @@ async fn restarted_agent_readopts_its_running_container() -> anyhow::Result<()> 
     .await?;
     let id = client
         .submit_job(pb::SubmitJobRequest {
-            spec: Some(trainer_spec("mlp-digits", 4000, 20)),
+            // Size 8 (~3 ms a step): still running when the new agent starts.
+            spec: Some({
+                let mut s = trainer_spec("mlp-digits", 4000, 20);
+                s.args.extend(["--size".into(), "8".into()]);
+                s
+            }),
         })
         .await?
         .into_inner()

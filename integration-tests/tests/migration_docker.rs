@@ -296,7 +296,7 @@ async fn a_job_ignoring_sigterm_is_killed_and_resumes_from_its_last_periodic_che
     .await?;
     assert_eq!(done.state, JobState::Completed as i32, "{done:#?}");
     assert_eq!((done.worker_id.as_str(), done.epoch), (w2.as_str(), 2));
-    assert_eq!(done.step, 6000);
+    assert_eq!(done.step, 8000);
 
     // The save was a kill, and the new incarnation resumed from a periodic checkpoint at or
     // before the last step the old one reported.

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Parser;
+use converge_policy::value::{PreemptAction, VictimCriterion};
 
 /// `converge-manager` settings; every flag has a `CONVERGE_*` environment fallback.
 #[derive(Parser, Debug, Clone)]
@@ -13,7 +14,8 @@ pub struct Cli {
     #[arg(long, env = "CONVERGE_LISTEN", default_value = "0.0.0.0:7070")]
     pub listen: SocketAddr,
     /// Policy: `spread` (Docker Swarm, the baseline), `least-allocated`, `round-robin`,
-    /// `flowcon`, `specon`, `converge` (FlowCon and SpeCon together).
+    /// `flowcon`, `specon`, `converge` (FlowCon and SpeCon together), `value` (value-based
+    /// allocation with preemption, DwP) or `value-dwop` (without preemption).
     #[arg(long, env = "CONVERGE_POLICY", default_value = "spread")]
     pub policy: String,
     /// Heartbeat period agents use; loss is counted in these.
@@ -44,6 +46,21 @@ pub struct Cli {
     /// Traces go to the OTLP endpoint in `OTEL_EXPORTER_OTLP_ENDPOINT`, when set.
     #[arg(long, env = "CONVERGE_LOG_FORMAT", default_value = "text")]
     pub log_format: converge_messenger::telemetry::LogFormat,
+    /// With `value`: the overload threshold λ of Eq. 2, in (0, 1); a worker whose running
+    /// jobs expect less than λ of their maximum value may lose one of them to a new job.
+    #[arg(long, env = "CONVERGE_VALUE_LAMBDA", default_value_t = 0.5)]
+    pub value_lambda: f64,
+    /// With `value` and `value-dwop`: CPU shares examined are 1, 1+stride, … ≤ 1024 (1 = all).
+    #[arg(long, env = "CONVERGE_VALUE_STRIDE", default_value_t = 1)]
+    pub value_stride: u32,
+    /// With `value`: how the one victim on an overloaded worker is chosen: `mrv` (minimal
+    /// remaining value), `lvd` (lowest value density) or `lev` (lowest expected value).
+    #[arg(long, env = "CONVERGE_VALUE_CRITERION", default_value = "mrv")]
+    pub value_criterion: String,
+    /// With `value`: what happens to a victim: `pause` (docker pause; resumed when its worker
+    /// has room again) or `stop` (stopped for good; the job ends REJECTED).
+    #[arg(long, env = "CONVERGE_VALUE_PREEMPT", default_value = "pause")]
+    pub value_preempt: String,
 }
 
 /// The placement policies the manager can run.
@@ -54,6 +71,8 @@ pub const POLICIES: &[&str] = &[
     "flowcon",
     "specon",
     "converge",
+    "value",
+    "value-dwop",
 ];
 
 /// Validated settings.
@@ -77,6 +96,33 @@ pub struct Config {
     pub recover_lost_after: Duration,
     /// Where `/metrics` is served, if anywhere.
     pub metrics_listen: Option<SocketAddr>,
+    /// λ of Eq. 2 (value-based allocation with preemption).
+    pub value_lambda: f64,
+    /// CPU-share stride of value-based allocation.
+    pub value_stride: u32,
+    /// Victim criterion of value-based allocation with preemption.
+    pub value_criterion: VictimCriterion,
+    /// Pause or stop a victim.
+    pub value_preempt: PreemptAction,
+}
+
+/// `--value-criterion` names: the short form and the criterion's own name with dashes.
+pub fn parse_criterion(s: &str) -> Option<VictimCriterion> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "mrv" | "minimal-remaining-value" => Some(VictimCriterion::MinimalRemainingValue),
+        "lvd" | "lowest-value-density" => Some(VictimCriterion::LowestValueDensity),
+        "lev" | "lowest-expected-value" => Some(VictimCriterion::LowestExpectedValue),
+        _ => None,
+    }
+}
+
+/// `--value-preempt` names.
+pub fn parse_preempt(s: &str) -> Option<PreemptAction> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "pause" => Some(PreemptAction::Pause),
+        "stop" => Some(PreemptAction::Stop),
+        _ => None,
+    }
 }
 
 /// A setting that cannot work, naming the flag.
@@ -130,6 +176,27 @@ impl Cli {
                 message: "must be at least 1s".into(),
             });
         }
+        if !(self.value_lambda > 0.0 && self.value_lambda < 1.0) {
+            return Err(ConfigError {
+                flag: "value-lambda",
+                message: format!("must be in (0, 1) (Eq. 2), got {}", self.value_lambda),
+            });
+        }
+        if !(1..1024).contains(&self.value_stride) {
+            return Err(ConfigError {
+                flag: "value-stride",
+                message: format!("must be in 1..=1023, got {}", self.value_stride),
+            });
+        }
+        let value_criterion =
+            parse_criterion(&self.value_criterion).ok_or_else(|| ConfigError {
+                flag: "value-criterion",
+                message: format!("`{}` is not one of mrv, lvd, lev", self.value_criterion),
+            })?;
+        let value_preempt = parse_preempt(&self.value_preempt).ok_or_else(|| ConfigError {
+            flag: "value-preempt",
+            message: format!("`{}` is not pause or stop", self.value_preempt),
+        })?;
         Ok(Config {
             listen: self.listen,
             policy: self.policy,
@@ -140,6 +207,10 @@ impl Cli {
             rebalance_interval: self.rebalance_interval,
             recover_lost_after: self.recover_lost_after,
             metrics_listen: self.metrics_listen,
+            value_lambda: self.value_lambda,
+            value_stride: self.value_stride,
+            value_criterion,
+            value_preempt,
         })
     }
 }
@@ -157,6 +228,28 @@ impl Config {
             rebalance_interval: Duration::from_secs(30),
             recover_lost_after: Duration::from_secs(60),
             metrics_listen: None,
+            value_lambda: 0.5,
+            value_stride: 1,
+            value_criterion: VictimCriterion::MinimalRemainingValue,
+            value_preempt: PreemptAction::Pause,
+        }
+    }
+
+    /// The value-based allocator's parameters for `policy` (`value`: DwP, `value-dwop`), or
+    /// `None` for the other policies.
+    pub fn value_config(&self) -> Option<converge_policy::value::ValueConfig> {
+        use converge_policy::value::{PreemptionConfig, ValueConfig};
+        match self.policy.as_str() {
+            "value" => Some(ValueConfig::dwp(
+                self.value_stride,
+                PreemptionConfig {
+                    lambda: self.value_lambda,
+                    criterion: self.value_criterion,
+                    action: self.value_preempt,
+                },
+            )),
+            "value-dwop" => Some(ValueConfig::dwop(self.value_stride)),
+            _ => None,
         }
     }
 }
@@ -201,5 +294,42 @@ mod tests {
         );
         let bad = Cli::try_parse_from(["converge-manager", "--log-format", "xml"]).unwrap_err();
         assert!(bad.to_string().contains("text"), "{bad}");
+    }
+
+    #[test]
+    fn value_settings_default_to_the_papers_main_run_and_bad_ones_are_named() {
+        use converge_policy::value::{PreemptAction, VictimCriterion};
+        let c = Cli::parse_from(["converge-manager", "--policy", "value"])
+            .validate()
+            .unwrap();
+        let v = c.value_config().expect("value runs the allocator");
+        let p = v.preemption.expect("value is DwP");
+        assert_eq!((p.lambda, v.stride), (0.5, 1));
+        assert_eq!(p.criterion, VictimCriterion::MinimalRemainingValue);
+        assert_eq!(p.action, PreemptAction::Pause);
+        let c = Cli::parse_from([
+            "converge-manager",
+            "--policy",
+            "value-dwop",
+            "--value-stride",
+            "18",
+        ])
+        .validate()
+        .unwrap();
+        let v = c.value_config().unwrap();
+        assert!(v.preemption.is_none());
+        assert_eq!(v.stride, 18);
+        assert!(Config::for_listen(c.listen).value_config().is_none());
+        for (flag, value) in [
+            ("--value-lambda", "1"),
+            ("--value-stride", "1024"),
+            ("--value-criterion", "oldest"),
+            ("--value-preempt", "kill"),
+        ] {
+            let err = Cli::parse_from(["converge-manager", flag, value])
+                .validate()
+                .unwrap_err();
+            assert_eq!(format!("--{}", err.flag), flag, "{err}");
+        }
     }
 }

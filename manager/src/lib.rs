@@ -59,6 +59,11 @@ pub struct PolicySet {
 /// - `specon`: even initial placement, free competition, SpeCon migration (Alg. 1 on the
 ///   agents, Alg. 2 on their requests, Alg. 3 rebalancing on a timer).
 /// - `converge`: FlowCon placement and limits together with SpeCon migration.
+/// - `value`: value-based allocation with preemption (DwP): jobs with a value curve are
+///   admitted, placed with a CPU share, preempted, resumed, dropped or rejected by
+///   `converge_policy::value::ValueAllocator`; jobs without one are placed by spread. Free
+///   competition (weighted by the CPU shares) on the workers.
+/// - `value-dwop`: the same without preemption (DwoP).
 pub fn policy_set(name: &str) -> Option<PolicySet> {
     use converge_policy::baseline::{LeastAllocated, RoundRobin, Spread};
     use converge_policy::flowcon::FlowConPlacer;
@@ -69,6 +74,12 @@ pub fn policy_set(name: &str) -> Option<PolicySet> {
         "flowcon" => (Box::new(FlowConPlacer), "flowcon", false),
         "specon" => (Box::new(RoundRobin::default()), "free", true),
         "converge" => (Box::new(FlowConPlacer), "flowcon", true),
+        "value" => (Box::new(actor::ValuePlacer::new("value")), "free", false),
+        "value-dwop" => (
+            Box::new(actor::ValuePlacer::new("value-dwop")),
+            "free",
+            false,
+        ),
         _ => return None,
     };
     Some(PolicySet {
@@ -86,6 +97,12 @@ pub async fn serve(
 ) -> Result<()> {
     let policies = policy_set(&config.policy)
         .ok_or_else(|| Error::invalid("policy", format!("unknown policy `{}`", config.policy)))?;
+    // Checked here too: embedders build a `Config` without the command line's validation.
+    let value = config
+        .value_config()
+        .map(converge_policy::value::ValueAllocator::new)
+        .transpose()
+        .map_err(|e| Error::invalid("value", e.to_string()))?;
     let actor_config = actor::ActorConfig {
         manager_id: format!("manager-{}", uuid::Uuid::new_v4()),
         heartbeat_interval: config.heartbeat_interval,
@@ -96,6 +113,7 @@ pub async fn serve(
         save_deadline: config.save_deadline,
         rebalance_interval: config.rebalance_interval,
         recover_lost_after: config.recover_lost_after,
+        value,
     };
     let (req_tx, req_rx) = mpsc::channel(1024);
     let (stream_tx, stream_rx) = mpsc::channel(8192);

@@ -36,6 +36,9 @@ use crate::state::{Cluster, Job, MovePhase, Worker};
 use crate::validate::{self, Limits};
 
 mod migrate;
+mod value;
+
+pub(crate) use value::ValuePlacer;
 
 /// Settings the actor runs with.
 #[derive(Clone, Debug)]
@@ -58,6 +61,9 @@ pub struct ActorConfig {
     pub rebalance_interval: Duration,
     /// How long a job may stay Lost before it is restarted elsewhere from its checkpoint.
     pub recover_lost_after: Duration,
+    /// Value-based allocation (`--policy value` or `value-dwop`): jobs with a value curve are
+    /// admitted by this allocator instead of the placer (see `value`).
+    pub value: Option<converge_policy::value::ValueAllocator>,
 }
 
 /// A control request, answered on its `reply` channel.
@@ -127,6 +133,8 @@ pub struct Actor {
     /// Which worker each live stream belongs to.
     conns: HashMap<ConnectionId, String>,
     metrics: ManagerMetrics,
+    /// Value-based allocation, with `--policy value`/`value-dwop`.
+    value: Option<value::ValueDriver>,
 }
 
 impl Actor {
@@ -136,7 +144,9 @@ impl Actor {
         placer: Box<dyn Placer + Send>,
         metrics: ManagerMetrics,
     ) -> Self {
+        let value = config.value.clone().map(value::ValueDriver::new);
         Self {
+            value,
             config,
             placer,
             cluster: Cluster::default(),
@@ -275,6 +285,11 @@ impl Actor {
                 return Err(e);
             }
         };
+        if let Err(e) = self.value_check_spec(&spec) {
+            info!(error = %e, "submission refused");
+            self.metrics.rejected(self.placer.name(), "validation");
+            return Err(e);
+        }
         let id = uuid::Uuid::new_v4().to_string();
         span.record("job", id.as_str());
         span.record("image", spec.image.as_str());
@@ -697,10 +712,22 @@ impl Actor {
         if job.migration.is_some() && self.on_migration_exit(&e) {
             return;
         }
-        if e.requested && e.exit_code != 0 {
-            // We asked for this exit (a stop whose result drives the job's state); a signal's
-            // exit code is not the job failing.
-            debug!(job = %id, code = e.exit_code, "requested exit");
+        if e.requested && !e.done {
+            // Stopped on request before finishing and outside a migration: its agent
+            // checkpointed it while cut off from us (self-fencing). It is restartable from its
+            // checkpoint, and that incarnation has already stopped, so restart it now.
+            if let Some(j) = self.cluster.jobs.get_mut(&id) {
+                j.worker_id = None;
+                j.lost_since = None;
+            }
+            self.set_state(
+                &id,
+                JobState::Pending,
+                &format!(
+                    "checkpointed and stopped by {worker}'s agent; restarting from its checkpoint"
+                ),
+            );
+            self.schedule();
             return;
         }
         if let Some(j) = self.cluster.jobs.get_mut(&id) {
@@ -770,12 +797,14 @@ impl Actor {
             }
         }
         self.recover_lost(now);
+        self.value_tick();
     }
 
     // ---- scheduling ----
 
     /// Places pending jobs, oldest first, as long as the policy finds workers for them.
     fn schedule(&mut self) {
+        self.value_departures();
         let mut pending: Vec<(u64, String)> = self
             .cluster
             .jobs
@@ -788,6 +817,9 @@ impl Actor {
         }
         pending.sort();
         for (_, id) in pending {
+            if self.value_admit(&id) {
+                continue;
+            }
             let (ids, snapshots) = self.snapshots();
             let spec = &self.cluster.jobs[&id].spec;
             let request = JobRequest {
@@ -958,6 +990,7 @@ impl Actor {
         if from == to {
             return;
         }
+        self.value_note_transition(id, from, to, &worker);
         self.metrics.job_state(Some(from), to);
         if to == JobState::Rejected {
             self.metrics.rejected(self.placer.name(), "policy");
