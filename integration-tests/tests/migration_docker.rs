@@ -220,11 +220,13 @@ async fn a_job_ignoring_sigterm_is_killed_and_resumes_from_its_last_periodic_che
         }
     })
     .await?;
-    let mut spec = trainer_spec("mlp-digits", 6000, 20);
+    // Long enough (size 4: ~2 ms a step) that it cannot finish within the save deadline, so
+    // the exit really is the agent's kill.
+    let mut spec = trainer_spec("mlp-digits", 8000, 20);
     spec.args.extend(
         [
             "--size",
-            "2",
+            "4",
             "--checkpoint-every",
             "100",
             "--ignore-sigterm",
