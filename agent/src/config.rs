@@ -29,9 +29,11 @@ pub struct Cli {
     /// Memory capacity offered to the manager: bytes, or with a k/m/g suffix (e.g. 4g).
     #[arg(long, env = "CONVERGE_MEMORY", default_value = "0")]
     pub memory: String,
-    /// Speed relative to the reference worker (1.0 = reference).
-    #[arg(long, env = "CONVERGE_CALIBRATION", default_value_t = 1.0)]
-    pub calibration: f64,
+    /// Speed relative to the reference worker (1.0 = reference, 1.5 = 50% faster), or `measure`:
+    /// run the reference trainer benchmark at start (a few seconds) and report what it finds
+    /// (value-based allocation's calibration coefficient; see the agent's `calibration` module).
+    #[arg(long, env = "CONVERGE_CALIBRATION", default_value = "measure")]
+    pub calibration: String,
     /// Heartbeat period, e.g. 1s or 500ms.
     #[arg(long, env = "CONVERGE_HEARTBEAT_INTERVAL", default_value = "1s")]
     pub heartbeat_interval: String,
@@ -120,8 +122,12 @@ pub struct Config {
     pub cpus: f64,
     /// Memory capacity in bytes (0 = not stated).
     pub memory_bytes: u64,
-    /// Speed relative to the reference worker.
+    /// Speed relative to the reference worker (what the agent reports when it does not
+    /// measure it).
     pub calibration: f64,
+    /// Measure the speed at start (the binary's default) instead of reporting `calibration`.
+    /// Off in [`Config::new`], so agents run in-process (tests) skip the benchmark.
+    pub measure_calibration: bool,
     /// Heartbeat period.
     pub heartbeat_interval: Duration,
     /// Host directory under which each job's checkpoint directory lives.
@@ -183,6 +189,7 @@ impl Config {
             cpus,
             memory_bytes: 0,
             calibration: 1.0,
+            measure_calibration: false,
             heartbeat_interval: Duration::from_secs(1),
             checkpoint_root: PathBuf::from("/var/lib/converge/checkpoints"),
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
@@ -385,7 +392,15 @@ impl Cli {
             setting: "memory",
             why,
         })?;
-        c.calibration = self.calibration;
+        match self.calibration.trim() {
+            "measure" => c.measure_calibration = true,
+            n => {
+                c.calibration = n.parse().map_err(|_| Error::Config {
+                    setting: "calibration",
+                    why: format!("`{n}` is not a speed (e.g. 1.0, 1.5) or `measure`"),
+                })?;
+            }
+        }
         c.heartbeat_interval =
             parse_duration(&self.heartbeat_interval).map_err(|why| Error::Config {
                 setting: "heartbeat-interval",
@@ -508,7 +523,7 @@ mod tests {
         assert_eq!(c.cgroup_parent, "/converge/w1");
         assert_eq!(c.heartbeat_interval, Duration::from_secs(1));
         assert_eq!(c.usage_interval, Duration::from_secs(1));
-        assert_eq!(c.calibration, 1.0);
+        assert!(c.measure_calibration, "the binary measures by default");
         assert_eq!(c.cpus, 1.5);
     }
 
@@ -614,6 +629,13 @@ mod tests {
             setting_of(with(&["--cpus", "1", "--calibration=-1"])),
             "calibration"
         );
+        assert_eq!(
+            setting_of(with(&["--cpus", "1", "--calibration", "fast"])),
+            "calibration"
+        );
+        let given = with(&["--cpus", "1", "--calibration", "1.5"]).unwrap();
+        assert_eq!((given.calibration, given.measure_calibration), (1.5, false));
+        assert!(!Config::new("http://m:1", "w1", 1.0).measure_calibration);
         assert_eq!(
             setting_of(with(&["--cpus", "1", "--cgroup-parent", "/a/../b"])),
             "cgroup-parent"

@@ -51,6 +51,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The worker's calibration could not be measured (`--calibration measure`).
+    #[error("cannot measure the worker's calibration: {0}")]
+    Calibration(#[from] crate::calibration::CalibrationError),
     /// The metrics endpoint could not listen on its address.
     #[error("cannot serve metrics on {addr}: {source}")]
     MetricsListen {

@@ -15,6 +15,9 @@
 //! - `monitor`: log followers (progress lines), the progress batcher and the usage sampler,
 //!   and the measurement behind reading usage from cgroup files rather than the stats API.
 //! - [`cgroup`]: the worker's parent cgroup (v1 and v2), quota math and usage files.
+//! - [`calibration`]: the worker's speed relative to the reference worker (the value-based
+//!   allocation paper's calibration coefficient), measured at start with a reference trainer
+//!   run unless `--calibration` gives it.
 //! - [`docker`]: bollard connection, container names and labels, `Start` → container body.
 //! - [`policy`]: the worker side of the manager's policy: FlowCon's elastic CPU limits
 //!   (TCC'22 Alg. 1-3, rounds every `--flowcon-interval` and at once on a container start or
@@ -52,6 +55,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
+pub mod calibration;
 pub mod cgroup;
 pub mod config;
 pub mod docker;
@@ -110,6 +114,18 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
         "worker capacity enforced; connecting"
     );
 
+    let calibration = if config.measure_calibration {
+        calibration::calibrate(
+            &docker,
+            &config.worker_id,
+            &config.checkpoint_root,
+            &cgroup.docker_parent(),
+        )
+        .await?
+    } else {
+        config.calibration
+    };
+
     let views: view::Views = Arc::default();
     let policy: Arc<view::PolicyView> = Arc::default();
     let (ready_tx, ready_rx) = watch::channel(false);
@@ -118,7 +134,7 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
             worker_id: config.worker_id.clone(),
             cpu_capacity: config.cpus,
             memory_bytes: config.memory_bytes,
-            calibration: config.calibration,
+            calibration,
             labels: config.labels.clone().into_iter().collect(),
             containers: Vec::new(),
             agent_version: env!("CARGO_PKG_VERSION").to_string(),

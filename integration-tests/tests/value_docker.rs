@@ -257,3 +257,92 @@ fn inspect_id(short: &str) -> anyhow::Result<String> {
     anyhow::ensure!(out.status.success(), "docker inspect {short}");
     Ok(String::from_utf8(out.stdout)?.trim().to_string())
 }
+
+/// An agent left to measure its calibration (the binary's default) runs the reference trainer
+/// benchmark under its worker's cgroup, registers the speed it found, and leaves no container.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_measuring_agent_registers_the_speed_it_measured() -> anyhow::Result<()> {
+    require_docker(&[TRAINER_IMAGE]);
+    let manager = TestManager::start(|c| c.policy = "value".into()).await?;
+    let client = manager.control().await?;
+    let dir = tempfile_dir("value-cal")?;
+    let worker = unique("it-vc");
+    let mut config = converge_agent::config::Config::new(manager.endpoint(), &worker, 1.0);
+    config.checkpoint_root = dir.path().to_path_buf();
+    config.measure_calibration = true;
+    let began = std::time::Instant::now();
+    let agent = TestAgent::start_with(config);
+    let speed = eventually(Duration::from_secs(60), "the worker to register", || {
+        let mut c = client.clone();
+        async move {
+            let ws = c
+                .list_workers(pb::ListWorkersRequest {})
+                .await?
+                .into_inner();
+            Ok(ws.workers.first().map(|w| w.calibration))
+        }
+    })
+    .await?;
+    let took = began.elapsed();
+    eprintln!(
+        "measured speed {speed:.3} (ζ {:.3}) in {took:?}",
+        1.0 / speed
+    );
+    // A 1-core worker on any machine this runs on: within a factor of 10 of the reference VM,
+    // and not the 1.0 placeholder of an unmeasured worker.
+    assert!((0.1..10.0).contains(&speed), "speed {speed}");
+    assert_ne!(speed, 1.0, "measured, not the default");
+    let names = std::process::Command::new("docker")
+        .args([
+            "ps",
+            "-a",
+            "--filter",
+            &format!("name=converge-calibrate-{worker}"),
+            "-q",
+        ])
+        .output()?;
+    assert!(names.stdout.is_empty(), "benchmark containers left behind");
+    let kept = converge_agent::calibration::saved_path(dir.path(), &worker);
+    assert_eq!(
+        std::fs::read_to_string(&kept)?.trim().parse::<f64>()?,
+        speed
+    );
+
+    // Restarted while a job of its worker runs, the agent reuses the kept measurement rather
+    // than measuring under the job's load (the same number, exactly).
+    let mut c = client.clone();
+    let plain = c
+        .submit_job(pb::SubmitJobRequest {
+            spec: Some(trainer_spec("mlp-digits", 1_000_000, 100)),
+        })
+        .await?
+        .into_inner()
+        .job_id;
+    wait_state(&client, &plain, JobState::Running, Duration::from_secs(20)).await?;
+    agent.kill();
+    let again = TestAgent::start_with(agent.config.clone());
+    eventually(
+        Duration::from_secs(30),
+        "the restarted agent to register",
+        || {
+            let mut c = client.clone();
+            async move {
+                let events = events_of(&mut c, "").await?;
+                Ok(events
+                    .iter()
+                    .any(|e| e.reason.contains("(agent restarted)"))
+                    .then_some(()))
+            }
+        },
+    )
+    .await?;
+    let ws = c
+        .list_workers(pb::ListWorkersRequest {})
+        .await?
+        .into_inner();
+    assert_eq!(ws.workers[0].calibration, speed);
+    drop(again);
+    drop(agent);
+    manager.stop().await;
+    Ok(())
+}
