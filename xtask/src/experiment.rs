@@ -104,7 +104,10 @@ pub fn scenarios() -> Vec<Scenario> {
             name: "specon-2worker",
             title: "SpeCon §VI-C job mix converging at different times on two 1-CPU workers, even initial placement, time scaled by 1/4",
             services: &["manager", "agent-1", "agent-2"],
-            env: vec![],
+            env: vec![
+                ("CONVERGE_SPECON_INTERVAL", "8s".into()),
+                ("CONVERGE_REBALANCE_INTERVAL", "8s".into()),
+            ],
             baseline: "round-robin",
             policy: "specon",
             schedule: vec![
