@@ -963,6 +963,7 @@ impl Actor {
         }
         let _entered = span.enter();
         cmd.traceparent = converge_messenger::trace::inject();
+        self.value_fill_shares(&mut cmd);
         let Some(w) = self.cluster.workers.get_mut(worker) else {
             return;
         };

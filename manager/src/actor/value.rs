@@ -34,7 +34,7 @@
 
 use std::collections::HashMap;
 
-use converge_messenger::pb::{self, Event, EventKind, JobSpec, JobState, command::Action};
+use converge_messenger::pb::{self, Command, Event, EventKind, JobSpec, JobState, command::Action};
 use converge_policy::baseline::Spread;
 use converge_policy::cluster::{JobRequest, Placement, Placer, WorkerSnapshot};
 use converge_policy::value::{
@@ -338,6 +338,18 @@ impl Actor {
             &format!("starting on {worker} with {shares} CPU shares"),
         );
         self.send(worker, cmd);
+    }
+
+    /// Every Start of a value job carries the share the allocator gave it, whoever sends it: a
+    /// placement, a Start re-sent after a reconnect, or a restore after a drain (the share is
+    /// the job's, not the incarnation's, so the allocator's model matches the cgroup).
+    pub(super) fn value_fill_shares(&self, cmd: &mut Command) {
+        if let (Some(v), Some(Action::Start(s))) = (&self.value, &mut cmd.action)
+            && s.cpu_shares == 0
+            && let Some(&shares) = v.shares.get(&cmd.job_id)
+        {
+            s.cpu_shares = shares;
+        }
     }
 
     /// Called on every state change: remembers the worker a value job left.

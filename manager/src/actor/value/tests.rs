@@ -324,6 +324,23 @@ fn resumptions_and_drops_are_carried_out_and_a_departure_is_noted() {
 }
 
 #[test]
+fn a_start_sent_again_carries_the_jobs_share() {
+    let mut a = actor(0.5);
+    insert(
+        &mut a,
+        job("S", 0, JobState::Starting, 20.0, (10.0, 0.0, 50.0)),
+    );
+    a.value.as_mut().unwrap().shares.insert("S".into(), 77);
+    // As reconcile and a restore build it: from the job alone, share 0.
+    let mut cmd = super::start_command(&a.cluster.jobs["S"]);
+    a.value_fill_shares(&mut cmd);
+    match cmd.action {
+        Some(Action::Start(s)) => assert_eq!(s.cpu_shares, 77),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
 fn a_value_curve_without_an_estimated_runtime_is_refused_by_name() {
     let a = actor(0.5);
     let mut spec = job("x", 0, JobState::Pending, 0.0, (1.0, 0.0, 1.0)).spec;
