@@ -199,9 +199,74 @@ async fn a_high_value_job_pauses_a_low_value_one_which_resumes_after() -> anyhow
     Ok(())
 }
 
+/// `--value-preempt stop`: the same arrival stops the low-value job for good (REJECTED, its
+/// container gone), and its stop is not mistaken for a fenced exit to restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_that_can_only_be_worth_nothing_is_rejected_and_never_started() -> anyhow::Result<()>
-{
+async fn with_stop_preemption_the_victim_is_stopped_for_good() -> anyhow::Result<()> {
+    require_docker(&[TRAINER_IMAGE]);
+    let manager = TestManager::start(|c| {
+        c.policy = "value".into();
+        c.value_lambda = 0.9;
+        c.value_preempt = converge_manager::config::parse_preempt("stop").expect("a preempt name");
+    })
+    .await?;
+    let mut client = manager.control().await?;
+    let dir = tempfile_dir("value-s")?;
+    let worker = unique("it-vs");
+    let agent = TestAgent::start(&manager.endpoint(), &worker, 1.0, dir.path());
+    wait_worker(&client).await?;
+    // The numbers of the pause test.
+    let low = submit(
+        &mut client,
+        value_spec("mlp-digits", 8, 4000, 20.0, (10.0, 0.0, 50.0)),
+    )
+    .await?;
+    eventually(Duration::from_secs(30), "L to make progress", || {
+        let mut c = client.clone();
+        let low = low.clone();
+        async move {
+            let j = job(&mut c, &low, false).await?;
+            Ok((j.state == JobState::Running as i32 && j.step >= 100).then_some(()))
+        }
+    })
+    .await?;
+    let high = submit(
+        &mut client,
+        value_spec("mlp-digits", 4, 1500, 60.0, (100.0, 0.0, 300.0)),
+    )
+    .await?;
+    let stopped = wait_state(&client, &low, JobState::Rejected, Duration::from_secs(10)).await?;
+    assert!(
+        stopped
+            .reason
+            .starts_with(&format!("preempted for job {high}")),
+        "{}",
+        stopped.reason
+    );
+    eventually(Duration::from_secs(20), "L's container to go", || {
+        let low = low.clone();
+        async move {
+            Ok(containers_of(&format!("converge.job={low}"))
+                .is_empty()
+                .then_some(()))
+        }
+    })
+    .await?;
+    wait_state(&client, &high, JobState::Completed, Duration::from_secs(60)).await?;
+    let l = job(&mut client, &low, false).await?;
+    assert_eq!(
+        (l.state, l.epoch),
+        (JobState::Rejected as i32, 1),
+        "never restarted"
+    );
+    drop(agent);
+    manager.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_worth_nothing_is_rejected_unstarted_and_one_that_runs_too_long_is_dropped()
+-> anyhow::Result<()> {
     require_docker(&[TRAINER_IMAGE]);
     let manager = TestManager::start(|c| c.policy = "value".into()).await?;
     let mut client = manager.control().await?;
@@ -231,6 +296,38 @@ async fn a_job_that_can_only_be_worth_nothing_is_rejected_and_never_started() ->
         containers_of(&format!("converge.job={z}")).is_empty(),
         "a rejected job has no container"
     );
+    // A job expected to finish in time (3 s, worth something until 6 s) that runs far longer
+    // (~100 s of steps): once even the rest of it alone would end past 6 s, it is dropped
+    // (:65) and its container stopped.
+    let slow = submit(
+        &mut client,
+        value_spec("mlp-digits", 8, 30_000, 3.0, (100.0, 0.0, 6.0)),
+    )
+    .await?;
+    let dropped = wait_state(&client, &slow, JobState::Rejected, Duration::from_secs(20)).await?;
+    assert!(
+        dropped.reason.starts_with("dropped: value reached zero"),
+        "{}",
+        dropped.reason
+    );
+    eventually(
+        Duration::from_secs(20),
+        "the dropped job's container to go",
+        || {
+            let slow = slow.clone();
+            async move {
+                Ok(containers_of(&format!("converge.job={slow}"))
+                    .is_empty()
+                    .then_some(()))
+            }
+        },
+    )
+    .await?;
+    assert_eq!(
+        job(&mut client, &slow, false).await?.state,
+        JobState::Rejected as i32
+    );
+
     // A value curve with no estimated runtime cannot be predicted: refused by field name.
     let mut bad = value_spec("mlp-digits", 1, 100, 0.0, (100.0, 0.0, 50.0));
     bad.estimated_runtime_s = 0.0;
