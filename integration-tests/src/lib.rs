@@ -638,3 +638,22 @@ pub async fn events_of(
     }
     Ok(out)
 }
+
+/// Waits up to 20 s until the manager lists `n` workers.
+pub async fn wait_for_workers(client: &ControlServiceClient<Channel>, n: usize) -> Result<()> {
+    eventually(
+        Duration::from_secs(20),
+        &format!("{n} workers to register"),
+        || {
+            let mut c = client.clone();
+            async move {
+                let ws = c
+                    .list_workers(pb::ListWorkersRequest {})
+                    .await?
+                    .into_inner();
+                Ok((ws.workers.len() == n).then_some(()))
+            }
+        },
+    )
+    .await
+}

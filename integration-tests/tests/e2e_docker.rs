@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use converge_integration_tests::{
     TRAINER_IMAGE, TestAgent, TestManager, containers_of, eventually, job, require_docker,
-    tempfile_dir, trainer_spec, unique,
+    tempfile_dir, trainer_spec, unique, wait_for_workers,
 };
 use converge_messenger::pb::{self, JobState};
 
@@ -20,19 +20,7 @@ async fn four_jobs_on_two_workers_complete_with_every_transition_in_order() -> a
     let _a1 = TestAgent::start(&manager.endpoint(), &w1, 1.0, checkpoints.path());
     let _a2 = TestAgent::start(&manager.endpoint(), &w2, 1.0, checkpoints.path());
     let mut client = manager.control().await?;
-    eventually(Duration::from_secs(20), "both workers to register", || {
-        let mut c = client.clone();
-        async move {
-            let n = c
-                .list_workers(pb::ListWorkersRequest {})
-                .await?
-                .into_inner()
-                .workers
-                .len();
-            Ok((n == 2).then_some(()))
-        }
-    })
-    .await?;
+    wait_for_workers(&client, 2).await?;
     // Watch from before the first submission: the live stream must carry every transition.
     let mut events = client
         .watch_events(pb::WatchEventsRequest::default())

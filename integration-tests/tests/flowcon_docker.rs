@@ -9,6 +9,7 @@ use converge_agent::policy::{Category, RoundReport, RoundTrigger};
 use converge_integration_tests::{
     TRAINER_IMAGE, TestAgent, TestManager, cgroup_cpu, eventually, inspect_nano_cpus, job,
     require_docker, run_grpcurl, running_container_of, tempfile_dir, trainer_spec, unique,
+    wait_for_workers,
 };
 use converge_messenger::pb::{self, control_service_client::ControlServiceClient};
 use tokio::sync::mpsc;
@@ -33,20 +34,6 @@ async fn submit(
         .await?
         .into_inner()
         .job_id)
-}
-
-async fn wait_workers(c: &ControlServiceClient<Channel>, n: usize) -> anyhow::Result<()> {
-    eventually(Duration::from_secs(20), "the workers to register", || {
-        let mut c = c.clone();
-        async move {
-            let ws = c
-                .list_workers(pb::ListWorkersRequest {})
-                .await?
-                .into_inner();
-            Ok((ws.workers.len() == n).then_some(()))
-        }
-    })
-    .await
 }
 
 /// CPU cores a container used over `window`, from its cgroup's CPU time.
@@ -96,7 +83,7 @@ async fn a_completing_job_is_held_to_its_lower_bound_when_a_new_job_arrives() ->
     config.round_reports = Some(reports_tx);
     let agent = TestAgent::start_with(config.clone());
     let mut client = manager.control().await?;
-    wait_workers(&client, 1).await?;
+    wait_for_workers(&client, 1).await?;
 
     let a = submit(&mut client, long_mlp()).await?;
     // The manager learns the category from the agent's heartbeats.
@@ -227,7 +214,7 @@ async fn grpcurl_shows_category_growth_and_limit_of_a_running_job() -> anyhow::R
     config.flowcon_interval = Duration::from_secs(1);
     let agent = TestAgent::start_with(config);
     let mut client = manager.control().await?;
-    wait_workers(&client, 1).await?;
+    wait_for_workers(&client, 1).await?;
     let id = submit(&mut client, long_mlp()).await?;
     eventually(
         Duration::from_secs(40),
@@ -342,7 +329,7 @@ async fn event_to_applied_limits_latency() -> anyhow::Result<()> {
     config.round_reports = Some(reports_tx);
     let agent = TestAgent::start_with(config);
     let mut client = manager.control().await?;
-    wait_workers(&client, 1).await?;
+    wait_for_workers(&client, 1).await?;
     let mut ids = Vec::new();
     for i in 0..6u64 {
         let mut spec = trainer_spec("mlp-digits", 400 + 200 * i, 20);
@@ -413,7 +400,7 @@ async fn limits_flowcon_set_are_released_when_the_policy_turns_free() -> anyhow:
     config.fence_after = Duration::ZERO;
     let agent = TestAgent::start_with(config);
     let mut client = manager.control().await?;
-    wait_workers(&client, 1).await?;
+    wait_for_workers(&client, 1).await?;
     let ids = [
         submit(&mut client, long_mlp()).await?,
         submit(&mut client, long_mlp()).await?,

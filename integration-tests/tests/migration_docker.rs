@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use converge_integration_tests::{
     TRAINER_IMAGE, TestAgent, TestManager, containers_of, eventually, job, require_docker,
-    tempfile_dir, trainer_spec, unique,
+    tempfile_dir, trainer_spec, unique, wait_for_workers,
 };
 use converge_messenger::pb::{self, JobState};
 
@@ -24,20 +24,7 @@ async fn drained_worker_moves_its_job_which_resumes_at_the_saved_step() -> anyho
     // Only w1 exists when the job is placed, so it starts there.
     let _a1 = TestAgent::start(&manager.endpoint(), &w1, 1.0, checkpoints.path());
     let mut client = manager.control().await?;
-    eventually(Duration::from_secs(20), "w1 to register", || {
-        let mut c = client.clone();
-        async move {
-            Ok((c
-                .list_workers(pb::ListWorkersRequest {})
-                .await?
-                .into_inner()
-                .workers
-                .len()
-                == 1)
-                .then_some(()))
-        }
-    })
-    .await?;
+    wait_for_workers(&client, 1).await?;
     let mut spec = trainer_spec("mlp-digits", 6000, 20);
     spec.args.extend(["--size".into(), "2".into()]);
     let id = client
@@ -56,20 +43,7 @@ async fn drained_worker_moves_its_job_which_resumes_at_the_saved_step() -> anyho
     })
     .await?;
     let _a2 = TestAgent::start(&manager.endpoint(), &w2, 1.0, checkpoints.path());
-    eventually(Duration::from_secs(20), "w2 to register", || {
-        let mut c = client.clone();
-        async move {
-            Ok((c
-                .list_workers(pb::ListWorkersRequest {})
-                .await?
-                .into_inner()
-                .workers
-                .len()
-                == 2)
-                .then_some(()))
-        }
-    })
-    .await?;
+    wait_for_workers(&client, 2).await?;
     let mut events = client
         .watch_events(pb::WatchEventsRequest {
             job_id: id.clone(),
@@ -206,20 +180,7 @@ async fn a_job_ignoring_sigterm_is_killed_and_resumes_from_its_last_periodic_che
     let (w1, w2) = (unique("it-k1"), unique("it-k2"));
     let _a1 = TestAgent::start(&manager.endpoint(), &w1, 1.0, checkpoints.path());
     let mut client = manager.control().await?;
-    eventually(Duration::from_secs(20), "w1 to register", || {
-        let mut c = client.clone();
-        async move {
-            Ok((c
-                .list_workers(pb::ListWorkersRequest {})
-                .await?
-                .into_inner()
-                .workers
-                .len()
-                == 1)
-                .then_some(()))
-        }
-    })
-    .await?;
+    wait_for_workers(&client, 1).await?;
     // Long enough (size 4: ~2 ms a step) that it cannot finish within the save deadline, so
     // the exit really is the agent's kill.
     let mut spec = trainer_spec("mlp-digits", 8000, 20);
@@ -253,20 +214,7 @@ async fn a_job_ignoring_sigterm_is_killed_and_resumes_from_its_last_periodic_che
     )
     .await?;
     let _a2 = TestAgent::start(&manager.endpoint(), &w2, 1.0, checkpoints.path());
-    eventually(Duration::from_secs(20), "w2 to register", || {
-        let mut c = client.clone();
-        async move {
-            Ok((c
-                .list_workers(pb::ListWorkersRequest {})
-                .await?
-                .into_inner()
-                .workers
-                .len()
-                == 2)
-                .then_some(()))
-        }
-    })
-    .await?;
+    wait_for_workers(&client, 2).await?;
     client
         .drain_worker(pb::DrainWorkerRequest {
             worker_id: w1.clone(),

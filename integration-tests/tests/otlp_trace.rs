@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use converge_integration_tests::{
     TRAINER_IMAGE, TestAgent, TestManager, eventually, job, require_docker, tempfile_dir,
-    trainer_spec, unique,
+    trainer_spec, unique, wait_for_workers,
 };
 use converge_messenger::pb::{self, JobState};
 use converge_messenger::telemetry::{LogFormat, SpanExport, Telemetry};
@@ -174,19 +174,7 @@ async fn a_jobs_placement_start_and_migration_are_one_trace_across_manager_and_a
     let worker = unique("otlp");
     let agent = TestAgent::start(&manager.endpoint(), &worker, 1.0, checkpoints.path());
     let mut client = manager.control().await?;
-    eventually(Duration::from_secs(20), "the worker to register", || {
-        let mut c = client.clone();
-        async move {
-            let n = c
-                .list_workers(pb::ListWorkersRequest {})
-                .await?
-                .into_inner()
-                .workers
-                .len();
-            Ok((n == 1).then_some(()))
-        }
-    })
-    .await?;
+    wait_for_workers(&client, 1).await?;
 
     let job_id = client
         .submit_job(pb::SubmitJobRequest {

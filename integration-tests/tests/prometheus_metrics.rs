@@ -9,6 +9,7 @@ use anyhow::{Context, Result, bail};
 use converge_integration_tests::{
     TRAINER_IMAGE, TestAgent, TestManager, eventually, free_local_addr, job, metric_value,
     promtool, promtool_check, require_docker, scrape_metrics, tempfile_dir, trainer_spec, unique,
+    wait_for_workers,
 };
 use converge_messenger::pb::{self, JobState};
 
@@ -48,19 +49,7 @@ async fn both_endpoints_pass_promtool_and_their_values_move_as_a_job_runs() -> R
     config.metrics_listen = Some(agent_metrics);
     let agent = TestAgent::start_with(config);
     let mut client = manager.control().await?;
-    eventually(Duration::from_secs(20), "the worker to register", || {
-        let mut c = client.clone();
-        async move {
-            let n = c
-                .list_workers(pb::ListWorkersRequest {})
-                .await?
-                .into_inner()
-                .workers
-                .len();
-            Ok((n == 1).then_some(()))
-        }
-    })
-    .await?;
+    wait_for_workers(&client, 1).await?;
 
     // Before any job: valid output, zero counts.
     let m0 = scrape_checked(manager_metrics).await?;

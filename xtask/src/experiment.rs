@@ -14,10 +14,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use converge_messenger::pb::{self, control_service_client::ControlServiceClient};
+use converge_messenger::pb;
 use plotters::prelude::*;
-use tonic::transport::Channel;
 
+use crate::cluster::{connect, state_label, terminal, wait_for_workers};
 use crate::testbed::Testbed;
 
 /// One submission of a schedule.
@@ -535,62 +535,4 @@ fn plot_completion(path: &Path, sc: &Scenario, base: &Run, pol: &Run) -> Result<
         .draw()?;
     root.present().context("writing the completion plot")?;
     Ok(())
-}
-
-async fn connect(endpoint: &str) -> Result<ControlServiceClient<Channel>> {
-    let start = Instant::now();
-    loop {
-        match tonic::transport::Endpoint::from_shared(endpoint.to_string())?
-            .connect()
-            .await
-        {
-            Ok(ch) => return Ok(ControlServiceClient::new(ch)),
-            Err(e) if start.elapsed() > Duration::from_secs(30) => {
-                return Err(e).context(format!("manager at {endpoint} did not come up"));
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
-        }
-    }
-}
-
-async fn wait_for_workers(client: &mut ControlServiceClient<Channel>, n: usize) -> Result<()> {
-    let start = Instant::now();
-    loop {
-        let ready = client
-            .list_workers(pb::ListWorkersRequest {})
-            .await?
-            .into_inner()
-            .workers
-            .iter()
-            .filter(|w| w.state == pb::WorkerState::Ready as i32)
-            .count();
-        if ready >= n {
-            return Ok(());
-        }
-        if start.elapsed() > Duration::from_secs(60) {
-            bail!("only {ready} of {n} workers registered within 60s");
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-fn terminal(state: i32) -> bool {
-    [
-        pb::JobState::Completed,
-        pb::JobState::Failed,
-        pb::JobState::Cancelled,
-        pb::JobState::Rejected,
-    ]
-    .iter()
-    .any(|s| *s as i32 == state)
-}
-
-fn state_label(s: i32) -> String {
-    pb::JobState::try_from(s)
-        .map(|s| {
-            s.as_str_name()
-                .trim_start_matches("JOB_STATE_")
-                .to_lowercase()
-        })
-        .unwrap_or_default()
 }
