@@ -270,25 +270,18 @@ impl Config {
                 format!("must be in (0, 1000], got {}", self.calibration),
             );
         }
-        if self.heartbeat_interval < Duration::from_millis(10)
-            || self.heartbeat_interval > Duration::from_secs(3600)
-        {
-            return bad(
-                "heartbeat-interval",
-                format!(
-                    "must be between 10ms and 1h, got {:?}",
-                    self.heartbeat_interval
-                ),
-            );
-        }
-        if self.usage_interval < Duration::from_millis(10)
-            || self.usage_interval > Duration::from_secs(3600)
-        {
-            return bad(
-                "usage-interval",
-                format!("must be between 10ms and 1h, got {:?}", self.usage_interval),
-            );
-        }
+        within(
+            "heartbeat-interval",
+            self.heartbeat_interval,
+            Duration::from_millis(10),
+            Duration::from_secs(3600),
+        )?;
+        within(
+            "usage-interval",
+            self.usage_interval,
+            Duration::from_millis(10),
+            Duration::from_secs(3600),
+        )?;
         if self.stop_grace > Duration::from_secs(3600) {
             return bad(
                 "stop-grace",
@@ -329,17 +322,12 @@ impl Config {
                 return bad("label", "label keys must not be empty".into());
             }
         }
-        if self.flowcon_interval < Duration::from_millis(100)
-            || self.flowcon_interval > Duration::from_secs(3600)
-        {
-            return bad(
-                "flowcon-interval",
-                format!(
-                    "must be between 100ms and 1h, got {:?}",
-                    self.flowcon_interval
-                ),
-            );
-        }
+        within(
+            "flowcon-interval",
+            self.flowcon_interval,
+            Duration::from_millis(100),
+            Duration::from_secs(3600),
+        )?;
         if let Some(a) = self.flowcon_alpha
             && !(a.is_finite() && a >= 0.0)
         {
@@ -357,17 +345,12 @@ impl Config {
                 ),
             );
         }
-        if self.specon_interval < Duration::from_millis(100)
-            || self.specon_interval > Duration::from_secs(3600)
-        {
-            return bad(
-                "specon-interval",
-                format!(
-                    "must be between 100ms and 1h, got {:?}",
-                    self.specon_interval
-                ),
-            );
-        }
+        within(
+            "specon-interval",
+            self.specon_interval,
+            Duration::from_millis(100),
+            Duration::from_secs(3600),
+        )?;
         if !(self.specon_alpha.is_finite() && self.specon_alpha >= 0.0) {
             return bad(
                 "specon-alpha",
@@ -666,4 +649,16 @@ mod tests {
         assert_eq!(parse_bytes("100"), Ok(100));
         assert!(parse_bytes("x").is_err());
     }
+}
+
+/// A duration setting within `[min, max]`, or a [`Error::Config`] naming the setting and the
+/// allowed range.
+fn within(setting: &'static str, value: Duration, min: Duration, max: Duration) -> Result<()> {
+    if value < min || value > max {
+        return Err(Error::Config {
+            setting,
+            why: format!("must be between {min:?} and {max:?}, got {value:?}"),
+        });
+    }
+    Ok(())
 }
