@@ -10,48 +10,60 @@ use converge_integration_tests::{
 };
 use converge_messenger::pb::{self, JobState};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn drained_worker_moves_its_job_which_resumes_at_the_saved_step() -> anyhow::Result<()> {
+/// What a drain scenario leaves for the test to inspect.
+struct Moved {
+    manager: TestManager,
+    /// The target worker.
+    w2: String,
+    /// The job once it reached a terminal state, with its progress samples.
+    done: pb::Job,
+    /// The job's events from its submission on.
+    events: Vec<pb::Event>,
+    _agents: (TestAgent, TestAgent),
+    _checkpoints: converge_integration_tests::TempDir,
+}
+
+/// The scenario both tests share: only w1 exists when `spec` is placed, so it runs there; once
+/// it reports `running_step`, w2 joins and w1 is drained. Docker is polled until the job ends
+/// and must never show two running containers of it.
+async fn drain_while_running(
+    prefix: &str,
+    tweak: impl FnOnce(&mut converge_manager::Config),
+    spec: pb::JobSpec,
+    running_step: u64,
+) -> anyhow::Result<Moved> {
     require_docker(&[TRAINER_IMAGE]);
-    let checkpoints = tempfile_dir("migrate")?;
+    let checkpoints = tempfile_dir(prefix)?;
     let manager = TestManager::start(|c| {
         c.heartbeat_interval = Duration::from_millis(250);
-        // Keep both incarnations' reports for the comparison below.
+        // Keep both incarnations' reports for the comparisons the tests make.
         c.progress_history = 4096;
+        tweak(c);
     })
     .await?;
-    let (w1, w2) = (unique("it-m1"), unique("it-m2"));
-    // Only w1 exists when the job is placed, so it starts there.
-    let _a1 = TestAgent::start(&manager.endpoint(), &w1, 1.0, checkpoints.path());
+    let (w1, w2) = (
+        unique(&format!("it-{prefix}1")),
+        unique(&format!("it-{prefix}2")),
+    );
+    let a1 = TestAgent::start(&manager.endpoint(), &w1, 1.0, checkpoints.path());
     let mut client = manager.control().await?;
     wait_for_workers(&client, 1).await?;
-    let mut spec = trainer_spec("mlp-digits", 6000, 20);
-    spec.args.extend(["--size".into(), "2".into()]);
     let id = client
         .submit_job(pb::SubmitJobRequest { spec: Some(spec) })
         .await?
         .into_inner()
         .job_id;
-    let label = format!("converge.job={id}");
     eventually(Duration::from_secs(60), "the job to run on w1", || {
         let mut c = client.clone();
         let id = id.clone();
         async move {
             let j = job(&mut c, &id, false).await?;
-            Ok((j.state == JobState::Running as i32 && j.step >= 200).then_some(()))
+            Ok((j.state == JobState::Running as i32 && j.step >= running_step).then_some(()))
         }
     })
     .await?;
-    let _a2 = TestAgent::start(&manager.endpoint(), &w2, 1.0, checkpoints.path());
+    let a2 = TestAgent::start(&manager.endpoint(), &w2, 1.0, checkpoints.path());
     wait_for_workers(&client, 2).await?;
-    let mut events = client
-        .watch_events(pb::WatchEventsRequest {
-            job_id: id.clone(),
-            from_seq: 0,
-        })
-        .await?
-        .into_inner();
-
     let drained = client
         .drain_worker(pb::DrainWorkerRequest {
             worker_id: w1.clone(),
@@ -60,33 +72,65 @@ async fn drained_worker_moves_its_job_which_resumes_at_the_saved_step() -> anyho
         .into_inner();
     assert_eq!(drained.state, pb::WorkerState::Draining as i32);
 
-    // Poll Docker and the job until it completes: never two running containers of the job.
-    let done = eventually(
-        Duration::from_secs(180),
-        "the moved job to complete",
-        || {
-            let mut c = client.clone();
-            let id = id.clone();
-            let label = label.clone();
-            async move {
-                let running: Vec<_> = containers_of(&label)
-                    .into_iter()
-                    .filter(|(_, state)| state == "running")
-                    .collect();
-                assert!(
-                    running.len() <= 1,
-                    "two incarnations running at once: {running:?}"
-                );
-                let j = job(&mut c, &id, true).await?;
-                Ok(matches!(
-                    JobState::try_from(j.state)?,
-                    JobState::Completed | JobState::Failed
-                )
-                .then_some(j))
-            }
-        },
-    )
+    let label = format!("converge.job={id}");
+    let done = eventually(Duration::from_secs(180), "the moved job to end", || {
+        let mut c = client.clone();
+        let id = id.clone();
+        let label = label.clone();
+        async move {
+            let running: Vec<_> = containers_of(&label)
+                .into_iter()
+                .filter(|(_, state)| state == "running")
+                .collect();
+            assert!(
+                running.len() <= 1,
+                "two incarnations running at once: {running:?}"
+            );
+            let j = job(&mut c, &id, true).await?;
+            Ok(matches!(
+                JobState::try_from(j.state)?,
+                JobState::Completed | JobState::Failed
+            )
+            .then_some(j))
+        }
+    })
     .await?;
+    // The whole event history of the job, replayed from the manager's log.
+    let mut stream = client
+        .watch_events(pb::WatchEventsRequest {
+            job_id: id,
+            from_seq: 1,
+        })
+        .await?
+        .into_inner();
+    let mut events = Vec::new();
+    while let Ok(Some(e)) = tokio::time::timeout(Duration::from_millis(300), stream.message())
+        .await
+        .map(|r| r.ok().flatten())
+    {
+        events.push(e);
+    }
+    Ok(Moved {
+        manager,
+        w2,
+        done,
+        events,
+        _agents: (a1, a2),
+        _checkpoints: checkpoints,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drained_worker_moves_its_job_which_resumes_at_the_saved_step() -> anyhow::Result<()> {
+    let mut spec = trainer_spec("mlp-digits", 6000, 20);
+    spec.args.extend(["--size".into(), "2".into()]);
+    let Moved {
+        manager,
+        w2,
+        done,
+        events,
+        ..
+    } = drain_while_running("m", |_| {}, spec, 200).await?;
     assert_eq!(done.state, JobState::Completed as i32, "{done:#?}");
     assert_eq!(done.worker_id, w2, "finished on the target");
     assert_eq!(done.epoch, 2, "exactly one new incarnation");
@@ -97,10 +141,7 @@ async fn drained_worker_moves_its_job_which_resumes_at_the_saved_step() -> anyho
     // Every step of the move was an event the user could watch, in order.
     let mut reasons = Vec::new();
     let mut saved_step = None;
-    while let Ok(Some(e)) = tokio::time::timeout(Duration::from_millis(300), events.message())
-        .await
-        .map(|r| r.ok().flatten())
-    {
+    for e in &events {
         if e.kind == pb::EventKind::Migration as i32 {
             reasons.push(e.reason.clone());
             if e.reason.contains("saved at step") {
@@ -168,19 +209,6 @@ async fn drained_worker_moves_its_job_which_resumes_at_the_saved_step() -> anyho
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_ignoring_sigterm_is_killed_and_resumes_from_its_last_periodic_checkpoint()
 -> anyhow::Result<()> {
-    require_docker(&[TRAINER_IMAGE]);
-    let checkpoints = tempfile_dir("sigterm")?;
-    let manager = TestManager::start(|c| {
-        c.heartbeat_interval = Duration::from_millis(250);
-        // Short, so the test does not wait long for the kill.
-        c.save_deadline = Duration::from_secs(2);
-        c.progress_history = 4096;
-    })
-    .await?;
-    let (w1, w2) = (unique("it-k1"), unique("it-k2"));
-    let _a1 = TestAgent::start(&manager.endpoint(), &w1, 1.0, checkpoints.path());
-    let mut client = manager.control().await?;
-    wait_for_workers(&client, 1).await?;
     // Long enough (size 4: ~2 ms a step) that it cannot finish within the save deadline, so
     // the exit really is the agent's kill.
     let mut spec = trainer_spec("mlp-digits", 8000, 20);
@@ -194,74 +222,22 @@ async fn a_job_ignoring_sigterm_is_killed_and_resumes_from_its_last_periodic_che
         ]
         .map(String::from),
     );
-    let id = client
-        .submit_job(pb::SubmitJobRequest { spec: Some(spec) })
-        .await?
-        .into_inner()
-        .job_id;
-    let label = format!("converge.job={id}");
-    eventually(
-        Duration::from_secs(60),
-        "the job to pass a periodic checkpoint",
-        || {
-            let mut c = client.clone();
-            let id = id.clone();
-            async move {
-                let j = job(&mut c, &id, false).await?;
-                Ok((j.state == JobState::Running as i32 && j.step >= 250).then_some(()))
-            }
-        },
-    )
-    .await?;
-    let _a2 = TestAgent::start(&manager.endpoint(), &w2, 1.0, checkpoints.path());
-    wait_for_workers(&client, 2).await?;
-    client
-        .drain_worker(pb::DrainWorkerRequest {
-            worker_id: w1.clone(),
-        })
-        .await?;
-
-    let done = eventually(
-        Duration::from_secs(180),
-        "the job to complete after the kill",
-        || {
-            let mut c = client.clone();
-            let id = id.clone();
-            let label = label.clone();
-            async move {
-                let running = containers_of(&label)
-                    .into_iter()
-                    .filter(|(_, s)| s == "running")
-                    .count();
-                assert!(running <= 1, "two incarnations running at once");
-                let j = job(&mut c, &id, true).await?;
-                Ok(matches!(
-                    JobState::try_from(j.state)?,
-                    JobState::Completed | JobState::Failed
-                )
-                .then_some(j))
-            }
-        },
-    )
-    .await?;
+    // A short save deadline, so the test does not wait long for the kill.
+    let Moved {
+        manager,
+        w2,
+        done,
+        events,
+        ..
+    } = drain_while_running("k", |c| c.save_deadline = Duration::from_secs(2), spec, 250).await?;
     assert_eq!(done.state, JobState::Completed as i32, "{done:#?}");
     assert_eq!((done.worker_id.as_str(), done.epoch), (w2.as_str(), 2));
     assert_eq!(done.step, 8000);
 
     // The save was a kill, and the new incarnation resumed from a periodic checkpoint at or
     // before the last step the old one reported.
-    let mut events = client
-        .watch_events(pb::WatchEventsRequest {
-            job_id: id.clone(),
-            from_seq: 1,
-        })
-        .await?
-        .into_inner();
     let mut killed = None;
-    while let Ok(Some(e)) = tokio::time::timeout(Duration::from_millis(300), events.message())
-        .await
-        .map(|r| r.ok().flatten())
-    {
+    for e in &events {
         if let Some(k) = e.attributes.get("killed") {
             killed = Some(k == "true");
         }
