@@ -180,7 +180,7 @@ async fn main() -> Result<()> {
                     "{:<36}  {:<18}  {:<10}  {:<10}  {:>13}  {:>10}",
                     j.id,
                     j.spec.as_ref().map(|s| s.name.as_str()).unwrap_or(""),
-                    state_label(j.state),
+                    pb::JobState::label_of(j.state),
                     j.worker_id,
                     format!("{}/{}", j.step, j.total_steps),
                     j.metric_value
@@ -248,23 +248,17 @@ fn status(s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{:?}: {}", s.code(), s.message())
 }
 
-fn state_label(s: i32) -> String {
-    pb::JobState::try_from(s)
-        .map(|s| {
-            s.as_str_name()
-                .trim_start_matches("JOB_STATE_")
-                .to_lowercase()
-        })
-        .unwrap_or_else(|_| s.to_string())
-}
-
 fn print_job(j: &pb::Job) {
     println!("id:       {}", j.id);
     if let Some(s) = &j.spec {
         println!("name:     {}", s.name);
         println!("image:    {} {}", s.image, s.args.join(" "));
     }
-    println!("state:    {} ({})", state_label(j.state), j.reason);
+    println!(
+        "state:    {} ({})",
+        pb::JobState::label_of(j.state),
+        j.reason
+    );
     println!("worker:   {} (epoch {})", j.worker_id, j.epoch);
     println!(
         "progress: step {}/{}  metric {}  ({} samples, {} malformed lines)",
@@ -289,8 +283,8 @@ fn describe_event(e: &pb::Event) -> String {
     let what = if e.kind == pb::EventKind::JobState as i32 {
         format!(
             "{} -> {}",
-            state_label(e.from_state),
-            state_label(e.to_state)
+            pb::JobState::label_of(e.from_state),
+            pb::JobState::label_of(e.to_state)
         )
     } else {
         String::new()

@@ -14,8 +14,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::actor::state_name;
-
 /// Every job state, so each one is shown (at 0) before any job reaches it.
 const STATES: [JobState; 10] = [
     JobState::Pending,
@@ -124,9 +122,7 @@ impl ManagerMetrics {
         let r = root.sub_registry_with_prefix("converge_manager");
         let jobs = Family::<StateLabel, Gauge>::default();
         for s in STATES {
-            let _ = jobs.get_or_create(&StateLabel {
-                state: state_name(s),
-            });
+            let _ = jobs.get_or_create(&StateLabel { state: s.label() });
         }
         r.register("jobs", "Jobs in each state now", jobs.clone());
         let submitted = Counter::default();
@@ -229,14 +225,12 @@ impl ManagerMetrics {
         if let Some(from) = from {
             self.jobs
                 .get_or_create(&StateLabel {
-                    state: state_name(from),
+                    state: from.label(),
                 })
                 .dec();
         }
         self.jobs
-            .get_or_create(&StateLabel {
-                state: state_name(to),
-            })
+            .get_or_create(&StateLabel { state: to.label() })
             .inc();
     }
 

@@ -62,6 +62,30 @@ impl pb::command::Action {
     }
 }
 
+impl pb::JobState {
+    /// The short name people read in logs, tables and events ("running", "completed").
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Unspecified => "unspecified",
+            Self::Pending => "pending",
+            Self::Starting => "starting",
+            Self::Running => "running",
+            Self::Migrating => "migrating",
+            Self::Paused => "paused",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+            Self::Lost => "lost",
+            Self::Rejected => "rejected",
+        }
+    }
+
+    /// [`pb::JobState::label`] of a wire value; an unknown one is shown as its number.
+    pub fn label_of(state: i32) -> String {
+        Self::try_from(state).map_or_else(|_| state.to_string(), |s| s.label().to_string())
+    }
+}
+
 /// Milliseconds since the Unix epoch, the wire's timestamp unit.
 pub fn unix_ms(t: std::time::SystemTime) -> i64 {
     t.duration_since(std::time::UNIX_EPOCH)

@@ -57,14 +57,3 @@ pub fn terminal(state: i32) -> bool {
     .iter()
     .any(|s| *s as i32 == state)
 }
-
-/// `completed`, `running`, ...
-pub fn state_label(s: i32) -> String {
-    pb::JobState::try_from(s)
-        .map(|s| {
-            s.as_str_name()
-                .trim_start_matches("JOB_STATE_")
-                .to_lowercase()
-        })
-        .unwrap_or_default()
-}

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use converge_messenger::pb;
 
-use crate::cluster::{connect, state_label, terminal, wait_for_workers};
+use crate::cluster::{connect, terminal, wait_for_workers};
 use crate::testbed::Testbed;
 
 /// The demo's job mix: (model, size, steps). Sized (trainer/README.md calibration) so the run
@@ -102,7 +102,12 @@ async fn drive(port: u16) -> Result<()> {
         .iter()
         .find(|j| j.state != pb::JobState::Completed as i32)
     {
-        bail!("job {} ended {}: {}", j.id, state_label(j.state), j.reason);
+        bail!(
+            "job {} ended {}: {}",
+            j.id,
+            pb::JobState::label_of(j.state),
+            j.reason
+        );
     }
     Ok(())
 }
@@ -123,7 +128,7 @@ fn print_progress(jobs: &[pb::Job], elapsed: Duration) {
         println!(
             "  {:<12} {:<10} {:<9} [{:<20}] {:>5}/{:<5} loss {}",
             name(j),
-            state_label(j.state),
+            pb::JobState::label_of(j.state),
             j.worker_id,
             "#".repeat(bar_len.min(20)),
             j.step,
@@ -151,7 +156,7 @@ fn print_summary(jobs: &[pb::Job]) {
         println!(
             "{:<12}  {:<10}  {:<9}  {:>14.1}  {:>11}  {:>8}",
             name(j),
-            state_label(j.state),
+            pb::JobState::label_of(j.state),
             j.worker_id,
             secs,
             j.metric_value

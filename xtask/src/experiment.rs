@@ -17,7 +17,7 @@ use anyhow::{Context, Result, bail};
 use converge_messenger::pb;
 use plotters::prelude::*;
 
-use crate::cluster::{connect, state_label, terminal, wait_for_workers};
+use crate::cluster::{connect, terminal, wait_for_workers};
 use crate::testbed::Testbed;
 
 /// One submission of a schedule.
@@ -277,7 +277,7 @@ async fn drive(sc: &Scenario, policy: &str, port: u16) -> Result<Run> {
                     (
                         j.submitted_unix_ms as f64 / 1000.0 - origin,
                         j.finished_unix_ms as f64 / 1000.0 - origin,
-                        state_label(j.state),
+                        pb::JobState::label_of(j.state),
                         j.worker_id.clone(),
                     ),
                 );

@@ -353,7 +353,7 @@ impl Actor {
         if job.is_terminal() {
             return Err(Error::FailedPrecondition(format!(
                 "job {id} is already {}",
-                state_name(job.state)
+                job.state.label()
             )));
         }
         let span = self.job_span(id, info_span!(parent: None, "cancel", job = %id));
@@ -996,7 +996,7 @@ impl Actor {
         if to == JobState::Rejected {
             self.metrics.rejected(self.placer.name(), "policy");
         }
-        info!(job = %id, from = state_name(from), to = state_name(to), %reason, "job state");
+        info!(job = %id, from = from.label(), to = to.label(), %reason, "job state");
         self.events.emit(Event {
             kind: EventKind::JobState as i32,
             job_id: id.to_string(),
@@ -1059,23 +1059,6 @@ fn category_from_pb(c: pb::Category) -> Option<converge_policy::cluster::Categor
         pb::Category::New => Some(C::New),
         pb::Category::Watching => Some(C::Watching),
         pb::Category::Completing => Some(C::Completing),
-    }
-}
-
-/// A state's short name for messages ("running", "completed").
-pub fn state_name(s: JobState) -> &'static str {
-    match s {
-        JobState::Unspecified => "unspecified",
-        JobState::Pending => "pending",
-        JobState::Starting => "starting",
-        JobState::Running => "running",
-        JobState::Migrating => "migrating",
-        JobState::Paused => "paused",
-        JobState::Completed => "completed",
-        JobState::Failed => "failed",
-        JobState::Cancelled => "cancelled",
-        JobState::Lost => "lost",
-        JobState::Rejected => "rejected",
     }
 }
 
