@@ -53,7 +53,7 @@ use crate::cgroup::MIN_CPUS;
 /// What the worker runs, from the manager's last `Registered`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Mode {
-    /// `worker_policy == "flowcon"`: FlowCon's elastic limits. Otherwise containers compete
+    /// `worker_mode == FLOWCON`: FlowCon's elastic limits. Otherwise containers compete
     /// freely within the worker's capacity.
     pub flowcon: bool,
     /// `migration`: SpeCon's Alg. 1 runs and converged jobs ask to be migrated.
@@ -64,7 +64,7 @@ impl Mode {
     /// The mode a registration asks for (`None`: not registered yet, nothing runs).
     pub fn from_registered(r: Option<&pb::Registered>) -> Self {
         r.map_or_else(Mode::default, |r| Mode {
-            flowcon: r.worker_policy == "flowcon",
+            flowcon: r.worker_mode() == pb::WorkerMode::Flowcon,
             migration: r.migration,
         })
     }
@@ -620,7 +620,7 @@ mod tests {
     #[test]
     fn mode_follows_the_registration() {
         let mut r = pb::Registered {
-            worker_policy: "flowcon".into(),
+            worker_mode: pb::WorkerMode::Flowcon as i32,
             ..Default::default()
         };
         assert_eq!(
@@ -630,7 +630,7 @@ mod tests {
                 migration: false
             }
         );
-        r.worker_policy = "free".into();
+        r.set_worker_mode(pb::WorkerMode::Free);
         r.migration = true;
         assert_eq!(
             Mode::from_registered(Some(&r)),

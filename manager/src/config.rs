@@ -257,16 +257,17 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use converge_messenger::pb::WorkerMode;
 
     #[test]
     fn every_accepted_policy_is_runnable_and_others_are_refused() {
         for p in POLICIES {
             let set = crate::policy_set(p).unwrap_or_else(|| panic!("{p} accepted but unknown"));
-            assert!(["free", "flowcon"].contains(&set.worker_policy));
+            assert_ne!(set.worker_policy, WorkerMode::Unspecified, "{p}");
         }
         assert_eq!(
             crate::policy_set("flowcon").unwrap().worker_policy,
-            "flowcon"
+            WorkerMode::Flowcon
         );
         let cli = Cli::parse_from(["converge-manager", "--policy", "fastest"]);
         let err = cli.validate().unwrap_err();

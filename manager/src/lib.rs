@@ -26,7 +26,7 @@ pub mod state;
 pub mod validate;
 
 use converge_messenger::manager::AgentStreams;
-use converge_messenger::pb::FILE_DESCRIPTOR_SET;
+use converge_messenger::pb::{FILE_DESCRIPTOR_SET, WorkerMode};
 use converge_messenger::pb::agent_service_server::AgentServiceServer;
 use converge_messenger::pb::control_service_server::ControlServiceServer;
 use converge_policy::cluster::Placer;
@@ -44,8 +44,8 @@ pub use error::{Error, Result};
 pub struct PolicySet {
     /// Placement (manager side).
     pub placer: Box<dyn Placer + Send>,
-    /// The worker-side algorithm agents are told to run: `free` or `flowcon`.
-    pub worker_policy: &'static str,
+    /// The worker-side algorithm agents are told to run.
+    pub worker_policy: WorkerMode,
     /// Whether SpeCon migrations and rebalancing run.
     pub migration: bool,
 }
@@ -68,16 +68,16 @@ pub fn policy_set(name: &str) -> Option<PolicySet> {
     use converge_policy::baseline::{LeastAllocated, RoundRobin, Spread};
     use converge_policy::flowcon::FlowConPlacer;
     let (placer, worker_policy, migration): (Box<dyn Placer + Send>, _, _) = match name {
-        "spread" => (Box::new(Spread), "free", false),
-        "least-allocated" => (Box::new(LeastAllocated), "free", false),
-        "round-robin" => (Box::new(RoundRobin::default()), "free", false),
-        "flowcon" => (Box::new(FlowConPlacer), "flowcon", false),
-        "specon" => (Box::new(RoundRobin::default()), "free", true),
-        "converge" => (Box::new(FlowConPlacer), "flowcon", true),
-        "value" => (Box::new(actor::ValuePlacer::new("value")), "free", false),
+        "spread" => (Box::new(Spread), WorkerMode::Free, false),
+        "least-allocated" => (Box::new(LeastAllocated), WorkerMode::Free, false),
+        "round-robin" => (Box::new(RoundRobin::default()), WorkerMode::Free, false),
+        "flowcon" => (Box::new(FlowConPlacer), WorkerMode::Flowcon, false),
+        "specon" => (Box::new(RoundRobin::default()), WorkerMode::Free, true),
+        "converge" => (Box::new(FlowConPlacer), WorkerMode::Flowcon, true),
+        "value" => (Box::new(actor::ValuePlacer::new("value")), WorkerMode::Free, false),
         "value-dwop" => (
             Box::new(actor::ValuePlacer::new("value-dwop")),
-            "free",
+            WorkerMode::Free,
             false,
         ),
         _ => return None,

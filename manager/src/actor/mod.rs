@@ -51,8 +51,8 @@ pub struct ActorConfig {
     pub lost_after_missed: u32,
     /// Progress points kept per job.
     pub progress_history: usize,
-    /// What agents run on their workers (`free` or `flowcon`).
-    pub worker_policy: &'static str,
+    /// What agents run on their workers.
+    pub worker_policy: pb::WorkerMode,
     /// Whether SpeCon migrations (Alg. 2 on requests, Alg. 3 rebalancing) are on.
     pub migration: bool,
     /// How long a container may take to checkpoint and exit before it is killed.
@@ -470,7 +470,7 @@ impl Actor {
             manager_id: self.config.manager_id.clone(),
             policy: self.placer.name().to_string(),
             heartbeat_interval_ms: self.config.heartbeat_interval.as_millis() as u64,
-            worker_policy: self.config.worker_policy.to_string(),
+            worker_mode: self.config.worker_policy as i32,
             migration: self.config.migration,
         }));
         info!(worker = %id, cpus = reg.cpu_capacity, containers = reg.containers.len(), reconnect, "worker registered");

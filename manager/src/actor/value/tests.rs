@@ -30,7 +30,7 @@ fn actor(lambda: f64) -> Actor {
         heartbeat_interval: Duration::from_secs(1),
         lost_after_missed: 3,
         progress_history: 16,
-        worker_policy: "free",
+        worker_policy: converge_messenger::pb::WorkerMode::Free,
         migration: false,
         save_deadline: Duration::from_secs(10),
         rebalance_interval: Duration::from_secs(30),
