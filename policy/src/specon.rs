@@ -388,6 +388,41 @@ impl SpeCon {
         decisions
     }
 
+    /// Records what a worker reported of a running job: its worker (an index into the
+    /// `workers` of the next [`SpeCon::schedule`] or [`SpeCon::rebalance`] call) and the
+    /// category its Alg. 1 gave it, when it gave one. For drivers where Alg. 1 runs on the
+    /// workers (the manager and the simulator through the cluster core): a newcomer starts
+    /// Progressing and not migrated (line 2); `t_c` (Alg. 3) is the first report of Converged
+    /// and is forgotten when the job stops being converged.
+    pub fn observe(&mut self, now: f64, job_id: &str, worker: usize, category: Option<Category>) {
+        let job = self
+            .jobs
+            .entry(job_id.to_string())
+            .or_insert_with(|| SpeConJob {
+                category: Category::PROGRESSING,
+                worker,
+                last_gain: None,
+                migrated: false,
+                rebalanced: false,
+                converged_at: None,
+                tracker: ProgressTracker::new(Direction::Minimize, None),
+            });
+        job.worker = worker;
+        if let Some(c) = category {
+            job.category = c;
+            if c == Category::CONVERGED {
+                job.converged_at.get_or_insert(now);
+            } else {
+                job.converged_at = None;
+            }
+        }
+    }
+
+    /// Forgets every job for which `keep` is false (they finished).
+    pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
+        self.jobs.retain(|id, _| keep(id));
+    }
+
     /// Alg. 1 over every observed job; returns the reallocation requests (line 16).
     pub fn categorize(&mut self, now: f64, observations: &[JobObservation]) -> Vec<String> {
         // Finished jobs leave; line 2: newcomers start Progressing, not migrated.

@@ -1,0 +1,428 @@
+//! Lifecycles as enums that carry their data, and the one function that decides which
+//! transitions are allowed.
+//!
+//! A job is [`JobPhase::Pending`], `Starting{worker, command}`, `Running{worker}`,
+//! `Migrating(Move)` (with `from`, `to` and the phase: `Saving{command}` or
+//! `Restoring{command}`), `Lost{worker, since}`, `Paused{worker}`, or one of the terminal
+//! phases. The worker an incarnation runs on is part of the phase, so a job cannot be "Running
+//! with no worker" or "Migrating with no target". [`allowed`] is the whole transition table:
+//! the core refuses (and counts) anything else, and nothing leaves a terminal phase.
+//!
+//! A worker is `Ready`, `Draining` or `Lost{since, draining}`; liveness applies in every state
+//! (a draining worker that stops answering is lost, and when it comes back it drains again).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use converge_policy::cluster::Category;
+
+use super::types::{CommandId, JobId, JobSpec, JobState, MoveReason, Time, WorkerId, WorkerState};
+
+/// A move between workers in flight.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Move {
+    /// Source worker.
+    pub from: WorkerId,
+    /// Target worker (changes when a restore is retried elsewhere).
+    pub to: WorkerId,
+    /// Why.
+    pub reason: MoveReason,
+    /// Where it is.
+    pub phase: MovePhase,
+    /// When the save was sent (downtime is measured from here).
+    pub started: Time,
+    /// Restores tried so far.
+    pub restore_attempts: u32,
+}
+
+/// Where a move is: save on the source, then a new incarnation on the target.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MovePhase {
+    /// Save sent to `from`; no restore is sent before its result.
+    Saving {
+        /// The Save command, whose result ends this phase.
+        command: CommandId,
+    },
+    /// Start of the new incarnation sent to `to`.
+    Restoring {
+        /// The Start command (re-sent with the same id after a reconnect).
+        command: CommandId,
+    },
+}
+
+/// A job's lifecycle phase.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JobPhase {
+    /// Waiting for a worker.
+    Pending,
+    /// Start sent to `worker`.
+    Starting {
+        /// Where.
+        worker: WorkerId,
+        /// The Start (re-sent with the same id after a reconnect).
+        command: CommandId,
+    },
+    /// Runs on `worker`.
+    Running {
+        /// Where.
+        worker: WorkerId,
+    },
+    /// Being moved.
+    Migrating(Move),
+    /// Its worker stopped answering at `since`.
+    Lost {
+        /// The worker.
+        worker: WorkerId,
+        /// When the worker was declared lost.
+        since: Time,
+    },
+    /// Frozen on `worker` by a value policy.
+    Paused {
+        /// Where.
+        worker: WorkerId,
+    },
+    /// Exited 0.
+    Completed,
+    /// Ended in error.
+    Failed,
+    /// Cancelled by the user.
+    Cancelled,
+    /// Refused or given up by a value policy.
+    Rejected,
+}
+
+impl JobPhase {
+    /// The phase without its data.
+    pub fn state(&self) -> JobState {
+        match self {
+            JobPhase::Pending => JobState::Pending,
+            JobPhase::Starting { .. } => JobState::Starting,
+            JobPhase::Running { .. } => JobState::Running,
+            JobPhase::Migrating(_) => JobState::Migrating,
+            JobPhase::Lost { .. } => JobState::Lost,
+            JobPhase::Paused { .. } => JobState::Paused,
+            JobPhase::Completed => JobState::Completed,
+            JobPhase::Failed => JobState::Failed,
+            JobPhase::Cancelled => JobState::Cancelled,
+            JobPhase::Rejected => JobState::Rejected,
+        }
+    }
+
+    /// The worker the current incarnation is on (or is being started on): the source while a
+    /// move saves, the target once it restores.
+    pub fn worker(&self) -> Option<&WorkerId> {
+        match self {
+            JobPhase::Starting { worker, .. }
+            | JobPhase::Running { worker }
+            | JobPhase::Lost { worker, .. }
+            | JobPhase::Paused { worker } => Some(worker),
+            JobPhase::Migrating(m) => Some(match m.phase {
+                MovePhase::Saving { .. } => &m.from,
+                MovePhase::Restoring { .. } => &m.to,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Whether a phase change to `to` starts a new incarnation (the epoch goes up): a Start,
+    /// or a restore with a command other than the one in flight.
+    pub fn starts_incarnation(&self, to: &JobPhase) -> bool {
+        fn restoring(p: &JobPhase) -> Option<&CommandId> {
+            match p {
+                JobPhase::Migrating(Move {
+                    phase: MovePhase::Restoring { command },
+                    ..
+                }) => Some(command),
+                _ => None,
+            }
+        }
+        match to {
+            JobPhase::Starting { .. } => true,
+            JobPhase::Migrating(_) => restoring(to).is_some() && restoring(to) != restoring(self),
+            _ => false,
+        }
+    }
+}
+
+/// The transition table. Everything not listed is refused; nothing leaves a terminal state.
+pub fn allowed(from: &JobPhase, to: &JobPhase) -> bool {
+    use JobState as S;
+    let (f, t) = (from.state(), to.state());
+    if f.is_terminal() {
+        return false;
+    }
+    match (f, t) {
+        // Anything live can be cancelled, can fail, or (under a value policy) be given up.
+        (_, S::Cancelled | S::Failed | S::Rejected) => true,
+        (S::Pending, S::Starting) => true,
+        (S::Starting, S::Running | S::Lost | S::Completed | S::Pending) => true,
+        (S::Running, S::Migrating | S::Lost | S::Paused | S::Completed | S::Pending) => true,
+        // Saving -> Restoring, a retried restore, or back to Running (save failed, restored).
+        (S::Migrating, S::Migrating | S::Running | S::Lost | S::Completed | S::Pending) => true,
+        (S::Lost, S::Running | S::Pending | S::Completed) => true,
+        (S::Paused, S::Running | S::Lost | S::Completed | S::Pending) => true,
+        _ => false,
+    }
+}
+
+/// One progress point kept per job (bounded history).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProgressPoint {
+    /// When the agent read it (Unix ms).
+    pub unix_ms: i64,
+    /// Step.
+    pub step: u64,
+    /// Metric value.
+    pub value: Option<f64>,
+    /// Incarnation.
+    pub epoch: u64,
+}
+
+/// The worker's last policy view of a job (from heartbeats).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct WorkerView {
+    /// FlowCon/SpeCon category.
+    pub category: Option<Category>,
+    /// Growth efficiency.
+    pub growth_efficiency: Option<f64>,
+    /// CPU limit (fraction of the worker).
+    pub cpu_limit: Option<f64>,
+    /// Cores used.
+    pub cpu_usage: f64,
+}
+
+/// One incarnation: which worker an epoch was started on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Incarnation {
+    /// The epoch.
+    pub epoch: u64,
+    /// Its worker.
+    pub worker: WorkerId,
+}
+
+/// A finished move waiting for the first progress line on its target (for its downtime).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resuming {
+    /// The move.
+    pub from: WorkerId,
+    /// Where it resumed.
+    pub to: WorkerId,
+    /// Why it moved.
+    pub reason: MoveReason,
+    /// When the save was sent.
+    pub started: Time,
+}
+
+/// One job.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// Its id.
+    pub id: JobId,
+    /// Submission order (FIFO among pending jobs).
+    pub seq: u64,
+    /// What the decisions need of its spec.
+    pub spec: JobSpec,
+    /// Lifecycle phase.
+    pub phase: JobPhase,
+    /// Why it is in its phase, in words.
+    pub reason: String,
+    /// Current incarnation (0 = never started). Only ever goes up.
+    pub epoch: u64,
+    /// Every incarnation's worker, oldest first.
+    pub incarnations: Vec<Incarnation>,
+    /// Container of the current incarnation, once started.
+    pub container_id: String,
+    /// Submitted.
+    pub submitted_at: Time,
+    /// First started.
+    pub started_at: Option<Time>,
+    /// Reached a terminal phase.
+    pub finished_at: Option<Time>,
+    /// Latest step.
+    pub step: u64,
+    /// Step budget, when the job says.
+    pub total_steps: u64,
+    /// Latest metric value.
+    pub metric_value: Option<f64>,
+    /// Progress samples received in all.
+    pub samples: u64,
+    /// Malformed progress lines reported.
+    pub malformed: u64,
+    /// The most recent progress points.
+    pub progress: VecDeque<ProgressPoint>,
+    /// What its worker last reported of it.
+    pub view: WorkerView,
+    /// Finished moves.
+    pub migrations: u32,
+    /// Downtime of the last finished move, in seconds.
+    pub last_migration_downtime: Option<f64>,
+    /// A move waiting for its first progress line (measurement only; decides nothing).
+    pub resuming: Option<Resuming>,
+    /// Exit code of the last incarnation.
+    pub exit_code: Option<i32>,
+}
+
+impl Job {
+    /// The phase without its data.
+    pub fn state(&self) -> JobState {
+        self.phase.state()
+    }
+
+    /// Whether it is over.
+    pub fn is_terminal(&self) -> bool {
+        self.state().is_terminal()
+    }
+
+    /// The worker of the current incarnation.
+    pub fn worker(&self) -> Option<&WorkerId> {
+        self.phase.worker()
+    }
+
+    /// Whether incarnation `epoch` was started on `worker`: what an agent may speak about.
+    pub fn ran_on(&self, worker: &str, epoch: u64) -> bool {
+        self.incarnations
+            .iter()
+            .any(|i| i.epoch == epoch && i.worker == worker)
+    }
+}
+
+/// One worker.
+#[derive(Debug, Clone)]
+pub struct Worker {
+    /// Its id.
+    pub id: WorkerId,
+    /// Lifecycle state.
+    pub state: WorkerPhase,
+    /// Cores offered.
+    pub cpu_capacity: f64,
+    /// Memory offered (0 = unknown).
+    pub memory_bytes: u64,
+    /// Speed relative to the reference worker.
+    pub calibration: f64,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// The live stream, if any.
+    pub conn: Option<super::types::ConnId>,
+    /// The agent process behind it.
+    pub instance_id: String,
+    /// Last registration or heartbeat.
+    pub last_seen: Time,
+    /// FlowCon threshold, when reported.
+    pub alpha: Option<f64>,
+    /// FlowCon interval, when reported.
+    pub interval_s: Option<f64>,
+    /// Jobs whose current incarnation is here (kept by the core's one transition function).
+    pub jobs: BTreeSet<JobId>,
+}
+
+/// A worker's lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum WorkerPhase {
+    /// Takes new work.
+    Ready,
+    /// Takes no new work; its jobs move away as capacity allows.
+    Draining,
+    /// Missed its heartbeats since `since`; `draining` says what it returns to.
+    Lost {
+        /// When it was declared lost.
+        since: Time,
+        /// It was draining: when it comes back, it drains again.
+        draining: bool,
+    },
+}
+
+impl WorkerPhase {
+    /// The state without its data.
+    pub fn state(self) -> WorkerState {
+        match self {
+            WorkerPhase::Ready => WorkerState::Ready,
+            WorkerPhase::Draining => WorkerState::Draining,
+            WorkerPhase::Lost { .. } => WorkerState::Lost,
+        }
+    }
+
+    /// Whether it is draining (also while lost).
+    pub fn draining(self) -> bool {
+        matches!(
+            self,
+            WorkerPhase::Draining | WorkerPhase::Lost { draining: true, .. }
+        )
+    }
+}
+
+impl Worker {
+    /// Whether new work may be placed here now.
+    pub fn schedulable(&self) -> bool {
+        self.state == WorkerPhase::Ready && self.conn.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn running() -> JobPhase {
+        JobPhase::Running {
+            worker: "w1".into(),
+        }
+    }
+
+    #[test]
+    fn nothing_leaves_a_terminal_phase() {
+        for t in [
+            JobPhase::Completed,
+            JobPhase::Failed,
+            JobPhase::Cancelled,
+            JobPhase::Rejected,
+        ] {
+            for to in [
+                JobPhase::Pending,
+                running(),
+                JobPhase::Cancelled,
+                JobPhase::Completed,
+            ] {
+                assert!(!allowed(&t, &to), "{t:?} -> {to:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn pending_cannot_run_without_starting() {
+        assert!(!allowed(&JobPhase::Pending, &running()));
+        assert!(allowed(
+            &JobPhase::Pending,
+            &JobPhase::Starting {
+                worker: "w1".into(),
+                command: "c".into()
+            }
+        ));
+    }
+
+    #[test]
+    fn a_move_can_only_begin_from_running() {
+        let m = JobPhase::Migrating(Move {
+            from: "w1".into(),
+            to: "w2".into(),
+            reason: MoveReason::Drain,
+            phase: MovePhase::Saving {
+                command: "s".into(),
+            },
+            started: 0.0,
+            restore_attempts: 0,
+        });
+        assert!(allowed(&running(), &m));
+        assert!(!allowed(&JobPhase::Pending, &m));
+        assert!(!allowed(
+            &JobPhase::Paused {
+                worker: "w1".into()
+            },
+            &m
+        ));
+        assert!(!allowed(
+            &JobPhase::Lost {
+                worker: "w1".into(),
+                since: 0.0
+            },
+            &m
+        ));
+    }
+}

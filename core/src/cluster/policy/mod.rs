@@ -1,0 +1,386 @@
+//! The one interface every cluster policy implements, and the policies.
+//!
+//! The core asks a [`ClusterPolicy`] four things: where a pending job goes ([`ClusterPolicy::place`]),
+//! where a job that must leave its worker goes ([`ClusterPolicy::place_move`]: drains, restore
+//! retries), what it makes of a worker's report ([`ClusterPolicy::on_report`]) and of a job
+//! leaving a worker ([`ClusterPolicy::on_departure`]), and what it does on a timer
+//! ([`ClusterPolicy::on_tick`]). Answers are data ([`Admission`], [`Decision`]); the core carries
+//! them out through its one transition function. A policy keeps its own state (SpeCon's
+//! migrated/rebalanced marks, value shares) and never writes a job's or a worker's.
+//!
+//! - [`placing::Placing`]: a `converge_policy` placer and nothing else: `spread`,
+//!   `least-allocated`, `round-robin`, and `flowcon` (Alg. 4 placement; FlowCon's limits run on
+//!   the workers).
+//! - [`specon::SpeConPolicy`]: SpeCon's Alg. 2 on agents' migration requests and Alg. 3 on a
+//!   timer, around a placer: `specon` and `converge`.
+//! - [`value::ValuePolicy`]: value-based allocation (DwoP, DwP): `value`, `value-dwop`.
+//!
+//! [`by_name`] builds a policy from its `--policy` name.
+
+pub mod placing;
+pub mod specon;
+pub mod value;
+
+use std::collections::BTreeMap;
+
+use converge_policy::cluster::{JobRequest, JobSnapshot, WorkerSnapshot};
+
+use super::lifecycle::{Job, JobPhase, Worker};
+use super::types::{JobId, JobSpec, MoveReason, Time, WorkerId, WorkerMode};
+
+/// What the policies see: the core's workers and jobs, read-only.
+#[derive(Clone, Copy)]
+pub struct ClusterView<'a> {
+    /// Workers by id (sorted: every policy sees them in the same order).
+    pub workers: &'a BTreeMap<WorkerId, Worker>,
+    /// Jobs by id.
+    pub jobs: &'a BTreeMap<JobId, Job>,
+}
+
+impl<'a> ClusterView<'a> {
+    /// One snapshot per worker, in id order, with the worker ids.
+    pub fn snapshots(&self) -> (Vec<&'a WorkerId>, Vec<WorkerSnapshot>) {
+        let mut ids = Vec::with_capacity(self.workers.len());
+        let mut snaps = Vec::with_capacity(self.workers.len());
+        for (id, w) in self.workers {
+            ids.push(id);
+            snaps.push(self.snapshot(w));
+        }
+        (ids, snaps)
+    }
+
+    /// What a placer sees of worker `w`: its reservations and its jobs' last reports.
+    pub fn snapshot(&self, w: &Worker) -> WorkerSnapshot {
+        let jobs: Vec<&Job> = w.jobs.iter().filter_map(|id| self.jobs.get(id)).collect();
+        WorkerSnapshot {
+            id: w.id.clone(),
+            cpu_capacity: w.cpu_capacity,
+            cpu_requested: jobs.iter().map(|j| j.spec.cpus).sum(),
+            memory_capacity: if w.memory_bytes == 0 {
+                u64::MAX
+            } else {
+                w.memory_bytes
+            },
+            memory_requested: jobs.iter().map(|j| j.spec.memory_bytes).sum(),
+            running: jobs.len(),
+            calibration: w.calibration,
+            schedulable: w.schedulable(),
+            jobs: jobs
+                .iter()
+                .filter_map(|j| {
+                    Some(JobSnapshot {
+                        job_id: j.id.clone(),
+                        category: j.view.category?,
+                        growth_efficiency: j.view.growth_efficiency,
+                        cpu_limit: j.view.cpu_limit,
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    /// Index of `worker` in [`ClusterView::snapshots`] order.
+    pub fn index_of(&self, worker: &str) -> Option<usize> {
+        self.workers.keys().position(|w| w == worker)
+    }
+
+    /// The jobs that run now (Running), by id.
+    pub fn running(&self) -> impl Iterator<Item = &'a Job> + 'a {
+        self.jobs
+            .values()
+            .filter(|j| matches!(j.phase, JobPhase::Running { .. }))
+    }
+}
+
+/// What a job asks of a placer.
+pub fn request(spec: &JobSpec) -> JobRequest {
+    JobRequest {
+        cpus: spec.cpus,
+        memory_bytes: spec.memory_bytes,
+    }
+}
+
+/// `w1=0.5 w2=0.25`: the scores a placer compared, for events.
+pub fn scores_text(ids: &[&WorkerId], scores: &[f64]) -> String {
+    ids.iter()
+        .zip(scores)
+        .map(|(w, s)| format!("{w}={s}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A policy's answer for a pending job.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Admission {
+    /// Start it on `worker`.
+    Place {
+        /// Where.
+        worker: WorkerId,
+        /// CPU weight to start with (0 = default).
+        cpu_shares: u32,
+        /// Jobs to preempt first (value-based allocation with preemption).
+        victims: Vec<Victim>,
+        /// Why, in words.
+        reason: String,
+        /// Details for the event (scores, expected value, ...).
+        attributes: BTreeMap<String, String>,
+    },
+    /// Not now; tried again on the next change.
+    Wait {
+        /// Why, in words a user can act on.
+        reason: String,
+    },
+    /// Never (value-based allocation).
+    Reject {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// How a victim is preempted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Preempt {
+    /// Frozen in place, resumed later.
+    Pause,
+    /// Stopped for good (Rejected).
+    Stop,
+}
+
+/// A job to preempt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Victim {
+    /// The job.
+    pub job: JobId,
+    /// How.
+    pub how: Preempt,
+    /// Why.
+    pub reason: String,
+}
+
+/// A decision about a job that is not pending.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Move it to `to` by checkpoint save/restore.
+    Move {
+        /// The job.
+        job: JobId,
+        /// Target.
+        to: WorkerId,
+        /// Why.
+        reason: MoveReason,
+        /// Details for the event.
+        attributes: BTreeMap<String, String>,
+    },
+    /// It was considered for a move and stays (an event, no change).
+    Keep {
+        /// The job.
+        job: JobId,
+        /// Why, in words.
+        reason: String,
+        /// Details for the event.
+        attributes: BTreeMap<String, String>,
+    },
+    /// Preempt it.
+    Preempt(Victim),
+    /// Resume a paused job with a new CPU weight.
+    Resume {
+        /// The job.
+        job: JobId,
+        /// Its CPU weight.
+        cpu_shares: u32,
+        /// Why.
+        reason: String,
+    },
+    /// Give it up (Rejected).
+    Drop {
+        /// The job.
+        job: JobId,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// What a worker reported, as a policy sees it.
+#[derive(Debug, Clone, Copy)]
+pub enum Report<'a> {
+    /// A heartbeat (the jobs' views are already updated in the cluster view).
+    Heartbeat {
+        /// From.
+        worker: &'a WorkerId,
+    },
+    /// SpeCon Alg. 1 line 16: a converged job asks to be moved.
+    MigrationRequest {
+        /// From.
+        worker: &'a WorkerId,
+        /// The job (running on `worker`, checked by the core).
+        job: &'a JobId,
+        /// Why, in words.
+        reason: &'a str,
+    },
+}
+
+/// A submission the policy refuses, naming the field.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Invalid {
+    /// The field to fix.
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+/// A cluster policy (module doc).
+pub trait ClusterPolicy: Send {
+    /// Its `--policy` name.
+    fn name(&self) -> &'static str;
+
+    /// What agents run on their workers.
+    fn worker_mode(&self) -> WorkerMode {
+        WorkerMode::Free
+    }
+
+    /// Whether agents run SpeCon's Alg. 1 and send migration requests.
+    fn agent_migration(&self) -> bool {
+        false
+    }
+
+    /// Submission rules of this policy, beyond the general ones.
+    fn check_submit(&self, _spec: &JobSpec) -> Result<(), Invalid> {
+        Ok(())
+    }
+
+    /// Where pending job `job` goes now.
+    fn place(&mut self, now: Time, job: &Job, view: ClusterView<'_>) -> Admission;
+
+    /// Where a running job that must leave its worker goes (drain, restore retry); `None`
+    /// when no worker can take it now.
+    fn place_move(&mut self, now: Time, job: &Job, view: ClusterView<'_>) -> Option<WorkerId>;
+
+    /// The CPU weight every Start of `job` carries (a restore keeps what it was given).
+    fn start_shares(&self, _job: &JobId) -> u32 {
+        0
+    }
+
+    /// A worker's report.
+    fn on_report(
+        &mut self,
+        _now: Time,
+        _report: Report<'_>,
+        _view: ClusterView<'_>,
+    ) -> Vec<Decision> {
+        Vec::new()
+    }
+
+    /// `job` left `worker` (it ended, or its worker was lost).
+    fn on_departure(
+        &mut self,
+        _now: Time,
+        _worker: &WorkerId,
+        _job: &JobId,
+        _view: ClusterView<'_>,
+    ) -> Vec<Decision> {
+        Vec::new()
+    }
+
+    /// The timer.
+    fn on_tick(&mut self, _now: Time, _view: ClusterView<'_>) -> Vec<Decision> {
+        Vec::new()
+    }
+
+    /// When the policy next wants a tick, if it keeps a timer of its own.
+    fn next_due(&self) -> Option<Time> {
+        None
+    }
+}
+
+/// Settings a policy may need besides its name.
+#[derive(Debug, Clone)]
+pub struct PolicyConfig {
+    /// SpeCon Alg. 3's period, in seconds.
+    pub rebalance_interval: Time,
+    /// Value-based allocation (`value`, `value-dwop`).
+    pub value: Option<converge_policy::value::ValueConfig>,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            rebalance_interval: 30.0,
+            value: None,
+        }
+    }
+}
+
+/// The names [`by_name`] accepts.
+pub const POLICIES: &[&str] = &[
+    "spread",
+    "least-allocated",
+    "round-robin",
+    "flowcon",
+    "specon",
+    "converge",
+    "value",
+    "value-dwop",
+];
+
+/// The policy `name` runs (README "Policies"):
+///
+/// - `spread`: Docker Swarm's spread placement, free competition on workers (FlowCon's "DS").
+/// - `least-allocated`: Kubernetes' default scoring, free competition.
+/// - `round-robin`: even initial placement, free competition (SpeCon's "DS").
+/// - `flowcon`: FlowCon Alg. 4 placement and Alg. 1-3 elastic limits on every worker.
+/// - `specon`: even initial placement, free competition, SpeCon migration (Alg. 1 on the
+///   agents, Alg. 2 on their requests, Alg. 3 rebalancing on a timer).
+/// - `converge`: FlowCon placement and limits together with SpeCon migration.
+/// - `value` / `value-dwop`: value-based allocation with / without preemption.
+pub fn by_name(name: &str, config: &PolicyConfig) -> Result<Box<dyn ClusterPolicy>, String> {
+    use converge_policy::baseline::{LeastAllocated, RoundRobin, Spread};
+    use converge_policy::flowcon::FlowConPlacer;
+    Ok(match name {
+        "spread" => Box::new(placing::Placing::new(Box::new(Spread), WorkerMode::Free)),
+        "least-allocated" => Box::new(placing::Placing::new(
+            Box::new(LeastAllocated),
+            WorkerMode::Free,
+        )),
+        "round-robin" => Box::new(placing::Placing::new(
+            Box::new(RoundRobin::default()),
+            WorkerMode::Free,
+        )),
+        "flowcon" => Box::new(placing::Placing::new(
+            Box::new(FlowConPlacer),
+            WorkerMode::FlowCon,
+        )),
+        "specon" => Box::new(specon::SpeConPolicy::new(
+            "specon",
+            Box::new(RoundRobin::default()),
+            WorkerMode::Free,
+            config.rebalance_interval,
+        )),
+        "converge" => Box::new(specon::SpeConPolicy::new(
+            "converge",
+            Box::new(FlowConPlacer),
+            WorkerMode::FlowCon,
+            config.rebalance_interval,
+        )),
+        "value" | "value-dwop" => {
+            let mut vc = config
+                .value
+                .clone()
+                .ok_or_else(|| format!("policy `{name}` needs its value-allocation settings"))?;
+            if name == "value-dwop" {
+                vc.preemption = None;
+            }
+            let name: &'static str = if name == "value" {
+                "value"
+            } else {
+                "value-dwop"
+            };
+            Box::new(value::ValuePolicy::new(name, vc).map_err(|e| e.to_string())?)
+        }
+        other => {
+            return Err(format!(
+                "unknown policy `{other}` (one of: {})",
+                POLICIES.join(", ")
+            ));
+        }
+    })
+}

@@ -1,0 +1,236 @@
+//! SpeCon on the cluster (specon-speculative-migration.txt): Alg. 1 runs on every worker (the
+//! agent categorizes its jobs and asks for a move when a converged job shares its worker,
+//! :161-195); this policy holds the cluster-wide state of Alg. 2 and 3 in one
+//! [`converge_policy::specon::SpeCon`]:
+//! - on every heartbeat, the categories the worker reports are observed (`t_c` of Alg. 3 is the
+//!   first report of Converged);
+//! - on a migration request, Alg. 2 (:227-256) picks the host: a move, or a keep (a job is
+//!   decided at most once);
+//! - on its timer, Alg. 3 (:290-332) rebalances.
+//!
+//! The simulator drives the same policy with the same calls, in the same order, through the
+//! core. Placement is a plain placer (round-robin for `specon`, FlowCon's Alg. 4 for `converge`).
+
+use std::collections::BTreeMap;
+
+use converge_policy::cluster::Placer;
+use converge_policy::specon::{SpeCon, SpeConConfig, WorkerLoad};
+
+use super::placing::Placing;
+use super::{Admission, ClusterPolicy, ClusterView, Decision, Report, request};
+use crate::cluster::lifecycle::{Job, JobPhase};
+use crate::cluster::types::{JobId, MoveReason, Time, WorkerId, WorkerMode};
+
+/// SpeCon's Alg. 2 and 3 around a placer.
+pub struct SpeConPolicy {
+    name: &'static str,
+    placing: Placing,
+    specon: SpeCon,
+    interval: Time,
+    next_rebalance: Option<Time>,
+}
+
+impl SpeConPolicy {
+    /// `name` placing with `placer`, agents running `mode`, Alg. 3 every `interval` seconds.
+    pub fn new(
+        name: &'static str,
+        placer: Box<dyn Placer + Send>,
+        mode: WorkerMode,
+        interval: Time,
+    ) -> Self {
+        SpeConPolicy {
+            name,
+            placing: Placing::new(placer, mode),
+            // Alg. 1's α and interval are the agents'; here only the state of Alg. 2-3 is used.
+            specon: SpeCon::new(SpeConConfig::default()).expect("default SpeCon config is valid"),
+            interval,
+            next_rebalance: None,
+        }
+    }
+
+    /// Brings SpeCon's per-job state in line with the running jobs: their workers (by index in
+    /// the view's order) and their reported categories; finished jobs leave it.
+    fn sync(&mut self, now: Time, view: ClusterView<'_>) {
+        let index: BTreeMap<&WorkerId, usize> = view
+            .workers
+            .keys()
+            .enumerate()
+            .map(|(i, w)| (w, i))
+            .collect();
+        let running: Vec<(&Job, usize)> = view
+            .running()
+            .filter_map(|j| Some((j, *index.get(j.worker()?)?)))
+            .collect();
+        let live: std::collections::BTreeSet<&str> =
+            running.iter().map(|(j, _)| j.id.as_str()).collect();
+        // Jobs being moved keep their state (the `migrated` mark) until they run again.
+        self.specon.retain(|id| {
+            live.contains(id)
+                || view
+                    .jobs
+                    .get(id)
+                    .is_some_and(|j| matches!(j.phase, JobPhase::Migrating(_)))
+        });
+        for (j, w) in running {
+            self.specon.observe(now, &j.id, w, j.view.category);
+        }
+    }
+
+    /// `R(w, t)` of every worker: cores in use over capacity, from heartbeats.
+    fn loads(view: ClusterView<'_>) -> Vec<WorkerLoad> {
+        view.workers
+            .values()
+            .map(|w| {
+                let used: f64 = w
+                    .jobs
+                    .iter()
+                    .filter_map(|id| view.jobs.get(id))
+                    .map(|j| j.view.cpu_usage)
+                    .sum();
+                WorkerLoad {
+                    id: w.id.clone(),
+                    resource_use: if w.cpu_capacity > 0.0 {
+                        used / w.cpu_capacity
+                    } else {
+                        0.0
+                    },
+                    schedulable: w.schedulable(),
+                }
+            })
+            .collect()
+    }
+
+    /// Whether worker index `to` has room for `job` by reservation: Alg. 2 and 3 count jobs,
+    /// not cores, and reservations still hold.
+    fn fits(view: ClusterView<'_>, to: usize, job: &JobId) -> bool {
+        let Some(j) = view.jobs.get(job) else {
+            return false;
+        };
+        let Some(w) = view.workers.values().nth(to) else {
+            return false;
+        };
+        view.snapshot(w).fits(&request(&j.spec))
+    }
+}
+
+impl ClusterPolicy for SpeConPolicy {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn worker_mode(&self) -> WorkerMode {
+        self.placing.worker_mode()
+    }
+
+    fn agent_migration(&self) -> bool {
+        true
+    }
+
+    fn place(&mut self, _now: Time, job: &Job, view: ClusterView<'_>) -> Admission {
+        self.placing.admit(job, view)
+    }
+
+    fn place_move(&mut self, _now: Time, job: &Job, view: ClusterView<'_>) -> Option<WorkerId> {
+        self.placing.target(job, view)
+    }
+
+    fn on_report(&mut self, now: Time, report: Report<'_>, view: ClusterView<'_>) -> Vec<Decision> {
+        match report {
+            Report::Heartbeat { .. } => {
+                self.sync(now, view);
+                Vec::new()
+            }
+            Report::MigrationRequest {
+                worker,
+                job,
+                reason,
+            } => {
+                self.sync(now, view);
+                let loads = Self::loads(view);
+                let ids: Vec<&WorkerId> = view.workers.keys().collect();
+                let decided = self
+                    .specon
+                    .jobs()
+                    .get(job.as_str())
+                    .is_none_or(|j| j.migrated);
+                if decided {
+                    // Alg. 2 lines 9/15/20: decided at most once.
+                    return Vec::new();
+                }
+                match self.specon.schedule(job, &loads) {
+                    Some(m) if Self::fits(view, m.to, job) => {
+                        let mut attributes = score_attributes(&ids, &m.scores);
+                        attributes.insert("request".into(), reason.to_string());
+                        vec![Decision::Move {
+                            job: job.clone(),
+                            to: ids[m.to].clone(),
+                            reason: MoveReason::Speculative,
+                            attributes,
+                        }]
+                    }
+                    Some(m) => vec![Decision::Keep {
+                        job: job.clone(),
+                        reason: format!(
+                            "kept on {worker}: {} has the lowest score but no room for it",
+                            ids[m.to]
+                        ),
+                        attributes: BTreeMap::from([("request".into(), reason.to_string())]),
+                    }],
+                    None => vec![Decision::Keep {
+                        job: job.clone(),
+                        reason: format!(
+                            "kept on {worker}: it has the minimum score (SpeCon Alg. 2 lines 8-10)"
+                        ),
+                        attributes: BTreeMap::from([("request".into(), reason.to_string())]),
+                    }],
+                }
+            }
+        }
+    }
+
+    fn on_tick(&mut self, now: Time, view: ClusterView<'_>) -> Vec<Decision> {
+        let due = *self.next_rebalance.get_or_insert(now + self.interval);
+        if now < due {
+            return Vec::new();
+        }
+        self.next_rebalance = Some(now + self.interval);
+        if view.workers.len() < 2 {
+            return Vec::new();
+        }
+        self.sync(now, view);
+        let loads = Self::loads(view);
+        let ids: Vec<&WorkerId> = view.workers.keys().collect();
+        let (moves, bf) = self.specon.rebalance(now, &loads, &[]);
+        moves
+            .into_iter()
+            .filter(|m| Self::fits(view, m.to, &m.job_id))
+            .map(|m| Decision::Move {
+                to: ids[m.to].clone(),
+                job: m.job_id,
+                reason: MoveReason::Rebalance,
+                attributes: BTreeMap::from([("balance_factor".into(), bf.to_string())]),
+            })
+            .collect()
+    }
+
+    fn next_due(&self) -> Option<Time> {
+        self.next_rebalance
+    }
+}
+
+/// `score.w1 = 3` for each worker Alg. 2 scored (`ineligible` for the others).
+fn score_attributes(ids: &[&WorkerId], scores: &[f64]) -> BTreeMap<String, String> {
+    ids.iter()
+        .zip(scores)
+        .map(|(w, s)| {
+            (
+                format!("score.{w}"),
+                if s.is_finite() {
+                    s.to_string()
+                } else {
+                    "ineligible".into()
+                },
+            )
+        })
+        .collect()
+}

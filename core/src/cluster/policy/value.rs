@@ -1,0 +1,228 @@
+//! Value-based allocation on the cluster (`value`, `value-dwop`): the core drives
+//! `converge_policy::value::ValueAllocator` (value-based-allocation.txt, DwoP :104-106, DwP
+//! :108-114) through this policy.
+//!
+//! - **Which jobs.** A job with a value curve and an estimated runtime is admitted by the
+//!   allocator when it is released (:104): placed with a CPU share, perhaps after preempting
+//!   one victim there, or rejected. A job without one is placed by spread and is invisible to
+//!   the allocator (it neither counts in a worker's β, Eq. 1, nor can be preempted).
+//! - **The cluster as the allocator sees it** ([`node_states`]): one `NodeState` per worker in
+//!   id order; speed = calibration (ζ = 1/speed, :57); its containers = its value jobs that
+//!   occupy it, each with its share and remaining work `ET × (1 − step/total_steps)` in
+//!   reference seconds; paused when Paused; release AT_j = submission (:63).
+//! - **Decisions.** Victims are paused (or stopped: Rejected) (:112); after a value job leaves
+//!   a worker, [`ValueAllocator::on_departure`] offers its paused jobs back or drops worthless
+//!   ones; on every tick [`ValueAllocator::on_tick`] drops jobs whose value reached zero (:65).
+//! - **Time** is the core's: Unix seconds on the manager, virtual seconds in the simulator.
+
+use std::collections::BTreeMap;
+
+use converge_policy::baseline::Spread;
+use converge_policy::value::{
+    Container, NodeState, PreemptAction, ValueAction, ValueAllocator, ValueConfig, ValueDecision,
+    ValueJob,
+};
+
+use super::placing::Placing;
+use super::{Admission, ClusterPolicy, ClusterView, Decision, Invalid, Preempt, Victim};
+use crate::cluster::lifecycle::{Job, JobPhase};
+use crate::cluster::types::{JobId, JobSpec, Time, WorkerId, WorkerMode};
+
+/// Docker's `--cpu-shares` default: what a container gets when nobody chose its share.
+const DEFAULT_SHARES: u32 = 1024;
+
+/// Value-based allocation, with spread for jobs without a value curve.
+pub struct ValuePolicy {
+    name: &'static str,
+    allocator: ValueAllocator,
+    fallback: Placing,
+    /// ξ_j of each value job that holds a place (given at placement or resumption).
+    shares: BTreeMap<JobId, u32>,
+}
+
+impl ValuePolicy {
+    /// `name` running `config`.
+    pub fn new(name: &'static str, config: ValueConfig) -> converge_policy::Result<Self> {
+        Ok(ValuePolicy {
+            name,
+            allocator: ValueAllocator::new(config)?,
+            fallback: Placing::new(Box::new(Spread), WorkerMode::Free),
+            shares: BTreeMap::new(),
+        })
+    }
+
+    fn actions(&mut self, view: ClusterView<'_>, actions: Vec<ValueAction>) -> Vec<Decision> {
+        let _ = view;
+        actions
+            .into_iter()
+            .map(|a| match a {
+                ValueAction::Resume {
+                    job,
+                    cpu_shares,
+                    reason,
+                    ..
+                } => {
+                    self.shares.insert(job.clone(), cpu_shares);
+                    Decision::Resume {
+                        job,
+                        cpu_shares,
+                        reason,
+                    }
+                }
+                ValueAction::Drop { job, reason, .. } => Decision::Drop { job, reason },
+            })
+            .collect()
+    }
+}
+
+/// The job as the allocator sees it, when it has a value curve and an estimated runtime.
+pub fn value_job(job: &Job) -> Option<ValueJob> {
+    let curve = job.spec.value_curve?;
+    if job.spec.estimated_runtime_s <= 0.0 {
+        return None;
+    }
+    Some(ValueJob {
+        id: job.id.clone(),
+        // AT_j: the curve's origin is the job's release (:65), its submission here.
+        released_at: job.submitted_at,
+        estimated_s: job.spec.estimated_runtime_s,
+        curve,
+    })
+}
+
+/// Work left in reference seconds: `ET × (1 − step/total_steps)`, ET until the job says its
+/// total.
+fn remaining_s(job: &Job) -> f64 {
+    let et = job.spec.estimated_runtime_s;
+    if job.total_steps == 0 {
+        return et;
+    }
+    let done = (job.step as f64 / job.total_steps as f64).clamp(0.0, 1.0);
+    et * (1.0 - done)
+}
+
+/// The cluster as the allocator sees it, in worker id order.
+pub fn node_states(view: ClusterView<'_>, shares: &BTreeMap<JobId, u32>) -> Vec<NodeState> {
+    view.workers
+        .values()
+        .map(|w| {
+            let mut jobs: Vec<&Job> = w.jobs.iter().filter_map(|id| view.jobs.get(id)).collect();
+            // Ordered by submission so decisions are deterministic.
+            jobs.sort_by_key(|j| j.seq);
+            NodeState {
+                id: w.id.clone(),
+                speed: w.calibration,
+                schedulable: w.schedulable(),
+                containers: jobs
+                    .into_iter()
+                    .filter_map(|j| {
+                        Some(Container {
+                            job: value_job(j)?,
+                            shares: shares.get(&j.id).copied().unwrap_or(DEFAULT_SHARES),
+                            remaining_s: remaining_s(j),
+                            paused: matches!(j.phase, JobPhase::Paused { .. }),
+                        })
+                    })
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+impl ClusterPolicy for ValuePolicy {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn check_submit(&self, spec: &JobSpec) -> Result<(), Invalid> {
+        if spec.value_curve.is_some() && spec.estimated_runtime_s <= 0.0 {
+            return Err(Invalid {
+                field: "spec.estimated_runtime_s",
+                message: "is needed with a value curve under the value policies: the allocator \
+                          predicts when the job completes from it (seconds alone on a reference \
+                          worker)"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn place(&mut self, now: Time, job: &Job, view: ClusterView<'_>) -> Admission {
+        let Some(vj) = value_job(job) else {
+            return self.fallback.admit(job, view);
+        };
+        let nodes = node_states(view, &self.shares);
+        if !nodes.iter().any(|n| n.schedulable) {
+            return Admission::Wait {
+                reason: "waiting for a schedulable worker".into(),
+            };
+        }
+        let ids: Vec<&WorkerId> = view.workers.keys().collect();
+        match self.allocator.on_arrival(now, &vj, &nodes) {
+            ValueDecision::Place {
+                node,
+                cpu_shares,
+                expected_value,
+                victims,
+                reason,
+            } => {
+                self.shares.insert(job.id.clone(), cpu_shares);
+                Admission::Place {
+                    worker: ids[node].clone(),
+                    cpu_shares,
+                    victims: victims
+                        .into_iter()
+                        .map(|p| Victim {
+                            job: p.job,
+                            how: match p.action {
+                                PreemptAction::Pause => Preempt::Pause,
+                                PreemptAction::Stop => Preempt::Stop,
+                            },
+                            reason: p.reason,
+                        })
+                        .collect(),
+                    reason,
+                    attributes: BTreeMap::from([
+                        ("cpu_shares".to_string(), cpu_shares.to_string()),
+                        ("expected_value".to_string(), format!("{expected_value:.3}")),
+                    ]),
+                }
+            }
+            ValueDecision::Reject { reason } => Admission::Reject { reason },
+        }
+    }
+
+    fn place_move(&mut self, _now: Time, job: &Job, view: ClusterView<'_>) -> Option<WorkerId> {
+        self.fallback.target(job, view)
+    }
+
+    fn start_shares(&self, job: &JobId) -> u32 {
+        self.shares.get(job).copied().unwrap_or(0)
+    }
+
+    fn on_departure(
+        &mut self,
+        now: Time,
+        worker: &WorkerId,
+        job: &JobId,
+        view: ClusterView<'_>,
+    ) -> Vec<Decision> {
+        let ended = view.jobs.get(job).is_none_or(Job::is_terminal);
+        if ended {
+            self.shares.remove(job);
+        }
+        let Some(index) = view.index_of(worker) else {
+            return Vec::new();
+        };
+        let nodes = node_states(view, &self.shares);
+        // :112 leaves a paused victim's future open; it resumes when its worker has room.
+        let actions = self.allocator.on_departure(now, index, &nodes);
+        self.actions(view, actions)
+    }
+
+    fn on_tick(&mut self, now: Time, view: ClusterView<'_>) -> Vec<Decision> {
+        let nodes = node_states(view, &self.shares);
+        let actions = self.allocator.on_tick(now, &nodes);
+        self.actions(view, actions)
+    }
+}

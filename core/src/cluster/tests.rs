@@ -1,0 +1,1219 @@
+//! Unit tests of the cluster core with virtual time, and a property test over random
+//! interleavings against modelled agents.
+
+use std::collections::BTreeMap;
+
+use super::policy::{self, PolicyConfig};
+use super::*;
+
+/// A core and the effects it produced, with helpers that play the agents' part.
+struct Fixture {
+    core: Core,
+    now: Time,
+    effects: Vec<Effect>,
+}
+
+fn config() -> Config {
+    Config {
+        heartbeat_interval: 1.0,
+        lost_after_missed: 3,
+        recover_lost_after: 10.0,
+        save_deadline: 5.0,
+        progress_history: 8,
+        id_prefix: "t".into(),
+    }
+}
+
+fn spec(cpus: f64) -> JobSpec {
+    JobSpec {
+        cpus,
+        ..JobSpec::default()
+    }
+}
+
+impl Fixture {
+    fn new(policy: &str) -> Self {
+        let p = policy::by_name(policy, &PolicyConfig::default()).unwrap();
+        Fixture {
+            core: Core::new(config(), p),
+            now: 0.0,
+            effects: Vec::new(),
+        }
+    }
+
+    fn step(&mut self, input: Input) -> Vec<Effect> {
+        let out = self.core.step(self.now, input);
+        self.effects.extend(out.iter().cloned());
+        out
+    }
+
+    fn advance(&mut self, dt: Time) -> Vec<Effect> {
+        self.now += dt;
+        self.step(Input::Tick)
+    }
+
+    /// Worker `w` (conn = its number) registers with `cpus` cores.
+    fn register(&mut self, conn: ConnId, w: &str, cpus: f64) -> Vec<Effect> {
+        self.step(Input::Connected {
+            conn,
+            register: Register {
+                worker: w.into(),
+                cpu_capacity: cpus,
+                instance_id: format!("{w}-a"),
+                ..Register::default()
+            },
+        })
+    }
+
+    fn submit(&mut self, id: &str, cpus: f64) -> Vec<Effect> {
+        self.step(Input::Submit {
+            id: id.into(),
+            spec: spec(cpus),
+        })
+    }
+
+    fn msg(&mut self, conn: ConnId, message: AgentMessage) -> Vec<Effect> {
+        self.step(Input::Agent { conn, message })
+    }
+
+    fn state(&self, id: &str) -> JobState {
+        self.core.job(id).unwrap().state()
+    }
+
+    fn epoch(&self, id: &str) -> u64 {
+        self.core.job(id).unwrap().epoch
+    }
+
+    /// The last command of `action` for `job` in `out`.
+    fn sent(out: &[Effect], job: &str, action: &str) -> Option<(ConnId, Command)> {
+        out.iter().rev().find_map(|e| match e {
+            Effect::Send { conn, command, .. }
+                if command.job == job && command.action.name() == action =>
+            {
+                Some((*conn, command.clone()))
+            }
+            _ => None,
+        })
+    }
+
+    fn ok(&mut self, conn: ConnId, c: &Command, detail: ResultDetail) -> Vec<Effect> {
+        self.msg(
+            conn,
+            AgentMessage::Result(CommandResult {
+                command: c.id.clone(),
+                job: c.job.clone(),
+                epoch: c.epoch,
+                ok: true,
+                error: String::new(),
+                detail,
+            }),
+        )
+    }
+
+    fn fail(&mut self, conn: ConnId, c: &Command, error: &str) -> Vec<Effect> {
+        self.msg(
+            conn,
+            AgentMessage::Result(CommandResult {
+                command: c.id.clone(),
+                job: c.job.clone(),
+                epoch: c.epoch,
+                ok: false,
+                error: error.into(),
+                detail: ResultDetail::None,
+            }),
+        )
+    }
+
+    fn started(conn: ConnId) -> ResultDetail {
+        ResultDetail::Started {
+            container_id: format!("c{conn}"),
+        }
+    }
+
+    fn saved() -> ResultDetail {
+        ResultDetail::Saved {
+            step: 10,
+            checkpoint_bytes: 100,
+            save_ms: 5,
+            killed: false,
+        }
+    }
+
+    fn heartbeat(&mut self, conn: ConnId) -> Vec<Effect> {
+        self.msg(conn, AgentMessage::Heartbeat(Heartbeat::default()))
+    }
+
+    fn progress(&mut self, conn: ConnId, job: &str, epoch: u64, step: u64) -> Vec<Effect> {
+        self.msg(
+            conn,
+            AgentMessage::Progress(ProgressBatch {
+                samples: vec![ProgressSample {
+                    job: job.into(),
+                    epoch,
+                    unix_ms: 0,
+                    step,
+                    total_steps: Some(100),
+                    value: Some(1.0),
+                }],
+                malformed: vec![],
+            }),
+        )
+    }
+
+    fn exited(
+        &mut self,
+        conn: ConnId,
+        job: &str,
+        epoch: u64,
+        code: i32,
+        requested: bool,
+    ) -> Vec<Effect> {
+        self.msg(
+            conn,
+            AgentMessage::Exited(ContainerExited {
+                job: job.into(),
+                epoch,
+                exit_code: code,
+                done: code == 0 && !requested,
+                requested,
+                ..ContainerExited::default()
+            }),
+        )
+    }
+
+    /// Two 2-core workers and job `a` (1 core) running on w1 (spread picks the first).
+    fn running() -> Self {
+        let mut f = Fixture::new("spread");
+        f.register(1, "w1", 2.0);
+        f.register(2, "w2", 2.0);
+        let out = f.submit("a", 1.0);
+        let (conn, start) = Self::sent(&out, "a", "start").expect("started");
+        assert_eq!(conn, 1);
+        f.ok(1, &start, Self::started(1));
+        assert_eq!(f.state("a"), JobState::Running);
+        f
+    }
+
+    /// [`Fixture::running`], then w1 drained: `a` is saving on w1 for w2.
+    fn saving() -> (Self, Command) {
+        let mut f = Self::running();
+        let out = f.step(Input::Drain {
+            worker: "w1".into(),
+        });
+        let (_, save) = Self::sent(&out, "a", "save").expect("drain saves");
+        assert_eq!(f.state("a"), JobState::Migrating);
+        (f, save)
+    }
+
+    /// [`Fixture::saving`], then saved: `a` restoring on w2 at epoch 2.
+    fn restoring() -> (Self, Command) {
+        let (mut f, save) = Self::saving();
+        let out = f.ok(1, &save, Self::saved());
+        let (conn, start) = Self::sent(&out, "a", "start").expect("restore");
+        assert_eq!((conn, start.epoch), (2, 2));
+        (f, start)
+    }
+
+    /// Every Start sent, by job.
+    fn starts(&self, job: &str) -> usize {
+        self.effects
+            .iter()
+            .filter(|e| matches!(e, Effect::Send { command, .. } if command.job == job && command.action.name() == "start"))
+            .count()
+    }
+
+    fn refused(out: &[Effect], what: Refusal) -> usize {
+        out.iter()
+            .filter(|e| matches!(e, Effect::Refused { what: w, .. } if *w == what))
+            .count()
+    }
+}
+
+// ---- lifecycle, table-driven ----
+
+/// Cancel in every live state: the job stays Cancelled whatever arrives afterwards, and no
+/// Start is ever sent for it again.
+#[test]
+fn cancel_is_final_in_every_state() {
+    type Setup = fn() -> (Fixture, Option<Command>);
+    let cases: Vec<(&str, Setup)> = vec![
+        ("pending", || {
+            let mut f = Fixture::new("spread");
+            f.submit("a", 1.0);
+            (f, None)
+        }),
+        ("starting", || {
+            let mut f = Fixture::new("spread");
+            f.register(1, "w1", 2.0);
+            let out = f.submit("a", 1.0);
+            let start = Fixture::sent(&out, "a", "start").map(|s| s.1);
+            (f, start)
+        }),
+        ("running", || (Fixture::running(), None)),
+        ("saving", || {
+            let (f, save) = Fixture::saving();
+            (f, Some(save))
+        }),
+        ("restoring", || {
+            let (f, start) = Fixture::restoring();
+            (f, Some(start))
+        }),
+        ("lost", || {
+            let mut f = Fixture::running();
+            for _ in 0..5 {
+                f.heartbeat(2);
+                f.advance(1.0);
+            }
+            assert_eq!(f.state("a"), JobState::Lost);
+            (f, None)
+        }),
+    ];
+    for (name, setup) in cases {
+        let (mut f, in_flight) = setup();
+        let starts_before = f.starts("a");
+        let out = f.step(Input::Cancel { id: "a".into() });
+        assert!(
+            matches!(out.last(), Some(Effect::Reply(Ok(_)))),
+            "{name}: {out:?}"
+        );
+        assert_eq!(f.state("a"), JobState::Cancelled, "{name}");
+        // Everything that could follow: the in-flight command's success, a save result, the
+        // restore's Started, progress, exits, reconnects with the container, ticks.
+        if let Some(c) = &in_flight {
+            let conn = if c.action.name() == "save" { 1 } else { 2 };
+            let detail = if c.action.name() == "save" {
+                Fixture::saved()
+            } else {
+                Fixture::started(conn)
+            };
+            f.ok(conn, c, detail);
+        }
+        let epoch = f.epoch("a");
+        f.progress(1, "a", epoch, 50);
+        f.progress(2, "a", epoch, 50);
+        f.exited(1, "a", epoch, 0, true);
+        for _ in 0..30 {
+            f.heartbeat(1);
+            f.heartbeat(2);
+            f.advance(1.0);
+        }
+        assert_eq!(f.state("a"), JobState::Cancelled, "{name}: left Cancelled");
+        assert_eq!(
+            f.starts("a"),
+            starts_before,
+            "{name}: a Start after the cancel"
+        );
+        // A second cancel is refused, naming the state.
+        let out = f.step(Input::Cancel { id: "a".into() });
+        assert!(
+            matches!(out.last(), Some(Effect::Reply(Err(RequestError::FailedPrecondition(m)))) if m.contains("cancelled")),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn cancel_while_saving_stops_the_source_and_never_restores() {
+    let (mut f, save) = Fixture::saving();
+    let out = f.step(Input::Cancel { id: "a".into() });
+    let (conn, stop) = Fixture::sent(&out, "a", "stop").expect("source told to stop");
+    assert_eq!((conn, stop.epoch), (1, 1));
+    let out = f.ok(1, &save, Fixture::saved());
+    assert!(Fixture::sent(&out, "a", "start").is_none(), "{out:?}");
+    assert_eq!(f.state("a"), JobState::Cancelled);
+}
+
+#[test]
+fn cancel_while_restoring_stops_the_new_incarnation() {
+    let (mut f, start) = Fixture::restoring();
+    let out = f.step(Input::Cancel { id: "a".into() });
+    let stops: Vec<(ConnId, u64)> = out
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Send { conn, command, .. } if command.action.name() == "stop" => {
+                Some((*conn, command.epoch))
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(stops.contains(&(2, 2)), "target told to stop: {stops:?}");
+    // The restore's Started arrives late: still cancelled, and a reconnect of w2 reporting the
+    // container gets it stopped.
+    f.ok(2, &start, Fixture::started(2));
+    assert_eq!(f.state("a"), JobState::Cancelled);
+    let out = f.step(Input::Connected {
+        conn: 3,
+        register: Register {
+            worker: "w2".into(),
+            cpu_capacity: 2.0,
+            containers: vec![ContainerReport {
+                job: "a".into(),
+                epoch: 2,
+                container_id: "c2".into(),
+                running: true,
+                last_step: None,
+            }],
+            ..Register::default()
+        },
+    });
+    assert_eq!(Fixture::sent(&out, "a", "stop").map(|s| s.0), Some(3));
+}
+
+/// The user's second bug: a draining worker whose agent dies is declared lost, and its job
+/// restarts from the checkpoint elsewhere after the grace period.
+#[test]
+fn draining_worker_that_goes_silent_is_lost_and_its_job_recovered() {
+    let mut f = Fixture::running();
+    // w2 has no room: the drain waits.
+    f.submit("b", 2.0);
+    assert_eq!(
+        f.core.job("b").unwrap().worker().map(String::as_str),
+        Some("w2")
+    );
+    f.step(Input::Drain {
+        worker: "w1".into(),
+    });
+    assert_eq!(f.state("a"), JobState::Running);
+    assert!(f.core.job("a").unwrap().reason.contains("draining"));
+    // w1's agent is killed: no more heartbeats, stream gone.
+    f.step(Input::Disconnected {
+        conn: 1,
+        reason: "killed".into(),
+    });
+    for _ in 0..4 {
+        f.heartbeat(2);
+        f.advance(1.0);
+    }
+    assert_eq!(
+        f.core.worker("w1").unwrap().state,
+        WorkerPhase::Lost {
+            since: 4.0,
+            draining: true
+        }
+    );
+    assert_eq!(f.state("a"), JobState::Lost);
+    // b finishes: room on w2, but a is only recovered after the grace period.
+    let eb = f.epoch("b");
+    f.exited(2, "b", eb, 0, false);
+    assert_eq!(f.state("a"), JobState::Lost);
+    for _ in 0..10 {
+        f.heartbeat(2);
+        f.advance(1.0);
+    }
+    assert_eq!(f.state("a"), JobState::Starting);
+    let job = f.core.job("a").unwrap();
+    assert_eq!(
+        (job.worker().map(String::as_str), job.epoch),
+        (Some("w2"), 2)
+    );
+    // w1 comes back: still draining, and its stale container of `a` is stopped.
+    let out = f.step(Input::Connected {
+        conn: 5,
+        register: Register {
+            worker: "w1".into(),
+            cpu_capacity: 2.0,
+            containers: vec![ContainerReport {
+                job: "a".into(),
+                epoch: 1,
+                container_id: "c1".into(),
+                running: true,
+                last_step: Some(3),
+            }],
+            ..Register::default()
+        },
+    });
+    assert_eq!(f.core.worker("w1").unwrap().state, WorkerPhase::Draining);
+    let (conn, stop) = Fixture::sent(&out, "a", "stop").expect("stale incarnation stopped");
+    assert_eq!((conn, stop.epoch), (5, 1));
+}
+
+#[test]
+fn a_drain_resumes_when_capacity_appears() {
+    let mut f = Fixture::running();
+    f.submit("b", 2.0);
+    f.step(Input::Drain {
+        worker: "w1".into(),
+    });
+    assert_eq!(f.state("a"), JobState::Running, "no room yet");
+    let eb = f.epoch("b");
+    let out = f.exited(2, "b", eb, 0, false);
+    let (conn, _) = Fixture::sent(&out, "a", "save").expect("drain resumed");
+    assert_eq!(conn, 1);
+    assert_eq!(f.state("a"), JobState::Migrating);
+}
+
+#[test]
+fn a_drained_worker_that_comes_back_from_lost_drains_again() {
+    let mut f = Fixture::running();
+    f.submit("b", 2.0);
+    f.step(Input::Drain {
+        worker: "w1".into(),
+    });
+    for _ in 0..4 {
+        f.heartbeat(2);
+        f.advance(1.0);
+    }
+    assert_eq!(f.state("a"), JobState::Lost);
+    let eb = f.epoch("b");
+    f.exited(2, "b", eb, 0, false);
+    // Heartbeats resume on the same stream before the grace period: the job was never gone,
+    // and the drain goes on.
+    let out = f.msg(
+        1,
+        AgentMessage::Heartbeat(Heartbeat {
+            jobs: vec![JobStatus {
+                job: "a".into(),
+                epoch: 1,
+                category: None,
+                growth_efficiency: None,
+                cpu_limit: None,
+                cpu_usage: 1.0,
+            }],
+            ..Heartbeat::default()
+        }),
+    );
+    assert_eq!(f.core.worker("w1").unwrap().state, WorkerPhase::Draining);
+    assert!(Fixture::sent(&out, "a", "save").is_some(), "{out:?}");
+}
+
+#[test]
+fn restore_failure_retries_on_the_source_then_elsewhere_then_fails() {
+    let mut f = Fixture::running();
+    f.register(3, "w3", 2.0);
+    let (_, save) = {
+        let out = f.step(Input::Drain {
+            worker: "w1".into(),
+        });
+        Fixture::sent(&out, "a", "save").unwrap()
+    };
+    let out = f.ok(1, &save, Fixture::saved());
+    let (conn, start) = Fixture::sent(&out, "a", "start").unwrap();
+    assert_eq!((conn, start.epoch), (2, 2));
+    // Fails on w2: the source is draining, so not the source: w3.
+    let out = f.fail(2, &start, "no such image");
+    let (conn, start) = Fixture::sent(&out, "a", "start").unwrap();
+    assert_eq!((conn, start.epoch), (3, 3));
+    assert_eq!(f.state("a"), JobState::Migrating);
+    // Fails on w3: attempts left, w2 again.
+    let out = f.fail(3, &start, "disk full");
+    let (conn, start) = Fixture::sent(&out, "a", "start").unwrap();
+    assert_eq!((conn, start.epoch), (2, 4));
+    // Third failure: given up, checkpoint kept.
+    f.fail(2, &start, "still broken");
+    assert_eq!(f.state("a"), JobState::Failed);
+    assert!(
+        f.core
+            .job("a")
+            .unwrap()
+            .reason
+            .contains("checkpoint is kept")
+    );
+}
+
+#[test]
+fn restore_prefers_the_source_when_it_can_take_the_job() {
+    let mut f = Fixture::running();
+    // A move that is not a drain: the source stays schedulable.
+    assert!(
+        f.core
+            .begin_move("a", "w2", MoveReason::Rebalance, BTreeMap::new())
+    );
+    let out = std::mem::take(&mut f.core.out);
+    let (_, save) = Fixture::sent(&out, "a", "save").unwrap();
+    let out = f.ok(1, &save, Fixture::saved());
+    let (_, start) = Fixture::sent(&out, "a", "start").unwrap();
+    let out = f.fail(2, &start, "boom");
+    assert_eq!(Fixture::sent(&out, "a", "start").map(|s| s.0), Some(1));
+}
+
+#[test]
+fn a_failed_save_leaves_the_job_running_where_it_was() {
+    let (mut f, save) = Fixture::saving();
+    f.fail(1, &save, "container already gone");
+    assert_eq!(f.state("a"), JobState::Running);
+    assert_eq!(
+        f.core.job("a").unwrap().worker().map(String::as_str),
+        Some("w1")
+    );
+    assert_eq!(f.epoch("a"), 1);
+}
+
+#[test]
+fn duplicate_and_stale_results_change_nothing() {
+    let (mut f, start) = Fixture::restoring();
+    f.ok(2, &start, Fixture::started(2));
+    assert_eq!(f.state("a"), JobState::Running);
+    let before = f.core.job("a").unwrap().clone();
+    // The same result again (a replayed answer).
+    let out = f.ok(2, &start, Fixture::started(2));
+    assert!(
+        out.iter()
+            .all(|e| !matches!(e, Effect::Event(_) | Effect::Send { .. })),
+        "{out:?}"
+    );
+    // A result and an exit of the superseded incarnation (epoch 1) from the source.
+    let stale = Command {
+        id: "t-1".into(),
+        job: "a".into(),
+        epoch: 1,
+        action: Action::Start { cpu_shares: 0 },
+    };
+    f.fail(1, &stale, "late failure");
+    f.exited(1, "a", 1, 137, false);
+    let after = f.core.job("a").unwrap();
+    assert_eq!(after.state(), JobState::Running);
+    assert_eq!(
+        (after.epoch, after.worker()),
+        (before.epoch, before.worker())
+    );
+}
+
+#[test]
+fn first_progress_after_a_restore_records_the_downtime() {
+    let (mut f, start) = Fixture::restoring();
+    f.now += 0.25;
+    f.ok(2, &start, Fixture::started(2));
+    assert_eq!(f.core.job("a").unwrap().migrations, 1);
+    f.now += 0.25;
+    let out = f.progress(2, "a", 2, 11);
+    let job = f.core.job("a").unwrap();
+    assert_eq!(job.last_migration_downtime, Some(0.5));
+    let done = out.iter().any(|e| matches!(e, Effect::Event(ev) if ev.attributes.get("outcome").map(String::as_str) == Some("completed")));
+    assert!(done, "{out:?}");
+}
+
+// ---- NodeRestriction ----
+
+#[test]
+fn an_agent_may_not_speak_of_another_workers_job() {
+    let mut f = Fixture::running();
+    // w2 claims progress, an exit, a result and a migration request for a (on w1).
+    let mut refused = 0;
+    refused += Fixture::refused(&f.progress(2, "a", 1, 99), Refusal::ForeignJob);
+    refused += Fixture::refused(&f.exited(2, "a", 1, 1, false), Refusal::ForeignJob);
+    let fake = Command {
+        id: "x".into(),
+        job: "a".into(),
+        epoch: 1,
+        action: Action::Start { cpu_shares: 0 },
+    };
+    refused += Fixture::refused(&f.fail(2, &fake, "lies"), Refusal::ForeignJob);
+    let out = f.msg(
+        2,
+        AgentMessage::MigrationRequest {
+            job: "a".into(),
+            epoch: 1,
+            reason: "converged".into(),
+        },
+    );
+    refused += Fixture::refused(&out, Refusal::ForeignJob);
+    assert_eq!(refused, 4);
+    let job = f.core.job("a").unwrap();
+    assert_eq!(
+        (job.state(), job.step, job.samples),
+        (JobState::Running, 0, 0)
+    );
+    // Unknown jobs are refused too, and a replaced stream's messages.
+    assert_eq!(
+        Fixture::refused(&f.progress(1, "nope", 1, 1), Refusal::UnknownJob),
+        1
+    );
+    f.register(7, "w1", 2.0);
+    assert_eq!(
+        Fixture::refused(&f.progress(1, "a", 1, 5), Refusal::StaleStream),
+        1
+    );
+    assert_eq!(f.core.job("a").unwrap().step, 0);
+}
+
+// ---- every input kind ----
+
+#[test]
+fn submit_validates_through_the_policy_and_places() {
+    let mut f = Fixture::new("spread");
+    let out = f.submit("a", 1.0);
+    assert!(matches!(out.last(), Some(Effect::Reply(Ok(Reply::Job(id)))) if id == "a"));
+    assert_eq!(f.state("a"), JobState::Pending);
+    assert!(
+        f.core.job("a").unwrap().reason.contains("no workers"),
+        "{}",
+        f.core.job("a").unwrap().reason
+    );
+    // A duplicate id is refused and creates nothing.
+    let out = f.submit("a", 1.0);
+    assert!(matches!(
+        out.last(),
+        Some(Effect::Reply(Err(RequestError::FailedPrecondition(_))))
+    ));
+    assert_eq!(f.core.jobs().len(), 1);
+    // A worker registers: the pending job is placed on it.
+    let out = f.register(1, "w1", 2.0);
+    assert!(matches!(
+        out.first(),
+        Some(Effect::Registered { conn: 1, .. })
+    ));
+    assert_eq!(
+        Fixture::sent(&out, "a", "start").map(|s| (s.0, s.1.epoch)),
+        Some((1, 1))
+    );
+    assert_eq!(f.state("a"), JobState::Starting);
+}
+
+#[test]
+fn value_policy_refuses_a_curve_without_runtime_naming_the_field() {
+    let p = policy::by_name(
+        "value",
+        &PolicyConfig {
+            value: Some(converge_policy::value::ValueConfig::default()),
+            ..PolicyConfig::default()
+        },
+    )
+    .unwrap();
+    let mut core = Core::new(config(), p);
+    let out = core.step(
+        0.0,
+        Input::Submit {
+            id: "v".into(),
+            spec: JobSpec {
+                cpus: 1.0,
+                value_curve: Some(converge_policy::value::ValueCurve {
+                    max_value: 10.0,
+                    full_value_until_s: 10.0,
+                    zero_value_at_s: 20.0,
+                }),
+                ..JobSpec::default()
+            },
+        },
+    );
+    assert!(
+        matches!(
+            &out[..],
+            [Effect::Reply(Err(RequestError::Invalid {
+                field: "spec.estimated_runtime_s",
+                ..
+            }))]
+        ),
+        "{out:?}"
+    );
+    assert!(
+        core.jobs().is_empty(),
+        "an invalid submission creates nothing"
+    );
+}
+
+#[test]
+fn drain_of_an_unknown_worker_names_the_field() {
+    let mut f = Fixture::new("spread");
+    let out = f.step(Input::Drain {
+        worker: "nope".into(),
+    });
+    assert!(matches!(
+        out.last(),
+        Some(Effect::Reply(Err(RequestError::Invalid {
+            field: "worker_id",
+            ..
+        })))
+    ));
+}
+
+#[test]
+fn cancel_of_an_unknown_job_is_not_found() {
+    let mut f = Fixture::new("spread");
+    let out = f.step(Input::Cancel { id: "nope".into() });
+    assert!(matches!(
+        out.last(),
+        Some(Effect::Reply(Err(RequestError::JobNotFound(_))))
+    ));
+}
+
+#[test]
+fn a_start_lost_with_the_stream_is_resent_with_the_same_id() {
+    let mut f = Fixture::new("spread");
+    f.register(1, "w1", 2.0);
+    let out = f.submit("a", 1.0);
+    let (_, start) = Fixture::sent(&out, "a", "start").unwrap();
+    f.step(Input::Disconnected {
+        conn: 1,
+        reason: "reset".into(),
+    });
+    assert!(f.core.worker("w1").unwrap().conn.is_none());
+    let out = f.register(2, "w1", 2.0);
+    let (conn, again) = Fixture::sent(&out, "a", "start").expect("re-sent");
+    assert_eq!((conn, &again.id, again.epoch), (2, &start.id, 1));
+}
+
+#[test]
+fn a_reregistering_agent_has_its_running_container_re_adopted() {
+    let mut f = Fixture::running();
+    for _ in 0..4 {
+        f.heartbeat(2);
+        f.advance(1.0);
+    }
+    assert_eq!(f.state("a"), JobState::Lost);
+    f.step(Input::Connected {
+        conn: 9,
+        register: Register {
+            worker: "w1".into(),
+            cpu_capacity: 2.0,
+            containers: vec![ContainerReport {
+                job: "a".into(),
+                epoch: 1,
+                container_id: "c1".into(),
+                running: true,
+                last_step: Some(42),
+            }],
+            ..Register::default()
+        },
+    });
+    let job = f.core.job("a").unwrap();
+    assert_eq!(
+        (job.state(), job.epoch, job.step),
+        (JobState::Running, 1, 42)
+    );
+    assert_eq!(f.core.worker("w1").unwrap().state, WorkerPhase::Ready);
+}
+
+#[test]
+fn progress_exit_and_heartbeat_update_the_job() {
+    let mut f = Fixture::running();
+    f.progress(1, "a", 1, 7);
+    f.msg(
+        1,
+        AgentMessage::Progress(ProgressBatch {
+            samples: vec![],
+            malformed: vec![Malformed {
+                job: "a".into(),
+                epoch: 1,
+                count: 2,
+            }],
+        }),
+    );
+    f.msg(
+        1,
+        AgentMessage::Heartbeat(Heartbeat {
+            jobs: vec![JobStatus {
+                job: "a".into(),
+                epoch: 1,
+                category: Some(converge_policy::Category::Watching),
+                growth_efficiency: Some(0.5),
+                cpu_limit: Some(0.25),
+                cpu_usage: 0.4,
+            }],
+            alpha: Some(0.1),
+            interval_s: Some(20.0),
+        }),
+    );
+    let job = f.core.job("a").unwrap();
+    assert_eq!(
+        (job.step, job.total_steps, job.samples, job.malformed),
+        (7, 100, 1, 2)
+    );
+    assert_eq!(job.view.cpu_limit, Some(0.25));
+    assert_eq!(f.core.worker("w1").unwrap().alpha, Some(0.1));
+    f.exited(1, "a", 1, 3, false);
+    let job = f.core.job("a").unwrap();
+    assert_eq!((job.state(), job.exit_code), (JobState::Failed, Some(3)));
+    assert!(job.reason.contains("code 3"));
+}
+
+#[test]
+fn a_self_fenced_exit_restarts_the_job_from_its_checkpoint() {
+    let mut f = Fixture::running();
+    let out = f.exited(1, "a", 1, 0, true);
+    // Pending, then placed again at once (w1 and w2 both have room): a new incarnation.
+    assert_eq!(f.state("a"), JobState::Starting);
+    assert_eq!(
+        Fixture::sent(&out, "a", "start").map(|s| s.1.epoch),
+        Some(2)
+    );
+}
+
+#[test]
+fn a_converged_job_moves_by_specon_alg2_once() {
+    let mut f = Fixture::new("specon");
+    f.register(1, "w1", 4.0);
+    f.register(2, "w2", 4.0);
+    // Round-robin: a on w1, b on w2, c on w1.
+    for id in ["a", "b", "c"] {
+        let out = f.submit(id, 1.0);
+        let (conn, start) = Fixture::sent(&out, id, "start").unwrap();
+        f.ok(conn, &start, Fixture::started(conn));
+    }
+    assert_eq!(
+        f.core.job("c").unwrap().worker().map(String::as_str),
+        Some("w1")
+    );
+    let request = AgentMessage::MigrationRequest {
+        job: "a".into(),
+        epoch: 1,
+        reason: "converged".into(),
+    };
+    // Alg. 2: w1 holds a and c (score 4), w2 holds b (2): a moves to w2.
+    let out = f.msg(1, request.clone());
+    let (conn, _) = Fixture::sent(&out, "a", "save").expect("moved");
+    assert_eq!(conn, 1);
+    assert_eq!(f.state("a"), JobState::Migrating);
+    // Decided once: a repeated request is not acted on.
+    let out = f.msg(1, request);
+    assert!(Fixture::sent(&out, "a", "save").is_none());
+}
+
+#[test]
+fn specon_rebalances_on_its_timer() {
+    let mut f = Fixture::new("specon");
+    f.register(1, "w1", 8.0);
+    for id in ["a", "b", "c", "d"] {
+        let out = f.submit(id, 1.0);
+        let (conn, start) = Fixture::sent(&out, id, "start").unwrap();
+        f.ok(conn, &start, Fixture::started(conn));
+    }
+    f.register(2, "w2", 8.0);
+    // a and b report converged.
+    let status = |j: &str| JobStatus {
+        job: j.into(),
+        epoch: 1,
+        category: Some(converge_policy::Category::Completing),
+        growth_efficiency: None,
+        cpu_limit: None,
+        cpu_usage: 1.0,
+    };
+    f.msg(
+        1,
+        AgentMessage::Heartbeat(Heartbeat {
+            jobs: vec![status("a"), status("b")],
+            ..Heartbeat::default()
+        }),
+    );
+    assert_eq!(
+        f.core.next_due(),
+        None,
+        "the timer starts with the first tick"
+    );
+    let mut saves = 0;
+    for _ in 0..40 {
+        f.heartbeat(1);
+        f.heartbeat(2);
+        let out = f.advance(1.0);
+        saves += out
+            .iter()
+            .filter(
+                |e| matches!(e, Effect::Send { command, .. } if command.action.name() == "save"),
+            )
+            .count();
+    }
+    // 4 jobs on w1, 0 on w2: bf = 2; one converged job moves (4-1 vs 0+1 still leaves 3 vs
+    // 1, the next moves too).
+    assert!(saves >= 1, "rebalancing moved nothing");
+}
+
+// ---- the property ----
+
+mod model {
+    //! Modelled agents: each executes the commands it receives as a real agent would
+    //! (fencing by epoch, save stops the container, stop stops it), fences itself when cut off
+    //! for longer than its fence time, and reports what runs when it registers again.
+
+    use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+    use proptest::prelude::*;
+
+    use super::super::*;
+    use super::{config, spec};
+    use crate::cluster::policy::{self, PolicyConfig};
+
+    const WORKERS: usize = 3;
+    /// Shorter than the core's `recover_lost_after` (10 s): the agent's promise.
+    const FENCE_AFTER: Time = 4.0;
+
+    #[derive(Debug, Clone)]
+    pub enum Op {
+        Submit,
+        Cancel(usize),
+        Drain(usize),
+        Deliver(usize),
+        Drop(usize),
+        Finish(usize),
+        Disconnect(usize),
+        Reconnect(usize),
+        Tick,
+    }
+
+    pub fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            2 => Just(Op::Submit),
+            1 => (0..6usize).prop_map(Op::Cancel),
+            1 => (0..WORKERS).prop_map(Op::Drain),
+            8 => (0..WORKERS).prop_map(Op::Deliver),
+            1 => (0..WORKERS).prop_map(Op::Drop),
+            2 => (0..WORKERS).prop_map(Op::Finish),
+            1 => (0..WORKERS).prop_map(Op::Disconnect),
+            2 => (0..WORKERS).prop_map(Op::Reconnect),
+            4 => Just(Op::Tick),
+        ]
+    }
+
+    #[derive(Default)]
+    struct Agent {
+        conn: Option<ConnId>,
+        cut_since: Option<Time>,
+        inbox: VecDeque<Command>,
+        /// job -> epoch of the container that runs.
+        running: BTreeMap<JobId, u64>,
+        newest: BTreeMap<JobId, u64>,
+        outbox: Vec<AgentMessage>,
+    }
+
+    pub fn run(ops: Vec<Op>, policy_name: &str) -> Result<(), TestCaseError> {
+        let mut core = Core::new(
+            config(),
+            policy::by_name(policy_name, &PolicyConfig::default()).unwrap(),
+        );
+        let mut agents: Vec<Agent> = (0..WORKERS).map(|_| Agent::default()).collect();
+        let mut now = 0.0;
+        let mut next_conn = 0;
+        let mut jobs = 0usize;
+        let mut cancelled: BTreeSet<JobId> = BTreeSet::new();
+        let mut terminal: BTreeMap<JobId, JobState> = BTreeMap::new();
+        let mut effects = Vec::new();
+        for w in 0..WORKERS {
+            next_conn += 1;
+            agents[w].conn = Some(next_conn);
+            effects.extend(core.step(
+                now,
+                Input::Connected {
+                    conn: next_conn,
+                    register: register(w, &agents[w]),
+                },
+            ));
+        }
+        for op in ops {
+            let mut inputs = Vec::new();
+            match op {
+                Op::Submit => {
+                    jobs += 1;
+                    inputs.push(Input::Submit {
+                        id: format!("j{jobs}"),
+                        spec: spec(1.0),
+                    });
+                }
+                Op::Cancel(j) => inputs.push(Input::Cancel {
+                    id: format!("j{}", j + 1),
+                }),
+                Op::Drain(w) => inputs.push(Input::Drain {
+                    worker: format!("w{w}"),
+                }),
+                Op::Deliver(w) => {
+                    let a = &mut agents[w];
+                    if let Some(c) = a.inbox.pop_front() {
+                        execute(a, c);
+                    }
+                }
+                Op::Drop(w) => {
+                    agents[w].inbox.pop_front();
+                }
+                Op::Finish(w) => {
+                    let a = &mut agents[w];
+                    if let Some((job, epoch)) = a.running.pop_first() {
+                        a.outbox.push(AgentMessage::Exited(ContainerExited {
+                            job,
+                            epoch,
+                            exit_code: 0,
+                            done: true,
+                            ..ContainerExited::default()
+                        }));
+                    }
+                }
+                Op::Disconnect(w) => {
+                    if let Some(conn) = agents[w].conn.take() {
+                        agents[w].cut_since = Some(now);
+                        agents[w].inbox.clear();
+                        agents[w].outbox.clear();
+                        inputs.push(Input::Disconnected {
+                            conn,
+                            reason: "cut".into(),
+                        });
+                    }
+                }
+                Op::Reconnect(w) => {
+                    if agents[w].conn.is_none() {
+                        next_conn += 1;
+                        agents[w].conn = Some(next_conn);
+                        agents[w].cut_since = None;
+                        inputs.push(Input::Connected {
+                            conn: next_conn,
+                            register: register(w, &agents[w]),
+                        });
+                    }
+                }
+                Op::Tick => {
+                    now += 1.0;
+                    for a in agents.iter_mut() {
+                        // Self-fencing: cut off too long, the agent stops its containers.
+                        if a.cut_since.is_some_and(|t| now - t >= FENCE_AFTER) {
+                            a.running.clear();
+                        }
+                        if a.conn.is_some() {
+                            let jobs = a
+                                .running
+                                .iter()
+                                .map(|(j, e)| JobStatus {
+                                    job: j.clone(),
+                                    epoch: *e,
+                                    category: None,
+                                    growth_efficiency: None,
+                                    cpu_limit: None,
+                                    cpu_usage: 1.0,
+                                })
+                                .collect();
+                            a.outbox.push(AgentMessage::Heartbeat(Heartbeat {
+                                jobs,
+                                ..Heartbeat::default()
+                            }));
+                        }
+                    }
+                    inputs.push(Input::Tick);
+                }
+            }
+            // Agents' messages go out in order on their streams.
+            for a in agents.iter_mut() {
+                if let Some(conn) = a.conn {
+                    for m in a.outbox.drain(..) {
+                        inputs.push(Input::Agent { conn, message: m });
+                    }
+                }
+            }
+            for input in inputs {
+                let cancel_of = match &input {
+                    Input::Cancel { id } => Some(id.clone()),
+                    _ => None,
+                };
+                let out = core.step(now, input);
+                for e in &out {
+                    if let Effect::Send { conn, command, .. } = e {
+                        // A Start for a job the user cancelled is the bug we guard against.
+                        prop_assert!(
+                            !(command.action.name() == "start" && cancelled.contains(&command.job)),
+                            "Start sent for cancelled job {}",
+                            command.job
+                        );
+                        if let Some(a) = agents.iter_mut().find(|a| a.conn == Some(*conn)) {
+                            a.inbox.push_back(command.clone());
+                        }
+                    }
+                }
+                if let (Some(id), Some(Effect::Reply(Ok(_)))) = (cancel_of, out.last()) {
+                    cancelled.insert(id);
+                }
+                effects.extend(out);
+                // Nothing leaves a terminal state.
+                for (id, j) in core.jobs() {
+                    if let Some(t) = terminal.get(id) {
+                        prop_assert_eq!(*t, j.state(), "job {} left {:?}", id, t);
+                    } else if j.is_terminal() {
+                        terminal.insert(id.clone(), j.state());
+                    }
+                }
+                for id in &cancelled {
+                    prop_assert_eq!(core.job(id).unwrap().state(), JobState::Cancelled);
+                }
+                // Never two running incarnations of one job, anywhere.
+                let mut seen: BTreeMap<&JobId, usize> = BTreeMap::new();
+                for a in &agents {
+                    for j in a.running.keys() {
+                        *seen.entry(j).or_default() += 1;
+                    }
+                }
+                for (j, n) in seen {
+                    prop_assert!(n <= 1, "job {} runs {} times", j, n);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn register(w: usize, a: &Agent) -> Register {
+        Register {
+            worker: format!("w{w}"),
+            cpu_capacity: 2.0,
+            containers: a
+                .running
+                .iter()
+                .map(|(j, e)| ContainerReport {
+                    job: j.clone(),
+                    epoch: *e,
+                    container_id: format!("{j}-{e}"),
+                    running: true,
+                    last_step: None,
+                })
+                .collect(),
+            ..Register::default()
+        }
+    }
+
+    /// What a real agent does with a command: fence by epoch, then act.
+    fn execute(a: &mut Agent, c: Command) {
+        let newest = a.newest.get(&c.job).copied().unwrap_or(0);
+        let mut result = CommandResult {
+            command: c.id.clone(),
+            job: c.job.clone(),
+            epoch: c.epoch,
+            ok: true,
+            error: String::new(),
+            detail: ResultDetail::None,
+        };
+        if c.epoch < newest {
+            result.ok = false;
+            result.error = "stale epoch".into();
+            a.outbox.push(AgentMessage::Result(result));
+            return;
+        }
+        a.newest.insert(c.job.clone(), c.epoch);
+        match c.action {
+            Action::Start { .. } => {
+                a.running.insert(c.job.clone(), c.epoch);
+                result.detail = ResultDetail::Started {
+                    container_id: format!("{}-{}", c.job, c.epoch),
+                };
+            }
+            Action::Save { .. } => {
+                if a.running.get(&c.job) == Some(&c.epoch) {
+                    a.running.remove(&c.job);
+                    result.detail = ResultDetail::Saved {
+                        step: 1,
+                        checkpoint_bytes: 1,
+                        save_ms: 1,
+                        killed: false,
+                    };
+                } else {
+                    result.ok = false;
+                    result.error = "no such container".into();
+                }
+            }
+            Action::Stop { .. } => {
+                if a.running.get(&c.job) == Some(&c.epoch) {
+                    a.running.remove(&c.job);
+                }
+            }
+            Action::SetLimits { .. } | Action::Pause | Action::Resume => {}
+        }
+        a.outbox.push(AgentMessage::Result(result));
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    /// Random interleavings of submissions, cancels, drains, lost and reordered commands,
+    /// disconnects, reconnects and time never yield two running incarnations of a job, a
+    /// transition out of a terminal state, or a Start for a cancelled job.
+    #[test]
+    fn no_interleaving_breaks_the_lifecycle(ops in proptest::collection::vec(model::op(), 1..200)) {
+        model::run(ops, "spread")?;
+    }
+
+    /// The same under SpeCon, whose timer moves jobs on its own.
+    #[test]
+    fn no_interleaving_breaks_the_lifecycle_under_specon(ops in proptest::collection::vec(model::op(), 1..200)) {
+        model::run(ops, "specon")?;
+    }
+}
