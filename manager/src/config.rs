@@ -64,16 +64,7 @@ pub struct Cli {
 }
 
 /// The placement policies the manager can run.
-pub const POLICIES: &[&str] = &[
-    "spread",
-    "least-allocated",
-    "round-robin",
-    "flowcon",
-    "specon",
-    "converge",
-    "value",
-    "value-dwop",
-];
+pub use converge_core::cluster::policy::POLICIES;
 
 /// Validated settings.
 #[derive(Debug, Clone)]
@@ -257,17 +248,22 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use converge_messenger::pb::WorkerMode;
 
     #[test]
     fn every_accepted_policy_is_runnable_and_others_are_refused() {
+        let config = converge_core::cluster::policy::PolicyConfig {
+            value: Some(converge_policy::value::ValueConfig::default()),
+            ..Default::default()
+        };
         for p in POLICIES {
-            let set = crate::policy_set(p).unwrap_or_else(|| panic!("{p} accepted but unknown"));
-            assert_ne!(set.worker_policy, WorkerMode::Unspecified, "{p}");
+            let policy = converge_core::cluster::policy::by_name(p, &config)
+                .unwrap_or_else(|e| panic!("{p} accepted but not runnable: {e}"));
+            assert_eq!(policy.name(), *p);
         }
+        let flowcon = converge_core::cluster::policy::by_name("flowcon", &config).unwrap();
         assert_eq!(
-            crate::policy_set("flowcon").unwrap().worker_policy,
-            WorkerMode::Flowcon
+            flowcon.worker_mode(),
+            converge_core::cluster::types::WorkerMode::FlowCon
         );
         let cli = Cli::parse_from(["converge-manager", "--policy", "fastest"]);
         let err = cli.validate().unwrap_err();

@@ -107,6 +107,7 @@ pub struct ManagerMetrics {
     received: Family<KindLabel, Counter>,
     commands: Family<ActionLabel, Counter>,
     rounds: Family<RoundLabel, Histogram>,
+    refused: Family<KindLabel, Counter>,
 }
 
 impl Default for ManagerMetrics {
@@ -195,6 +196,13 @@ impl ManagerMetrics {
              rebalance)",
             rounds.clone(),
         );
+        let refused = Family::<KindLabel, Counter>::default();
+        r.register(
+            "refused",
+            "Inputs refused by the decision core: agent messages about jobs their worker never ran \
+             (foreign_job), about unknown jobs, on replaced streams, and disallowed transitions",
+            refused.clone(),
+        );
         Self {
             registry: Arc::new(root),
             jobs,
@@ -208,6 +216,7 @@ impl ManagerMetrics {
             received,
             commands,
             rounds,
+            refused,
         }
     }
 
@@ -267,6 +276,10 @@ impl ManagerMetrics {
 
     pub(crate) fn received(&self, kind: &'static str) {
         self.received.get_or_create(&KindLabel { kind }).inc();
+    }
+
+    pub(crate) fn refused(&self, kind: &'static str) {
+        self.refused.get_or_create(&KindLabel { kind }).inc();
     }
 
     pub(crate) fn command_sent(&self, action: &'static str) {

@@ -1192,10 +1192,8 @@ impl Core {
                 ..
             })
         );
-        if let Some(j) = self.jobs.get_mut(&id) {
-            if let Some(s) = e.last_step {
-                j.step = j.step.max(s);
-            }
+        if let (Some(j), Some(s)) = (self.jobs.get_mut(&id), e.last_step) {
+            j.step = j.step.max(s);
         }
         if saving {
             if e.exit_code == 0 && e.done {

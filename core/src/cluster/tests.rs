@@ -975,14 +975,14 @@ mod model {
         let mut cancelled: BTreeSet<JobId> = BTreeSet::new();
         let mut terminal: BTreeMap<JobId, JobState> = BTreeMap::new();
         let mut effects = Vec::new();
-        for w in 0..WORKERS {
+        for (w, agent) in agents.iter_mut().enumerate() {
             next_conn += 1;
-            agents[w].conn = Some(next_conn);
+            agent.conn = Some(next_conn);
             effects.extend(core.step(
                 now,
                 Input::Connected {
                     conn: next_conn,
-                    register: register(w, &agents[w]),
+                    register: register(w, agent),
                 },
             ));
         }

@@ -411,8 +411,6 @@ pub enum EventKind {
     Migration,
     /// A worker changed state or connection.
     WorkerState,
-    /// A policy decision that changed no state (a kept job, new limits).
-    Decision,
 }
 
 /// One entry of the event log (the shell numbers them).

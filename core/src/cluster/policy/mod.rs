@@ -364,7 +364,6 @@ pub fn by_name(name: &str, config: &PolicyConfig) -> Result<Box<dyn ClusterPolic
         "value" | "value-dwop" => {
             let mut vc = config
                 .value
-                .clone()
                 .ok_or_else(|| format!("policy `{name}` needs its value-allocation settings"))?;
             if name == "value-dwop" {
                 vc.preemption = None;
