@@ -1217,3 +1217,176 @@ proptest::proptest! {
         model::run(ops, "specon")?;
     }
 }
+
+// ---- value-based allocation through the core ----
+
+mod value {
+    //! The value policies driven through `Core::step`, with the numbers of the Docker test
+    //! (integration-tests/tests/value_docker.rs).
+
+    use super::*;
+    use converge_policy::value::{
+        PreemptAction, PreemptionConfig, ValueConfig, ValueCurve, VictimCriterion,
+    };
+
+    const T0: Time = 1000.0;
+
+    fn fixture(lambda: f64) -> Fixture {
+        let config = PolicyConfig {
+            value: Some(ValueConfig::dwp(
+                1,
+                PreemptionConfig {
+                    lambda,
+                    criterion: VictimCriterion::MinimalRemainingValue,
+                    action: PreemptAction::Pause,
+                },
+            )),
+            ..PolicyConfig::default()
+        };
+        let mut f = Fixture {
+            core: Core::new(
+                config_with_grace(),
+                policy::by_name("value", &config).unwrap(),
+            ),
+            now: T0,
+            effects: Vec::new(),
+        };
+        f.register(1, "w1", 1.0);
+        f
+    }
+
+    fn config_with_grace() -> Config {
+        super::config()
+    }
+
+    fn submit_value(
+        f: &mut Fixture,
+        id: &str,
+        et: f64,
+        (max, full, zero): (f64, f64, f64),
+    ) -> Vec<Effect> {
+        f.step(Input::Submit {
+            id: id.into(),
+            spec: JobSpec {
+                cpus: 1.0,
+                estimated_runtime_s: et,
+                value_curve: Some(ValueCurve {
+                    max_value: max,
+                    full_value_until_s: full,
+                    zero_value_at_s: zero,
+                }),
+                ..JobSpec::default()
+            },
+        })
+    }
+
+    /// L (ET 20 s, worth 10 falling to 0 at 50 s) has run 3 s of its 20 when H (ET 60 s, worth
+    /// 100 falling to 0 at 300 s) arrives on the one 1-CPU worker. With λ = 0.9 the worker is
+    /// overloaded (β = 0.6), and pausing L gives H the whole CPU: DwP pauses L, starts H with
+    /// its share, and resumes L when H is gone.
+    #[test]
+    fn a_high_value_arrival_pauses_the_low_value_job_which_resumes_after() {
+        let mut f = fixture(0.9);
+        let out = submit_value(&mut f, "L", 20.0, (10.0, 0.0, 50.0));
+        let (_, start) = Fixture::sent(&out, "L", "start").expect("L placed");
+        f.ok(1, &start, Fixture::started(1));
+        f.now = T0 + 3.0;
+        f.msg(
+            1,
+            AgentMessage::Progress(ProgressBatch {
+                samples: vec![ProgressSample {
+                    job: "L".into(),
+                    epoch: 1,
+                    unix_ms: 0,
+                    step: 150,
+                    total_steps: Some(1000),
+                    value: None,
+                }],
+                malformed: vec![],
+            }),
+        );
+        let out = submit_value(&mut f, "H", 60.0, (100.0, 0.0, 300.0));
+        assert!(Fixture::sent(&out, "L", "pause").is_some(), "{out:?}");
+        let l = f.core.job("L").unwrap();
+        assert_eq!(l.state(), JobState::Paused);
+        assert!(l.reason.starts_with("preempted for job H"), "{}", l.reason);
+        let (_, h_start) = Fixture::sent(&out, "H", "start").expect("H started");
+        let Action::Start { cpu_shares } = h_start.action else {
+            unreachable!()
+        };
+        assert!(cpu_shares > 0);
+        let placed = out.iter().find_map(|e| match e {
+            Effect::Event(ev) if ev.kind == EventKind::JobPlaced => Some(ev.clone()),
+            _ => None,
+        });
+        let placed = placed.expect("a placement event");
+        assert_eq!(placed.attributes["cpu_shares"], cpu_shares.to_string());
+        // A Start sent again after a reconnect carries the same share.
+        // (The agent reports the paused L, not H, whose Start it never got.)
+        let out = f.step(Input::Connected {
+            conn: 2,
+            register: Register {
+                worker: "w1".into(),
+                cpu_capacity: 1.0,
+                containers: vec![ContainerReport {
+                    job: "L".into(),
+                    epoch: 1,
+                    container_id: "c1".into(),
+                    running: true,
+                    last_step: Some(150),
+                }],
+                ..Register::default()
+            },
+        });
+        assert_eq!(f.state("L"), JobState::Paused);
+        let (_, again) = Fixture::sent(&out, "H", "start").expect("re-sent");
+        assert_eq!(again.action, Action::Start { cpu_shares });
+        f.ok(2, &again, Fixture::started(2));
+        // H is done 5 s later: L resumes, with a share.
+        f.now = T0 + 8.0;
+        let out = f.exited(2, "H", 1, 0, false);
+        assert!(Fixture::sent(&out, "L", "resume").is_some(), "{out:?}");
+        assert!(Fixture::sent(&out, "L", "set_limits").is_some());
+        assert_eq!(f.state("L"), JobState::Running);
+    }
+
+    #[test]
+    fn a_job_worth_nothing_anywhere_is_rejected_and_never_started() {
+        let mut f = fixture(0.5);
+        // ET 60 s but worthless after 5 s.
+        let out = submit_value(&mut f, "Z", 60.0, (100.0, 0.0, 5.0));
+        assert!(Fixture::sent(&out, "Z", "start").is_none());
+        let z = f.core.job("Z").unwrap();
+        assert_eq!((z.state(), z.epoch), (JobState::Rejected, 0));
+        assert!(z.reason.contains("reject"), "{}", z.reason);
+        assert_eq!(z.finished_at, Some(T0));
+    }
+
+    #[test]
+    fn a_job_whose_value_reached_zero_is_dropped_on_a_tick() {
+        let mut f = fixture(0.5);
+        let out = submit_value(&mut f, "D", 20.0, (10.0, 0.0, 40.0));
+        let (_, start) = Fixture::sent(&out, "D", "start").unwrap();
+        f.ok(1, &start, Fixture::started(1));
+        // It never progresses; at 41 s its value is zero.
+        for _ in 0..41 {
+            f.heartbeat(1);
+            f.advance(1.0);
+        }
+        let d = f.core.job("D").unwrap();
+        assert_eq!(d.state(), JobState::Rejected);
+        assert!(d.reason.contains("zero"), "{}", d.reason);
+        assert!(
+            f.effects.iter().any(|e| matches!(e, Effect::Send { command, .. } if command.job == "D" && command.action.name() == "stop")),
+            "its container is stopped"
+        );
+    }
+
+    #[test]
+    fn jobs_without_a_curve_are_placed_by_spread_with_default_shares() {
+        let mut f = fixture(0.5);
+        let out = f.submit("plain", 1.0);
+        let (_, start) = Fixture::sent(&out, "plain", "start").unwrap();
+        assert_eq!(start.action, Action::Start { cpu_shares: 0 });
+    }
+}
