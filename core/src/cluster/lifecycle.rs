@@ -340,6 +340,16 @@ impl WorkerPhase {
         }
     }
 
+    /// What a worker in this phase is when it is heard from again: a lost worker returns to
+    /// what it was (a drained one stays drained); the others stay as they are.
+    pub fn heard_from(self) -> WorkerPhase {
+        match self {
+            WorkerPhase::Lost { draining: true, .. } => WorkerPhase::Draining,
+            WorkerPhase::Lost { .. } => WorkerPhase::Ready,
+            other => other,
+        }
+    }
+
     /// Whether it is draining (also while lost).
     pub fn draining(self) -> bool {
         matches!(

@@ -612,14 +612,7 @@ impl Core {
         w.instance_id = reg.instance_id.clone();
         w.last_seen = now;
         w.conn = Some(conn);
-        // Back from lost: to what it was (a drained worker stays drained).
-        if let WorkerPhase::Lost { draining, .. } = w.state {
-            w.state = if draining {
-                WorkerPhase::Draining
-            } else {
-                WorkerPhase::Ready
-            };
-        }
+        w.state = w.state.heard_from();
         let state = w.state.state();
         self.out.push(Effect::Registered {
             conn,
@@ -816,12 +809,8 @@ impl Core {
         w.last_seen = self.now;
         w.alpha = hb.alpha;
         w.interval_s = hb.interval_s;
-        if let WorkerPhase::Lost { draining, .. } = w.state {
-            w.state = if draining {
-                WorkerPhase::Draining
-            } else {
-                WorkerPhase::Ready
-            };
+        if matches!(w.state, WorkerPhase::Lost { .. }) {
+            w.state = w.state.heard_from();
             let state = w.state.state();
             self.worker_event(worker, state, "heartbeats resumed".into());
             self.dirty = true;

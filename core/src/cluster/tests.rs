@@ -65,6 +65,35 @@ impl Fixture {
         })
     }
 
+    /// Worker `w` registers again on stream `conn`, reporting running containers as
+    /// `(job, epoch, last step)`.
+    fn reregister(
+        &mut self,
+        conn: ConnId,
+        w: &str,
+        cpus: f64,
+        running: &[(&str, u64, u64)],
+    ) -> Vec<Effect> {
+        self.step(Input::Connected {
+            conn,
+            register: Register {
+                worker: w.into(),
+                cpu_capacity: cpus,
+                containers: running
+                    .iter()
+                    .map(|(job, epoch, step)| ContainerReport {
+                        job: job.to_string(),
+                        epoch: *epoch,
+                        container_id: format!("{job}-{epoch}"),
+                        running: true,
+                        last_step: Some(*step),
+                    })
+                    .collect(),
+                ..Register::default()
+            },
+        })
+    }
+
     fn submit(&mut self, id: &str, cpus: f64) -> Vec<Effect> {
         self.step(Input::Submit {
             id: id.into(),
@@ -341,21 +370,7 @@ fn cancel_while_restoring_stops_the_new_incarnation() {
     // container gets it stopped.
     f.ok(2, &start, Fixture::started(2));
     assert_eq!(f.state("a"), JobState::Cancelled);
-    let out = f.step(Input::Connected {
-        conn: 3,
-        register: Register {
-            worker: "w2".into(),
-            cpu_capacity: 2.0,
-            containers: vec![ContainerReport {
-                job: "a".into(),
-                epoch: 2,
-                container_id: "c2".into(),
-                running: true,
-                last_step: None,
-            }],
-            ..Register::default()
-        },
-    });
+    let out = f.reregister(3, "w2", 2.0, &[("a", 2, 0)]);
     assert_eq!(Fixture::sent(&out, "a", "stop").map(|s| s.0), Some(3));
 }
 
@@ -407,21 +422,7 @@ fn draining_worker_that_goes_silent_is_lost_and_its_job_recovered() {
         (Some("w2"), 2)
     );
     // w1 comes back: still draining, and its stale container of `a` is stopped.
-    let out = f.step(Input::Connected {
-        conn: 5,
-        register: Register {
-            worker: "w1".into(),
-            cpu_capacity: 2.0,
-            containers: vec![ContainerReport {
-                job: "a".into(),
-                epoch: 1,
-                container_id: "c1".into(),
-                running: true,
-                last_step: Some(3),
-            }],
-            ..Register::default()
-        },
-    });
+    let out = f.reregister(5, "w1", 2.0, &[("a", 1, 3)]);
     assert_eq!(f.core.worker("w1").unwrap().state, WorkerPhase::Draining);
     let (conn, stop) = Fixture::sent(&out, "a", "stop").expect("stale incarnation stopped");
     assert_eq!((conn, stop.epoch), (5, 1));
@@ -750,21 +751,7 @@ fn a_reregistering_agent_has_its_running_container_re_adopted() {
         f.advance(1.0);
     }
     assert_eq!(f.state("a"), JobState::Lost);
-    f.step(Input::Connected {
-        conn: 9,
-        register: Register {
-            worker: "w1".into(),
-            cpu_capacity: 2.0,
-            containers: vec![ContainerReport {
-                job: "a".into(),
-                epoch: 1,
-                container_id: "c1".into(),
-                running: true,
-                last_step: Some(42),
-            }],
-            ..Register::default()
-        },
-    });
+    f.reregister(9, "w1", 2.0, &[("a", 1, 42)]);
     let job = f.core.job("a").unwrap();
     assert_eq!(
         (job.state(), job.epoch, job.step),
@@ -1323,21 +1310,7 @@ mod value {
         assert_eq!(placed.attributes["cpu_shares"], cpu_shares.to_string());
         // A Start sent again after a reconnect carries the same share.
         // (The agent reports the paused L, not H, whose Start it never got.)
-        let out = f.step(Input::Connected {
-            conn: 2,
-            register: Register {
-                worker: "w1".into(),
-                cpu_capacity: 1.0,
-                containers: vec![ContainerReport {
-                    job: "L".into(),
-                    epoch: 1,
-                    container_id: "c1".into(),
-                    running: true,
-                    last_step: Some(150),
-                }],
-                ..Register::default()
-            },
-        });
+        let out = f.reregister(2, "w1", 1.0, &[("L", 1, 150)]);
         assert_eq!(f.state("L"), JobState::Paused);
         let (_, again) = Fixture::sent(&out, "H", "start").expect("re-sent");
         assert_eq!(again.action, Action::Start { cpu_shares });
