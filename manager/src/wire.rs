@@ -272,7 +272,7 @@ pub fn job(j: &Job, spec: Option<&pb::JobSpec>, policy: &str, include_progress: 
         spec: spec.cloned(),
         state: job_state(j.state()) as i32,
         reason: j.reason.clone(),
-        worker_id: j.worker().cloned().unwrap_or_default(),
+        worker_id: j.shown_worker().cloned().unwrap_or_default(),
         epoch: j.epoch,
         container_id: j.container_id.clone(),
         submitted_unix_ms: ms(Some(j.submitted_at)),

@@ -277,6 +277,16 @@ impl Job {
         self.phase.worker()
     }
 
+    /// Where the job is, for users: the worker of the current incarnation, or for a finished
+    /// job, where its last incarnation ran (a pending job has none).
+    pub fn shown_worker(&self) -> Option<&WorkerId> {
+        self.worker().or_else(|| {
+            self.is_terminal()
+                .then(|| self.incarnations.last().map(|i| &i.worker))
+                .flatten()
+        })
+    }
+
     /// Whether incarnation `epoch` was started on `worker`: what an agent may speak about.
     pub fn ran_on(&self, worker: &str, epoch: u64) -> bool {
         self.incarnations

@@ -887,7 +887,10 @@ impl Core {
             let starting = matches!(j.phase, JobPhase::Starting { .. });
             if let Some((r, step)) = resumed {
                 let downtime = self.now - r.started;
+                // A move counts once the new incarnation has shown progress: until then it
+                // may still fail to train on its new worker.
                 let j = self.jobs.get_mut(&s.job).expect("exists");
+                j.migrations += 1;
                 j.last_migration_downtime = Some(downtime);
                 let ms = (downtime * 1000.0).round() as u64;
                 let attributes = BTreeMap::from([
@@ -1094,7 +1097,6 @@ impl Core {
     fn restored(&mut self, id: &str, worker: &str, m: &Move, r: &CommandResult) {
         if r.ok {
             if let Some(j) = self.jobs.get_mut(id) {
-                j.migrations += 1;
                 j.resuming = Some(Resuming {
                     from: m.from.clone(),
                     to: worker.to_string(),

@@ -574,10 +574,15 @@ fn first_progress_after_a_restore_records_the_downtime() {
     let (mut f, start) = Fixture::restoring();
     f.now += 0.25;
     f.ok(2, &start, Fixture::started(2));
-    assert_eq!(f.core.job("a").unwrap().migrations, 1);
+    assert_eq!(
+        f.core.job("a").unwrap().migrations,
+        0,
+        "not before it trains"
+    );
     f.now += 0.25;
     let out = f.progress(2, "a", 2, 11);
     let job = f.core.job("a").unwrap();
+    assert_eq!(job.migrations, 1);
     assert_eq!(job.last_migration_downtime, Some(0.5));
     let done = out.iter().any(|e| matches!(e, Effect::Event(ev) if ev.attributes.get("outcome").map(String::as_str) == Some("completed")));
     assert!(done, "{out:?}");

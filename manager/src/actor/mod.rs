@@ -316,7 +316,7 @@ impl Actor {
                     .jobs()
                     .values()
                     .filter(|j| want.is_none_or(|s| j.state() == s))
-                    .filter(|j| worker_id.is_empty() || j.worker() == Some(&worker_id))
+                    .filter(|j| worker_id.is_empty() || j.shown_worker() == Some(&worker_id))
                     .collect();
                 jobs.sort_by_key(|j| j.seq);
                 let policy = self.core.policy_name();

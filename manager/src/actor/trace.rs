@@ -56,6 +56,7 @@ impl JobTraces {
                         parent: None,
                         "placement",
                         job = %job,
+                        policy = e.attributes.get("policy").map(String::as_str).unwrap_or_default(),
                         worker = e.worker.as_deref().unwrap_or_default(),
                         scores = e.attributes.get("scores").map(String::as_str).unwrap_or_default(),
                         reason = %e.reason,
