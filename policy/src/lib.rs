@@ -13,6 +13,9 @@
 //!   [`FreeCompetition`] (no limits).
 //! - [`growth`]: progress (Eq. 1) and growth efficiency (Eq. 2), normalized by the job's own
 //!   initial metric, direction respected.
+//! - [`estimate`]: remaining-time estimates (steps over measured throughput, Optimus' curve
+//!   fit for jobs that stop at convergence, attained service), each with a basis and a
+//!   confidence.
 //! - [`flowcon`]: [`flowcon::FlowCon`], one worker's executor (Alg. 1, 2, 3) with the step
 //!   [`flowcon::FlowCon::on_round`], and [`flowcon::FlowConPlacer`] (Alg. 4).
 //! - [`specon`]: [`specon::SpeCon`], the manager's cluster-wide state machine (Alg. 1, 2, 3)
@@ -33,6 +36,7 @@
 pub mod baseline;
 pub mod cluster;
 mod error;
+pub mod estimate;
 pub mod flowcon;
 pub mod growth;
 pub mod specon;
