@@ -175,6 +175,8 @@ pub struct ProgressPoint {
     pub value: Option<f64>,
     /// Incarnation.
     pub epoch: u64,
+    /// Reference core-seconds the job had used by then ([`Job::cpu_s`]).
+    pub cpu_s: f64,
 }
 
 /// The worker's last policy view of a job (from heartbeats).
@@ -251,6 +253,13 @@ pub struct Job {
     pub progress: VecDeque<ProgressPoint>,
     /// What its worker last reported of it.
     pub view: WorkerView,
+    /// When `view` was last reported (its CPU use counts from then).
+    pub view_at: Option<Time>,
+    /// Reference core-seconds used in all incarnations (heartbeats' CPU use × time × the
+    /// worker's speed): the service the job has had.
+    pub cpu_s: f64,
+    /// The CPU limit (cores) the policy last gave it, if it sets limits.
+    pub assigned_cpus: Option<f64>,
     /// Finished moves.
     pub migrations: u32,
     /// Downtime of the last finished move, in seconds.

@@ -243,6 +243,8 @@ pub struct Core {
     departures: VecDeque<(WorkerId, JobId)>,
     /// Capacity appeared or a job became pending: place and drain again before returning.
     dirty: bool,
+    /// Sizes of the jobs that completed (for estimates of jobs nothing else tells about).
+    history: converge_policy::estimate::ServiceHistory,
 }
 
 impl Core {
@@ -261,6 +263,7 @@ impl Core {
             out: Vec::new(),
             departures: VecDeque::new(),
             dirty: false,
+            history: Default::default(),
         }
     }
 
@@ -323,6 +326,7 @@ impl Core {
         ClusterView {
             workers: &self.workers,
             jobs: &self.jobs,
+            history: &self.history,
         }
     }
 
@@ -386,6 +390,8 @@ impl Core {
             });
             job.container_id.clear();
             job.view = WorkerView::default();
+            job.view_at = None;
+            job.assigned_cpus = None;
         }
         if from_state == JobState::Pending {
             self.pending.remove(&job.seq);
@@ -397,6 +403,9 @@ impl Core {
         if to.state().is_terminal() {
             job.finished_at = Some(now);
             job.resuming = None;
+        }
+        if to.state() == JobState::Completed {
+            self.history.record(job.cpu_s);
         }
         job.phase = to;
         job.reason = reason.clone();
@@ -463,6 +472,9 @@ impl Core {
                 malformed: 0,
                 progress: VecDeque::new(),
                 view: WorkerView::default(),
+                view_at: None,
+                cpu_s: 0.0,
+                assigned_cpus: None,
                 migrations: 0,
                 last_migration_downtime: None,
                 resuming: None,
@@ -552,6 +564,7 @@ impl Core {
                 let view = ClusterView {
                     workers: &self.workers,
                     jobs: &self.jobs,
+                    history: &self.history,
                 };
                 match self.policy.place_move(self.now, &self.jobs[&id], view) {
                     Some(to) if to != worker => {
@@ -815,6 +828,7 @@ impl Core {
             self.worker_event(worker, state, "heartbeats resumed".into());
             self.dirty = true;
         }
+        let (now, speed) = (self.now, self.workers[worker].calibration);
         for s in hb.jobs {
             if !self.may_speak(worker, &s.job, s.epoch) {
                 continue;
@@ -823,6 +837,11 @@ impl Core {
             if s.epoch != j.epoch || j.worker().is_none_or(|w| w != worker) {
                 continue;
             }
+            // The service it had since the last report, at the reference speed.
+            if let Some(t) = j.view_at {
+                j.cpu_s += j.view.cpu_usage.max(0.0) * (now - t).max(0.0) * speed;
+            }
+            j.view_at = Some(now);
             j.view = WorkerView {
                 category: s.category,
                 growth_efficiency: s.growth_efficiency,
@@ -844,6 +863,7 @@ impl Core {
         let view = ClusterView {
             workers: &self.workers,
             jobs: &self.jobs,
+            history: &self.history,
         };
         let decisions =
             self.policy
@@ -871,6 +891,7 @@ impl Core {
                     step: s.step,
                     value: s.value,
                     epoch: s.epoch,
+                    cpu_s: j.cpu_s,
                 });
             }
             if s.epoch != j.epoch {
@@ -1046,6 +1067,7 @@ impl Core {
             let view = ClusterView {
                 workers: &self.workers,
                 jobs: &self.jobs,
+                history: &self.history,
             };
             self.policy.place_move(self.now, &self.jobs[id], view)
         };
@@ -1149,6 +1171,7 @@ impl Core {
             let view = ClusterView {
                 workers: &self.workers,
                 jobs: &self.jobs,
+                history: &self.history,
             };
             self.policy
                 .place_move(self.now, &self.jobs[id], view)
@@ -1243,6 +1266,7 @@ impl Core {
         let view = ClusterView {
             workers: &self.workers,
             jobs: &self.jobs,
+            history: &self.history,
         };
         let decisions = self.policy.on_report(
             self.now,
@@ -1275,6 +1299,7 @@ impl Core {
         let view = ClusterView {
             workers: &self.workers,
             jobs: &self.jobs,
+            history: &self.history,
         };
         let decisions = self.policy.on_tick(now, view);
         self.apply(decisions);
@@ -1366,6 +1391,7 @@ impl Core {
                 let view = ClusterView {
                     workers: &self.workers,
                     jobs: &self.jobs,
+                    history: &self.history,
                 };
                 let decisions = self.policy.on_departure(self.now, &worker, &job, view);
                 self.apply(decisions);
@@ -1393,6 +1419,7 @@ impl Core {
             let view = ClusterView {
                 workers: &self.workers,
                 jobs: &self.jobs,
+                history: &self.history,
             };
             match self.policy.place(self.now, &self.jobs[&id], view) {
                 Admission::Place {
@@ -1543,6 +1570,25 @@ impl Core {
                     self.migration_event(&job, &worker, reason, attributes);
                 }
                 Decision::Preempt(v) => self.preempt(v),
+                Decision::SetLimits { job, cpus } => {
+                    let Some(j) = self.jobs.get_mut(&job) else {
+                        continue;
+                    };
+                    let JobPhase::Running { worker } = &j.phase else {
+                        continue;
+                    };
+                    let (worker, epoch) = (worker.clone(), j.epoch);
+                    j.assigned_cpus = Some(cpus);
+                    self.send_to(
+                        &worker,
+                        &job,
+                        epoch,
+                        Action::SetLimits {
+                            cpus,
+                            cpu_shares: 0,
+                        },
+                    );
+                }
                 Decision::Resume {
                     job,
                     cpu_shares,

@@ -173,6 +173,17 @@ impl Fixture {
     }
 
     fn progress(&mut self, conn: ConnId, job: &str, epoch: u64, step: u64) -> Vec<Effect> {
+        self.progress_of(conn, job, epoch, step, 100)
+    }
+
+    fn progress_of(
+        &mut self,
+        conn: ConnId,
+        job: &str,
+        epoch: u64,
+        step: u64,
+        total: u64,
+    ) -> Vec<Effect> {
         self.msg(
             conn,
             AgentMessage::Progress(ProgressBatch {
@@ -181,7 +192,7 @@ impl Fixture {
                     epoch,
                     unix_ms: 0,
                     step,
-                    total_steps: Some(100),
+                    total_steps: Some(total),
                     value: Some(1.0),
                 }],
                 malformed: vec![],
@@ -1203,6 +1214,12 @@ proptest::proptest! {
         model::run(ops, "spread")?;
     }
 
+    /// The same under Converge's own policy, which sends limits on every heartbeat.
+    #[test]
+    fn no_interleaving_breaks_the_lifecycle_under_converge(ops in proptest::collection::vec(model::op(), 1..200)) {
+        model::run(ops, "converge")?;
+    }
+
     /// The same under SpeCon, whose timer moves jobs on its own.
     #[test]
     fn no_interleaving_breaks_the_lifecycle_under_specon(ops in proptest::collection::vec(model::op(), 1..200)) {
@@ -1366,5 +1383,73 @@ mod value {
         let out = f.submit("plain", 1.0);
         let (_, start) = Fixture::sent(&out, "plain", "start").unwrap();
         assert_eq!(start.action, Action::Start { cpu_shares: 0 });
+    }
+}
+
+// ---- converge and las: limits from the manager ----
+
+/// Two jobs share a one-core worker: `near` is at step 800 of 1000 and has had most of the CPU
+/// so far, `far` at step 0. Under `converge` the job with the least predicted work left (near)
+/// gets what the guard leaves; under `las` the one with the least service so far (far) does.
+#[test]
+fn converge_gives_the_shortest_predicted_job_the_cpu_and_las_the_least_served() {
+    for (policy, favoured, other) in [("converge", "near", "far"), ("las", "far", "near")] {
+        let mut f = Fixture::new(policy);
+        f.register(1, "w1", 1.0);
+        for id in ["near", "far"] {
+            let out = f.submit(id, 0.5);
+            let (_, start) = Fixture::sent(&out, id, "start").unwrap();
+            f.ok(1, &start, Fixture::started(1));
+        }
+        // Each heartbeat reports the jobs using what they were given (0.8 / 0.2 before any
+        // limit), and each second both advance 10 steps.
+        // `warm`: near uses 0.9 of the core and far 0.1, whatever their limits (the history
+        // before); then each uses what it was given. Each second both advance 10 steps.
+        let heartbeat = |f: &mut Fixture, warm: bool| {
+            let use_of = |j: &str, default: f64| match f.core.job(j).unwrap().assigned_cpus {
+                Some(a) if !warm => a,
+                _ => default,
+            };
+            let jobs = [("near", use_of("near", 0.9)), ("far", use_of("far", 0.1))]
+                .iter()
+                .map(|(j, u)| JobStatus {
+                    job: j.to_string(),
+                    epoch: 1,
+                    category: None,
+                    growth_efficiency: None,
+                    cpu_limit: None,
+                    cpu_usage: *u,
+                })
+                .collect();
+            f.msg(
+                1,
+                AgentMessage::Heartbeat(Heartbeat {
+                    jobs,
+                    ..Heartbeat::default()
+                }),
+            )
+        };
+        for _ in 0..=20 {
+            heartbeat(&mut f, true);
+            f.now += 1.0;
+        }
+        for i in 1..=10u64 {
+            f.now += 1.0;
+            f.progress_of(1, "near", 1, 800 + 10 * i, 1000);
+            f.progress_of(1, "far", 1, 10 * i, 1000);
+            heartbeat(&mut f, false);
+        }
+        let limit = |job: &str| f.core.job(job).unwrap().assigned_cpus;
+        assert_eq!(limit(favoured), Some(0.75), "{policy}: {favoured} favoured");
+        assert_eq!(
+            limit(other),
+            Some(0.25),
+            "{policy}: {other} held to the guard"
+        );
+        let sent = f.effects.iter().filter(|e| matches!(e, Effect::Send { command, .. } if command.action.name() == "set_limits")).count();
+        assert!(
+            sent <= 8,
+            "{policy}: limits re-sent on every heartbeat ({sent})"
+        );
     }
 }

@@ -14,16 +14,21 @@
 //! - [`specon::SpeConPolicy`]: SpeCon's Alg. 2 on agents' migration requests and Alg. 3 on a
 //!   timer, around a placer: `specon` and `converge`.
 //! - [`value::ValuePolicy`]: value-based allocation (DwoP, DwP): `value`, `value-dwop`.
+//! - [`priority::PriorityPolicy`]: CPU split on every worker by a priority, set from here as
+//!   hard limits: `converge` (Converge's own: shortest predicted remaining work first, placement
+//!   by predicted load per core) and `las` (Tiresias' least attained service, spread placement).
 //!
 //! [`by_name`] builds a policy from its `--policy` name.
 
 pub mod placing;
+pub mod priority;
 pub mod specon;
 pub mod value;
 
 use std::collections::BTreeMap;
 
 use converge_policy::cluster::{JobRequest, JobSnapshot, WorkerSnapshot};
+use converge_policy::estimate::{self, Estimate, Known, Point, ServiceHistory};
 
 use super::lifecycle::{Job, JobPhase, Worker};
 use super::types::{JobId, JobSpec, MoveReason, Time, WorkerId, WorkerMode};
@@ -35,6 +40,8 @@ pub struct ClusterView<'a> {
     pub workers: &'a BTreeMap<WorkerId, Worker>,
     /// Jobs by id.
     pub jobs: &'a BTreeMap<JobId, Job>,
+    /// Sizes of completed jobs.
+    pub history: &'a ServiceHistory,
 }
 
 impl<'a> ClusterView<'a> {
@@ -82,6 +89,30 @@ impl<'a> ClusterView<'a> {
     /// Index of `worker` in [`ClusterView::snapshots`] order.
     pub fn index_of(&self, worker: &str) -> Option<usize> {
         self.workers.keys().position(|w| w == worker)
+    }
+
+    /// The work `job` has left, from what it reported ([`converge_policy::estimate`]).
+    pub fn estimate(&self, job: &Job) -> Option<Estimate> {
+        let points: Vec<Point> = job
+            .progress
+            .iter()
+            .map(|p| Point {
+                time: p.unix_ms as f64 / 1000.0,
+                step: p.step,
+                value: p.value,
+                cpu_s: p.cpu_s,
+            })
+            .collect();
+        estimate::estimate(
+            &Known {
+                points: &points,
+                total_steps: (job.total_steps > 0).then_some(job.total_steps),
+                stop: None,
+                maximize: false,
+                attained: job.cpu_s,
+            },
+            self.history,
+        )
     }
 
     /// The jobs that run now (Running), by id.
@@ -190,6 +221,13 @@ pub enum Decision {
         cpu_shares: u32,
         /// Why.
         reason: String,
+    },
+    /// Limit a running job to `cpus` cores (a hard quota on its worker).
+    SetLimits {
+        /// The job.
+        job: JobId,
+        /// Cores.
+        cpus: f64,
     },
     /// Give it up (Rejected).
     Drop {
@@ -317,7 +355,9 @@ pub const POLICIES: &[&str] = &[
     "round-robin",
     "flowcon",
     "specon",
+    "flowcon-specon",
     "converge",
+    "las",
     "value",
     "value-dwop",
 ];
@@ -330,7 +370,10 @@ pub const POLICIES: &[&str] = &[
 /// - `flowcon`: FlowCon Alg. 4 placement and Alg. 1-3 elastic limits on every worker.
 /// - `specon`: even initial placement, free competition, SpeCon migration (Alg. 1 on the
 ///   agents, Alg. 2 on their requests, Alg. 3 rebalancing on a timer).
-/// - `converge`: FlowCon placement and limits together with SpeCon migration.
+/// - `flowcon-specon`: FlowCon placement and limits together with SpeCon migration.
+/// - `converge`: Converge's own policy: shortest predicted remaining work first on every
+///   worker (with a guard against starvation), placement by predicted load per core.
+/// - `las`: least attained service first (Tiresias), spread placement.
 /// - `value` / `value-dwop`: value-based allocation with / without preemption.
 pub fn by_name(name: &str, config: &PolicyConfig) -> Result<Box<dyn ClusterPolicy>, String> {
     use converge_policy::baseline::{LeastAllocated, RoundRobin, Spread};
@@ -355,8 +398,10 @@ pub fn by_name(name: &str, config: &PolicyConfig) -> Result<Box<dyn ClusterPolic
             WorkerMode::Free,
             config.rebalance_interval,
         )),
-        "converge" => Box::new(specon::SpeConPolicy::new(
-            "converge",
+        "converge" => Box::new(priority::PriorityPolicy::converge()),
+        "las" => Box::new(priority::PriorityPolicy::las()),
+        "flowcon-specon" => Box::new(specon::SpeConPolicy::new(
+            "flowcon-specon",
             Box::new(FlowConPlacer),
             WorkerMode::FlowCon,
             config.rebalance_interval,
