@@ -172,12 +172,12 @@ async fn main() -> Result<()> {
                 .into_inner()
                 .jobs;
             println!(
-                "{:<36}  {:<18}  {:<10}  {:<10}  {:>13}  {:>10}",
-                "ID", "NAME", "STATE", "WORKER", "STEP", "METRIC"
+                "{:<36}  {:<18}  {:<10}  {:<10}  {:>13}  {:>10}  {:>9}",
+                "ID", "NAME", "STATE", "WORKER", "STEP", "METRIC", "ETA"
             );
             for j in jobs {
                 println!(
-                    "{:<36}  {:<18}  {:<10}  {:<10}  {:>13}  {:>10}",
+                    "{:<36}  {:<18}  {:<10}  {:<10}  {:>13}  {:>10}  {:>9}",
                     j.id,
                     j.spec.as_ref().map(|s| s.name.as_str()).unwrap_or(""),
                     pb::JobState::label_of(j.state),
@@ -185,7 +185,11 @@ async fn main() -> Result<()> {
                     format!("{}/{}", j.step, j.total_steps),
                     j.metric_value
                         .map(|v| format!("{v:.4}"))
-                        .unwrap_or_default()
+                        .unwrap_or_default(),
+                    j.eta
+                        .as_ref()
+                        .map(|e| duration(e.remaining_s))
+                        .unwrap_or_else(|| "-".into())
                 );
             }
         }
@@ -270,6 +274,37 @@ fn print_job(j: &pb::Job) {
         j.samples,
         j.malformed_lines
     );
+    match &j.eta {
+        Some(e) => println!(
+            "eta:      {} left, finishing at {} ({}{}, confidence {:.0}%)",
+            duration(e.remaining_s),
+            clock(e.finish_unix_ms),
+            e.basis,
+            if e.start_unix_ms > 0 {
+                format!("; starting at {}", clock(e.start_unix_ms))
+            } else {
+                String::new()
+            },
+            e.confidence * 100.0
+        ),
+        None => println!("eta:      - (nothing tells yet)"),
+    }
+}
+
+/// `1h02m`, `4m05s`, `12s`.
+fn duration(s: f64) -> String {
+    let s = s.max(0.0).round() as u64;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// A Unix-ms time as `HH:MM:SS` UTC.
+fn clock(unix_ms: i64) -> String {
+    let s = (unix_ms / 1000).rem_euclid(86_400);
+    format!("{:02}:{:02}:{:02} UTC", s / 3600, (s % 3600) / 60, s % 60)
 }
 
 fn describe_event(e: &pb::Event) -> String {

@@ -15,7 +15,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 /// Every job state, so each one is shown (at 0) before any job reaches it.
-const STATES: [JobState; 10] = [
+const STATES: [JobState; 11] = [
     JobState::Pending,
     JobState::Starting,
     JobState::Running,
@@ -26,7 +26,13 @@ const STATES: [JobState; 10] = [
     JobState::Cancelled,
     JobState::Lost,
     JobState::Rejected,
+    JobState::Stopping,
 ];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AtLabel {
+    at: &'static str,
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabel {
@@ -102,6 +108,7 @@ pub struct ManagerMetrics {
     rejections: Family<RejectionLabel, Counter>,
     migrations: Family<MigrationLabel, Counter>,
     downtime: Family<ReasonLabel, Histogram>,
+    eta_error: Family<AtLabel, Histogram>,
     registrations: Family<KindLabel, Counter>,
     disconnects: Counter,
     received: Family<KindLabel, Counter>,
@@ -162,6 +169,15 @@ impl ManagerMetrics {
             "Save sent to first progress on the target, of completed migrations",
             downtime.clone(),
         );
+        let eta_error = Family::<AtLabel, Histogram>::new_with_constructor(
+            (|| Histogram::new(exponential_buckets(0.01, 2.0, 10))) as fn() -> Histogram,
+        );
+        r.register(
+            "eta_error_ratio",
+            "How far a completed job's predicted finish, made when it passed 25, 50 or 75% of its \
+             steps (label at), was from its real finish, as a fraction of its run",
+            eta_error.clone(),
+        );
         let registrations = Family::default();
         r.register(
             "agent_registrations",
@@ -211,6 +227,7 @@ impl ManagerMetrics {
             rejections,
             migrations,
             downtime,
+            eta_error,
             registrations,
             disconnects,
             received,
@@ -263,6 +280,10 @@ impl ManagerMetrics {
         self.downtime
             .get_or_create(&ReasonLabel { reason })
             .observe(downtime.as_secs_f64());
+    }
+
+    pub(crate) fn eta_error(&self, at: &'static str, error: f64) {
+        self.eta_error.get_or_create(&AtLabel { at }).observe(error);
     }
 
     pub(crate) fn registered(&self, reconnect: bool) {

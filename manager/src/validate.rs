@@ -138,6 +138,21 @@ pub fn validate(spec: Option<JobSpec>, limits: Limits) -> Result<JobSpec> {
             "must be a number of seconds >= 0",
         ));
     }
+    if let Some(r) = &spec.stop_rule {
+        if !(r.min_improvement.is_finite() && r.min_improvement > 0.0 && r.min_improvement < 1.0) {
+            return Err(Error::invalid(
+                "spec.stop_rule.min_improvement",
+                "must be a fraction between 0 and 1 (0.003 = stop when the metric improved by \
+                 less than 0.3% over the window)",
+            ));
+        }
+        if r.window_steps == 0 {
+            return Err(Error::invalid(
+                "spec.stop_rule.window_steps",
+                "must be at least 1 (the steps the improvement is measured over)",
+            ));
+        }
+    }
     Ok(spec)
 }
 
@@ -274,5 +289,41 @@ mod tests {
             )
             .is_ok()
         );
+    }
+
+    #[test]
+    fn a_stop_rule_outside_its_range_names_the_field() {
+        let mut spec = JobSpec {
+            image: "converge/trainer:dev".into(),
+            cpus: 1.0,
+            stop_rule: Some(converge_messenger::pb::StopRule {
+                min_improvement: 1.5,
+                window_steps: 100,
+            }),
+            ..Default::default()
+        };
+        let limits = Limits {
+            max_cpus: Some(2.0),
+            max_memory: None,
+        };
+        let err = validate(Some(spec.clone()), limits).unwrap_err();
+        assert!(
+            err.to_string().contains("spec.stop_rule.min_improvement"),
+            "{err}"
+        );
+        spec.stop_rule = Some(converge_messenger::pb::StopRule {
+            min_improvement: 0.01,
+            window_steps: 0,
+        });
+        let err = validate(Some(spec.clone()), limits).unwrap_err();
+        assert!(
+            err.to_string().contains("spec.stop_rule.window_steps"),
+            "{err}"
+        );
+        spec.stop_rule = Some(converge_messenger::pb::StopRule {
+            min_improvement: 0.01,
+            window_steps: 300,
+        });
+        assert!(validate(Some(spec), limits).is_ok());
     }
 }

@@ -23,6 +23,14 @@ pub fn job_spec(spec: &pb::JobSpec) -> core::JobSpec {
                 zero_value_at_s: v.zero_value_at_s,
             }),
         estimated_runtime_s: spec.estimated_runtime_s,
+        maximize: spec.direction() == pb::Direction::Maximize,
+        stop: spec
+            .stop_rule
+            .as_ref()
+            .map(|r| converge_policy::estimate::StopRule {
+                min_improvement: r.min_improvement,
+                window_steps: r.window_steps,
+            }),
     }
 }
 
@@ -203,6 +211,7 @@ pub fn job_state(s: core::JobState) -> pb::JobState {
         S::Migrating => pb::JobState::Migrating,
         S::Lost => pb::JobState::Lost,
         S::Paused => pb::JobState::Paused,
+        S::Stopping => pb::JobState::Stopping,
         S::Completed => pb::JobState::Completed,
         S::Failed => pb::JobState::Failed,
         S::Cancelled => pb::JobState::Cancelled,
@@ -225,6 +234,7 @@ pub fn job_state_from_pb(s: pb::JobState) -> Option<core::JobState> {
         pb::JobState::Failed => S::Failed,
         pb::JobState::Cancelled => S::Cancelled,
         pb::JobState::Rejected => S::Rejected,
+        pb::JobState::Stopping => S::Stopping,
     })
 }
 
@@ -265,8 +275,25 @@ fn ms(t: Option<core::Time>) -> i64 {
     t.map_or(0, |t| (t * 1000.0).round() as i64)
 }
 
+/// An ETA on the wire.
+pub fn eta(e: converge_core::cluster::Eta) -> pb::Eta {
+    pb::Eta {
+        remaining_s: e.remaining_s,
+        finish_unix_ms: ms(Some(e.finish_at)),
+        start_unix_ms: ms(e.start_at),
+        basis: e.basis.as_str().to_string(),
+        confidence: e.confidence,
+    }
+}
+
 /// A job on the wire.
-pub fn job(j: &Job, spec: Option<&pb::JobSpec>, policy: &str, include_progress: bool) -> pb::Job {
+pub fn job(
+    j: &Job,
+    spec: Option<&pb::JobSpec>,
+    policy: &str,
+    include_progress: bool,
+    eta: Option<converge_core::cluster::Eta>,
+) -> pb::Job {
     pb::Job {
         id: j.id.clone(),
         spec: spec.cloned(),
@@ -306,6 +333,7 @@ pub fn job(j: &Job, spec: Option<&pb::JobSpec>, policy: &str, include_progress: 
             .last_migration_downtime
             .map(|d| (d * 1000.0).round() as u64),
         cpu_usage: j.view.cpu_usage,
+        eta: eta.map(self::eta),
     }
 }
 

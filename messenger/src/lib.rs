@@ -77,6 +77,7 @@ impl pb::JobState {
             Self::Cancelled => "cancelled",
             Self::Lost => "lost",
             Self::Rejected => "rejected",
+            Self::Stopping => "stopping",
         }
     }
 

@@ -80,6 +80,15 @@ pub enum JobPhase {
         /// Where.
         worker: WorkerId,
     },
+    /// Its stopping rule fired: being checkpointed and stopped on `worker`, to end Completed.
+    Stopping {
+        /// Where.
+        worker: WorkerId,
+        /// The Save, whose result ends it.
+        command: CommandId,
+        /// What the rule saw, for the final reason.
+        why: String,
+    },
     /// Exited 0.
     Completed,
     /// Ended in error.
@@ -100,6 +109,7 @@ impl JobPhase {
             JobPhase::Migrating(_) => JobState::Migrating,
             JobPhase::Lost { .. } => JobState::Lost,
             JobPhase::Paused { .. } => JobState::Paused,
+            JobPhase::Stopping { .. } => JobState::Stopping,
             JobPhase::Completed => JobState::Completed,
             JobPhase::Failed => JobState::Failed,
             JobPhase::Cancelled => JobState::Cancelled,
@@ -114,7 +124,8 @@ impl JobPhase {
             JobPhase::Starting { worker, .. }
             | JobPhase::Running { worker }
             | JobPhase::Lost { worker, .. }
-            | JobPhase::Paused { worker } => Some(worker),
+            | JobPhase::Paused { worker }
+            | JobPhase::Stopping { worker, .. } => Some(worker),
             JobPhase::Migrating(m) => Some(match m.phase {
                 MovePhase::Saving { .. } => &m.from,
                 MovePhase::Restoring { .. } => &m.to,
@@ -155,7 +166,12 @@ pub fn allowed(from: &JobPhase, to: &JobPhase) -> bool {
         (_, S::Cancelled | S::Failed | S::Rejected) => true,
         (S::Pending, S::Starting) => true,
         (S::Starting, S::Running | S::Lost | S::Completed | S::Pending) => true,
-        (S::Running, S::Migrating | S::Lost | S::Paused | S::Completed | S::Pending) => true,
+        (
+            S::Running,
+            S::Migrating | S::Lost | S::Paused | S::Stopping | S::Completed | S::Pending,
+        ) => true,
+        // Saved and stopped (Completed), or the save failed and it runs on (Running).
+        (S::Stopping, S::Completed | S::Running | S::Lost) => true,
         // Saving -> Restoring, a retried restore, or back to Running (save failed, restored).
         (S::Migrating, S::Migrating | S::Running | S::Lost | S::Completed | S::Pending) => true,
         (S::Lost, S::Running | S::Pending | S::Completed) => true,
@@ -260,6 +276,9 @@ pub struct Job {
     pub cpu_s: f64,
     /// The CPU limit (cores) the policy last gave it, if it sets limits.
     pub assigned_cpus: Option<f64>,
+    /// The finish time predicted when it passed 25%, 50% and 75% of its steps (to measure the
+    /// predictions against the real finish).
+    pub predicted_at: [Option<Time>; 3],
     /// Finished moves.
     pub migrations: u32,
     /// Downtime of the last finished move, in seconds.

@@ -30,6 +30,7 @@ mod tests;
 
 use std::collections::{BTreeMap, VecDeque};
 
+use converge_policy::estimate::Basis;
 use tracing::{debug, info, warn};
 
 use lifecycle::{
@@ -168,6 +169,21 @@ pub enum Effect {
         /// The worker whose message it was, if any.
         worker: Option<WorkerId>,
     },
+}
+
+/// When a job will finish, for users.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Eta {
+    /// Seconds from now to its finish.
+    pub remaining_s: f64,
+    /// When it will finish.
+    pub finish_at: Time,
+    /// When a pending job will start.
+    pub start_at: Option<Time>,
+    /// What the estimate rests on.
+    pub basis: Basis,
+    /// How far to trust it (0 to 1).
+    pub confidence: f64,
 }
 
 /// What a control request produced.
@@ -321,6 +337,55 @@ impl Core {
         self.policy.next_due()
     }
 
+    /// When job `id` will finish (and, pending, start), as far as its reports tell, at `now`.
+    pub fn eta(&self, id: &str, now: Time) -> Option<Eta> {
+        let view = self.view();
+        let job = self.jobs.get(id)?;
+        let est = view.estimate(job);
+        match &job.phase {
+            JobPhase::Pending => {
+                // FIFO: the k-th pending job starts when the k-th running job ends.
+                let k = self.pending.values().position(|p| p == id)?;
+                let mut ends: Vec<Time> = self
+                    .jobs
+                    .values()
+                    .filter(|j| matches!(j.phase, JobPhase::Running { .. }))
+                    .filter_map(|j| self.eta(&j.id, now).map(|e| e.finish_at))
+                    .collect();
+                ends.sort_by(f64::total_cmp);
+                let start = *ends.get(k)?;
+                let work =
+                    est.map(|e| e.work).or((job.spec.estimated_runtime_s > 0.0)
+                        .then_some(job.spec.estimated_runtime_s))?;
+                let run = work / job.spec.cpus.max(0.01);
+                Some(Eta {
+                    remaining_s: start - now + run,
+                    finish_at: start + run,
+                    start_at: Some(start),
+                    basis: est.map_or(Basis::AttainedService, |e| e.basis),
+                    confidence: est.map_or(0.05, |e| e.confidence * 0.5),
+                })
+            }
+            p if p.state().is_terminal() => None,
+            _ => {
+                let est = est?;
+                let w = self.workers.get(job.worker()?)?;
+                let cores = job
+                    .assigned_cpus
+                    .or((job.view.cpu_usage > 0.0).then_some(job.view.cpu_usage))
+                    .unwrap_or(job.spec.cpus.max(0.01));
+                let remaining_s = est.seconds_at(cores, w.calibration);
+                Some(Eta {
+                    remaining_s,
+                    finish_at: now + remaining_s,
+                    start_at: None,
+                    basis: est.basis,
+                    confidence: est.confidence,
+                })
+            }
+        }
+    }
+
     /// A read-only view for policies and shells.
     pub fn view(&self) -> ClusterView<'_> {
         ClusterView {
@@ -422,9 +487,26 @@ impl Core {
                 self.dirty = true;
             }
         }
+        let mut attributes = BTreeMap::new();
+        if to_state == JobState::Completed
+            && let Some(started) = job.started_at
+        {
+            // How far the finish times predicted at 25/50/75% of its steps were off, as a
+            // fraction of its run: what users were told against what happened.
+            let run = (now - started).max(1e-9);
+            for (q, p) in ["25", "50", "75"].iter().zip(job.predicted_at) {
+                if let Some(p) = p {
+                    attributes.insert(
+                        format!("eta_error_{q}"),
+                        format!("{:.4}", (p - now).abs() / run),
+                    );
+                }
+            }
+        }
         if from_state != to_state {
             info!(job = %id, from = from_state.label(), to = to_state.label(), %reason, "job state");
             let mut e = Event::new(EventKind::JobState, reason);
+            e.attributes = attributes;
             e.job = Some(id.to_string());
             e.worker = new_worker.or(old_worker);
             e.epoch = epoch;
@@ -475,6 +557,7 @@ impl Core {
                 view_at: None,
                 cpu_s: 0.0,
                 assigned_cpus: None,
+                predicted_at: [None; 3],
                 migrations: 0,
                 last_migration_downtime: None,
                 resuming: None,
@@ -689,6 +772,18 @@ impl Core {
                         format!("re-adopted on {worker}"),
                     );
                 }
+                (JobPhase::Stopping { command, .. }, true) => {
+                    // The save may have been lost with the old stream: the same command again.
+                    let cmd = Command {
+                        id: command.clone(),
+                        job: id.clone(),
+                        epoch: c.epoch,
+                        action: Action::Save {
+                            deadline_ms: self.save_deadline_ms(),
+                        },
+                    };
+                    self.send(worker, cmd);
+                }
                 (JobPhase::Migrating(m), true) => {
                     // The save may have been lost with the old stream: the same command again
                     // (the agent answers a repeated id from its cache).
@@ -753,6 +848,15 @@ impl Core {
                         BTreeMap::new(),
                     );
                     self.after_save(&id);
+                }
+                JobPhase::Stopping { why, .. } => {
+                    // It was being stopped at convergence and its container is gone: it has
+                    // stopped, from its last checkpoint on.
+                    self.transition(
+                        &id,
+                        JobPhase::Completed,
+                        format!("{why}; its container is gone from {worker}, its checkpoint kept"),
+                    );
                 }
                 _ => {
                     // Nothing of it runs here any more, and how it ended was not reported:
@@ -937,6 +1041,8 @@ impl Core {
                     format!("running on {worker}"),
                 );
             }
+            self.note_predictions(&s.job);
+            self.check_stop_rule(&s.job);
         }
         for m in batch.malformed {
             if self.may_speak(worker, &m.job, m.epoch)
@@ -944,6 +1050,93 @@ impl Core {
             {
                 j.malformed += m.count;
             }
+        }
+    }
+
+    /// Records the finish time predicted as the job passes 25%, 50% and 75% of its steps.
+    fn note_predictions(&mut self, id: &str) {
+        let Some(j) = self.jobs.get(id) else {
+            return;
+        };
+        if j.total_steps == 0 {
+            return;
+        }
+        let done = j.step as f64 / j.total_steps as f64;
+        let due: Vec<usize> = [0.25, 0.5, 0.75]
+            .iter()
+            .enumerate()
+            .filter(|(i, q)| done >= **q && j.predicted_at[*i].is_none())
+            .map(|(i, _)| i)
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        let Some(eta) = self.eta(id, self.now) else {
+            return;
+        };
+        let j = self.jobs.get_mut(id).expect("exists");
+        for i in due {
+            j.predicted_at[i] = Some(eta.finish_at);
+        }
+    }
+
+    /// Stop at convergence: when the job's rule fires on its reported metric, it is
+    /// checkpointed and stopped, and ends Completed with what the rule saw.
+    fn check_stop_rule(&mut self, id: &str) {
+        let Some(j) = self.jobs.get(id) else {
+            return;
+        };
+        let (Some(rule), JobPhase::Running { worker }) = (j.spec.stop, &j.phase) else {
+            return;
+        };
+        let Some(last) = j.progress.back().filter(|p| p.epoch == j.epoch) else {
+            return;
+        };
+        let (Some(now_value), Some(from)) = (last.value, last.step.checked_sub(rule.window_steps))
+        else {
+            return;
+        };
+        // The metric a window ago (the latest point at or before it); none while the history
+        // does not reach that far back.
+        let Some(then) = j
+            .progress
+            .iter()
+            .rev()
+            .find(|p| p.step <= from && p.value.is_some())
+            .and_then(|p| p.value)
+        else {
+            return;
+        };
+        let sign = if j.spec.maximize { -1.0 } else { 1.0 };
+        let (a, b) = (sign * then, sign * now_value);
+        if !rule.fires(a, b) {
+            return;
+        }
+        let why = format!(
+            "converged at step {}: metric {now_value:.4}, improved {:.2}% over the last {} steps",
+            last.step,
+            100.0 * converge_policy::estimate::StopRule::improvement(a, b),
+            rule.window_steps
+        );
+        let (worker, epoch) = (worker.clone(), j.epoch);
+        let command = self.next_command_id();
+        let to = JobPhase::Stopping {
+            worker: worker.clone(),
+            command: command.clone(),
+            why: why.clone(),
+        };
+        if self.transition(id, to, format!("{why}; saving its checkpoint")) {
+            self.send(
+                &worker,
+                Command {
+                    id: command,
+                    job: id.to_string(),
+                    epoch,
+                    action: Action::Save {
+                        deadline_ms: self.save_deadline_ms(),
+                    },
+                },
+            );
         }
     }
 
@@ -967,6 +1160,21 @@ impl Core {
                 }
                 _ => self.other_result(worker, &r),
             },
+            JobPhase::Stopping { command, why, .. } if command == r.command => {
+                if r.ok {
+                    self.jobs.get_mut(&id).expect("exists").exit_code = Some(0);
+                    self.transition(&id, JobPhase::Completed, format!("{why}; checkpoint kept"));
+                } else {
+                    warn!(job = %id, error = %r.error, "save at convergence failed; it runs on");
+                    self.transition(
+                        &id,
+                        JobPhase::Running {
+                            worker: worker.to_string(),
+                        },
+                        format!("could not stop at convergence: {}", r.error),
+                    );
+                }
+            }
             JobPhase::Starting { command, .. } if command == r.command => {
                 if r.ok {
                     self.started(&id, worker, &r.detail);
@@ -1204,7 +1412,7 @@ impl Core {
             JobPhase::Migrating(Move {
                 phase: MovePhase::Saving { .. },
                 ..
-            })
+            }) | JobPhase::Stopping { .. }
         );
         if let (Some(j), Some(s)) = (self.jobs.get_mut(&id), e.last_step) {
             j.step = j.step.max(s);
@@ -1212,13 +1420,16 @@ impl Core {
         if saving {
             if e.exit_code == 0 && e.done {
                 // It finished its last step as we asked it to save: nothing left to move.
-                let attributes = BTreeMap::from([("outcome".to_string(), "aborted".to_string())]);
-                self.migration_event(
-                    &id,
-                    worker,
-                    "completed while being saved".into(),
-                    attributes,
-                );
+                if matches!(self.jobs[&id].phase, JobPhase::Migrating(_)) {
+                    let attributes =
+                        BTreeMap::from([("outcome".to_string(), "aborted".to_string())]);
+                    self.migration_event(
+                        &id,
+                        worker,
+                        "completed while being saved".into(),
+                        attributes,
+                    );
+                }
                 self.jobs.get_mut(&id).expect("exists").exit_code = Some(0);
                 self.transition(&id, JobPhase::Completed, "completed while being saved");
             }

@@ -1453,3 +1453,118 @@ fn converge_gives_the_shortest_predicted_job_the_cpu_and_las_the_least_served() 
         );
     }
 }
+
+// ---- stop at convergence, ETAs ----
+
+#[test]
+fn a_job_that_stops_improving_is_checkpointed_and_completes_with_why() {
+    let mut f = Fixture::new("spread");
+    f.register(1, "w1", 2.0);
+    f.step(Input::Submit {
+        id: "a".into(),
+        spec: JobSpec {
+            cpus: 1.0,
+            stop: Some(converge_policy::estimate::StopRule {
+                min_improvement: 0.01,
+                window_steps: 100,
+            }),
+            ..JobSpec::default()
+        },
+    });
+    let (_, start) = Fixture::sent(&f.effects.clone(), "a", "start").unwrap();
+    f.ok(1, &start, Fixture::started(1));
+    // A loss that halves every 100 steps, then flattens at step 400.
+    let loss = |k: u64| {
+        if k <= 400 {
+            1.0 / 2f64.powi((k / 100) as i32)
+        } else {
+            0.0625 * (1.0 - 0.00005 * (k - 400) as f64)
+        }
+    };
+    let mut saved = None;
+    for k in (0..=1000).step_by(50) {
+        let out = f.msg(
+            1,
+            AgentMessage::Progress(ProgressBatch {
+                samples: vec![ProgressSample {
+                    job: "a".into(),
+                    epoch: 1,
+                    unix_ms: 0,
+                    step: k,
+                    total_steps: Some(1_000_000),
+                    value: Some(loss(k)),
+                }],
+                malformed: vec![],
+            }),
+        );
+        if let Some((_, save)) = Fixture::sent(&out, "a", "save") {
+            saved = Some((k, save));
+            break;
+        }
+    }
+    let (k, save) = saved.expect("the rule fired");
+    assert_eq!(
+        k, 500,
+        "first step whose last 100 steps improved less than 1%"
+    );
+    assert_eq!(f.state("a"), JobState::Stopping);
+    f.ok(1, &save, Fixture::saved());
+    let job = f.core.job("a").unwrap();
+    assert_eq!(job.state(), JobState::Completed);
+    assert!(
+        job.reason.starts_with("converged at step 500"),
+        "{}",
+        job.reason
+    );
+    assert!(job.reason.contains("checkpoint kept"), "{}", job.reason);
+}
+
+#[test]
+fn a_running_job_has_an_eta_from_its_steps_and_is_measured_against_its_finish() {
+    let mut f = Fixture::running();
+    let hb = |f: &mut Fixture| {
+        f.msg(
+            1,
+            AgentMessage::Heartbeat(Heartbeat {
+                jobs: vec![JobStatus {
+                    job: "a".into(),
+                    epoch: 1,
+                    category: None,
+                    growth_efficiency: None,
+                    cpu_limit: None,
+                    cpu_usage: 0.5,
+                }],
+                ..Heartbeat::default()
+            }),
+        )
+    };
+    hb(&mut f);
+    // 10 steps per second at half a core: 20 steps per core-second; 1000 steps in all.
+    let mut completed = Vec::new();
+    for i in 1..=100u64 {
+        f.now += 1.0;
+        hb(&mut f);
+        f.progress_of(1, "a", 1, 10 * i, 1000);
+        if i == 50 {
+            let eta = f.core.eta("a", f.now).expect("an ETA half-way");
+            assert_eq!(eta.basis, converge_policy::estimate::Basis::Steps);
+            assert!((eta.remaining_s - 50.0).abs() < 1.5, "{eta:?}");
+        }
+    }
+    let job = f.core.job("a").unwrap();
+    assert!(
+        job.predicted_at.iter().all(Option::is_some),
+        "{:?}",
+        job.predicted_at
+    );
+    completed.extend(f.exited(1, "a", 1, 0, false));
+    let done = completed
+        .iter()
+        .find_map(|e| match e {
+            Effect::Event(ev) if ev.to == Some(JobState::Completed) => Some(ev.clone()),
+            _ => None,
+        })
+        .unwrap();
+    let err: f64 = done.attributes["eta_error_50"].parse().unwrap();
+    assert!(err < 0.05, "the half-way prediction was off by {err}");
+}

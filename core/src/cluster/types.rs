@@ -33,6 +33,11 @@ pub struct JobSpec {
     pub value_curve: Option<ValueCurve>,
     /// Estimated run time on the reference worker, in seconds (0 = unknown).
     pub estimated_runtime_s: f64,
+    /// Whether the metric is maximized (an accuracy) rather than minimized (a loss).
+    pub maximize: bool,
+    /// Stop at convergence: when the metric improves by less than this over a window, the job
+    /// is checkpointed and stopped, and ends Completed.
+    pub stop: Option<converge_policy::estimate::StopRule>,
 }
 
 /// Why a job is being moved.
@@ -353,6 +358,8 @@ pub enum JobState {
     Lost,
     /// Frozen by a value policy.
     Paused,
+    /// Converged by its stopping rule: being checkpointed and stopped.
+    Stopping,
     /// Exited 0 (terminal).
     Completed,
     /// Ended in error (terminal).
@@ -381,6 +388,7 @@ impl JobState {
             JobState::Migrating => "migrating",
             JobState::Lost => "lost",
             JobState::Paused => "paused",
+            JobState::Stopping => "stopping",
             JobState::Completed => "completed",
             JobState::Failed => "failed",
             JobState::Cancelled => "cancelled",

@@ -265,6 +265,11 @@ impl Actor {
         let policy = self.core.policy_name();
         match e.kind {
             K::JobState => {
+                for (k, v) in &e.attributes {
+                    if let (Some(at), Ok(err)) = (k.strip_prefix("eta_error_"), v.parse::<f64>()) {
+                        self.metrics.eta_error(static_quarter(at), err);
+                    }
+                }
                 if let Some(to) = e.to {
                     self.metrics
                         .job_state(e.from.map(wire::job_state), wire::job_state(to));
@@ -320,9 +325,13 @@ impl Actor {
                     .collect();
                 jobs.sort_by_key(|j| j.seq);
                 let policy = self.core.policy_name();
+                let now = now();
                 let out = jobs
                     .into_iter()
-                    .map(|j| wire::job(j, self.specs.get(&j.id), policy, false))
+                    .map(|j| {
+                        let eta = self.core.eta(&j.id, now);
+                        wire::job(j, self.specs.get(&j.id), policy, false, eta)
+                    })
                     .collect();
                 let _ = reply.send(out);
             }
@@ -379,11 +388,13 @@ impl Actor {
         self.core
             .job(id)
             .map(|j| {
+                let eta = self.core.eta(id, now());
                 wire::job(
                     j,
                     self.specs.get(id),
                     self.core.policy_name(),
                     include_progress,
+                    eta,
                 )
             })
             .ok_or_else(|| Error::JobNotFound(id.to_string()))
@@ -470,6 +481,15 @@ impl Actor {
                 let _ = self.step(Input::Disconnected { conn, reason });
             }
         }
+    }
+}
+
+/// The points of a run at which predictions are measured.
+fn static_quarter(q: &str) -> &'static str {
+    match q {
+        "25" => "25",
+        "50" => "50",
+        _ => "75",
     }
 }
 

@@ -107,8 +107,8 @@ impl<'a> ClusterView<'a> {
             &Known {
                 points: &points,
                 total_steps: (job.total_steps > 0).then_some(job.total_steps),
-                stop: None,
-                maximize: false,
+                stop: job.spec.stop,
+                maximize: job.spec.maximize,
                 attained: job.cpu_s,
             },
             self.history,
