@@ -1092,29 +1092,30 @@ impl Core {
         let Some(last) = j.progress.back().filter(|p| p.epoch == j.epoch) else {
             return;
         };
-        let (Some(now_value), Some(from)) = (last.value, last.step.checked_sub(rule.window_steps))
-        else {
+        let (Some(_), Some(from)) = (last.value, last.step.checked_sub(rule.window_steps)) else {
             return;
         };
-        // The metric a window ago (the latest point at or before it); none while the history
-        // does not reach that far back.
-        let Some(then) = j
-            .progress
-            .iter()
-            .rev()
-            .find(|p| p.step <= from && p.value.is_some())
-            .and_then(|p| p.value)
-        else {
-            return;
-        };
+        // Best-so-far, as early stopping's patience rule: the best value up to a window ago
+        // against the best up to now, so that a noisy evaluation neither fires the rule (an
+        // uptick) nor hides a plateau. None while the history does not reach a window back.
         let sign = if j.spec.maximize { -1.0 } else { 1.0 };
-        let (a, b) = (sign * then, sign * now_value);
+        let best = |upto: u64| {
+            j.progress
+                .iter()
+                .filter(|p| p.step <= upto)
+                .filter_map(|p| p.value.map(|v| sign * v))
+                .reduce(f64::min)
+        };
+        let (Some(a), Some(b)) = (best(from), best(last.step)) else {
+            return;
+        };
         if !rule.fires(a, b) {
             return;
         }
         let why = format!(
-            "converged at step {}: metric {now_value:.4}, improved {:.2}% over the last {} steps",
+            "converged at step {}: best metric {:.4}, improved {:.2}% over the last {} steps",
             last.step,
+            sign * b,
             100.0 * converge_policy::estimate::StopRule::improvement(a, b),
             rule.window_steps
         );
@@ -1162,7 +1163,13 @@ impl Core {
             },
             JobPhase::Stopping { command, why, .. } if command == r.command => {
                 if r.ok {
-                    self.jobs.get_mut(&id).expect("exists").exit_code = Some(0);
+                    let j = self.jobs.get_mut(&id).expect("exists");
+                    j.exit_code = Some(0);
+                    // Its last steps may be reported after this result: the save's step is
+                    // where its checkpoint is.
+                    if let ResultDetail::Saved { step, .. } = r.detail {
+                        j.step = j.step.max(step);
+                    }
                     self.transition(&id, JobPhase::Completed, format!("{why}; checkpoint kept"));
                 } else {
                     warn!(job = %id, error = %r.error, "save at convergence failed; it runs on");
