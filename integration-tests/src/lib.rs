@@ -657,3 +657,111 @@ pub async fn wait_for_workers(client: &ControlServiceClient<Channel>, n: usize) 
     )
     .await
 }
+
+/// One container event of a job, as Docker's event stream told it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContainerEvent {
+    /// `create`, `start`, `die`, `destroy`, ...
+    pub action: String,
+    /// The container.
+    pub container: String,
+    /// The incarnation (the agent's epoch label).
+    pub epoch: String,
+    /// When, in nanoseconds since the Unix epoch (Docker's clock).
+    pub time_nano: i64,
+}
+
+/// Docker's event stream for one job's containers (`docker events`, filtered by the job label
+/// the agents put on them), recorded as it arrives. "Never two incarnations" is read from these
+/// events, not from polling `docker ps`, so a short overlap cannot slip between two polls.
+/// The `docker events` process is killed on drop.
+pub struct DockerEvents {
+    events: std::sync::Arc<std::sync::Mutex<Vec<ContainerEvent>>>,
+    child: tokio::process::Child,
+}
+
+impl DockerEvents {
+    /// Starts recording the events of `job_id`'s containers from `since` (Unix seconds; events
+    /// between then and now are replayed, so nothing is missed between a submission and this
+    /// call).
+    pub fn watch(job_id: &str, since: i64) -> Result<Self> {
+        let mut child = tokio::process::Command::new("docker")
+            .args(["events", "--filter", "type=container", "--filter"])
+            .arg(format!("label=converge.job={job_id}"))
+            .args(["--since", &since.to_string(), "--format", "{{json .}}"])
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting `docker events`")?;
+        let stdout = child.stdout.take().context("docker events' stdout")?;
+        let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = events.clone();
+        tokio::spawn(async move {
+            use tokio::io::AsyncBufReadExt;
+            let mut lines = tokio::io::BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+                    continue;
+                };
+                let attr = |k: &str| {
+                    v["Actor"]["Attributes"][k]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_string()
+                };
+                let e = ContainerEvent {
+                    action: v["Action"].as_str().unwrap_or("").to_string(),
+                    container: v["Actor"]["ID"].as_str().unwrap_or("").to_string(),
+                    epoch: attr("converge.epoch"),
+                    time_nano: v["timeNano"].as_i64().unwrap_or(0),
+                };
+                sink.lock().expect("event log").push(e);
+            }
+        });
+        Ok(Self { events, child })
+    }
+
+    /// Everything recorded so far, in Docker's order.
+    pub fn events(&self) -> Vec<ContainerEvent> {
+        self.events.lock().expect("event log").clone()
+    }
+
+    /// The most containers of the job that ran at once (start .. die), by the event stream.
+    pub fn max_running(&self) -> usize {
+        let mut running = std::collections::BTreeSet::new();
+        let mut max = 0;
+        for e in self.events() {
+            match e.action.as_str() {
+                "start" | "unpause" => {
+                    running.insert(e.container);
+                }
+                "die" | "destroy" => {
+                    running.remove(&e.container);
+                }
+                _ => {}
+            }
+            max = max.max(running.len());
+        }
+        max
+    }
+
+    /// Container starts at or after `t` (nanoseconds since the Unix epoch).
+    pub fn starts_after(&self, t: i64) -> Vec<ContainerEvent> {
+        self.events()
+            .into_iter()
+            .filter(|e| e.action == "start" && e.time_nano >= t)
+            .collect()
+    }
+
+    /// Stops recording.
+    pub async fn stop(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+/// Now, in nanoseconds since the Unix epoch (to compare with Docker's event times).
+pub fn unix_nanos() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64)
+}

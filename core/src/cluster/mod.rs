@@ -1456,6 +1456,22 @@ impl Core {
             );
             return;
         }
+        let job = &self.jobs[&id];
+        let short = job.total_steps == 0 || job.step < job.total_steps;
+        if e.exit_code == 0 && !e.done && job.samples > 0 && short {
+            // It keeps the progress contract but did not print its last line: by the contract
+            // an exit 0 then is a checkpoint on SIGTERM (one whose request was not seen: its
+            // agent restarted meanwhile), not the end of its training.
+            self.transition(
+                &id,
+                JobPhase::Pending,
+                format!(
+                    "exited 0 at step {} of {} without finishing (checkpointed); restarting from its checkpoint",
+                    job.step, job.total_steps
+                ),
+            );
+            return;
+        }
         self.jobs.get_mut(&id).expect("exists").exit_code = Some(e.exit_code);
         let (to, reason) = if e.exit_code == 0 {
             (JobPhase::Completed, "exited 0".to_string())

@@ -1568,3 +1568,37 @@ fn a_running_job_has_an_eta_from_its_steps_and_is_measured_against_its_finish() 
     let err: f64 = done.attributes["eta_error_50"].parse().unwrap();
     assert!(err < 0.05, "the half-way prediction was off by {err}");
 }
+
+/// By the progress contract, exit 0 without the final `done` line before the last step is a
+/// checkpoint on SIGTERM (say, one its restarted agent did not ask for): restart it, do not
+/// call it completed. A job that never printed progress and exits 0 has completed.
+#[test]
+fn exit_0_before_the_last_step_without_done_is_a_checkpoint_not_a_completion() {
+    let mut f = Fixture::running();
+    f.progress_of(1, "a", 1, 40, 1000);
+    let out = f.msg(
+        1,
+        AgentMessage::Exited(ContainerExited {
+            job: "a".into(),
+            epoch: 1,
+            exit_code: 0,
+            ..ContainerExited::default()
+        }),
+    );
+    assert_ne!(f.state("a"), JobState::Completed);
+    assert_eq!(Fixture::sent(&out, "a", "start").map(|s| s.1.epoch), Some(2));
+    // No progress at all: its exit 0 is its completion.
+    let out = f.submit("quiet", 1.0);
+    let (conn, start) = Fixture::sent(&out, "quiet", "start").unwrap();
+    f.ok(conn, &start, Fixture::started(conn));
+    f.msg(
+        conn,
+        AgentMessage::Exited(ContainerExited {
+            job: "quiet".into(),
+            epoch: 1,
+            exit_code: 0,
+            ..ContainerExited::default()
+        }),
+    );
+    assert_eq!(f.state("quiet"), JobState::Completed);
+}
