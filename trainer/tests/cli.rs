@@ -2,7 +2,6 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use converge_contract::{CheckpointEvent, parse_line};
 
@@ -89,7 +88,6 @@ fn sigterm_finishes_the_step_saves_and_exits_0_then_resumes() {
             break;
         }
     }
-    let sent = Instant::now();
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -97,7 +95,6 @@ fn sigterm_finishes_the_step_saves_and_exits_0_then_resumes() {
     assert!(status.success());
     let rest: Vec<String> = lines.map(Result::unwrap).collect();
     let code = child.wait().unwrap();
-    assert!(sent.elapsed() < Duration::from_secs(10));
     assert_eq!(code.code(), Some(0), "exit status after SIGTERM");
     let saved = parse_line(rest.last().expect("a line after SIGTERM"), None)
         .unwrap()

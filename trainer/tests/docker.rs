@@ -119,13 +119,10 @@ fn docker_stop_saves_a_checkpoint_and_a_new_container_resumes_from_it() {
         std::thread::sleep(Duration::from_millis(200));
     }
 
-    // 2. `docker stop` sends SIGTERM and would SIGKILL after 10 s; exit 0 means it did not.
-    let started = Instant::now();
+    // 2. `docker stop` sends SIGTERM and would SIGKILL after 10 s (exit 137); exit 0 means
+    // the trainer saved and left on its own. (How fast is a measurement, not a test.)
     let out = docker(&["stop", "-t", "10", &first.0]);
-    let took = started.elapsed();
     assert!(out.status.success());
-    assert!(took < Duration::from_secs(10), "docker stop took {took:?}");
-    eprintln!("docker stop returned after {took:?}");
     assert_eq!(first.exit_code(), 0, "exit code after docker stop");
     let lines = first.progress();
     let saved = lines.last().unwrap();
