@@ -83,6 +83,7 @@ pub fn agent_message(kind: AgentKind) -> Option<core::AgentMessage> {
                 .samples
                 .into_iter()
                 .map(|s| core::ProgressSample {
+                    checkpointed: s.checkpoint() != pb::CheckpointEvent::None,
                     job: s.job_id,
                     epoch: s.epoch,
                     unix_ms: s.unix_ms,

@@ -276,6 +276,8 @@ pub struct Job {
     pub cpu_s: f64,
     /// The CPU limit (cores) the policy last gave it, if it sets limits.
     pub assigned_cpus: Option<f64>,
+    /// The latest step a checkpoint of it holds (what a move or a kill would resume from).
+    pub checkpoint_step: Option<u64>,
     /// The finish time predicted when it passed 25%, 50% and 75% of its steps (to measure the
     /// predictions against the real finish).
     pub predicted_at: [Option<Time>; 3],

@@ -558,6 +558,7 @@ impl Core {
                 cpu_s: 0.0,
                 assigned_cpus: None,
                 predicted_at: [None; 3],
+                checkpoint_step: None,
                 migrations: 0,
                 last_migration_downtime: None,
                 resuming: None,
@@ -998,6 +999,9 @@ impl Core {
                     cpu_s: j.cpu_s,
                 });
             }
+            if s.checkpointed {
+                j.checkpoint_step = j.checkpoint_step.max(Some(s.step));
+            }
             if s.epoch != j.epoch {
                 continue;
             }
@@ -1264,6 +1268,12 @@ impl Core {
             }
             _ => "saved".to_string(),
         };
+        if let ResultDetail::Saved { step, killed, .. } = &r.detail
+            && !killed
+            && let Some(j) = self.jobs.get_mut(id)
+        {
+            j.checkpoint_step = j.checkpoint_step.max(Some(*step));
+        }
         self.migration_event(id, worker, how, attributes);
         self.after_save(id);
     }

@@ -194,6 +194,7 @@ impl Fixture {
                     step,
                     total_steps: Some(total),
                     value: Some(1.0),
+                    checkpointed: false,
                 }],
                 malformed: vec![],
             }),
@@ -1310,6 +1311,7 @@ mod value {
                     step: 150,
                     total_steps: Some(1000),
                     value: None,
+                    checkpointed: false,
                 }],
                 malformed: vec![],
             }),
@@ -1493,6 +1495,7 @@ fn a_job_that_stops_improving_is_checkpointed_and_completes_with_why() {
                     step: k,
                     total_steps: Some(1_000_000),
                     value: Some(loss(k)),
+                    checkpointed: false,
                 }],
                 malformed: vec![],
             }),
@@ -1586,7 +1589,10 @@ fn exit_0_before_the_last_step_without_done_is_a_checkpoint_not_a_completion() {
         }),
     );
     assert_ne!(f.state("a"), JobState::Completed);
-    assert_eq!(Fixture::sent(&out, "a", "start").map(|s| s.1.epoch), Some(2));
+    assert_eq!(
+        Fixture::sent(&out, "a", "start").map(|s| s.1.epoch),
+        Some(2)
+    );
     // No progress at all: its exit 0 is its completion.
     let out = f.submit("quiet", 1.0);
     let (conn, start) = Fixture::sent(&out, "quiet", "start").unwrap();
@@ -1601,4 +1607,87 @@ fn exit_0_before_the_last_step_without_done_is_a_checkpoint_not_a_completion() {
         }),
     );
     assert_eq!(f.state("quiet"), JobState::Completed);
+}
+
+/// Under `converge`, a worker that will drain far later than another gives one job to it, and
+/// among equally useful moves the one that loses least since its last checkpoint (here the
+/// job that has just checkpointed), saying so.
+#[test]
+fn converge_evens_out_predicted_finishes_moving_the_job_with_least_work_at_risk() {
+    let mut f = Fixture::new("converge");
+    f.register(1, "w1", 1.0);
+    for id in ["a", "b"] {
+        let out = f.submit(id, 0.5);
+        let (_, start) = Fixture::sent(&out, id, "start").unwrap();
+        f.ok(1, &start, Fixture::started(1));
+    }
+    let hb = |f: &mut Fixture, conn: ConnId, jobs: &[&str]| {
+        let jobs = jobs
+            .iter()
+            .map(|j| JobStatus {
+                job: j.to_string(),
+                epoch: 1,
+                category: None,
+                growth_efficiency: None,
+                cpu_limit: None,
+                cpu_usage: 0.5,
+            })
+            .collect();
+        f.msg(
+            conn,
+            AgentMessage::Heartbeat(Heartbeat {
+                jobs,
+                ..Heartbeat::default()
+            }),
+        )
+    };
+    hb(&mut f, 1, &["a", "b"]);
+    for i in 1..=10u64 {
+        f.now += 1.0;
+        hb(&mut f, 1, &["a", "b"]);
+        f.progress_of(1, "a", 1, 10 * i, 1000);
+        f.progress_of(1, "b", 1, 10 * i, 1000);
+    }
+    // b has just checkpointed; a never has.
+    f.msg(
+        1,
+        AgentMessage::Progress(ProgressBatch {
+            samples: vec![ProgressSample {
+                job: "b".into(),
+                epoch: 1,
+                step: 100,
+                checkpointed: true,
+                ..ProgressSample::default()
+            }],
+            malformed: vec![],
+        }),
+    );
+    f.register(2, "w2", 1.0);
+    let mut save = None;
+    for _ in 0..40 {
+        hb(&mut f, 1, &["a", "b"]);
+        f.heartbeat(2);
+        let out = f.advance(1.0);
+        if let Some(s) = Fixture::sent(&out, "b", "save").or(Fixture::sent(&out, "a", "save")) {
+            save = Some((s, out));
+            break;
+        }
+    }
+    let ((conn, cmd), out) = save.expect("a move within the rebalancing interval");
+    assert_eq!(
+        (conn, cmd.job.as_str()),
+        (1, "b"),
+        "the job with nothing at risk moves"
+    );
+    let why = out
+        .iter()
+        .find_map(|e| match e {
+            Effect::Event(ev) if ev.kind == EventKind::Migration => {
+                ev.attributes.get("why").cloned()
+            }
+            _ => None,
+        })
+        .expect("the move says why");
+    assert!(why.contains("since its last checkpoint"), "{why}");
+    assert_eq!(f.core.job("b").unwrap().state(), JobState::Migrating);
 }

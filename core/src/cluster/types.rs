@@ -253,7 +253,7 @@ pub struct ProgressBatch {
 }
 
 /// One progress line.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ProgressSample {
     /// The job.
     pub job: JobId,
@@ -267,6 +267,8 @@ pub struct ProgressSample {
     pub total_steps: Option<u64>,
     /// The metric's value.
     pub value: Option<f64>,
+    /// The line reports a checkpoint saved (or restored) at `step`.
+    pub checkpointed: bool,
 }
 
 /// Malformed progress lines of one incarnation.

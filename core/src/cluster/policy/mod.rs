@@ -115,6 +115,29 @@ impl<'a> ClusterView<'a> {
         )
     }
 
+    /// Steps per core-second the job has shown lately, if it has.
+    pub fn throughput(&self, job: &Job) -> Option<f64> {
+        let points: Vec<Point> = job
+            .progress
+            .iter()
+            .map(|p| Point {
+                time: p.unix_ms as f64 / 1000.0,
+                step: p.step,
+                value: p.value,
+                cpu_s: p.cpu_s,
+            })
+            .collect();
+        estimate::throughput(&points, estimate::THROUGHPUT_WINDOW).map(|t| t.steps_per_core_s)
+    }
+
+    /// Core-seconds of work `job` would lose if stopped now without a new checkpoint: its
+    /// steps since the last checkpoint over its throughput (all of its steps when it has none).
+    pub fn work_at_risk(&self, job: &Job) -> f64 {
+        let since = job.step.saturating_sub(job.checkpoint_step.unwrap_or(0));
+        self.throughput(job)
+            .map_or(job.cpu_s, |r| since as f64 / r.max(1e-9))
+    }
+
     /// The jobs that run now (Running), by id.
     pub fn running(&self) -> impl Iterator<Item = &'a Job> + 'a {
         self.jobs
@@ -398,7 +421,9 @@ pub fn by_name(name: &str, config: &PolicyConfig) -> Result<Box<dyn ClusterPolic
             WorkerMode::Free,
             config.rebalance_interval,
         )),
-        "converge" => Box::new(priority::PriorityPolicy::converge()),
+        "converge" => Box::new(priority::PriorityPolicy::converge(
+            config.rebalance_interval,
+        )),
         "las" => Box::new(priority::PriorityPolicy::las()),
         "flowcon-specon" => Box::new(specon::SpeConPolicy::new(
             "flowcon-specon",

@@ -101,15 +101,28 @@ pub struct PriorityPolicy {
     key: Key,
     /// `las` places by spread; `converge` by predicted load per core.
     spread: Option<Placing>,
+    /// `converge` evens out predicted finish times across workers every this many seconds.
+    rebalance: Option<Time>,
+    next_rebalance: Option<Time>,
+    /// Jobs moved once: never again (a move costs a save and a restore).
+    moved: std::collections::BTreeSet<JobId>,
 }
+
+/// What a move costs before the job trains again, in seconds, when no move was measured yet:
+/// a save and a restore of a trainer checkpoint on the shared volume (design.md budgets
+/// under a second; the margin covers a slow worker).
+const MOVE_COST_S: f64 = 5.0;
 
 impl PriorityPolicy {
     /// `converge`: SRPT limits, placement by predicted load per core.
-    pub fn converge() -> Self {
+    pub fn converge(rebalance_interval: Time) -> Self {
         PriorityPolicy {
             name: "converge",
             key: Key::Remaining,
             spread: None,
+            rebalance: Some(rebalance_interval),
+            next_rebalance: None,
+            moved: Default::default(),
         }
     }
 
@@ -119,7 +132,80 @@ impl PriorityPolicy {
             name: "las",
             key: Key::Attained,
             spread: Some(Placing::new(Box::new(Spread), WorkerMode::Free)),
+            rebalance: None,
+            next_rebalance: None,
+            moved: Default::default(),
         }
+    }
+
+    /// One move that evens out predicted finish times, if one is worth its cost: from the
+    /// worker that will drain last to the one that drains first, the job whose move shortens
+    /// the later of the two the most, net of the move's downtime and of the work it would lose
+    /// since its last checkpoint (checkpoint-aware: among equal gains, the one losing least).
+    fn even_out(&mut self, view: ClusterView<'_>) -> Option<Decision> {
+        let drain = |w: &crate::cluster::lifecycle::Worker| {
+            let work: f64 = w
+                .jobs
+                .iter()
+                .filter_map(|id| view.jobs.get(id))
+                .map(|j| Self::work(view, j))
+                .sum();
+            work / (w.cpu_capacity * w.calibration).max(1e-9)
+        };
+        let live: Vec<(&crate::cluster::lifecycle::Worker, f64)> = view
+            .workers
+            .values()
+            .filter(|w| w.schedulable() && w.cpu_capacity > 0.0)
+            .map(|w| (w, drain(w)))
+            .collect();
+        let (hi, d_hi) = live.iter().max_by(|a, b| a.1.total_cmp(&b.1))?;
+        let (lo, d_lo) = live.iter().min_by(|a, b| a.1.total_cmp(&b.1))?;
+        if hi.id == lo.id {
+            return None;
+        }
+        let measured = view
+            .jobs
+            .values()
+            .filter_map(|j| j.last_migration_downtime)
+            .fold(None, |m: Option<f64>, d| Some(m.map_or(d, |m| m.max(d))));
+        let cost = measured.unwrap_or(MOVE_COST_S);
+        let lo_snap = view.snapshot(lo);
+        let mut best: Option<(f64, f64, &Job)> = None;
+        for j in hi.jobs.iter().filter_map(|id| view.jobs.get(id)) {
+            if !matches!(j.phase, JobPhase::Running { .. })
+                || self.moved.contains(&j.id)
+                || !lo_snap.fits(&request(&j.spec))
+            {
+                continue;
+            }
+            let w = Self::work(view, j);
+            let after = (d_hi - w / (hi.cpu_capacity * hi.calibration))
+                .max(d_lo + w / (lo.cpu_capacity * lo.calibration));
+            let risk = view.work_at_risk(j);
+            let gain = d_hi - after - cost - risk;
+            if gain > 0.0
+                && best.is_none_or(|(g, r, _)| gain > g + 1e-9 || (gain > g - 1e-9 && risk < r))
+            {
+                best = Some((gain, risk, j));
+            }
+        }
+        let (gain, risk, j) = best?;
+        self.moved.insert(j.id.clone());
+        Some(Decision::Move {
+            job: j.id.clone(),
+            to: lo.id.clone(),
+            reason: crate::cluster::types::MoveReason::Rebalance,
+            attributes: BTreeMap::from([
+                (
+                    "why".into(),
+                    format!(
+                        "{} drains in {d_hi:.0} s, {} in {d_lo:.0} s: moving it saves {gain:.0} s net of a {cost:.1} s move and {risk:.1} s of work since its last checkpoint",
+                        hi.id, lo.id
+                    ),
+                ),
+                ("work_at_risk_s".into(), format!("{risk:.2}")),
+            ]),
+        })
     }
 
     /// Work a job will need, for placement: its estimate, else its user's estimate, else what
@@ -246,6 +332,22 @@ impl ClusterPolicy for PriorityPolicy {
             Report::Heartbeat { worker } => self.limits(view, worker),
             Report::MigrationRequest { .. } => Vec::new(),
         }
+    }
+
+    fn on_tick(&mut self, now: Time, view: ClusterView<'_>) -> Vec<Decision> {
+        let Some(every) = self.rebalance else {
+            return Vec::new();
+        };
+        let due = *self.next_rebalance.get_or_insert(now + every);
+        if now < due {
+            return Vec::new();
+        }
+        self.next_rebalance = Some(now + every);
+        self.even_out(view).into_iter().collect()
+    }
+
+    fn next_due(&self) -> Option<Time> {
+        self.next_rebalance
     }
 
     fn on_departure(
