@@ -773,8 +773,16 @@ impl Core {
                         format!("re-adopted on {worker}"),
                     );
                 }
-                (JobPhase::Stopping { command, .. }, true) => {
-                    // The save may have been lost with the old stream: the same command again.
+                // A save may have been lost with the old stream: the same command again (the
+                // agent answers a repeated id from its cache).
+                (
+                    JobPhase::Stopping { command, .. }
+                    | JobPhase::Migrating(Move {
+                        phase: MovePhase::Saving { command },
+                        ..
+                    }),
+                    true,
+                ) => {
                     let cmd = Command {
                         id: command.clone(),
                         job: id.clone(),
@@ -784,21 +792,6 @@ impl Core {
                         },
                     };
                     self.send(worker, cmd);
-                }
-                (JobPhase::Migrating(m), true) => {
-                    // The save may have been lost with the old stream: the same command again
-                    // (the agent answers a repeated id from its cache).
-                    if let MovePhase::Saving { command } = &m.phase {
-                        let cmd = Command {
-                            id: command.clone(),
-                            job: id.clone(),
-                            epoch: c.epoch,
-                            action: Action::Save {
-                                deadline_ms: self.save_deadline_ms(),
-                            },
-                        };
-                        self.send(worker, cmd);
-                    }
                 }
                 _ => {}
             }

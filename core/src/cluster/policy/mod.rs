@@ -93,19 +93,9 @@ impl<'a> ClusterView<'a> {
 
     /// The work `job` has left, from what it reported ([`converge_policy::estimate`]).
     pub fn estimate(&self, job: &Job) -> Option<Estimate> {
-        let points: Vec<Point> = job
-            .progress
-            .iter()
-            .map(|p| Point {
-                time: p.unix_ms as f64 / 1000.0,
-                step: p.step,
-                value: p.value,
-                cpu_s: p.cpu_s,
-            })
-            .collect();
         estimate::estimate(
             &Known {
-                points: &points,
+                points: &points(job),
                 total_steps: (job.total_steps > 0).then_some(job.total_steps),
                 stop: job.spec.stop,
                 maximize: job.spec.maximize,
@@ -117,17 +107,7 @@ impl<'a> ClusterView<'a> {
 
     /// Steps per core-second the job has shown lately, if it has.
     pub fn throughput(&self, job: &Job) -> Option<f64> {
-        let points: Vec<Point> = job
-            .progress
-            .iter()
-            .map(|p| Point {
-                time: p.unix_ms as f64 / 1000.0,
-                step: p.step,
-                value: p.value,
-                cpu_s: p.cpu_s,
-            })
-            .collect();
-        estimate::throughput(&points, estimate::THROUGHPUT_WINDOW).map(|t| t.steps_per_core_s)
+        estimate::throughput(&points(job), estimate::THROUGHPUT_WINDOW).map(|t| t.steps_per_core_s)
     }
 
     /// Core-seconds of work `job` would lose if stopped now without a new checkpoint: its
@@ -144,6 +124,19 @@ impl<'a> ClusterView<'a> {
             .values()
             .filter(|j| matches!(j.phase, JobPhase::Running { .. }))
     }
+}
+
+/// A job's kept progress as the estimators read it.
+fn points(job: &Job) -> Vec<Point> {
+    job.progress
+        .iter()
+        .map(|p| Point {
+            time: p.unix_ms as f64 / 1000.0,
+            step: p.step,
+            value: p.value,
+            cpu_s: p.cpu_s,
+        })
+        .collect()
 }
 
 /// What a job asks of a placer.
