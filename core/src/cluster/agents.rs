@@ -1,0 +1,664 @@
+//! What agents say: registration and reconciliation, heartbeats, progress (with ETAs and the
+//! stopping rule), command results, exits and migration requests. An agent may speak only of
+//! incarnations started on its own worker ([`Core::may_speak`]).
+
+use super::*;
+
+impl Core {
+    pub(super) fn register(&mut self, conn: ConnId, reg: Register) {
+        let id = reg.worker.clone();
+        let now = self.now;
+        let known = self.workers.contains_key(&id);
+        if let Some(old) = self.workers.get(&id).and_then(|w| w.conn) {
+            // Reconnected before the old stream's end reached us: the new stream wins, and
+            // anything still arriving on the old one is refused.
+            self.conns.remove(&old);
+        }
+        self.conns.insert(conn, id.clone());
+        let restarted = self
+            .workers
+            .get(&id)
+            .is_some_and(|w| w.instance_id != reg.instance_id);
+        let w = self.workers.entry(id.clone()).or_insert_with(|| Worker {
+            id: id.clone(),
+            state: WorkerPhase::Ready,
+            cpu_capacity: 0.0,
+            memory_bytes: 0,
+            calibration: 1.0,
+            labels: BTreeMap::new(),
+            conn: None,
+            instance_id: String::new(),
+            last_seen: now,
+            alpha: None,
+            interval_s: None,
+            jobs: Default::default(),
+        });
+        w.cpu_capacity = reg.cpu_capacity;
+        w.memory_bytes = reg.memory_bytes;
+        w.calibration = if reg.calibration > 0.0 {
+            reg.calibration
+        } else {
+            1.0
+        };
+        w.labels = reg.labels.clone();
+        w.instance_id = reg.instance_id.clone();
+        w.last_seen = now;
+        w.conn = Some(conn);
+        w.state = w.state.heard_from();
+        let state = w.state.state();
+        self.out.push(Effect::Registered {
+            conn,
+            registered: Registered {
+                policy: self.policy.name(),
+                mode: self.policy.worker_mode(),
+                migration: self.policy.agent_migration(),
+                heartbeat_interval: self.config.heartbeat_interval,
+            },
+        });
+        info!(worker = %id, cpus = reg.cpu_capacity, containers = reg.containers.len(), reconnect = known, "worker registered");
+        let reason = if known {
+            format!(
+                "re-registered with {} containers{}",
+                reg.containers.len(),
+                if restarted { " (agent restarted)" } else { "" }
+            )
+        } else {
+            "registered".into()
+        };
+        self.worker_event(&id, state, reason);
+        self.reconcile(&id, &reg.containers);
+        self.dirty = true;
+    }
+
+    /// Brings the core's view of `worker` in line with what its agent says it runs.
+    pub(super) fn reconcile(&mut self, worker: &str, reported: &[ContainerReport]) {
+        for c in reported {
+            let Some(job) = self.jobs.get(&c.job) else {
+                // A container from before this manager started: leave the user's work alone
+                // rather than kill what we cannot account for.
+                warn!(%worker, job = %c.job, "agent runs a container of an unknown job; leaving it alone");
+                continue;
+            };
+            let current = c.epoch == job.epoch && job.worker().is_some_and(|w| w == worker);
+            if !current || job.is_terminal() {
+                if c.running {
+                    let why = if job.is_terminal() {
+                        format!("job is {}", job.state().label())
+                    } else {
+                        "superseded incarnation".into()
+                    };
+                    self.send_to(worker, &c.job, c.epoch, Action::Stop { reason: why });
+                }
+                continue;
+            }
+            let id = c.job.clone();
+            match (&job.phase, c.running) {
+                (JobPhase::Starting { .. } | JobPhase::Lost { .. }, true) => {
+                    if let Some(j) = self.jobs.get_mut(&id) {
+                        j.container_id = c.container_id.clone();
+                        if let Some(s) = c.last_step {
+                            j.step = j.step.max(s);
+                        }
+                    }
+                    self.transition(
+                        &id,
+                        JobPhase::Running {
+                            worker: worker.to_string(),
+                        },
+                        format!("re-adopted on {worker}"),
+                    );
+                }
+                // A save may have been lost with the old stream: the same command again (the
+                // agent answers a repeated id from its cache).
+                (
+                    JobPhase::Stopping { command, .. }
+                    | JobPhase::Migrating(Move {
+                        phase: MovePhase::Saving { command },
+                        ..
+                    }),
+                    true,
+                ) => {
+                    let cmd = Command {
+                        id: command.clone(),
+                        job: id.clone(),
+                        epoch: c.epoch,
+                        action: Action::Save {
+                            deadline_ms: self.save_deadline_ms(),
+                        },
+                    };
+                    self.send(worker, cmd);
+                }
+                _ => {}
+            }
+        }
+        // Current incarnations placed here that the agent does not report.
+        let missing: Vec<JobId> = self.workers[worker]
+            .jobs
+            .iter()
+            .filter(|id| {
+                let j = &self.jobs[*id];
+                !reported.iter().any(|c| c.job == j.id && c.epoch == j.epoch)
+            })
+            .cloned()
+            .collect();
+        for id in missing {
+            let job = &self.jobs[&id];
+            let epoch = job.epoch;
+            match job.phase.clone() {
+                JobPhase::Starting { command, .. }
+                | JobPhase::Migrating(Move {
+                    phase: MovePhase::Restoring { command },
+                    ..
+                }) => {
+                    // The start may have been lost with the old stream: send the very same
+                    // command again.
+                    let cmd = Command {
+                        id: command,
+                        job: id.clone(),
+                        epoch,
+                        action: Action::Start {
+                            cpu_shares: self.policy.start_shares(&id),
+                        },
+                    };
+                    self.send(worker, cmd);
+                }
+                JobPhase::Migrating(Move {
+                    phase: MovePhase::Saving { .. },
+                    ..
+                }) => {
+                    // Its container is gone (saved and reported, or its agent restarted):
+                    // nothing of it runs, so the move goes on from the checkpoint.
+                    self.migration_event(
+                        &id,
+                        worker,
+                        format!(
+                            "its container is gone from {worker}; restoring from its checkpoint"
+                        ),
+                        BTreeMap::new(),
+                    );
+                    self.after_save(&id);
+                }
+                JobPhase::Stopping { why, .. } => {
+                    // It was being stopped at convergence and its container is gone: it has
+                    // stopped, from its last checkpoint on.
+                    self.transition(
+                        &id,
+                        JobPhase::Completed,
+                        format!("{why}; its container is gone from {worker}, its checkpoint kept"),
+                    );
+                }
+                _ => {
+                    // Nothing of it runs here any more, and how it ended was not reported:
+                    // restart it from its checkpoint rather than lose it.
+                    self.transition(
+                        &id,
+                        JobPhase::Pending,
+                        format!(
+                            "its container is no longer on {worker}; restarting from its checkpoint"
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    pub(super) fn disconnected(&mut self, conn: ConnId, reason: &str) {
+        let Some(worker) = self.conns.remove(&conn) else {
+            return;
+        };
+        let Some(w) = self.workers.get_mut(&worker) else {
+            return;
+        };
+        if w.conn == Some(conn) {
+            w.conn = None;
+            let state = w.state.state();
+            warn!(%worker, %reason, "agent disconnected");
+            self.worker_event(&worker, state, format!("disconnected: {reason}"));
+        }
+    }
+
+    pub(super) fn agent_message(&mut self, worker: &str, message: AgentMessage) {
+        match message {
+            AgentMessage::Heartbeat(hb) => self.heartbeat(worker, hb),
+            AgentMessage::Progress(batch) => self.progress(worker, batch),
+            AgentMessage::Result(r) => self.result(worker, r),
+            AgentMessage::Exited(e) => self.exited(worker, e),
+            AgentMessage::MigrationRequest { job, epoch, reason } => {
+                self.migration_request(worker, &job, epoch, &reason)
+            }
+        }
+    }
+
+    /// Whether `worker` may speak of incarnation `epoch` of `job` (it was started there); if
+    /// not, the message is refused and counted.
+    pub(super) fn may_speak(&mut self, worker: &str, job: &str, epoch: u64) -> bool {
+        let what = match self.jobs.get(job) {
+            None => Refusal::UnknownJob,
+            Some(j) if j.ran_on(worker, epoch) => return true,
+            Some(_) => Refusal::ForeignJob,
+        };
+        if what == Refusal::ForeignJob {
+            warn!(%worker, %job, epoch, "refused: a message about a job this worker never ran");
+        }
+        self.refuse(what, Some(worker.to_string()));
+        false
+    }
+
+    pub(super) fn refuse(&mut self, what: Refusal, worker: Option<WorkerId>) {
+        self.out.push(Effect::Refused { what, worker });
+    }
+
+    pub(super) fn heartbeat(&mut self, worker: &str, hb: Heartbeat) {
+        let Some(w) = self.workers.get_mut(worker) else {
+            return;
+        };
+        w.last_seen = self.now;
+        w.alpha = hb.alpha;
+        w.interval_s = hb.interval_s;
+        if matches!(w.state, WorkerPhase::Lost { .. }) {
+            w.state = w.state.heard_from();
+            let state = w.state.state();
+            self.worker_event(worker, state, "heartbeats resumed".into());
+            self.dirty = true;
+        }
+        let (now, speed) = (self.now, self.workers[worker].calibration);
+        for s in hb.jobs {
+            if !self.may_speak(worker, &s.job, s.epoch) {
+                continue;
+            }
+            let j = self.jobs.get_mut(&s.job).expect("checked by may_speak");
+            if s.epoch != j.epoch || j.worker().is_none_or(|w| w != worker) {
+                continue;
+            }
+            // The service it had since the last report, at the reference speed.
+            if let Some(t) = j.view_at {
+                j.cpu_s += j.view.cpu_usage.max(0.0) * (now - t).max(0.0) * speed;
+            }
+            j.view_at = Some(now);
+            j.view = WorkerView {
+                category: s.category,
+                growth_efficiency: s.growth_efficiency,
+                cpu_limit: s.cpu_limit,
+                cpu_usage: s.cpu_usage,
+            };
+            // Its worker is back and says the incarnation runs: it was never gone.
+            if matches!(j.phase, JobPhase::Lost { .. }) {
+                self.transition(
+                    &s.job,
+                    JobPhase::Running {
+                        worker: worker.to_string(),
+                    },
+                    format!("{worker} is back and runs it"),
+                );
+            }
+        }
+        let worker = worker.to_string();
+        let view = ClusterView {
+            workers: &self.workers,
+            jobs: &self.jobs,
+            history: &self.history,
+        };
+        let decisions =
+            self.policy
+                .on_report(self.now, Report::Heartbeat { worker: &worker }, view);
+        self.apply(decisions);
+    }
+
+    pub(super) fn progress(&mut self, worker: &str, batch: ProgressBatch) {
+        let cap = self.config.progress_history;
+        for s in batch.samples {
+            if !self.may_speak(worker, &s.job, s.epoch) {
+                continue;
+            }
+            let j = self.jobs.get_mut(&s.job).expect("checked by may_speak");
+            if j.is_terminal() {
+                continue;
+            }
+            j.samples += 1;
+            if cap > 0 {
+                if j.progress.len() >= cap {
+                    j.progress.pop_front();
+                }
+                j.progress.push_back(ProgressPoint {
+                    unix_ms: s.unix_ms,
+                    step: s.step,
+                    value: s.value,
+                    epoch: s.epoch,
+                    cpu_s: j.cpu_s,
+                });
+            }
+            if s.checkpointed {
+                j.checkpoint_step = j.checkpoint_step.max(Some(s.step));
+            }
+            if s.epoch != j.epoch {
+                continue;
+            }
+            j.step = j.step.max(s.step);
+            if let Some(t) = s.total_steps {
+                j.total_steps = t;
+            }
+            if s.value.is_some() {
+                j.metric_value = s.value;
+            }
+            let resumed = j.resuming.take_if(|r| r.to == worker).map(|r| (r, j.step));
+            let starting = matches!(j.phase, JobPhase::Starting { .. });
+            if let Some((r, step)) = resumed {
+                let downtime = self.now - r.started;
+                // A move counts once the new incarnation has shown progress: until then it
+                // may still fail to train on its new worker.
+                let j = self.jobs.get_mut(&s.job).expect("exists");
+                j.migrations += 1;
+                j.last_migration_downtime = Some(downtime);
+                let ms = (downtime * 1000.0).round() as u64;
+                let attributes = BTreeMap::from([
+                    ("downtime_ms".to_string(), ms.to_string()),
+                    ("from".to_string(), r.from.clone()),
+                    ("to".to_string(), r.to.clone()),
+                    ("reason".to_string(), r.reason.as_str().to_string()),
+                    ("step".to_string(), step.to_string()),
+                    ("outcome".to_string(), "completed".to_string()),
+                ]);
+                self.migration_event(
+                    &s.job,
+                    worker,
+                    format!("resumed on {worker} at step {step}; downtime {ms} ms"),
+                    attributes,
+                );
+            } else if starting {
+                self.transition(
+                    &s.job,
+                    JobPhase::Running {
+                        worker: worker.to_string(),
+                    },
+                    format!("running on {worker}"),
+                );
+            }
+            self.note_predictions(&s.job);
+            self.check_stop_rule(&s.job);
+        }
+        for m in batch.malformed {
+            if self.may_speak(worker, &m.job, m.epoch)
+                && let Some(j) = self.jobs.get_mut(&m.job)
+            {
+                j.malformed += m.count;
+            }
+        }
+    }
+
+    /// Records the finish time predicted as the job passes 25%, 50% and 75% of its steps.
+    pub(super) fn note_predictions(&mut self, id: &str) {
+        let Some(j) = self.jobs.get(id) else {
+            return;
+        };
+        if j.total_steps == 0 {
+            return;
+        }
+        let done = j.step as f64 / j.total_steps as f64;
+        let due: Vec<usize> = [0.25, 0.5, 0.75]
+            .iter()
+            .enumerate()
+            .filter(|(i, q)| done >= **q && j.predicted_at[*i].is_none())
+            .map(|(i, _)| i)
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        let Some(eta) = self.eta(id, self.now) else {
+            return;
+        };
+        let j = self.jobs.get_mut(id).expect("exists");
+        for i in due {
+            j.predicted_at[i] = Some(eta.finish_at);
+        }
+    }
+
+    /// Stop at convergence: when the job's rule fires on its reported metric, it is
+    /// checkpointed and stopped, and ends Completed with what the rule saw.
+    pub(super) fn check_stop_rule(&mut self, id: &str) {
+        let Some(j) = self.jobs.get(id) else {
+            return;
+        };
+        let (Some(rule), JobPhase::Running { worker }) = (j.spec.stop, &j.phase) else {
+            return;
+        };
+        let Some(last) = j.progress.back().filter(|p| p.epoch == j.epoch) else {
+            return;
+        };
+        let (Some(_), Some(from)) = (last.value, last.step.checked_sub(rule.window_steps)) else {
+            return;
+        };
+        // Best-so-far, as early stopping's patience rule: the best value up to a window ago
+        // against the best up to now, so that a noisy evaluation neither fires the rule (an
+        // uptick) nor hides a plateau. None while the history does not reach a window back.
+        let sign = if j.spec.maximize { -1.0 } else { 1.0 };
+        let best = |upto: u64| {
+            j.progress
+                .iter()
+                .filter(|p| p.step <= upto)
+                .filter_map(|p| p.value.map(|v| sign * v))
+                .reduce(f64::min)
+        };
+        let (Some(a), Some(b)) = (best(from), best(last.step)) else {
+            return;
+        };
+        if !rule.fires(a, b) {
+            return;
+        }
+        let why = format!(
+            "converged at step {}: best metric {:.4}, improved {:.2}% over the last {} steps",
+            last.step,
+            sign * b,
+            100.0 * converge_policy::estimate::StopRule::improvement(a, b),
+            rule.window_steps
+        );
+        let (worker, epoch) = (worker.clone(), j.epoch);
+        let command = self.next_command_id();
+        let to = JobPhase::Stopping {
+            worker: worker.clone(),
+            command: command.clone(),
+            why: why.clone(),
+        };
+        if self.transition(id, to, format!("{why}; saving its checkpoint")) {
+            self.send(
+                &worker,
+                Command {
+                    id: command,
+                    job: id.to_string(),
+                    epoch,
+                    action: Action::Save {
+                        deadline_ms: self.save_deadline_ms(),
+                    },
+                },
+            );
+        }
+    }
+
+    pub(super) fn result(&mut self, worker: &str, r: CommandResult) {
+        if !self.may_speak(worker, &r.job, r.epoch) {
+            return;
+        }
+        let job = &self.jobs[&r.job];
+        if job.is_terminal() {
+            debug!(job = %r.job, "result for a finished job ignored");
+            return;
+        }
+        let id = r.job.clone();
+        match job.phase.clone() {
+            JobPhase::Migrating(m) => match &m.phase {
+                MovePhase::Saving { command } if *command == r.command => {
+                    self.saved(&id, worker, &m, &r)
+                }
+                MovePhase::Restoring { command } if *command == r.command => {
+                    self.restored(&id, worker, &m, &r)
+                }
+                _ => self.other_result(worker, &r),
+            },
+            JobPhase::Stopping { command, why, .. } if command == r.command => {
+                if r.ok {
+                    let j = self.jobs.get_mut(&id).expect("exists");
+                    j.exit_code = Some(0);
+                    // Its last steps may be reported after this result: the save's step is
+                    // where its checkpoint is.
+                    if let ResultDetail::Saved { step, .. } = r.detail {
+                        j.step = j.step.max(step);
+                    }
+                    self.transition(&id, JobPhase::Completed, format!("{why}; checkpoint kept"));
+                } else {
+                    warn!(job = %id, error = %r.error, "save at convergence failed; it runs on");
+                    self.transition(
+                        &id,
+                        JobPhase::Running {
+                            worker: worker.to_string(),
+                        },
+                        format!("could not stop at convergence: {}", r.error),
+                    );
+                }
+            }
+            JobPhase::Starting { command, .. } if command == r.command => {
+                if r.ok {
+                    self.started(&id, worker, &r.detail);
+                } else {
+                    self.transition(
+                        &id,
+                        JobPhase::Failed,
+                        format!("could not start on {worker}: {}", r.error),
+                    );
+                }
+            }
+            _ => self.other_result(worker, &r),
+        }
+    }
+
+    pub(super) fn other_result(&mut self, worker: &str, r: &CommandResult) {
+        if !r.ok {
+            warn!(job = %r.job, %worker, error = %r.error, "command failed");
+        }
+    }
+
+    pub(super) fn started(&mut self, id: &str, worker: &str, detail: &ResultDetail) {
+        let now = self.now;
+        if let Some(j) = self.jobs.get_mut(id) {
+            if let ResultDetail::Started { container_id } = detail {
+                j.container_id = container_id.clone();
+            }
+            j.started_at.get_or_insert(now);
+        }
+        self.transition(
+            id,
+            JobPhase::Running {
+                worker: worker.to_string(),
+            },
+            format!("running on {worker}"),
+        );
+    }
+
+    pub(super) fn exited(&mut self, worker: &str, e: ContainerExited) {
+        if !self.may_speak(worker, &e.job, e.epoch) {
+            return;
+        }
+        let job = &self.jobs[&e.job];
+        // An older incarnation ended (superseded), or the job is over: nothing changes.
+        if job.is_terminal() || e.epoch != job.epoch || job.worker().is_none_or(|w| w != worker) {
+            return;
+        }
+        let id = e.job.clone();
+        let saving = matches!(
+            &job.phase,
+            JobPhase::Migrating(Move {
+                phase: MovePhase::Saving { .. },
+                ..
+            }) | JobPhase::Stopping { .. }
+        );
+        if let (Some(j), Some(s)) = (self.jobs.get_mut(&id), e.last_step) {
+            j.step = j.step.max(s);
+        }
+        if saving {
+            if e.exit_code == 0 && e.done {
+                // It finished its last step as we asked it to save: nothing left to move.
+                if matches!(self.jobs[&id].phase, JobPhase::Migrating(_)) {
+                    let attributes =
+                        BTreeMap::from([("outcome".to_string(), "aborted".to_string())]);
+                    self.migration_event(
+                        &id,
+                        worker,
+                        "completed while being saved".into(),
+                        attributes,
+                    );
+                }
+                self.jobs.get_mut(&id).expect("exists").exit_code = Some(0);
+                self.transition(&id, JobPhase::Completed, "completed while being saved");
+            }
+            // Otherwise the Saved result (which waits for this exit) drives the next step.
+            return;
+        }
+        if e.requested && !e.done {
+            // Stopped on request before finishing and outside a move: its agent checkpointed
+            // it while cut off from us (self-fencing). It is restartable from its checkpoint,
+            // and that incarnation has stopped, so it can start again now.
+            self.transition(
+                &id,
+                JobPhase::Pending,
+                format!(
+                    "checkpointed and stopped by {worker}'s agent; restarting from its checkpoint"
+                ),
+            );
+            return;
+        }
+        let job = &self.jobs[&id];
+        let short = job.total_steps == 0 || job.step < job.total_steps;
+        if e.exit_code == 0 && !e.done && job.samples > 0 && short {
+            // It keeps the progress contract but did not print its last line: by the contract
+            // an exit 0 then is a checkpoint on SIGTERM (one whose request was not seen: its
+            // agent restarted meanwhile), not the end of its training.
+            self.transition(
+                &id,
+                JobPhase::Pending,
+                format!(
+                    "exited 0 at step {} of {} without finishing (checkpointed); restarting from its checkpoint",
+                    job.step, job.total_steps
+                ),
+            );
+            return;
+        }
+        self.jobs.get_mut(&id).expect("exists").exit_code = Some(e.exit_code);
+        let (to, reason) = if e.exit_code == 0 {
+            (JobPhase::Completed, "exited 0".to_string())
+        } else if e.oom_killed {
+            (JobPhase::Failed, "killed: out of memory".to_string())
+        } else {
+            (
+                JobPhase::Failed,
+                format!("exited with code {}", e.exit_code),
+            )
+        };
+        self.transition(&id, to, reason);
+    }
+
+    pub(super) fn migration_request(&mut self, worker: &str, job: &str, epoch: u64, reason: &str) {
+        if !self.may_speak(worker, job, epoch) {
+            return;
+        }
+        let j = &self.jobs[job];
+        let running_here = matches!(&j.phase, JobPhase::Running { worker: w } if w == worker);
+        if j.epoch != epoch || !running_here {
+            debug!(%job, "migration request ignored (stale or not running)");
+            return;
+        }
+        let (worker, job) = (worker.to_string(), job.to_string());
+        let view = ClusterView {
+            workers: &self.workers,
+            jobs: &self.jobs,
+            history: &self.history,
+        };
+        let decisions = self.policy.on_report(
+            self.now,
+            Report::MigrationRequest {
+                worker: &worker,
+                job: &job,
+                reason,
+            },
+            view,
+        );
+        self.apply(decisions);
+    }
+}

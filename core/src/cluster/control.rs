@@ -1,0 +1,155 @@
+//! The user's requests that change the cluster: submit, cancel (final in every phase), drain
+//! (and drains that wait for room).
+
+use super::*;
+
+impl Core {
+    pub(super) fn submit(&mut self, id: JobId, spec: JobSpec) -> Result<Reply, RequestError> {
+        if let Err(e) = self.policy.check_submit(&spec) {
+            return Err(RequestError::Invalid {
+                field: e.field,
+                message: e.message,
+            });
+        }
+        if self.jobs.contains_key(&id) {
+            return Err(RequestError::FailedPrecondition(format!(
+                "job {id} exists already"
+            )));
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.jobs.insert(
+            id.clone(),
+            Job {
+                id: id.clone(),
+                seq,
+                spec,
+                phase: JobPhase::Pending,
+                reason: "waiting for a worker".into(),
+                epoch: 0,
+                incarnations: Vec::new(),
+                container_id: String::new(),
+                submitted_at: self.now,
+                started_at: None,
+                finished_at: None,
+                step: 0,
+                total_steps: 0,
+                metric_value: None,
+                samples: 0,
+                malformed: 0,
+                progress: VecDeque::new(),
+                view: WorkerView::default(),
+                view_at: None,
+                cpu_s: 0.0,
+                assigned_cpus: None,
+                predicted_at: [None; 3],
+                checkpoint_step: None,
+                migrations: 0,
+                last_migration_downtime: None,
+                resuming: None,
+                exit_code: None,
+            },
+        );
+        self.pending.insert(seq, id.clone());
+        self.dirty = true;
+        let mut e = Event::new(EventKind::JobState, "submitted");
+        e.job = Some(id.clone());
+        e.to = Some(JobState::Pending);
+        self.out.push(Effect::Event(e));
+        Ok(Reply::Job(id))
+    }
+
+    /// Cancel is final: every incarnation that may run is told to stop, the job becomes
+    /// Cancelled, and since nothing leaves a terminal phase, no later result (a save that
+    /// completes, a restore that starts) can bring it back.
+    pub(super) fn cancel(&mut self, id: &str) -> Result<Reply, RequestError> {
+        let job = self
+            .jobs
+            .get(id)
+            .ok_or_else(|| RequestError::JobNotFound(id.to_string()))?;
+        if job.is_terminal() {
+            return Err(RequestError::FailedPrecondition(format!(
+                "job {id} is already {}",
+                job.state().label()
+            )));
+        }
+        // The one incarnation that may run: the source while a move saves, the target once it
+        // restores (the source has stopped by then).
+        let (worker, epoch) = (job.worker().cloned(), job.epoch);
+        if let Some(w) = worker {
+            self.send_to(
+                &w,
+                id,
+                epoch,
+                Action::Stop {
+                    reason: "cancelled by user".into(),
+                },
+            );
+        }
+        self.transition(id, JobPhase::Cancelled, "cancelled by user");
+        Ok(Reply::Job(id.to_string()))
+    }
+
+    pub(super) fn drain(&mut self, worker: &str) -> Result<Reply, RequestError> {
+        let Some(w) = self.workers.get_mut(worker) else {
+            return Err(RequestError::Invalid {
+                field: "worker_id",
+                message: format!("no worker `{worker}` is registered"),
+            });
+        };
+        let before = w.state;
+        w.state = match w.state {
+            WorkerPhase::Ready | WorkerPhase::Draining => WorkerPhase::Draining,
+            WorkerPhase::Lost { since, .. } => WorkerPhase::Lost {
+                since,
+                draining: true,
+            },
+        };
+        if before != w.state {
+            let state = w.state.state();
+            self.worker_event(worker, state, "drained by user".into());
+        }
+        self.dirty = true;
+        Ok(Reply::Worker(worker.to_string()))
+    }
+
+    /// Moves the running jobs of every draining, connected worker elsewhere, as far as the
+    /// policy finds room; the others wait (and say so) until capacity appears.
+    pub(super) fn continue_drains(&mut self) {
+        let draining: Vec<WorkerId> = self
+            .workers
+            .values()
+            .filter(|w| w.state == WorkerPhase::Draining && w.conn.is_some())
+            .map(|w| w.id.clone())
+            .collect();
+        for worker in draining {
+            let jobs: Vec<JobId> = self.workers[&worker]
+                .jobs
+                .iter()
+                .filter(|id| matches!(self.jobs[*id].phase, JobPhase::Running { .. }))
+                .cloned()
+                .collect();
+            for id in jobs {
+                let view = ClusterView {
+                    workers: &self.workers,
+                    jobs: &self.jobs,
+                    history: &self.history,
+                };
+                match self.policy.place_move(self.now, &self.jobs[&id], view) {
+                    Some(to) if to != worker => {
+                        self.begin_move(&id, &to, MoveReason::Drain, BTreeMap::new());
+                    }
+                    _ => {
+                        let why = format!("{worker} is draining; waiting for a worker with room");
+                        if let Some(j) = self.jobs.get_mut(&id)
+                            && j.reason != why
+                        {
+                            debug!(job = %id, %worker, "no worker can take the job; it stays while the worker drains");
+                            j.reason = why;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! Asking the policy and carrying out its answers: settling after every step (departures,
+//! drains, pending jobs), placement, preemption, limits, resumptions and drops.
+
+use super::*;
+
+impl Core {
+    /// Offers departures to the policy, continues drains, places pending jobs; until nothing
+    /// changes.
+    pub(super) fn settle(&mut self) {
+        for _ in 0..MAX_SETTLE_ROUNDS {
+            while let Some((worker, job)) = self.departures.pop_front() {
+                let view = ClusterView {
+                    workers: &self.workers,
+                    jobs: &self.jobs,
+                    history: &self.history,
+                };
+                let decisions = self.policy.on_departure(self.now, &worker, &job, view);
+                self.apply(decisions);
+            }
+            if !self.dirty {
+                return;
+            }
+            self.dirty = false;
+            self.continue_drains();
+            self.schedule();
+        }
+        warn!("the cluster did not settle after {MAX_SETTLE_ROUNDS} rounds");
+    }
+
+    /// Places pending jobs, oldest first, as long as the policy finds workers for them.
+    pub(super) fn schedule(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let pending: Vec<JobId> = self.pending.values().cloned().collect();
+        for id in pending {
+            if !matches!(self.jobs[&id].phase, JobPhase::Pending) {
+                continue;
+            }
+            let view = ClusterView {
+                workers: &self.workers,
+                jobs: &self.jobs,
+                history: &self.history,
+            };
+            match self.policy.place(self.now, &self.jobs[&id], view) {
+                Admission::Place {
+                    worker,
+                    cpu_shares,
+                    victims,
+                    reason,
+                    attributes,
+                } => {
+                    // Victims first: their CPU is what the new job was promised.
+                    for v in victims {
+                        self.preempt(v);
+                    }
+                    self.start(&id, &worker, cpu_shares, reason, attributes);
+                }
+                Admission::Wait { reason } => {
+                    let j = self.jobs.get_mut(&id).expect("exists");
+                    if j.reason != reason {
+                        debug!(job = %id, %reason, "job waits");
+                        j.reason = reason;
+                    }
+                }
+                Admission::Reject { reason } => {
+                    info!(job = %id, %reason, "job rejected");
+                    self.transition(&id, JobPhase::Rejected, reason);
+                }
+            }
+        }
+    }
+
+    pub(super) fn start(
+        &mut self,
+        id: &str,
+        worker: &str,
+        cpu_shares: u32,
+        reason: String,
+        mut attributes: BTreeMap<String, String>,
+    ) {
+        let command = self.next_command_id();
+        let to = JobPhase::Starting {
+            worker: worker.to_string(),
+            command: command.clone(),
+        };
+        let epoch = self.jobs[id].epoch + 1;
+        attributes.insert("policy".into(), self.policy.name().into());
+        let mut e = Event::new(EventKind::JobPlaced, reason);
+        e.job = Some(id.to_string());
+        e.worker = Some(worker.to_string());
+        e.epoch = epoch;
+        e.attributes = attributes;
+        if !self.transition(id, to, format!("starting on {worker}")) {
+            return;
+        }
+        info!(job = %id, %worker, epoch, policy = self.policy.name(), "job placed");
+        self.out.push(Effect::Event(e));
+        self.send(
+            worker,
+            Command {
+                id: command,
+                job: id.to_string(),
+                epoch,
+                action: Action::Start { cpu_shares },
+            },
+        );
+    }
+
+    pub(super) fn apply(&mut self, decisions: Vec<Decision>) {
+        for d in decisions {
+            match d {
+                Decision::Move {
+                    job,
+                    to,
+                    reason,
+                    attributes,
+                } => {
+                    self.begin_move(&job, &to, reason, attributes);
+                }
+                Decision::Keep {
+                    job,
+                    reason,
+                    mut attributes,
+                } => {
+                    let Some(worker) = self.jobs.get(&job).and_then(|j| j.worker().cloned()) else {
+                        continue;
+                    };
+                    info!(%job, %reason, "migration declined");
+                    attributes.insert("outcome".into(), "declined".into());
+                    self.migration_event(&job, &worker, reason, attributes);
+                }
+                Decision::Preempt(v) => self.preempt(v),
+                Decision::SetLimits { job, cpus } => {
+                    let Some(j) = self.jobs.get_mut(&job) else {
+                        continue;
+                    };
+                    let JobPhase::Running { worker } = &j.phase else {
+                        continue;
+                    };
+                    let (worker, epoch) = (worker.clone(), j.epoch);
+                    j.assigned_cpus = Some(cpus);
+                    self.send_to(
+                        &worker,
+                        &job,
+                        epoch,
+                        Action::SetLimits {
+                            cpus,
+                            cpu_shares: 0,
+                        },
+                    );
+                }
+                Decision::Resume {
+                    job,
+                    cpu_shares,
+                    reason,
+                } => {
+                    let Some(JobPhase::Paused { worker }) =
+                        self.jobs.get(&job).map(|j| j.phase.clone())
+                    else {
+                        continue;
+                    };
+                    info!(%job, %worker, cpu_shares, "resuming");
+                    if self.transition(
+                        &job,
+                        JobPhase::Running {
+                            worker: worker.clone(),
+                        },
+                        reason,
+                    ) {
+                        let epoch = self.jobs[&job].epoch;
+                        self.send_to(&worker, &job, epoch, Action::Resume);
+                        // The share chosen for it now; cpus 0 keeps it unlimited within the
+                        // worker, as it started.
+                        self.send_to(
+                            &worker,
+                            &job,
+                            epoch,
+                            Action::SetLimits {
+                                cpus: 0.0,
+                                cpu_shares,
+                            },
+                        );
+                    }
+                }
+                Decision::Drop { job, reason } => {
+                    let Some(j) = self.jobs.get(&job) else {
+                        continue;
+                    };
+                    if j.is_terminal() {
+                        continue;
+                    }
+                    info!(%job, %reason, "dropping");
+                    if let Some(w) = j.worker().cloned() {
+                        let epoch = j.epoch;
+                        self.send_to(
+                            &w,
+                            &job,
+                            epoch,
+                            Action::Stop {
+                                reason: reason.clone(),
+                            },
+                        );
+                    }
+                    self.transition(&job, JobPhase::Rejected, reason);
+                }
+            }
+        }
+    }
+
+    pub(super) fn preempt(&mut self, v: Victim) {
+        let Some(job) = self.jobs.get(&v.job) else {
+            return;
+        };
+        let Some(worker) = job.worker().cloned() else {
+            return;
+        };
+        let epoch = job.epoch;
+        info!(job = %v.job, %worker, how = ?v.how, reason = %v.reason, "preempting");
+        match v.how {
+            Preempt::Pause => {
+                if self.transition(
+                    &v.job,
+                    JobPhase::Paused {
+                        worker: worker.clone(),
+                    },
+                    v.reason,
+                ) {
+                    self.send_to(&worker, &v.job, epoch, Action::Pause);
+                }
+            }
+            Preempt::Stop => {
+                self.send_to(
+                    &worker,
+                    &v.job,
+                    epoch,
+                    Action::Stop {
+                        reason: v.reason.clone(),
+                    },
+                );
+                self.transition(&v.job, JobPhase::Rejected, v.reason);
+            }
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! Moving a job by checkpoint: save on the source, then (only after the save's result) a new
+//! incarnation on the target; a failed save leaves it running, a failed restore is retried on
+//! the source, then elsewhere, then the job fails with its checkpoint kept.
+
+use super::*;
+
+impl Core {
+    /// Step 1 of a move: the job is Migrating and its source is told to save. Step 2
+    /// ([`Core::restore`]) follows only the save's result.
+    pub(super) fn begin_move(
+        &mut self,
+        id: &str,
+        to: &str,
+        reason: MoveReason,
+        mut attributes: BTreeMap<String, String>,
+    ) -> bool {
+        let from = match &self.jobs[id].phase {
+            JobPhase::Running { worker } if worker != to => worker.clone(),
+            _ => return false,
+        };
+        if !self.workers.get(to).is_some_and(Worker::schedulable) {
+            return false;
+        }
+        let command = self.next_command_id();
+        let m = Move {
+            from: from.clone(),
+            to: to.to_string(),
+            reason,
+            phase: MovePhase::Saving {
+                command: command.clone(),
+            },
+            started: self.now,
+            restore_attempts: 0,
+        };
+        if !self.transition(
+            id,
+            JobPhase::Migrating(m),
+            format!("moving {from} -> {to} ({})", reason.as_str()),
+        ) {
+            return false;
+        }
+        info!(job = %id, %from, %to, reason = reason.as_str(), "migration started");
+        attributes.insert("reason".into(), reason.as_str().into());
+        attributes.insert("from".into(), from.clone());
+        attributes.insert("to".into(), to.to_string());
+        attributes.insert("outcome".into(), "started".into());
+        self.migration_event(
+            id,
+            &from,
+            format!("migrating {from} -> {to} ({}): saving", reason.as_str()),
+            attributes,
+        );
+        let epoch = self.jobs[id].epoch;
+        self.send(
+            &from,
+            Command {
+                id: command,
+                job: id.to_string(),
+                epoch,
+                action: Action::Save {
+                    deadline_ms: self.save_deadline_ms(),
+                },
+            },
+        );
+        true
+    }
+
+    pub(super) fn saved(&mut self, id: &str, worker: &str, m: &Move, r: &CommandResult) {
+        if !r.ok {
+            // Nothing was saved and nothing stopped it: it runs on where it was.
+            warn!(job = %id, error = %r.error, "save failed; the job stays where it is");
+            let attributes = BTreeMap::from([
+                ("outcome".to_string(), "aborted".to_string()),
+                ("reason".to_string(), m.reason.as_str().to_string()),
+            ]);
+            self.migration_event(
+                id,
+                worker,
+                format!("aborted: save failed: {}", r.error),
+                attributes,
+            );
+            self.transition(
+                id,
+                JobPhase::Running {
+                    worker: m.from.clone(),
+                },
+                format!("migration aborted; still on {}", m.from),
+            );
+            return;
+        }
+        let mut attributes = BTreeMap::new();
+        let how = match &r.detail {
+            ResultDetail::Saved {
+                step,
+                checkpoint_bytes,
+                save_ms,
+                killed,
+            } => {
+                attributes.insert("step".to_string(), step.to_string());
+                attributes.insert("checkpoint_bytes".to_string(), checkpoint_bytes.to_string());
+                attributes.insert("save_ms".to_string(), save_ms.to_string());
+                attributes.insert("killed".to_string(), killed.to_string());
+                if *killed {
+                    "killed after ignoring SIGTERM; resuming from its last periodic checkpoint"
+                        .to_string()
+                } else {
+                    format!("saved at step {step} ({checkpoint_bytes} bytes) in {save_ms} ms")
+                }
+            }
+            _ => "saved".to_string(),
+        };
+        if let ResultDetail::Saved { step, killed, .. } = &r.detail
+            && !killed
+            && let Some(j) = self.jobs.get_mut(id)
+        {
+            j.checkpoint_step = j.checkpoint_step.max(Some(*step));
+        }
+        self.migration_event(id, worker, how, attributes);
+        self.after_save(id);
+    }
+
+    /// The source incarnation has stopped with its checkpoint: restore on the target, or on
+    /// another worker if the target can no longer take it, or wait.
+    pub(super) fn after_save(&mut self, id: &str) {
+        let JobPhase::Migrating(m) = &self.jobs[id].phase else {
+            return;
+        };
+        let to = m.to.clone();
+        let target_ok = self.workers.get(&to).is_some_and(Worker::schedulable);
+        let target = if target_ok {
+            Some(to)
+        } else {
+            let view = ClusterView {
+                workers: &self.workers,
+                jobs: &self.jobs,
+                history: &self.history,
+            };
+            self.policy.place_move(self.now, &self.jobs[id], view)
+        };
+        match target {
+            Some(to) => self.restore(id, &to),
+            None => {
+                self.transition(
+                    id,
+                    JobPhase::Pending,
+                    "saved; waiting for a worker (its checkpoint is kept)",
+                );
+            }
+        }
+    }
+
+    /// A new incarnation on `to`, from the checkpoint. Only ever after the source saved (or
+    /// its container is gone), never while the old incarnation may run.
+    pub(super) fn restore(&mut self, id: &str, to: &str) {
+        let JobPhase::Migrating(m) = self.jobs[id].phase.clone() else {
+            return;
+        };
+        let command = self.next_command_id();
+        let mut next = m;
+        next.to = to.to_string();
+        next.restore_attempts += 1;
+        next.phase = MovePhase::Restoring {
+            command: command.clone(),
+        };
+        let reason = format!(
+            "moving {} -> {to} ({}): restoring",
+            next.from,
+            next.reason.as_str()
+        );
+        if !self.transition(id, JobPhase::Migrating(next), reason) {
+            return;
+        }
+        let epoch = self.jobs[id].epoch;
+        let cmd = Command {
+            id: command,
+            job: id.to_string(),
+            epoch,
+            action: Action::Start {
+                cpu_shares: self.policy.start_shares(&id.to_string()),
+            },
+        };
+        self.send(to, cmd);
+    }
+
+    pub(super) fn restored(&mut self, id: &str, worker: &str, m: &Move, r: &CommandResult) {
+        if r.ok {
+            if let Some(j) = self.jobs.get_mut(id) {
+                j.resuming = Some(Resuming {
+                    from: m.from.clone(),
+                    to: worker.to_string(),
+                    reason: m.reason,
+                    started: m.started,
+                });
+                if let ResultDetail::Started { container_id } = &r.detail {
+                    j.container_id = container_id.clone();
+                }
+            }
+            self.transition(
+                id,
+                JobPhase::Running {
+                    worker: worker.to_string(),
+                },
+                format!("restored on {worker}"),
+            );
+            return;
+        }
+        warn!(job = %id, %worker, error = %r.error, "restore failed");
+        self.migration_event(
+            id,
+            worker,
+            format!("restore on {worker} failed: {}", r.error),
+            BTreeMap::new(),
+        );
+        if m.restore_attempts >= MAX_RESTORE_ATTEMPTS {
+            let attributes = BTreeMap::from([
+                ("outcome".to_string(), "failed".to_string()),
+                ("reason".to_string(), m.reason.as_str().to_string()),
+            ]);
+            self.migration_event(id, worker, "restore failed; giving up".into(), attributes);
+            self.transition(
+                id,
+                JobPhase::Failed,
+                format!("restore failed {MAX_RESTORE_ATTEMPTS} times; its checkpoint is kept"),
+            );
+            return;
+        }
+        // The source first (it ran there a moment ago), then wherever the policy says.
+        let request = policy::request(&self.jobs[id].spec);
+        let source_ok = m.from != worker
+            && self
+                .workers
+                .get(&m.from)
+                .is_some_and(|w| w.schedulable() && self.view().snapshot(w).fits(&request));
+        let next = if source_ok {
+            Some(m.from.clone())
+        } else {
+            let view = ClusterView {
+                workers: &self.workers,
+                jobs: &self.jobs,
+                history: &self.history,
+            };
+            self.policy
+                .place_move(self.now, &self.jobs[id], view)
+                .filter(|w| w != worker)
+        };
+        match next {
+            Some(to) => self.restore(id, &to),
+            None => {
+                self.transition(
+                    id,
+                    JobPhase::Pending,
+                    "restore failed; waiting for a worker (its checkpoint is kept)",
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! The timer: liveness in every worker state, recovery of jobs lost for longer than the grace
+//! period, the policy's own timers.
+
+use super::*;
+
+impl Core {
+    pub(super) fn tick(&mut self) {
+        let now = self.now;
+        let limit = self.config.heartbeat_interval * self.config.lost_after_missed as f64;
+        // Liveness applies in every state, draining included.
+        let silent: Vec<WorkerId> = self
+            .workers
+            .values()
+            .filter(|w| !matches!(w.state, WorkerPhase::Lost { .. }) && now - w.last_seen > limit)
+            .map(|w| w.id.clone())
+            .collect();
+        for id in silent {
+            self.lose_worker(&id);
+        }
+        self.recover_lost();
+        let view = ClusterView {
+            workers: &self.workers,
+            jobs: &self.jobs,
+            history: &self.history,
+        };
+        let decisions = self.policy.on_tick(now, view);
+        self.apply(decisions);
+    }
+
+    pub(super) fn lose_worker(&mut self, id: &str) {
+        let now = self.now;
+        let w = self.workers.get_mut(id).expect("exists");
+        let silent = now - w.last_seen;
+        w.state = WorkerPhase::Lost {
+            since: now,
+            draining: w.state.draining(),
+        };
+        warn!(worker = %id, silent, "worker lost");
+        let reason = format!(
+            "no heartbeat for {silent:.1}s ({} missed)",
+            self.config.lost_after_missed
+        );
+        let jobs: Vec<JobId> = w.jobs.iter().cloned().collect();
+        self.worker_event(id, WorkerState::Lost, reason.clone());
+        for j in jobs {
+            let phase = self.jobs[&j].phase.clone();
+            if matches!(phase, JobPhase::Lost { .. }) {
+                continue;
+            }
+            if let JobPhase::Migrating(m) = &phase {
+                let attributes = BTreeMap::from([
+                    ("outcome".to_string(), "abandoned".to_string()),
+                    ("reason".to_string(), m.reason.as_str().to_string()),
+                ]);
+                self.migration_event(&j, id, format!("abandoned: worker {id} lost"), attributes);
+            }
+            self.transition(
+                &j,
+                JobPhase::Lost {
+                    worker: id.to_string(),
+                    since: now,
+                },
+                format!("worker {id} lost: {reason}"),
+            );
+        }
+    }
+
+    /// Jobs Lost for longer than the grace period restart elsewhere from their checkpoints. By
+    /// then the old incarnation has stopped: its agent fences itself when cut off, and one that
+    /// is connected again is told to stop it.
+    pub(super) fn recover_lost(&mut self) {
+        let now = self.now;
+        let grace = self.config.recover_lost_after;
+        let lost: Vec<(JobId, WorkerId, u64)> = self
+            .workers
+            .values()
+            .flat_map(|w| w.jobs.iter())
+            .filter_map(|id| {
+                let j = &self.jobs[id];
+                match &j.phase {
+                    JobPhase::Lost { worker, since } if now - since >= grace => {
+                        Some((id.clone(), worker.clone(), j.epoch))
+                    }
+                    _ => None,
+                }
+            })
+            .collect();
+        for (id, old, epoch) in lost {
+            self.send_to(
+                &old,
+                &id,
+                epoch,
+                Action::Stop {
+                    reason: "superseded: restarted elsewhere after its worker was lost".into(),
+                },
+            );
+            info!(job = %id, %old, "restarting a lost job elsewhere from its checkpoint");
+            self.transition(
+                &id,
+                JobPhase::Pending,
+                format!("worker {old} lost for {grace:.0}s; restarting from its checkpoint"),
+            );
+        }
+    }
+}
