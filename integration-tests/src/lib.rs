@@ -661,78 +661,152 @@ pub async fn wait_for_workers(client: &ControlServiceClient<Channel>, n: usize) 
 /// One container event of a job, as Docker's event stream told it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ContainerEvent {
-    /// `create`, `start`, `die`, `destroy`, ...
+    /// The job (the agent's `converge.job` label).
+    pub job: String,
+    /// `create`, `start`, `kill`, `die`, `destroy`, ...
     pub action: String,
-    /// The container.
+    /// The container (full id).
     pub container: String,
-    /// The incarnation (the agent's epoch label).
+    /// The incarnation (the agent's `converge.epoch` label).
     pub epoch: String,
-    /// When, in nanoseconds since the Unix epoch (Docker's clock).
+    /// The worker whose agent started it (`converge.worker`).
+    pub worker: String,
+    /// For `kill`: the signal number (`15` for SIGTERM); for `die`: the exit code.
+    pub detail: String,
+    /// When, in nanoseconds since the Unix epoch (Docker's clock, the host's).
     pub time_nano: i64,
 }
 
-/// Docker's event stream for one job's containers (`docker events`, filtered by the job label
-/// the agents put on them), recorded as it arrives. "Never two incarnations" is read from these
-/// events, not from polling `docker ps`, so a short overlap cannot slip between two polls.
-/// The `docker events` process is killed on drop.
+impl ContainerEvent {
+    /// A `kill` event carrying SIGTERM: a stop or a save reached the container.
+    pub fn is_sigterm(&self) -> bool {
+        self.action == "kill" && self.detail == "15"
+    }
+}
+
+#[derive(Default)]
+struct EventLog {
+    events: std::sync::Mutex<Vec<ContainerEvent>>,
+    changed: tokio::sync::Notify,
+}
+
+/// Docker's event stream (the Engine API's `/events`, through bollard) for every container
+/// carrying the job label the agents put on theirs, recorded per job in Docker's order as it
+/// arrives. "Never two incarnations at once" and "nothing started after the cancel" are read
+/// from these events, not from polling `docker ps`: a short overlap or a container that starts
+/// and dies between two polls cannot slip through. Start one before submitting the jobs it
+/// watches; it stops on drop.
 pub struct DockerEvents {
-    events: std::sync::Arc<std::sync::Mutex<Vec<ContainerEvent>>>,
-    child: tokio::process::Child,
+    log: std::sync::Arc<EventLog>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 impl DockerEvents {
-    /// Starts recording the events of `job_id`'s containers from `since` (Unix seconds; events
-    /// between then and now are replayed, so nothing is missed between a submission and this
-    /// call).
-    pub fn watch(job_id: &str, since: i64) -> Result<Self> {
-        let mut child = tokio::process::Command::new("docker")
-            .args(["events", "--filter", "type=container", "--filter"])
-            .arg(format!("label=converge.job={job_id}"))
-            .args(["--since", &since.to_string(), "--format", "{{json .}}"])
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting `docker events`")?;
-        let stdout = child.stdout.take().context("docker events' stdout")?;
-        let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let sink = events.clone();
-        tokio::spawn(async move {
-            use tokio::io::AsyncBufReadExt;
-            let mut lines = tokio::io::BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
-                    continue;
-                };
-                let attr = |k: &str| {
-                    v["Actor"]["Attributes"][k]
-                        .as_str()
-                        .unwrap_or("")
-                        .to_string()
-                };
-                let e = ContainerEvent {
-                    action: v["Action"].as_str().unwrap_or("").to_string(),
-                    container: v["Actor"]["ID"].as_str().unwrap_or("").to_string(),
-                    epoch: attr("converge.epoch"),
-                    time_nano: v["timeNano"].as_i64().unwrap_or(0),
-                };
-                sink.lock().expect("event log").push(e);
+    /// Subscribes and starts recording. The subscription asks for the events since a second
+    /// before the call, so one that happens while the request is still on its way is replayed,
+    /// not missed.
+    pub async fn watch() -> Result<Self> {
+        use converge_agent::docker::LABEL_JOB;
+        use futures::StreamExt;
+        let docker = converge_agent::docker::connect(None)
+            .await
+            .context("connecting to Docker to watch its events")?;
+        let log = std::sync::Arc::new(EventLog::default());
+        let sink = log.clone();
+        let mut since = unix_nanos() / 1_000_000_000 - 1;
+        let filters: std::collections::HashMap<&str, Vec<String>> =
+            std::collections::HashMap::from([
+                ("type", vec!["container".to_string()]),
+                ("label", vec![LABEL_JOB.to_string()]),
+            ]);
+        let task = tokio::spawn(async move {
+            loop {
+                let opts = bollard::query_parameters::EventsOptionsBuilder::new()
+                    .since(&since.to_string())
+                    .filters(&filters)
+                    .build();
+                let mut stream = docker.events(Some(opts));
+                while let Some(Ok(ev)) = stream.next().await {
+                    if let Some(t) = ev.time {
+                        since = t;
+                    }
+                    let actor = ev.actor.unwrap_or_default();
+                    let attrs = actor.attributes.unwrap_or_default();
+                    let attr = |k: &str| attrs.get(k).cloned().unwrap_or_default();
+                    let action = ev.action.unwrap_or_default();
+                    let detail = match action.as_str() {
+                        "kill" => attr("signal"),
+                        "die" => attr("exitCode"),
+                        _ => String::new(),
+                    };
+                    let e = ContainerEvent {
+                        job: attr(LABEL_JOB),
+                        action,
+                        container: actor.id.unwrap_or_default(),
+                        epoch: attr(converge_agent::docker::LABEL_EPOCH),
+                        worker: attr(converge_agent::docker::LABEL_WORKER),
+                        detail,
+                        time_nano: ev.time_nano.unwrap_or(0),
+                    };
+                    let mut events = sink.events.lock().expect("event log");
+                    // A resubscription replays from the last second seen: keep each event once.
+                    if !events.contains(&e) {
+                        events.push(e);
+                    }
+                    drop(events);
+                    sink.changed.notify_waiters();
+                }
+                // The stream failed or ended (the engine restarted?): resubscribe from the
+                // last event's second; duplicates are dropped above.
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
         });
-        Ok(Self { events, child })
+        Ok(Self { log, task })
     }
 
-    /// Everything recorded so far, in Docker's order.
-    pub fn events(&self) -> Vec<ContainerEvent> {
-        self.events.lock().expect("event log").clone()
+    /// Every event of `job` recorded so far, in Docker's order.
+    pub fn of(&self, job: &str) -> Vec<ContainerEvent> {
+        self.log
+            .events
+            .lock()
+            .expect("event log")
+            .iter()
+            .filter(|e| e.job == job)
+            .cloned()
+            .collect()
     }
 
-    /// The most containers of the job that ran at once (start .. die), by the event stream.
-    pub fn max_running(&self) -> usize {
+    /// Waits up to `timeout` for an event of `job` that `pred` accepts (recorded before the
+    /// call or after), and returns the first one.
+    pub async fn wait_for(
+        &self,
+        job: &str,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&ContainerEvent) -> bool,
+    ) -> Result<ContainerEvent> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let changed = self.log.changed.notified();
+            if let Some(e) = self.of(job).into_iter().find(|e| pred(e)) {
+                return Ok(e);
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                bail!(
+                    "timed out after {timeout:?} waiting for Docker to show {what}; its events of job {job}: {:#?}",
+                    self.of(job)
+                );
+            }
+        }
+    }
+
+    /// The most containers of `job` that ran at once (from `start` to `die`), by the stream.
+    pub fn max_running(&self, job: &str) -> usize {
         let mut running = std::collections::BTreeSet::new();
         let mut max = 0;
-        for e in self.events() {
+        for e in self.of(job) {
             match e.action.as_str() {
-                "start" | "unpause" => {
+                "start" => {
                     running.insert(e.container);
                 }
                 "die" | "destroy" => {
@@ -745,17 +819,56 @@ impl DockerEvents {
         max
     }
 
-    /// Container starts at or after `t` (nanoseconds since the Unix epoch).
-    pub fn starts_after(&self, t: i64) -> Vec<ContainerEvent> {
-        self.events()
+    /// The containers of `job` that are running now by the stream (started, not yet died).
+    pub fn running(&self, job: &str) -> Vec<ContainerEvent> {
+        let mut running: Vec<ContainerEvent> = Vec::new();
+        for e in self.of(job) {
+            match e.action.as_str() {
+                "start" => running.push(e),
+                "die" | "destroy" => running.retain(|r| r.container != e.container),
+                _ => {}
+            }
+        }
+        running
+    }
+
+    /// Fails, listing the events, if two containers of `job` ever ran at the same time.
+    pub fn assert_one_incarnation_at_a_time(&self, job: &str) -> Result<()> {
+        if self.max_running(job) > 1 {
+            bail!(
+                "two incarnations of job {job} ran at once, by Docker's event stream: {:#?}",
+                self.of(job)
+            );
+        }
+        Ok(())
+    }
+
+    /// Container starts of `job` at or after `t` (nanoseconds since the Unix epoch).
+    pub fn starts_after(&self, job: &str, t: i64) -> Vec<ContainerEvent> {
+        self.of(job)
             .into_iter()
             .filter(|e| e.action == "start" && e.time_nano >= t)
             .collect()
     }
 
+    /// Fails, listing them, if a container of `job` started at or after `t`.
+    pub fn assert_no_start_after(&self, job: &str, t: i64) -> Result<()> {
+        let late = self.starts_after(job, t);
+        if !late.is_empty() {
+            bail!("containers of job {job} started after the moment given: {late:#?}");
+        }
+        Ok(())
+    }
+
     /// Stops recording.
-    pub async fn stop(mut self) {
-        let _ = self.child.kill().await;
+    pub async fn stop(self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for DockerEvents {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 

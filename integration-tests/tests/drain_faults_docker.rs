@@ -1,17 +1,20 @@
 //! The two faults a user found during drains, on real Docker with real trainer containers:
 //! a job cancelled while its drain migration is under way must stay cancelled (it used to be
-//! restored on the target), and a draining worker whose agent is killed must be declared lost,
-//! and drain again once its agent is back. "Never two incarnations" is read from Docker's own
-//! event stream.
+//! restored on the target), and a draining worker whose agent is killed must be declared lost
+//! like any silent worker (it never was), after which its job restarts from its checkpoint on
+//! another worker, or drains again once its agent is back. "Never two incarnations" and
+//! "nothing started after the cancel" are read from Docker's own event stream.
 
 use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
+use converge_contract::{CheckpointEvent, parse_line};
 use converge_integration_tests::{
-    DockerEvents, TRAINER_IMAGE, TestAgent, TestManager, containers_of, eventually, job,
+    DockerEvents, TRAINER_IMAGE, TestAgent, TestManager, containers_of, events_of, eventually, job,
     require_docker, tempfile_dir, trainer_spec, unique, unix_nanos, wait_for_workers,
 };
-use converge_messenger::pb::{self, JobState, WorkerState};
+use converge_manager::Config;
+use converge_messenger::pb::{self, EventKind, JobState, WorkerState};
 use tonic::transport::Channel;
 
 type Client = pb::control_service_client::ControlServiceClient<Channel>;
@@ -21,11 +24,13 @@ fn long_job() -> pb::JobSpec {
     trainer_spec("cnn-digits", 30_000, 50)
 }
 
-/// A manager, w1 with the job running at step 100 or more, then w2, both registered.
+/// A manager, w1 with the job running at `min_step` or more, then w2, both registered; Docker's
+/// events recorded from before the submission.
 struct Setup {
     manager: TestManager,
     client: Client,
     w1: String,
+    w2: String,
     a1: TestAgent,
     _a2: TestAgent,
     id: String,
@@ -33,14 +38,18 @@ struct Setup {
     _checkpoints: converge_integration_tests::TempDir,
 }
 
-async fn running_on_w1(prefix: &str) -> anyhow::Result<Setup> {
+async fn running_on_w1(
+    prefix: &str,
+    spec: pb::JobSpec,
+    min_step: u64,
+    tweak: impl FnOnce(&mut Config),
+) -> anyhow::Result<Setup> {
     require_docker(&[TRAINER_IMAGE]);
-    let since = unix_nanos() / 1_000_000_000 - 1;
+    let docker = DockerEvents::watch().await?;
     let checkpoints = tempfile_dir(prefix)?;
     let manager = TestManager::start(|c| {
         c.heartbeat_interval = Duration::from_millis(250);
-        // Recovery elsewhere is not what these tests look at: keep it out of the way.
-        c.recover_lost_after = Duration::from_secs(600);
+        tweak(c);
     })
     .await?;
     let (w1, w2) = (
@@ -52,18 +61,15 @@ async fn running_on_w1(prefix: &str) -> anyhow::Result<Setup> {
     wait_for_workers(&client, 1).await?;
     let id = client
         .clone()
-        .submit_job(pb::SubmitJobRequest {
-            spec: Some(long_job()),
-        })
+        .submit_job(pb::SubmitJobRequest { spec: Some(spec) })
         .await?
         .into_inner()
         .job_id;
-    let docker = DockerEvents::watch(&id, since)?;
     eventually(Duration::from_secs(60), "the job to run on w1", || {
         let (mut c, id) = (client.clone(), id.clone());
         async move {
             let j = job(&mut c, &id, false).await?;
-            Ok((j.state() == JobState::Running && j.step >= 100).then_some(()))
+            Ok((j.state() == JobState::Running && j.step >= min_step).then_some(()))
         }
     })
     .await?;
@@ -73,6 +79,7 @@ async fn running_on_w1(prefix: &str) -> anyhow::Result<Setup> {
         manager,
         client,
         w1,
+        w2,
         a1,
         _a2: a2,
         id,
@@ -108,14 +115,48 @@ async fn wait_event(
     .with_context(|| format!("waiting for {what}"))?
 }
 
+/// The state `worker` is in by ListWorkers, if it is listed.
+async fn worker_state(client: &Client, worker: &str) -> anyhow::Result<Option<WorkerState>> {
+    let ws = client
+        .clone()
+        .list_workers(pb::ListWorkersRequest {})
+        .await?
+        .into_inner()
+        .workers;
+    Ok(ws.into_iter().find(|w| w.id == worker).map(|w| w.state()))
+}
+
+/// One line per recorded event of the job, for failure messages.
+async fn history(client: &mut Client, job_id: &str) -> anyhow::Result<Vec<String>> {
+    Ok(events_of(client, job_id)
+        .await?
+        .iter()
+        .map(|e| {
+            format!(
+                "{} {:?} {} epoch {}: {}",
+                e.unix_ms,
+                e.kind(),
+                e.worker_id,
+                e.epoch,
+                e.reason
+            )
+        })
+        .collect())
+}
+
 /// Cancel at two points of a drain's move: right after the drain (the source is saving) and
 /// once the save is done (the restore has been sent to the target). Either way the job stays
-/// CANCELLED, no container of it is started after the cancel, none is left, and Docker never
-/// ran two at once.
+/// CANCELLED, nothing of it is restored, no container of it is started after the cancel (but
+/// the restore's own, already sent, when the cancel came while restoring), none is left, and
+/// Docker never ran two at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_during_drain_migration_stays_cancelled() -> anyhow::Result<()> {
     for when in ["saving", "restoring"] {
-        let s = running_on_w1(&format!("cd{}", &when[..1])).await?;
+        let s = running_on_w1(&format!("cd{}", &when[..1]), long_job(), 100, |c| {
+            // Recovery elsewhere is not what this test looks at: keep it out of the way.
+            c.recover_lost_after = Duration::from_secs(600);
+        })
+        .await?;
         let mut client = s.client.clone();
         client
             .drain_worker(pb::DrainWorkerRequest {
@@ -124,12 +165,12 @@ async fn cancel_during_drain_migration_stays_cancelled() -> anyhow::Result<()> {
             .await?;
         if when == "saving" {
             wait_event(&client, &s.id, "the move to start", |e| {
-                e.kind == pb::EventKind::Migration as i32 && e.reason.contains("saving")
+                e.kind() == EventKind::Migration && e.reason.contains("saving")
             })
             .await?;
         } else {
             wait_event(&client, &s.id, "the save to finish", |e| {
-                e.kind == pb::EventKind::Migration as i32 && e.reason.starts_with("saved at step")
+                e.kind() == EventKind::Migration && e.reason.starts_with("saved at step")
             })
             .await?;
         }
@@ -141,6 +182,38 @@ async fn cancel_during_drain_migration_stays_cancelled() -> anyhow::Result<()> {
             .await?
             .into_inner();
         assert_eq!(j.state(), JobState::Cancelled, "{when}: {j:#?}");
+
+        // The move would carry on once the source's save finished: wait for Docker to show
+        // the source container's exit, then give a wrongly sent restore a bounded while to
+        // show up as a start on the event stream. The one start allowed after the cancel is
+        // the restore's (epoch 2) when the cancel came while restoring: it went out before.
+        let allowed = |e: &converge_integration_tests::ContainerEvent| {
+            e.time_nano < cancelled_at || (when == "restoring" && e.epoch == "2")
+        };
+        s.docker
+            .wait_for(
+                &s.id,
+                "the source container's exit",
+                Duration::from_secs(60),
+                |e| e.action == "die" && e.epoch == "1",
+            )
+            .await
+            .with_context(|| format!("after a cancel while {when}"))?;
+        if let Ok(late) = s
+            .docker
+            .wait_for(
+                &s.id,
+                "a start after the cancel",
+                Duration::from_secs(3),
+                |e| e.action == "start" && !allowed(e),
+            )
+            .await
+        {
+            bail!(
+                "{when}: a container of the cancelled job started after the cancel: {late:#?}\n{:#?}",
+                history(&mut client, &s.id).await?
+            );
+        }
         // Settled: no container of the job is left (the agents stop and remove them).
         let label = format!("converge.job={}", s.id);
         eventually(
@@ -157,20 +230,22 @@ async fn cancel_during_drain_migration_stays_cancelled() -> anyhow::Result<()> {
         assert_eq!(
             j.state(),
             JobState::Cancelled,
-            "{when}: came back as {j:#?}"
+            "{when}: came back as {j:#?}\n{:#?}",
+            history(&mut client, &s.id).await?
         );
-        // A container may start after the cancel only if its Start went out before it: the
-        // restore's (epoch 2) when the cancel came while restoring; never one while saving.
-        let late = s.docker.starts_after(cancelled_at);
+        let late: Vec<_> = s
+            .docker
+            .starts_after(&s.id, cancelled_at)
+            .into_iter()
+            .filter(|e| !allowed(e))
+            .collect();
         assert!(
-            late.iter().all(|e| when == "restoring" && e.epoch == "2"),
-            "{when}: started after the cancel: {late:?}"
+            late.is_empty(),
+            "{when}: started after the cancel: {late:#?}"
         );
-        assert!(
-            s.docker.max_running() <= 1,
-            "{when}: two incarnations at once: {:?}",
-            s.docker.events()
-        );
+        s.docker
+            .assert_one_incarnation_at_a_time(&s.id)
+            .with_context(|| format!("cancelled while {when}"))?;
         // What the manager says it did: never an incarnation after the first but the one the
         // move may have started before the cancel.
         assert!(j.epoch <= 2, "{when}: epoch {}", j.epoch);
@@ -180,14 +255,171 @@ async fn cancel_during_drain_migration_stays_cancelled() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Drain w1 and kill its agent (SIGKILL: the in-process task is dropped mid-flight) the moment
+/// Docker shows the drain's SIGTERM reaching the job's container. The container finishes its
+/// step, saves its checkpoint and exits 0, but no agent sees it, so the manager never hears
+/// that the save finished. A draining worker is still a worker: it must be declared LOST after
+/// its missed heartbeats and its job LOST with it; `recover_lost_after` later the job restarts
+/// on w2 from the checkpoint the save left, at the saved step, and completes. One incarnation
+/// at a time throughout, and the restart not before the grace has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_killed_during_drain_recovers_job_from_checkpoint() -> anyhow::Result<()> {
+    const RECOVER: Duration = Duration::from_secs(3);
+    // Steps of a few tenths of a second (size 24): after its SIGTERM the trainer finishes the
+    // step under way before it saves and exits, which leaves the test the time to kill the
+    // agent before that agent can see the exit and report the save.
+    let mut spec = trainer_spec("cnn-digits", 50, 1);
+    spec.args.extend(["--size".into(), "24".into()]);
+    let s = running_on_w1("kr", spec, 3, |c| {
+        c.lost_after = 3;
+        c.recover_lost_after = RECOVER;
+    })
+    .await?;
+    let mut client = s.client.clone();
+    client
+        .drain_worker(pb::DrainWorkerRequest {
+            worker_id: s.w1.clone(),
+        })
+        .await?;
+    let sigterm = s
+        .docker
+        .wait_for(
+            &s.id,
+            "the drain's SIGTERM reaching the job's container",
+            Duration::from_secs(30),
+            |e| e.epoch == "1" && e.is_sigterm(),
+        )
+        .await?;
+    s.a1.kill();
+
+    eventually(
+        Duration::from_secs(30),
+        "the draining worker to be declared lost",
+        || {
+            let c = client.clone();
+            let w1 = s.w1.clone();
+            async move { Ok((worker_state(&c, &w1).await? == Some(WorkerState::Lost)).then_some(())) }
+        },
+    )
+    .await
+    .with_context(|| {
+        format!("w1's agent was killed {}s ago", (unix_nanos() - sigterm.time_nano) / 1_000_000_000)
+    })?;
+    let done = eventually(Duration::from_secs(180), "the job to end", || {
+        let (mut c, id) = (client.clone(), s.id.clone());
+        async move {
+            let j = job(&mut c, &id, true).await?;
+            Ok(matches!(
+                j.state(),
+                JobState::Completed | JobState::Failed | JobState::Cancelled
+            )
+            .then_some(j))
+        }
+    })
+    .await?;
+    let events = events_of(&mut client, &s.id).await?;
+    let hist = history(&mut client, &s.id).await?;
+
+    // The job was lost with its worker (had the killed agent reported the save first, the move
+    // would have simply gone on: the history then shows the save from w1).
+    let lost = events
+        .iter()
+        .find(|e| e.kind() == EventKind::JobState && e.to_state() == JobState::Lost)
+        .with_context(|| format!("the job was never LOST: {hist:#?}"))?;
+    assert_eq!(done.state(), JobState::Completed, "{hist:#?}");
+    assert_eq!(
+        done.worker_id, s.w2,
+        "restarted on the other worker: {hist:#?}"
+    );
+
+    // Docker's view: the source saved on its SIGTERM and left on its own (exit 0), then
+    // exactly one more incarnation started, on w2, not before `recover_lost_after` had
+    // passed since the job was lost, and never alongside another.
+    let died = s
+        .docker
+        .wait_for(
+            &s.id,
+            "the source container's exit",
+            Duration::from_secs(30),
+            |e| e.action == "die" && e.container == sigterm.container,
+        )
+        .await?;
+    assert_eq!(died.detail, "0", "the source's exit code: {died:#?}");
+    let starts: Vec<_> = s
+        .docker
+        .of(&s.id)
+        .into_iter()
+        .filter(|e| e.action == "start")
+        .collect();
+    assert_eq!(starts.len(), 2, "one restart: {starts:#?}\n{hist:#?}");
+    let restart = &starts[1];
+    assert_eq!(restart.worker, s.w2, "{restart:#?}");
+    // The event's millisecond timestamp may trail the core's own moment of loss by a little.
+    let earliest = (lost.unix_ms + RECOVER.as_millis() as i64 - 100) * 1_000_000;
+    assert!(
+        restart.time_nano >= earliest,
+        "restarted {} ms after the job was lost, before recover_lost_after ({RECOVER:?}): {hist:#?}",
+        (restart.time_nano / 1_000_000) - lost.unix_ms
+    );
+    s.docker.assert_one_incarnation_at_a_time(&s.id)?;
+    assert!(
+        s.docker.running(&s.id).is_empty(),
+        "{:#?}",
+        s.docker.of(&s.id)
+    );
+
+    // The restart continued from the checkpoint the unobserved save wrote: its first report
+    // is at the step the source saved (read from the source's own log), not at 0.
+    let saved_step = saved_step_in_logs(&sigterm.container)?;
+    assert!(saved_step > 0, "saved at step {saved_step}");
+    let first_new = done
+        .progress
+        .iter()
+        .filter(|p| p.epoch == done.epoch && p.value.is_some())
+        .min_by_key(|p| p.step)
+        .with_context(|| format!("no progress of epoch {}", done.epoch))?;
+    assert_eq!(
+        first_new.step, saved_step,
+        "resumed at a different step than the source saved: {hist:#?}"
+    );
+    s.docker.stop().await;
+    s.manager.stop().await;
+    Ok(())
+}
+
+/// The step of the last "checkpoint saved" progress line in a container's log.
+fn saved_step_in_logs(container: &str) -> anyhow::Result<u64> {
+    let out = std::process::Command::new("docker")
+        .args(["logs", container])
+        .output()
+        .context("docker logs")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "docker logs {container}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .rev()
+        .filter_map(|l| parse_line(l, None).ok().flatten())
+        .find(|p| p.checkpoint == Some(CheckpointEvent::Saved))
+        .map(|p| p.step)
+        .with_context(|| format!("no checkpoint-saved line in the log of {container}"))
+}
+
 /// Drain w1 and kill its agent at once (the in-process task is dropped mid-flight, like
 /// SIGKILL; its container runs on, or ends its save unobserved): w1 is declared LOST after the
-/// missed heartbeats, like any silent worker. Started again, the agent re-registers with what it
-/// finds: the job is re-adopted and the drain resumes, or, if its container is gone, it restarts
-/// from its checkpoint — either way on w2, where it completes, one incarnation at a time.
+/// missed heartbeats, like any silent worker. Recovery elsewhere is held off (a long
+/// `recover_lost_after`), so what runs on w1 without an agent never overlaps a second
+/// incarnation. Started again, the agent re-registers with what it finds: the job is
+/// re-adopted and the drain resumes, or, if its container is gone, it restarts from its
+/// checkpoint — either way on w2, where it completes, one incarnation at a time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_killed_during_drain_is_lost_then_drains_again() -> anyhow::Result<()> {
-    let s = running_on_w1("kd").await?;
+    let s = running_on_w1("kd", long_job(), 100, |c| {
+        c.recover_lost_after = Duration::from_secs(600);
+    })
+    .await?;
     let mut client = s.client.clone();
     client
         .drain_worker(pb::DrainWorkerRequest {
@@ -195,34 +427,27 @@ async fn agent_killed_during_drain_is_lost_then_drains_again() -> anyhow::Result
         })
         .await?;
     s.a1.kill();
-    let worker_state = |c: Client, id: String| async move {
-        let ws = c
-            .clone()
-            .list_workers(pb::ListWorkersRequest {})
-            .await?
-            .into_inner()
-            .workers;
-        anyhow::Ok(ws.into_iter().find(|w| w.id == id).map(|w| w.state()))
-    };
     eventually(
         Duration::from_secs(30),
         "the draining worker to be lost",
         || {
-            let f = worker_state(client.clone(), s.w1.clone());
-            async move { Ok((f.await? == Some(WorkerState::Lost)).then_some(())) }
+            let c = client.clone();
+            let w1 = s.w1.clone();
+            async move { Ok((worker_state(&c, &w1).await? == Some(WorkerState::Lost)).then_some(())) }
         },
     )
     .await?;
     let j = job(&mut client, &s.id, false).await?;
     assert!(
-        j.state() == JobState::Lost || j.worker_id != s.w1,
+        j.state() == JobState::Lost || j.worker_id == s.w2,
         "a job on a lost worker is lost: {j:#?}"
     );
     // Its agent comes back: w1 is draining again.
     let again = TestAgent::start_with(s.a1.config.clone());
     eventually(Duration::from_secs(30), "w1 back, still draining", || {
-        let f = worker_state(client.clone(), s.w1.clone());
-        async move { Ok((f.await? == Some(WorkerState::Draining)).then_some(())) }
+        let c = client.clone();
+        let w1 = s.w1.clone();
+        async move { Ok((worker_state(&c, &w1).await? == Some(WorkerState::Draining)).then_some(())) }
     })
     .await?;
     let done = eventually(Duration::from_secs(300), "the job to end", || {
@@ -233,22 +458,11 @@ async fn agent_killed_during_drain_is_lost_then_drains_again() -> anyhow::Result
         }
     })
     .await?;
-    let history: Vec<String> = converge_integration_tests::events_of(&mut client, &s.id)
-        .await?
-        .iter()
-        .map(|e| format!("{} {}: {}", e.worker_id, e.epoch, e.reason))
-        .collect();
-    assert_eq!(done.state(), JobState::Completed, "{history:#?}");
-    assert_ne!(
-        done.worker_id, s.w1,
-        "the drain moved it off w1: {history:#?}"
-    );
+    let hist = history(&mut client, &s.id).await?;
+    assert_eq!(done.state(), JobState::Completed, "{hist:#?}");
+    assert_eq!(done.worker_id, s.w2, "the drain moved it off w1: {hist:#?}");
     assert!(done.epoch >= 2, "{done:#?}");
-    assert!(
-        s.docker.max_running() <= 1,
-        "two incarnations at once: {:?}",
-        s.docker.events()
-    );
+    s.docker.assert_one_incarnation_at_a_time(&s.id)?;
     drop(again);
     s.docker.stop().await;
     s.manager.stop().await;
