@@ -3,6 +3,7 @@
 //! - `images`: static release binaries and `FROM scratch` images (no registry needed).
 //! - `demo`: the main job on the compose testbed (see [`demo`]).
 //! - `test`: what CI runs (`.ci/run`): installs the test tools, builds images, runs every test.
+//! - `measure`: the real workload on Docker, as data for the simulator (see [`measure`]).
 //!
 //! Start at [`Cmd`]; each variant's handler is a function below it.
 
@@ -16,6 +17,7 @@ mod cluster;
 mod demo;
 mod experiment;
 mod images;
+mod measure;
 mod testbed;
 mod tools;
 
@@ -52,6 +54,10 @@ enum Cmd {
         #[arg(long, default_value_t = 7070)]
         port: u16,
     },
+    /// Measure the trainer image on Docker (step time by CPU quota and threads, co-location,
+    /// save/restore/start times, curves); writes `sim/measured/*.json` and the measured tables
+    /// in `sim/README.md`.
+    Measure(measure::Args),
     /// Install the test tools, build the images, run every test (what CI runs).
     Test {
         /// Extra arguments passed to `cargo test`, after `--workspace`.
@@ -67,6 +73,7 @@ fn main() -> Result<()> {
         Cmd::Images { names } => images::build(&root, &names),
         Cmd::Demo { policy, port } => demo::run(&root, &policy, port),
         Cmd::Experiment { name, port } => experiment::run(&root, &name, port),
+        Cmd::Measure(args) => measure::run(&root, &args),
         Cmd::Test { args } => test(&root, &args),
     }
 }
