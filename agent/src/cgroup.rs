@@ -29,8 +29,9 @@ pub enum CgroupVersion {
     V2,
 }
 
-/// Smallest CPU limit Docker accepts (`--cpus 0.01`: 1 ms per 100 ms period).
-pub const MIN_CPUS: f64 = 0.01;
+// The quota math every limit goes through lives in the pure policy crate, so the simulator
+// applies limits exactly as the agent does (`converge_policy::limits`).
+pub use converge_policy::limits::{MIN_CPUS, clamp_cpus};
 
 /// CFS period used when the parent's cannot be read (the kernel default, 100 ms).
 const DEFAULT_PERIOD_US: u64 = 100_000;
@@ -262,16 +263,6 @@ impl UsagePaths {
 /// The CFS quota for `cpus` cores in a period of `period_us` (at least 1 ms, the kernel's floor).
 pub fn quota_us(cpus: f64, period_us: u64) -> i64 {
     ((cpus * period_us as f64).round() as i64).max(1000)
-}
-
-/// Clamps a container's CPU limit (cores) into what the worker can give: at most its capacity
-/// (a v1 child quota above the parent's is rejected), at least Docker's minimum. A limit of 0
-/// ("no limit") becomes the capacity, which under the parent is the same thing.
-pub fn clamp_cpus(requested: f64, capacity: f64) -> f64 {
-    if !requested.is_finite() || requested <= 0.0 {
-        return capacity.max(MIN_CPUS);
-    }
-    requested.min(capacity).max(MIN_CPUS)
 }
 
 /// Docker's `NanoCpus` for a number of cores.

@@ -1,20 +1,26 @@
-//! The executor: the actor that owns the worker's containers.
+//! The executor: the I/O shell around the worker's decision core.
 //!
-//! One task owns the container table and receives, in order, the manager's commands and the
-//! Docker events of this worker's containers. For every command it first consults the
-//! [`CommandLedger`] (fencing by epoch, idempotency by command id), then acts through Docker
-//! and answers with a `CommandResult`. Quick commands (Start, SetLimits, Pause, Resume) run
-//! inline, so the table always reflects them before the next message; the ones that wait for a
+//! Every decision about the worker's containers is made by `converge_core::node::NodeCore`
+//! (pure, clock-free, the same core the simulator drives): fencing by epoch and idempotency by
+//! command id, which incarnations exist, what each command does, FlowCon's and SpeCon's rounds
+//! and when they are due, self-fencing. This actor is its one owner. It turns the outside
+//! world into the core's inputs (decoded commands, Docker events, the session's status, cgroup
+//! CPU time and progress lines read from the shared view, the timer the core asks for), calls
+//! `step`, and carries out the effects: Docker actions, results and requests for the manager,
+//! the heartbeat's copy of the policy state.
+//!
+//! Quick Docker actions (create and start, limit updates, pause, resume) are awaited inline,
+//! so the core learns their outcome before the next message; the ones that wait for a
 //! container to exit (Stop, Save) run in their own task and report back, so a slow checkpoint
-//! never holds up other jobs' commands.
+//! never holds up other jobs' commands. A round's limit updates go to Docker together.
 //!
 //! When a container dies, a finalizer task waits for its log follower to read the last lines,
 //! flushes progress (so the manager sees the `done` line first), reads the exit code and OOM
 //! flag, sends `ContainerExited`, removes the container (unless `--keep-exited`) and tells the
-//! executor to forget it. The Docker container set is therefore the set of containers whose
-//! exit has not been reported yet, which is what makes re-adoption after a restart simple.
+//! core to forget it. The Docker container set is therefore the set of containers whose exit
+//! has not been reported yet, which is what makes re-adoption after a restart simple.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -27,11 +33,15 @@ use bollard::query_parameters::{
     ListContainersOptionsBuilder, LogsOptionsBuilder, RemoveContainerOptionsBuilder,
     StopContainerOptionsBuilder, WaitContainerOptionsBuilder,
 };
+use converge_core::node::{
+    self, Answer, DockerAction, Found, NodeConfig, NodeCore, NodeEffect, NodeInput, ProgressSample,
+};
 use converge_messenger::agent::{Outbox, SessionStatus};
 use converge_messenger::pb;
 use converge_messenger::pb::agent_message::Kind;
 use converge_messenger::pb::command::Action;
 use converge_messenger::pb::command_result::Detail;
+use converge_policy::growth::Direction;
 use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -44,164 +54,49 @@ use crate::docker::{
     self, LABEL_CHECKPOINT_DIR, LABEL_EPOCH, LABEL_JOB, LABEL_METRIC, LABEL_WORKER,
 };
 use crate::monitor::{self, FollowSpec, ProgressHandle};
-use crate::policy::{
-    self, AppliedLimit, FlowConDriver, Mode, RoundReport, RoundTrigger, Running, SpeConDriver,
-};
+use crate::policy::{self, AppliedLimit, RoundReport};
 use crate::view::{ContainerView, JobPolicy, PolicyView, Views};
-use converge_policy::growth::Direction;
-
-/// Command results remembered for answering repeated command ids.
-pub const RESULT_CACHE: usize = 4096;
 
 /// Lines of an adopted container's log read back to recover its last step.
 const ADOPT_TAIL_LINES: u32 = 64;
 
-/// Save deadline when the command sets none.
-const DEFAULT_SAVE_DEADLINE_MS: u64 = 30_000;
-
 /// How long an exit report waits for the log follower to read the container's last lines.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// What the ledger says about a command before it runs.
-#[derive(Debug, PartialEq)]
-pub enum Admission {
-    /// New and current: execute it.
-    Execute,
-    /// Seen before and answered: send this again (marked `replayed`).
-    Replay(pb::CommandResult),
-    /// Seen before and still running: its result will be sent when it finishes.
-    InFlight,
-    /// Older than the newest epoch of its job: refused with this result (already recorded).
-    Stale(pb::CommandResult),
-}
-
-/// Fencing and idempotency, as plain data: the newest epoch seen per job, the results of the
-/// last [`RESULT_CACHE`] commands, and the commands still running.
+/// The I/O side of one container the core knows of: what the shell needs to carry out its
+/// effects (decisions about it are the core's).
 #[derive(Debug)]
-pub struct CommandLedger {
-    epochs: HashMap<String, u64>,
-    results: HashMap<String, pb::CommandResult>,
-    order: VecDeque<String>,
-    in_flight: HashSet<String>,
-    capacity: usize,
-}
-
-impl Default for CommandLedger {
-    fn default() -> Self {
-        Self::with_capacity(RESULT_CACHE)
-    }
-}
-
-impl CommandLedger {
-    /// A ledger remembering the last `capacity` results.
-    pub fn with_capacity(capacity: usize) -> Self {
-        Self {
-            epochs: HashMap::new(),
-            results: HashMap::new(),
-            order: VecDeque::new(),
-            in_flight: HashSet::new(),
-            capacity: capacity.max(1),
-        }
-    }
-
-    /// Records an epoch seen outside a command (an adopted container's label).
-    pub fn observe_epoch(&mut self, job: &str, epoch: u64) {
-        let e = self.epochs.entry(job.to_string()).or_insert(epoch);
-        *e = (*e).max(epoch);
-    }
-
-    /// The newest epoch seen for a job.
-    pub fn epoch(&self, job: &str) -> Option<u64> {
-        self.epochs.get(job).copied()
-    }
-
-    /// Decides what to do with a command; an admitted command is marked in flight.
-    pub fn admit(&mut self, cmd: &pb::Command) -> Admission {
-        if let Some(r) = self.results.get(&cmd.command_id) {
-            let mut r = r.clone();
-            r.replayed = true;
-            return Admission::Replay(r);
-        }
-        if self.in_flight.contains(&cmd.command_id) {
-            return Admission::InFlight;
-        }
-        if let Some(&newest) = self.epochs.get(&cmd.job_id)
-            && cmd.epoch < newest
-        {
-            let r = result_of(cmd, Err(format!("stale epoch {} < {newest}", cmd.epoch)));
-            self.record(r.clone());
-            return Admission::Stale(r);
-        }
-        self.in_flight.insert(cmd.command_id.clone());
-        Admission::Execute
-    }
-
-    /// Remembers a command's result (evicting the oldest beyond the capacity).
-    ///
-    /// A successful command's epoch becomes its job's newest. A failed one raises no fence:
-    /// a Start of epoch 2 refused because epoch 1 still runs here must not make the Stop of
-    /// epoch 1 that would clear the way "stale".
-    pub fn record(&mut self, result: pb::CommandResult) {
-        self.in_flight.remove(&result.command_id);
-        if result.ok {
-            self.observe_epoch(&result.job_id, result.epoch);
-        }
-        if self.results.contains_key(&result.command_id) {
-            return;
-        }
-        self.order.push_back(result.command_id.clone());
-        self.results.insert(result.command_id.clone(), result);
-        while self.order.len() > self.capacity {
-            if let Some(old) = self.order.pop_front() {
-                self.results.remove(&old);
-            }
-        }
-    }
-}
-
-/// A `CommandResult` echoing the command's id, job and epoch.
-pub fn result_of(cmd: &pb::Command, outcome: Result<Option<Detail>, String>) -> pb::CommandResult {
-    let (ok, error, detail) = match outcome {
-        Ok(d) => (true, String::new(), d),
-        Err(e) => (false, e, None),
-    };
-    pb::CommandResult {
-        command_id: cmd.command_id.clone(),
-        job_id: cmd.job_id.clone(),
-        epoch: cmd.epoch,
-        ok,
-        error,
-        replayed: false,
-        detail,
-    }
-}
-
-/// One container the executor owns.
-#[derive(Debug)]
-struct Entry {
-    job_id: String,
-    epoch: u64,
-    container_id: String,
-    checkpoint_dir: String,
+struct Io {
     follower_done: watch::Receiver<bool>,
-    /// A Stop or Save asked for this exit: not a failure of the job.
-    exit_requested: bool,
-    /// Remove the container once its exit is reported, even with `--keep-exited`.
-    remove_on_exit: bool,
+    /// Relative to the checkpoint root.
+    checkpoint_dir: String,
+    /// Docker sent an `oom` event.
     oom: bool,
-    /// The die event arrived; a finalizer is reporting the exit.
-    exiting: bool,
-    /// The metric's direction as the job's spec gave it (None for adopted containers); a
-    /// direction on the progress lines takes precedence.
-    direction: Option<Direction>,
 }
 
 /// Messages from the executor's own helper tasks.
 #[derive(Debug)]
 pub(crate) enum Internal {
     Event(Box<EventMessage>),
-    Done(pb::CommandResult),
+    /// A Docker action that waits for an exit (Stop, Save) finished.
+    Done {
+        command_id: String,
+        action: &'static str,
+        outcome: Result<Option<node::Detail>, String>,
+    },
     Finalized(String),
+}
+
+/// What a step's effects are carried out for.
+#[derive(Clone, Copy, Default)]
+struct Ctx<'a> {
+    /// The command being received (a `Create` needs its full spec).
+    cmd: Option<&'a pb::Command>,
+    /// The action name of the command whose result may be answered, for metrics.
+    action: Option<&'static str>,
+    /// The Docker event's own time and when the executor received it, for rounds an event
+    /// started.
+    event: Option<(Option<SystemTime>, Instant)>,
 }
 
 /// The executor actor's state.
@@ -214,26 +109,39 @@ pub(crate) struct Executor {
     session: watch::Receiver<SessionStatus>,
     progress: ProgressHandle,
     shutdown: CancellationToken,
-    ledger: CommandLedger,
-    containers: HashMap<String, Entry>,
+    /// The decisions.
+    core: NodeCore,
+    /// Time zero of the core's clock.
+    origin: Instant,
+    /// When the core wants its next tick (core time).
+    wake: Option<f64>,
+    /// Per container, what carrying out effects needs.
+    io: HashMap<String, Io>,
     internal_tx: mpsc::Sender<Internal>,
     internal_rx: mpsc::Receiver<Internal>,
-    /// The heartbeat's copy of the policy rounds' decisions (written only here).
+    /// The heartbeat's copy of the policy rounds' decisions (written only here, from the
+    /// core's `Publish` effects).
     policy: Arc<PolicyView>,
-    /// What the manager's last registration asked the worker to run.
-    mode: Mode,
-    /// FlowCon's executor state, while the worker policy is "flowcon".
-    flowcon: Option<FlowConDriver>,
-    /// SpeCon's Alg. 1 state, while the manager migrates.
-    specon: Option<SpeConDriver>,
-    /// Since when no stream to the manager has been up (None while connected).
-    disconnected_since: Option<Instant>,
     metrics: crate::metrics::AgentMetrics,
-    /// This disconnection already fenced the containers.
-    fenced: bool,
+}
+
+/// The core's configuration from the agent's.
+fn node_config(cfg: &Config) -> NodeConfig {
+    NodeConfig {
+        worker_id: cfg.worker_id.clone(),
+        capacity: cfg.cpus,
+        flowcon: cfg.flowcon(),
+        specon: cfg.specon(),
+        fence_after: cfg.fence_after.as_secs_f64(),
+        fence_deadline: cfg.stop_grace.max(Duration::from_secs(1)).as_secs_f64(),
+        stop_grace: cfg.stop_grace.as_secs_f64(),
+        keep_exited: cfg.keep_exited,
+        result_cache: node::RESULT_CACHE,
+    }
 }
 
 impl Executor {
+    /// Fails on FlowCon or SpeCon parameters the policy refuses.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         cfg: Arc<Config>,
@@ -246,9 +154,17 @@ impl Executor {
         policy: Arc<PolicyView>,
         metrics: crate::metrics::AgentMetrics,
         shutdown: CancellationToken,
-    ) -> Self {
+    ) -> crate::Result<Self> {
         let (internal_tx, internal_rx) = mpsc::channel(1024);
-        Self {
+        // Never connected yet counts as disconnected (the core's clock starts now): containers
+        // adopted while the manager stays unreachable are fenced like any others.
+        // `Config::validate` has checked these settings already; this only guards a caller
+        // that skipped it.
+        let core = NodeCore::new(node_config(&cfg), 0.0).map_err(|e| crate::Error::Config {
+            setting: "flowcon-alpha",
+            why: format!("FlowCon or SpeCon refuses its parameters: {e}"),
+        })?;
+        Ok(Self {
             cfg,
             docker,
             cgroup,
@@ -257,20 +173,25 @@ impl Executor {
             session,
             progress,
             shutdown,
-            ledger: CommandLedger::default(),
-            containers: HashMap::new(),
+            core,
+            origin: Instant::now(),
+            wake: None,
+            io: HashMap::new(),
             internal_tx,
             internal_rx,
             policy,
-            mode: Mode::default(),
-            flowcon: None,
-            specon: None,
-            // Never connected yet counts as disconnected: containers adopted while the manager
-            // stays unreachable are fenced like any others.
-            disconnected_since: Some(Instant::now()),
-            fenced: false,
             metrics,
-        }
+        })
+    }
+
+    /// The core's time now.
+    fn now(&self) -> f64 {
+        self.origin.elapsed().as_secs_f64()
+    }
+
+    /// A moment as the core's time.
+    fn core_time(&self, t: Instant) -> f64 {
+        t.saturating_duration_since(self.origin).as_secs_f64()
     }
 
     /// Adopts what runs, signals `ready`, then serves commands and events until shutdown.
@@ -309,9 +230,9 @@ impl Executor {
         let status = session.borrow_and_update().clone();
         self.on_session(&status).await;
         loop {
-            let flowcon_at = self.flowcon.as_ref().map(|f| f.next_round);
-            let specon_at = self.specon.as_ref().map(|s| s.next_round);
-            let fence_at = self.fence_at();
+            let wake = self
+                .wake
+                .map(|t| self.origin + Duration::from_secs_f64(t.max(0.0)));
             tokio::select! {
                 _ = self.shutdown.cancelled() => break,
                 cmd = commands.recv() => match cmd {
@@ -327,18 +248,89 @@ impl Executor {
                     // The session task is gone (shutdown): nothing will change any more.
                     Err(_) => session_open = false,
                 },
-                _ = sleep_until(flowcon_at) => {
-                    self.flowcon_round(RoundTrigger::Interval, None).await;
-                }
-                _ = sleep_until(specon_at) => self.specon_round().await,
-                _ = sleep_until(fence_at) => self.fence(),
+                _ = sleep_until(wake) => self.on_tick().await,
             }
         }
         info!(
-            containers = self.containers.len(),
+            containers = self.io.len(),
             "executor stopped; containers keep running for the next agent to adopt"
         );
         Ok(())
+    }
+
+    // ---- feeding the core ----
+
+    /// One step of the core at the current time, its effects carried out.
+    async fn step(&mut self, input: NodeInput, ctx: Ctx<'_>) {
+        let now = self.now();
+        self.step_at(now, input, ctx).await;
+    }
+
+    async fn step_at(&mut self, now: f64, input: NodeInput, ctx: Ctx<'_>) {
+        let effects = self.core.step(now, input);
+        self.carry_out(effects, ctx).await;
+    }
+
+    /// Fresh measurements of every live container, for a round the next input may run:
+    /// cumulative CPU time read from the cgroup at this instant (~15 µs each), so the interval
+    /// CPU use is measured over exactly the round's interval (else the sampler's last
+    /// reading), and the latest progress sample the log follower recorded.
+    fn observe(&mut self) {
+        let now = self.now();
+        let live: Vec<String> = self
+            .core
+            .containers()
+            .filter(|c| !c.exiting)
+            .map(|c| c.container_id.clone())
+            .collect();
+        for id in live {
+            let Some(v) = self.views.get(&id).map(|v| v.clone()) else {
+                continue;
+            };
+            let cpu_ns = self
+                .cgroup
+                .container_usage_paths(&id)
+                .read()
+                .ok()
+                .map(|(cpu, _)| cpu)
+                .or((v.cpu_total_ns > 0).then_some(v.cpu_total_ns));
+            // These inputs only record data: their effects are a `Wake` the next step repeats.
+            if let Some(ns) = cpu_ns {
+                self.core.step(
+                    now,
+                    NodeInput::Usage {
+                        container_id: id.clone(),
+                        cpu_seconds: ns as f64 / 1e9,
+                    },
+                );
+            }
+            if let (Some(value), Some(at)) = (v.last_value, v.last_value_at) {
+                self.core.step(
+                    now,
+                    NodeInput::Progress {
+                        container_id: id,
+                        sample: ProgressSample {
+                            time: self.core_time(at),
+                            step: v.last_step.unwrap_or(0),
+                            value,
+                        },
+                        initial_value: v.first_value,
+                        direction: v.direction.map(|d| match d {
+                            converge_contract::Direction::Maximize => Direction::Maximize,
+                            converge_contract::Direction::Minimize => Direction::Minimize,
+                        }),
+                    },
+                );
+            }
+        }
+    }
+
+    async fn on_tick(&mut self) {
+        // Never before the time the core asked for (a timer's rounding must not make a due
+        // round look early).
+        let now = self.now().max(self.wake.unwrap_or(0.0));
+        self.observe();
+        self.step_at(now, NodeInput::Tick, Ctx::default()).await;
     }
 
     // ---- re-adoption ----
@@ -373,9 +365,8 @@ impl Executor {
                 .get(LABEL_CHECKPOINT_DIR)
                 .cloned()
                 .unwrap_or_else(|| job.clone());
-            self.ledger.observe_epoch(&job, epoch);
             let state = c.state.unwrap_or(ContainerSummaryStateEnum::EMPTY);
-            match state {
+            let (found, cpu_limit) = match state {
                 ContainerSummaryStateEnum::RUNNING
                 | ContainerSummaryStateEnum::PAUSED
                 | ContainerSummaryStateEnum::RESTARTING => {
@@ -400,6 +391,7 @@ impl Executor {
                         .and_then(|h| h.nano_cpus)
                         .filter(|n| *n > 0)
                         .map(|n| n as f64 / 1e9);
+                    let cpu_limit = view.cpu_limit;
                     self.views.insert(id.clone(), view);
                     let follower_done = monitor::spawn_follower(
                         self.docker.clone(),
@@ -416,31 +408,26 @@ impl Executor {
                         self.shutdown.clone(),
                     );
                     info!(%job, epoch, container = %id, "re-adopted a running container");
-                    self.containers.insert(
+                    self.io.insert(
                         id.clone(),
-                        Entry {
-                            job_id: job,
-                            epoch,
-                            container_id: id,
-                            checkpoint_dir,
+                        Io {
                             follower_done,
-                            exit_requested: false,
-                            remove_on_exit: false,
+                            checkpoint_dir,
                             oom: false,
-                            exiting: false,
-                            direction: None,
                         },
                     );
+                    let found = if paused {
+                        Found::Paused
+                    } else {
+                        Found::Running
+                    };
+                    (found, cpu_limit)
                 }
                 ContainerSummaryStateEnum::CREATED => {
-                    // A previous agent died between create and start: its Start was never
-                    // answered, so the manager will ask again. Clear the name for it.
                     info!(%job, epoch, container = %id, "removing a container that was created but never started");
-                    self.remove(&id).await;
+                    (Found::Created, None)
                 }
                 _ => {
-                    // Exited while no agent watched it: list it as exited in the registration
-                    // (so the manager does not take it for lost) and report the exit.
                     let mut view = ContainerView::new(&job, epoch, &id, pb::ContainerState::Exited);
                     view.exit_code = self
                         .docker
@@ -454,26 +441,30 @@ impl Executor {
                     view.done = self.done_in_tail(&id, metric.as_deref()).await;
                     self.views.insert(id.clone(), view);
                     info!(%job, epoch, container = %id, "found a container that exited while the agent was down");
-                    let (tx, rx) = watch::channel(true);
+                    let (tx, follower_done) = watch::channel(true);
                     drop(tx);
-                    self.containers.insert(
+                    self.io.insert(
                         id.clone(),
-                        Entry {
-                            job_id: job,
-                            epoch,
-                            container_id: id.clone(),
+                        Io {
+                            follower_done,
                             checkpoint_dir,
-                            follower_done: rx,
-                            exit_requested: false,
-                            remove_on_exit: false,
                             oom: false,
-                            exiting: false,
-                            direction: None,
                         },
                     );
-                    self.begin_exit(&id, None);
+                    (Found::Exited, None)
                 }
-            }
+            };
+            self.step(
+                NodeInput::Adopted {
+                    container_id: id,
+                    job_id: job,
+                    epoch,
+                    found,
+                    cpu_limit,
+                },
+                Ctx::default(),
+            )
+            .await;
         }
         Ok(())
     }
@@ -514,6 +505,8 @@ impl Executor {
 
     // ---- commands ----
 
+    // ---- commands ----
+
     async fn on_command(&mut self, cmd: pb::Command) {
         let action = cmd.action.as_ref().map_or("none", |a| a.name());
         let span = info_span!(
@@ -527,98 +520,305 @@ impl Executor {
         // The manager's span that sent the command is this span's parent: the job's trace
         // continues here (issue 8).
         converge_messenger::trace::set_remote_parent(&span, &cmd.traceparent);
-        async {
-            match self.ledger.admit(&cmd) {
-                Admission::Replay(r) => {
-                    debug!("repeated command id: answering with the earlier result");
-                    self.metrics.command(action, "replayed");
-                    self.outbox.send(Kind::Result(r)).await;
-                }
-                Admission::InFlight => {
-                    debug!("repeated command id still running; its result follows");
-                    self.metrics.command(action, "replayed");
-                }
-                Admission::Stale(r) => {
-                    info!(error = %r.error, "refused a stale command");
-                    self.metrics.command(action, "stale");
-                    self.outbox.send(Kind::Result(r)).await;
-                }
-                Admission::Execute => {
-                    if let Some(r) = self.execute(&cmd).await {
-                        self.metrics
-                            .command(action, if r.ok { "ok" } else { "failed" });
-                        self.finish(r).await;
+        let input = NodeInput::Command(decode(&cmd));
+        let ctx = Ctx {
+            cmd: Some(&cmd),
+            action: Some(action),
+            event: None,
+        };
+        self.step(input, ctx).instrument(span).await
+    }
+
+    /// Carries out one step's effects in order (and those of the steps their outcomes feed
+    /// back, e.g. a `Done` after an inline Docker action).
+    async fn carry_out(&mut self, effects: Vec<NodeEffect>, ctx: Ctx<'_>) {
+        let began = Instant::now();
+        let mut queue: VecDeque<NodeEffect> = effects.into();
+        // Why each of this step's round limit updates failed, for the round's report.
+        let mut failed: HashMap<String, String> = HashMap::new();
+        while let Some(effect) = queue.pop_front() {
+            match effect {
+                NodeEffect::Docker(DockerAction::UpdateCpus {
+                    command: None,
+                    container_id,
+                    cpus,
+                    ..
+                }) => {
+                    // A round's updates (or the release when FlowCon is turned off) come
+                    // together and are independent (each container's quota under the
+                    // worker's): they go to Docker together, so a round costs one update's
+                    // latency, not one per container.
+                    let mut batch = vec![(container_id, cpus)];
+                    while let Some(NodeEffect::Docker(DockerAction::UpdateCpus {
+                        command: None,
+                        ..
+                    })) = queue.front()
+                    {
+                        if let Some(NodeEffect::Docker(DockerAction::UpdateCpus {
+                            container_id,
+                            cpus,
+                            ..
+                        })) = queue.pop_front()
+                        {
+                            batch.push((container_id, cpus));
+                        }
+                    }
+                    let trigger = queue.iter().find_map(|e| match e {
+                        NodeEffect::Round(r) => Some(r.trigger.clone()),
+                        _ => None,
+                    });
+                    // Each round is a trace of its own (not a child of the agent's lifelong
+                    // span); logs still show it inside the agent's span.
+                    let span = info_span!("flowcon_round", trigger = ?trigger);
+                    converge_messenger::trace::set_remote_parent(&span, "");
+                    let docker = &self.docker;
+                    let updates = batch.iter().map(|(id, cpus)| async move {
+                        (id, *cpus, update_cpus(docker, id, *cpus).await)
+                    });
+                    let results = futures::future::join_all(updates).instrument(span).await;
+                    let mut feedback = Vec::new();
+                    for (id, cpus, result) in results {
+                        self.metrics.limit_applied("flowcon", result.is_ok());
+                        match result {
+                            Ok(()) => {
+                                if let Some(mut v) = self.views.get_mut(id) {
+                                    v.cpu_limit = Some(cpus);
+                                }
+                            }
+                            Err(why) => {
+                                failed.insert(id.clone(), why);
+                                feedback.push(NodeInput::LimitFailed {
+                                    container_id: id.clone(),
+                                });
+                            }
+                        }
+                    }
+                    for input in feedback {
+                        let now = self.now();
+                        queue.extend(self.core.step(now, input));
                     }
                 }
+                NodeEffect::Docker(action) => {
+                    if let Some(input) = self.docker_action(action, ctx).await {
+                        let now = self.now();
+                        queue.extend(self.core.step(now, input));
+                    }
+                }
+                NodeEffect::Answer(answer) => self.answer(answer, ctx).await,
+                NodeEffect::ReportExit(exit) => self.begin_exit(exit),
+                NodeEffect::RequestMigration(r) => {
+                    info!(job = %r.job_id, epoch = r.epoch, reason = %r.reason, "requesting migration");
+                    self.outbox
+                        .send(Kind::MigrationRequest(pb::MigrationRequest {
+                            job_id: r.job_id,
+                            epoch: r.epoch,
+                            reason: r.reason,
+                        }))
+                        .await;
+                }
+                NodeEffect::Round(round) => {
+                    let applied: Vec<AppliedLimit> = round
+                        .targets
+                        .iter()
+                        .map(|t| {
+                            let error = failed.get(&t.container_id).cloned();
+                            // A failed update leaves the previous limit in force.
+                            let cpus = if error.is_some() {
+                                self.views
+                                    .get(&t.container_id)
+                                    .and_then(|v| v.cpu_limit)
+                                    .unwrap_or(self.cfg.cpus)
+                            } else {
+                                t.cpus
+                            };
+                            AppliedLimit {
+                                job_id: t.job_id.clone(),
+                                container_id: t.container_id.clone(),
+                                cpus,
+                                changed: t.changed,
+                                error,
+                            }
+                        })
+                        .collect();
+                    let event_to_applied = ctx.event.and_then(|(at, _)| {
+                        at.and_then(|at| SystemTime::now().duration_since(at).ok())
+                    });
+                    let received_to_applied = ctx.event.map(|(_, received)| received.elapsed());
+                    debug!(
+                        trigger = ?round.trigger,
+                        alpha = round.decisions.alpha,
+                        itval = round.decisions.itval,
+                        ?event_to_applied,
+                        ?received_to_applied,
+                        limits = ?applied.iter().map(|a| (a.job_id.as_str(), a.cpus)).collect::<Vec<_>>(),
+                        "FlowCon round"
+                    );
+                    self.metrics.round("flowcon", began.elapsed());
+                    if let Some(tx) = &self.cfg.round_reports {
+                        let _ = tx.try_send(RoundReport {
+                            trigger: round.trigger,
+                            decisions: round.decisions,
+                            applied,
+                            usage: round.usage,
+                            event_to_applied,
+                            received_to_applied,
+                        });
+                    }
+                }
+                NodeEffect::SpeConRound { requests } => {
+                    debug!(requests, "SpeCon categorization");
+                    self.metrics.round("specon", began.elapsed());
+                }
+                NodeEffect::Publish(status) => self.publish(status),
+                NodeEffect::Fencing { containers } => warn!(
+                    containers,
+                    fence_after = ?self.cfg.fence_after,
+                    "no manager for longer than --fence-after: checkpointing and stopping every \
+                     job container, so that a job restarted elsewhere never runs twice"
+                ),
+                NodeEffect::ModeChanged(mode) => info!(
+                    flowcon = mode.flowcon,
+                    migration = mode.migration,
+                    "worker policy from the manager"
+                ),
+                NodeEffect::Wake { at } => self.wake = at,
             }
         }
-        .instrument(span)
-        .await
     }
 
-    async fn finish(&mut self, r: pb::CommandResult) {
-        if !r.ok {
-            warn!(command = %r.command_id, job = %r.job_id, error = %r.error, "command failed");
-        }
-        self.ledger.record(r.clone());
-        self.outbox.send(Kind::Result(r)).await;
-    }
-
-    /// Runs a command; `None` when it continues in a task that reports `Internal::Done`.
-    async fn execute(&mut self, cmd: &pb::Command) -> Option<pb::CommandResult> {
-        let Some(action) = cmd.action.as_ref() else {
-            return Some(result_of(
-                cmd,
-                Err("command has no action (a newer manager?); nothing done".into()),
-            ));
-        };
-        let outcome = match action {
-            Action::Start(s) => {
-                let span = info_span!("container_start", image = %s.spec.as_ref().map_or("", |j| j.image.as_str()));
-                self.start(cmd, s).instrument(span).await
+    async fn answer(&mut self, answer: Answer, ctx: Ctx<'_>) {
+        let action = ctx.action.unwrap_or("none");
+        match answer {
+            Answer::Replay(r) => {
+                debug!("repeated command id: answering with the earlier result");
+                self.metrics.command(action, "replayed");
+                self.outbox.send(Kind::Result(encode(r))).await;
             }
-            Action::SetLimits(l) => self.set_limits(cmd, l).await,
-            Action::Pause(_) => self.pause(cmd, true).await,
-            Action::Resume(_) => self.pause(cmd, false).await,
-            Action::Stop(s) => return self.stop(cmd, s),
-            Action::Save(s) => return self.save(cmd, s),
-        };
-        Some(result_of(cmd, outcome))
+            Answer::InFlight { .. } => {
+                debug!("repeated command id still running; its result follows");
+                self.metrics.command(action, "replayed");
+            }
+            Answer::Stale(r) => {
+                info!(error = %r.error, "refused a stale command");
+                self.metrics.command(action, "stale");
+                self.outbox.send(Kind::Result(encode(r))).await;
+            }
+            Answer::Result(r) => {
+                self.metrics
+                    .command(action, if r.ok { "ok" } else { "failed" });
+                if !r.ok {
+                    warn!(command = %r.command_id, job = %r.job_id, error = %r.error, "command failed");
+                }
+                self.outbox.send(Kind::Result(encode(r))).await;
+            }
+        }
     }
 
-    /// The job's live container on this worker.
-    fn live(&self, job: &str) -> Option<&Entry> {
-        self.containers
-            .values()
-            .filter(|e| e.job_id == job && !e.exiting)
-            .max_by_key(|e| e.epoch)
+    /// Carries out one Docker action. An inline one that answers a command returns the
+    /// core's `Done` input; those that wait for an exit report it later through `Internal`.
+    async fn docker_action(&mut self, action: DockerAction, ctx: Ctx<'_>) -> Option<NodeInput> {
+        match action {
+            DockerAction::Create { command, .. } => {
+                let start = ctx.cmd.and_then(|c| match &c.action {
+                    Some(Action::Start(s)) if c.command_id == command => Some((c, s)),
+                    _ => None,
+                });
+                let outcome = match start {
+                    Some((cmd, s)) => {
+                        let span = info_span!("container_start", image = %s.spec.as_ref().map_or("", |j| j.image.as_str()));
+                        self.start(cmd, s).instrument(span).await.map(Some)
+                    }
+                    // Only a Start's own step asks for a Create.
+                    None => Err("internal: Create without its Start command".into()),
+                };
+                Some(NodeInput::Done {
+                    command_id: command,
+                    outcome,
+                })
+            }
+            DockerAction::UpdateCpus {
+                command,
+                container_id,
+                cpus,
+                cpu_shares,
+            } => {
+                let update = ContainerUpdateBody {
+                    nano_cpus: Some(cgroup::nano_cpus(cpus)),
+                    cpu_shares: cpu_shares.map(i64::from),
+                    ..Default::default()
+                };
+                let updated = self.docker.update_container(&container_id, update).await;
+                self.metrics.limit_applied("command", updated.is_ok());
+                let outcome = match updated {
+                    Ok(()) => {
+                        if let Some(mut v) = self.views.get_mut(&container_id) {
+                            v.cpu_limit = Some(cpus);
+                        }
+                        debug!(cpus, ?cpu_shares, "limits applied");
+                        Ok(Some(node::Detail::Limits {
+                            cpus,
+                            cpu_shares: cpu_shares.unwrap_or(0),
+                        }))
+                    }
+                    Err(e) => Err(format!(
+                        "cannot update CPU limits: {}",
+                        docker::describe(&e)
+                    )),
+                };
+                command.map(|command_id| NodeInput::Done {
+                    command_id,
+                    outcome,
+                })
+            }
+            DockerAction::Pause {
+                command,
+                container_id,
+            } => Some(NodeInput::Done {
+                command_id: command,
+                outcome: self.pause(&container_id, true).await,
+            }),
+            DockerAction::Resume {
+                command,
+                container_id,
+            } => Some(NodeInput::Done {
+                command_id: command,
+                outcome: self.pause(&container_id, false).await,
+            }),
+            DockerAction::Stop {
+                command,
+                container_id,
+                grace,
+            } => {
+                let reason = match ctx.cmd.and_then(|c| c.action.as_ref()) {
+                    Some(Action::Stop(s)) => s.reason.as_str(),
+                    _ => "",
+                };
+                info!(%reason, container = %container_id, "stopping");
+                self.stop(command, container_id, grace);
+                None
+            }
+            DockerAction::Save {
+                command,
+                container_id,
+                deadline,
+            } => {
+                self.save(command, &container_id, deadline);
+                None
+            }
+            DockerAction::Remove { container_id } => {
+                self.remove(&container_id).await;
+                None
+            }
+        }
     }
 
-    fn no_container(&self, cmd: &pb::Command) -> String {
-        format!(
-            "no running container of job {} (epoch {}) on worker {}",
-            cmd.job_id, cmd.epoch, self.cfg.worker_id
-        )
-    }
-
+    /// Creates and starts a `Start`'s container (the core has checked that no incarnation of
+    /// the job runs here).
     async fn start(
         &mut self,
         cmd: &pb::Command,
         start: &pb::Start,
-    ) -> Result<Option<Detail>, String> {
-        if let Some(e) = self.live(&cmd.job_id) {
-            if e.epoch == cmd.epoch {
-                // Never start an incarnation twice (a re-sent Start after a reconnect).
-                return Ok(Some(Detail::Started(pb::Started {
-                    container_id: e.container_id.clone(),
-                    from_checkpoint: false,
-                })));
-            }
-            return Err(format!(
-                "job {} already runs epoch {} in container {} on worker {}: stop or save it first",
-                cmd.job_id, e.epoch, e.container_id, self.cfg.worker_id
-            ));
-        }
+    ) -> Result<node::Detail, String> {
         let parent = self.cgroup.docker_parent();
         let plan = docker::plan_container(
             &docker::PlanContext {
@@ -716,79 +916,31 @@ impl Executor {
             self.progress.clone(),
             self.shutdown.clone(),
         );
-        self.containers.insert(
+        self.io.insert(
             id.clone(),
-            Entry {
-                job_id: cmd.job_id.clone(),
-                epoch: cmd.epoch,
-                container_id: id.clone(),
-                checkpoint_dir: plan.checkpoint_dir,
+            Io {
                 follower_done,
-                exit_requested: false,
-                remove_on_exit: false,
+                checkpoint_dir: plan.checkpoint_dir,
                 oom: false,
-                exiting: false,
-                direction: start.spec.as_ref().and_then(|s| {
-                    match pb::Direction::try_from(s.direction) {
-                        Ok(pb::Direction::Maximize) => Some(Direction::Maximize),
-                        Ok(pb::Direction::Minimize) => Some(Direction::Minimize),
-                        _ => None,
-                    }
-                }),
             },
         );
         info!(container = %id, name = %plan.name, cpus = plan.cpus, from_checkpoint, "started");
-        Ok(Some(Detail::Started(pb::Started {
+        Ok(node::Detail::Started {
             container_id: id,
             from_checkpoint,
-        })))
+        })
     }
 
-    async fn set_limits(
-        &mut self,
-        cmd: &pb::Command,
-        l: &pb::SetLimits,
-    ) -> Result<Option<Detail>, String> {
-        let id = self
-            .live(&cmd.job_id)
-            .map(|e| e.container_id.clone())
-            .ok_or_else(|| self.no_container(cmd))?;
-        // Under cgroup v1 a child quota above the parent's is refused; 0 ("no limit") is the
-        // whole worker, which under the parent is the same thing.
-        let cpus = cgroup::clamp_cpus(l.cpus, self.cfg.cpus);
-        let shares = (l.cpu_shares > 0).then(|| l.cpu_shares.max(2));
-        let update = ContainerUpdateBody {
-            nano_cpus: Some(cgroup::nano_cpus(cpus)),
-            cpu_shares: shares.map(i64::from),
-            ..Default::default()
-        };
-        let updated = self.docker.update_container(&id, update).await;
-        self.metrics.limit_applied("command", updated.is_ok());
-        updated.map_err(|e| format!("cannot update CPU limits: {}", docker::describe(&e)))?;
-        if let Some(mut v) = self.views.get_mut(&id) {
-            v.cpu_limit = Some(cpus);
-        }
-        debug!(cpus, ?shares, "limits applied");
-        Ok(Some(Detail::Limits(pb::LimitsApplied {
-            cpus,
-            cpu_shares: shares.unwrap_or(0),
-        })))
-    }
-
-    async fn pause(&mut self, cmd: &pb::Command, pause: bool) -> Result<Option<Detail>, String> {
-        let id = self
-            .live(&cmd.job_id)
-            .map(|e| e.container_id.clone())
-            .ok_or_else(|| self.no_container(cmd))?;
+    async fn pause(&mut self, id: &str, pause: bool) -> Result<Option<node::Detail>, String> {
         let r = if pause {
-            self.docker.pause_container(&id).await
+            self.docker.pause_container(id).await
         } else {
-            self.docker.unpause_container(&id).await
+            self.docker.unpause_container(id).await
         };
         match r {
             Ok(()) => {}
             // Already in the asked-for state: the command's intent holds.
-            Err(e) if docker::is_conflict(&e) && self.state_is(&id, pause) => {}
+            Err(e) if docker::is_conflict(&e) && self.state_is(id, pause) => {}
             Err(e) => {
                 return Err(format!(
                     "cannot {} the container: {}",
@@ -797,7 +949,7 @@ impl Executor {
                 ));
             }
         }
-        if let Some(mut v) = self.views.get_mut(&id) {
+        if let Some(mut v) = self.views.get_mut(id) {
             v.state = if pause {
                 pb::ContainerState::Paused
             } else {
@@ -814,24 +966,11 @@ impl Executor {
             .unwrap_or(false)
     }
 
-    fn stop(&mut self, cmd: &pb::Command, s: &pb::Stop) -> Option<pb::CommandResult> {
-        let Some(entry) = self
-            .containers
-            .values_mut()
-            .filter(|e| e.job_id == cmd.job_id && !e.exiting)
-            .max_by_key(|e| e.epoch)
-        else {
-            return Some(result_of(cmd, Err(self.no_container(cmd))));
-        };
-        entry.exit_requested = true;
-        entry.remove_on_exit = s.remove;
-        let id = entry.container_id.clone();
+    /// A Stop, in its own task: it waits for the exit.
+    fn stop(&mut self, command_id: String, id: String, grace: f64) {
         let docker = self.docker.clone();
-        let grace = self.cfg.stop_grace.as_secs().min(i32::MAX as u64) as i32;
+        let grace = grace.clamp(0.0, i32::MAX as f64) as i32;
         let internal = self.internal_tx.clone();
-        let cmd = cmd.clone();
-        let metrics = self.metrics.clone();
-        info!(reason = %s.reason, container = %id, "stopping");
         tokio::spawn(
             async move {
                 let paused = docker
@@ -860,59 +999,91 @@ impl Executor {
                         docker::describe(&e)
                     )),
                 };
-                metrics.command("stop", if outcome.is_ok() { "ok" } else { "failed" });
                 let _ = internal
-                    .send(Internal::Done(result_of(&cmd, outcome)))
+                    .send(Internal::Done {
+                        command_id,
+                        action: "stop",
+                        outcome,
+                    })
                     .await;
             }
             .in_current_span(),
         );
-        None
     }
 
-    fn save(&mut self, cmd: &pb::Command, s: &pb::Save) -> Option<pb::CommandResult> {
-        let Some(id) = self.live(&cmd.job_id).map(|e| e.container_id.clone()) else {
-            return Some(result_of(cmd, Err(self.no_container(cmd))));
-        };
-        // The protocol gives no default; an unset deadline gets Docker's own stop timeout
-        // scale rather than an immediate kill that would lose the checkpoint.
-        let deadline = Duration::from_millis(if s.deadline_ms == 0 {
-            DEFAULT_SAVE_DEADLINE_MS
-        } else {
-            u64::from(s.deadline_ms)
-        });
-        let Some(saving) = self.begin_save(&id, deadline) else {
-            return Some(result_of(cmd, Err(self.no_container(cmd))));
+    /// A Save (a command's, or self-fencing's when `command` is None), in its own task.
+    fn save(&mut self, command: Option<String>, id: &str, deadline: f64) {
+        let deadline = Duration::from_secs_f64(deadline.max(0.0));
+        let Some(saving) = self.begin_save(id, deadline) else {
+            // The core knows a container the shell does not: never happens, but a command
+            // must be answered.
+            if let Some(command_id) = command {
+                let internal = self.internal_tx.clone();
+                let why = format!("container {id} is not known to the executor");
+                tokio::spawn(async move {
+                    let _ = internal
+                        .send(Internal::Done {
+                            command_id,
+                            action: "save",
+                            outcome: Err(why),
+                        })
+                        .await;
+                });
+            }
+            return;
         };
         let internal = self.internal_tx.clone();
-        let cmd = cmd.clone();
-        let metrics = self.metrics.clone();
+        let (job, epoch) = self
+            .core
+            .container(id)
+            .map(|c| (c.job_id.clone(), c.epoch))
+            .unwrap_or_default();
         tokio::spawn(
             async move {
                 let outcome = saving.await;
-                metrics.command("save", if outcome.is_ok() { "ok" } else { "failed" });
-                let _ = internal
-                    .send(Internal::Done(result_of(&cmd, outcome)))
-                    .await;
+                match command {
+                    Some(command_id) => {
+                        let _ = internal
+                            .send(Internal::Done {
+                                command_id,
+                                action: "save",
+                                outcome,
+                            })
+                            .await;
+                    }
+                    None => match outcome {
+                        Ok(Some(node::Detail::Saved {
+                            step,
+                            killed,
+                            save_ms,
+                            ..
+                        })) => info!(
+                            %job, epoch, step, killed, save_ms,
+                            "fenced: checkpointed and stopped"
+                        ),
+                        Ok(_) => info!(%job, epoch, "fenced: stopped"),
+                        Err(e) => {
+                            warn!(%job, epoch, error = %e, "fencing could not stop the container")
+                        }
+                    },
+                }
             }
             .in_current_span(),
         );
-        None
     }
 
-    /// Checkpoint-and-stop of one container (the Save path): SIGTERM, wait for the exit up to
-    /// `deadline`, else kill. Marks the exit as requested and returns the work to run (its
-    /// outcome is a `Saved` detail); `None` when the container is not in the table.
+    /// Checkpoint-and-stop of one container: SIGTERM, wait for the exit up to `deadline`, else
+    /// kill. Returns the work to run (its outcome is a `Saved` detail); `None` when the
+    /// container is not known.
     fn begin_save(
         &mut self,
         id: &str,
         deadline: Duration,
-    ) -> Option<impl Future<Output = Result<Option<Detail>, String>> + Send + 'static> {
-        let entry = self.containers.get_mut(id)?;
-        entry.exit_requested = true;
-        let id = entry.container_id.clone();
-        let mut follower_done = entry.follower_done.clone();
-        let checkpoint_dir = entry.checkpoint_dir.clone();
+    ) -> Option<impl Future<Output = Result<Option<node::Detail>, String>> + Send + 'static> {
+        let io = self.io.get(id)?;
+        let id = id.to_string();
+        let mut follower_done = io.follower_done.clone();
+        let checkpoint_dir = io.checkpoint_dir.clone();
         let host_dir = self.cfg.checkpoint_root.join(&checkpoint_dir);
         let docker = self.docker.clone();
         let views = self.views.clone();
@@ -963,372 +1134,82 @@ impl Executor {
                     .await
                     .unwrap_or(0),
             };
-            Ok(Some(Detail::Saved(pb::Saved {
+            Ok(Some(node::Detail::Saved {
                 checkpoint_dir,
                 checkpoint_bytes,
                 step,
                 killed,
                 save_ms,
-            })))
+            }))
         })
     }
 
-    // ---- worker policies (FlowCon, SpeCon) and self-fencing ----
+    // ---- the session, the heartbeat's policy view ----
 
-    /// The session changed: track the disconnection clock, and follow the policy the manager
-    /// asked for in its last `Registered`.
+    /// The session changed: the core tracks the disconnection clock (self-fencing) and
+    /// follows the policy the manager asked for in its last `Registered`.
     async fn on_session(&mut self, status: &SessionStatus) {
-        if status.connected {
-            self.disconnected_since = None;
-            self.fenced = false;
-        } else if self.disconnected_since.is_none() {
-            self.disconnected_since = Some(Instant::now());
-        }
-        let mode = Mode::from_registered(status.registered.as_ref());
-        if status.registered.is_some() && mode != self.mode {
-            self.set_mode(mode).await;
-        }
+        self.observe();
+        let mode = status.registered.as_ref().map(|r| policy::mode(Some(r)));
+        self.step(
+            NodeInput::Session {
+                connected: status.connected,
+                mode,
+            },
+            Ctx::default(),
+        )
+        .await;
     }
 
-    async fn set_mode(&mut self, mode: Mode) {
-        let now = Instant::now();
-        info!(
-            flowcon = mode.flowcon,
-            migration = mode.migration,
-            "worker policy from the manager"
-        );
-        self.mode = mode;
-        if mode.flowcon && self.flowcon.is_none() {
-            match FlowConDriver::new(self.cfg.flowcon(), self.cfg.cpus, now) {
-                Ok(d) => self.flowcon = Some(d),
-                Err(e) => warn!(error = %e, "FlowCon not started: invalid parameters"),
-            }
-            self.flowcon_round(RoundTrigger::PolicyChanged, None).await;
-        } else if !mode.flowcon
-            && let Some(d) = self.flowcon.take()
-        {
-            // "free": containers compete freely within the worker's capacity again.
-            for id in d.limited {
-                if self.containers.get(&id).is_some_and(|e| !e.exiting) {
-                    let _ = self.apply_cpus(&id, self.cfg.cpus).await;
-                }
-            }
-        }
-        if mode.migration && self.specon.is_none() {
-            match SpeConDriver::new(self.cfg.specon(), now) {
-                Ok(d) => self.specon = Some(d),
-                Err(e) => warn!(error = %e, "SpeCon not started: invalid parameters"),
-            }
-        } else if !mode.migration {
-            self.specon = None;
-        }
-        self.publish();
-    }
-
-    /// The job containers on the worker (one per job, the newest epoch), as the rounds see them.
-    fn running(&self) -> Vec<Running> {
-        let mut by_job: BTreeMap<&str, &Entry> = BTreeMap::new();
-        for e in self.containers.values().filter(|e| !e.exiting) {
-            match by_job.get(e.job_id.as_str()) {
-                Some(old) if old.epoch >= e.epoch => {}
-                _ => {
-                    by_job.insert(&e.job_id, e);
-                }
-            }
-        }
-        by_job
-            .into_values()
-            .filter_map(|e| {
-                let v = self.views.get(&e.container_id)?;
-                if !matches!(
-                    v.state,
-                    pb::ContainerState::Running | pb::ContainerState::Paused
-                ) {
-                    return None;
-                }
-                // The counter itself at this instant (~15 µs), so that the interval CPU use is
-                // measured over exactly the round's interval; else the sampler's last reading.
-                let cpu_ns = self
-                    .cgroup
-                    .container_usage_paths(&e.container_id)
-                    .read()
-                    .ok()
-                    .map(|(cpu, _)| cpu)
-                    .or((v.cpu_total_ns > 0).then_some(v.cpu_total_ns));
-                let direction = match v.direction {
-                    Some(converge_contract::Direction::Maximize) => Direction::Maximize,
-                    Some(converge_contract::Direction::Minimize) => Direction::Minimize,
-                    None => e.direction.unwrap_or_default(),
-                };
-                Some(Running {
-                    job_id: e.job_id.clone(),
-                    epoch: e.epoch,
-                    container_id: e.container_id.clone(),
-                    sample: v.last_value.zip(v.last_value_at).map(|(x, t)| (t, x)),
-                    first_value: v.first_value,
-                    direction,
-                    cpu_ns,
-                    cpu_limit: v.cpu_limit,
-                })
-            })
-            .collect()
-    }
-
-    /// [`Self::run_flowcon_round`] in a span and timed.
-    async fn flowcon_round(
-        &mut self,
-        trigger: RoundTrigger,
-        event: Option<(Option<SystemTime>, Instant)>,
-    ) {
-        if self.flowcon.is_none() {
-            return;
-        }
-        // Each round is a trace of its own (not a child of the agent's lifelong span); logs
-        // still show it inside the agent's span.
-        let span = info_span!("flowcon_round", trigger = ?trigger);
-        converge_messenger::trace::set_remote_parent(&span, "");
-        let began = Instant::now();
-        self.run_flowcon_round(trigger, event)
-            .instrument(span)
-            .await;
-        self.metrics.round("flowcon", began.elapsed());
-    }
-
-    /// One FlowCon round (TCC'22 Alg. 1-3) and its limits applied; `event` is the Docker
-    /// event's own time and when the executor received it, for rounds an event started.
-    async fn run_flowcon_round(
-        &mut self,
-        trigger: RoundTrigger,
-        event: Option<(Option<SystemTime>, Instant)>,
-    ) {
-        if self.flowcon.is_none() {
-            return;
-        }
-        let running = self.running();
-        let Some(driver) = self.flowcon.as_mut() else {
-            return;
-        };
-        let plan = driver.round(Instant::now(), &running);
-        let current: HashMap<&str, Option<f64>> = running
-            .iter()
-            .map(|r| (r.container_id.as_str(), r.cpu_limit))
-            .collect();
-        // The updates are independent (each container's quota under the worker's), so they go
-        // to Docker together: a round costs one update's latency, not one per container.
-        let capacity = self.cfg.cpus;
-        let docker = &self.docker;
-        let updates = plan.targets.iter().map(|t| {
-            let now = current.get(t.container_id.as_str()).copied().flatten();
-            // Docker's quota has a 10 µs-per-100 ms grain; skip updates that change nothing.
-            let changed = now.is_none_or(|c| (c - t.cpus).abs() > 1e-4);
-            async move {
-                let error = if changed {
-                    update_cpus(docker, &t.container_id, t.cpus, capacity)
-                        .await
-                        .err()
-                } else {
-                    None
-                };
-                (t, now, changed, error)
-            }
-        });
-        let results = futures::future::join_all(updates).await;
-        let mut applied = Vec::with_capacity(results.len());
-        for (t, now, changed, error) in results {
-            if changed {
-                self.metrics.limit_applied("flowcon", error.is_none());
-            }
-            if changed && error.is_none() {
-                if let Some(mut v) = self.views.get_mut(&t.container_id) {
-                    v.cpu_limit = Some(t.cpus);
-                }
-                if let Some(d) = self.flowcon.as_mut() {
-                    d.limited.insert(t.container_id.clone());
-                }
-            }
-            applied.push(AppliedLimit {
-                job_id: t.job_id.clone(),
-                container_id: t.container_id.clone(),
-                cpus: if error.is_some() {
-                    now.unwrap_or(capacity)
-                } else {
-                    t.cpus
+    /// Copies the rounds' decisions into the heartbeat's view.
+    fn publish(&self, status: node::PolicyStatus) {
+        self.policy
+            .jobs
+            .retain(|id, _| status.jobs.iter().any(|j| &j.job_id == id));
+        for j in status.jobs {
+            self.policy.jobs.insert(
+                j.job_id,
+                JobPolicy {
+                    epoch: j.epoch,
+                    category: policy::category_to_pb(j.category),
+                    growth_efficiency: j.growth_efficiency,
                 },
-                changed,
-                error,
-            });
-        }
-        let event_to_applied =
-            event.and_then(|(at, _)| at.and_then(|at| SystemTime::now().duration_since(at).ok()));
-        let received_to_applied = event.map(|(_, received)| received.elapsed());
-        debug!(
-            ?trigger,
-            alpha = plan.decisions.alpha,
-            itval = plan.decisions.itval,
-            ?event_to_applied,
-            ?received_to_applied,
-            limits = ?applied.iter().map(|a| (a.job_id.as_str(), a.cpus)).collect::<Vec<_>>(),
-            "FlowCon round"
-        );
-        self.publish();
-        if let Some(tx) = &self.cfg.round_reports {
-            let _ = tx.try_send(RoundReport {
-                trigger,
-                decisions: plan.decisions,
-                applied,
-                usage: plan.usage,
-                event_to_applied,
-                received_to_applied,
-            });
-        }
-    }
-
-    /// Sets a container's CPU limit (cores) through the same Docker update as `SetLimits`.
-    async fn apply_cpus(&mut self, id: &str, cpus: f64) -> Result<(), String> {
-        let updated = update_cpus(&self.docker, id, cpus, self.cfg.cpus).await;
-        self.metrics.limit_applied("flowcon", updated.is_ok());
-        let cpus = updated?;
-        if let Some(mut v) = self.views.get_mut(id) {
-            v.cpu_limit = Some(cpus);
-        }
-        Ok(())
-    }
-
-    /// One SpeCon Alg. 1 categorization, and a MigrationRequest for each converged job it names.
-    async fn specon_round(&mut self) {
-        // A trace of its own, like FlowCon's rounds.
-        let span = info_span!("specon_round");
-        converge_messenger::trace::set_remote_parent(&span, "");
-        let began = Instant::now();
-        self.run_specon_round().instrument(span).await;
-        self.metrics.round("specon", began.elapsed());
-    }
-
-    async fn run_specon_round(&mut self) {
-        let running = self.running();
-        let Some(driver) = self.specon.as_mut() else {
-            return;
-        };
-        let requests = driver.round(Instant::now(), &running);
-        self.publish();
-        for r in requests {
-            info!(job = %r.job_id, epoch = r.epoch, reason = %r.reason, "requesting migration");
-            self.outbox.send(Kind::MigrationRequest(r)).await;
-        }
-    }
-
-    /// Copies the rounds' decisions into the heartbeat's view: FlowCon's lists when it runs
-    /// (also under `converge`, where SpeCon's categories only drive the requests), else
-    /// SpeCon's categories.
-    fn publish(&self) {
-        let epochs: HashMap<&str, u64> = self
-            .containers
-            .values()
-            .filter(|e| !e.exiting)
-            .map(|e| (e.job_id.as_str(), e.epoch))
-            .collect();
-        let mut jobs: HashMap<String, JobPolicy> = HashMap::new();
-        if let Some(d) = &self.flowcon {
-            for s in d.flowcon().snapshots() {
-                if let Some(&epoch) = epochs.get(s.job_id.as_str()) {
-                    jobs.insert(
-                        s.job_id,
-                        JobPolicy {
-                            epoch,
-                            category: policy::category_to_pb(s.category),
-                            growth_efficiency: s.growth_efficiency,
-                        },
-                    );
-                }
-            }
-        } else if let Some(d) = &self.specon {
-            for (id, c) in d.categories() {
-                if let Some(&epoch) = epochs.get(id.as_str()) {
-                    jobs.insert(
-                        id.clone(),
-                        JobPolicy {
-                            epoch,
-                            category: policy::category_to_pb(c),
-                            growth_efficiency: None,
-                        },
-                    );
-                }
-            }
-        }
-        self.policy.jobs.retain(|id, _| jobs.contains_key(id));
-        for (id, p) in jobs {
-            self.policy.jobs.insert(id, p);
+            );
         }
         *self
             .policy
             .flowcon
             .lock()
-            .unwrap_or_else(|e| e.into_inner()) = self
-            .flowcon
-            .as_ref()
-            .map(|d| (d.flowcon().alpha(), d.flowcon().itval()));
-    }
-
-    /// When this disconnection fences the containers (None: connected, fenced, or off).
-    fn fence_at(&self) -> Option<Instant> {
-        if self.cfg.fence_after.is_zero() || self.fenced {
-            return None;
-        }
-        self.disconnected_since.map(|t| t + self.cfg.fence_after)
-    }
-
-    /// Self-fencing: no manager for `--fence-after`. The manager will declare this worker lost
-    /// and restart its jobs elsewhere from their checkpoints (after its `--recover-lost-after`),
-    /// so every job container here is checkpointed and stopped first: at most one incarnation
-    /// of a job ever runs. Their exits are reported with the next registration.
-    fn fence(&mut self) {
-        self.fenced = true;
-        let ids: Vec<(String, String, u64)> = self
-            .containers
-            .values()
-            .filter(|e| !e.exiting && !e.exit_requested)
-            .map(|e| (e.container_id.clone(), e.job_id.clone(), e.epoch))
-            .collect();
-        if ids.is_empty() {
-            return;
-        }
-        warn!(
-            containers = ids.len(),
-            fence_after = ?self.cfg.fence_after,
-            "no manager for longer than --fence-after: checkpointing and stopping every job \
-             container, so that a job restarted elsewhere never runs twice"
-        );
-        let deadline = self.cfg.stop_grace.max(Duration::from_secs(1));
-        for (id, job, epoch) in ids {
-            let Some(saving) = self.begin_save(&id, deadline) else {
-                continue;
-            };
-            tokio::spawn(
-                async move {
-                    match saving.await {
-                        Ok(Some(Detail::Saved(s))) => info!(
-                            %job, epoch, step = s.step, killed = s.killed, save_ms = s.save_ms,
-                            "fenced: checkpointed and stopped"
-                        ),
-                        Ok(_) => info!(%job, epoch, "fenced: stopped"),
-                        Err(e) => {
-                            warn!(%job, epoch, error = %e, "fencing could not stop the container")
-                        }
-                    }
-                }
-                .in_current_span(),
-            );
-        }
+            .unwrap_or_else(|e| e.into_inner()) = status.flowcon;
     }
 
     // ---- events and exits ----
 
     async fn on_internal(&mut self, msg: Internal) {
         match msg {
-            Internal::Done(r) => self.finish(r).await,
+            Internal::Done {
+                command_id,
+                action,
+                outcome,
+            } => {
+                let ctx = Ctx {
+                    action: Some(action),
+                    ..Ctx::default()
+                };
+                self.step(
+                    NodeInput::Done {
+                        command_id,
+                        outcome,
+                    },
+                    ctx,
+                )
+                .await;
+            }
             Internal::Finalized(id) => {
-                self.containers.remove(&id);
+                self.io.remove(&id);
                 self.views.remove(&id);
+                self.step(NodeInput::Gone { container_id: id }, Ctx::default())
+                    .await;
             }
             Internal::Event(ev) => self.on_event(*ev).await,
         }
@@ -1340,9 +1221,13 @@ impl Executor {
         let Some(actor) = ev.actor else { return };
         let Some(id) = actor.id else { return };
         let attrs = actor.attributes.unwrap_or_default();
-        if !self.containers.contains_key(&id) {
+        if self.core.container(&id).is_none() {
             return;
         }
+        let ctx = Ctx {
+            event: Some((at, received)),
+            ..Ctx::default()
+        };
         match ev.action.as_deref().unwrap_or("") {
             action @ ("start" | "unpause") => {
                 if let Some(mut v) = self.views.get_mut(&id)
@@ -1351,10 +1236,9 @@ impl Executor {
                     v.state = pb::ContainerState::Running;
                 }
                 if action == "start" {
-                    // FlowCon TCC'22 Alg. 2 lines 5-9: a new container joins NL and Alg. 1 runs
-                    // now, not at the end of the interval.
-                    let job_id = self.containers[&id].job_id.clone();
-                    self.flowcon_round(RoundTrigger::Started { job_id }, Some((at, received)))
+                    // FlowCon's Alg. 2: the core runs a round now.
+                    self.observe();
+                    self.step(NodeInput::Started { container_id: id }, ctx)
                         .await;
                 }
             }
@@ -1364,36 +1248,40 @@ impl Executor {
                 }
             }
             "oom" => {
-                if let Some(e) = self.containers.get_mut(&id) {
-                    e.oom = true;
+                if let Some(io) = self.io.get_mut(&id) {
+                    io.oom = true;
                 }
             }
             "die" => {
-                let code = attrs.get("exitCode").and_then(|c| c.parse::<i32>().ok());
-                let first = self.containers.get(&id).is_some_and(|e| !e.exiting);
-                self.begin_exit(&id, code);
-                if first {
-                    // FlowCon TCC'22 Alg. 2 lines 10-17: a finished container leaves its list,
-                    // releases its share, and Alg. 1 runs now.
-                    let job_id = self.containers[&id].job_id.clone();
-                    self.flowcon_round(RoundTrigger::Died { job_id }, Some((at, received)))
-                        .await;
-                }
+                let exit_code = attrs.get("exitCode").and_then(|c| c.parse::<i32>().ok());
+                self.observe();
+                self.step(
+                    NodeInput::Died {
+                        container_id: id,
+                        exit_code,
+                    },
+                    ctx,
+                )
+                .await;
             }
             other => debug!(action = other, "ignoring a container event"),
         }
     }
 
-    /// Starts reporting a container's exit (once).
-    fn begin_exit(&mut self, id: &str, code: Option<i32>) {
-        let Some(e) = self.containers.get_mut(id) else {
+    /// Reports a container's exit (the core asks once per container).
+    fn begin_exit(&mut self, exit: node::ExitToReport) {
+        let node::ExitToReport {
+            container_id: id,
+            job_id,
+            epoch,
+            exit_code: code,
+            requested,
+            remove,
+        } = exit;
+        let Some(io) = self.io.get(&id) else {
             return;
         };
-        if e.exiting {
-            return;
-        }
-        e.exiting = true;
-        if let Some(mut v) = self.views.get_mut(id) {
+        if let Some(mut v) = self.views.get_mut(&id) {
             v.state = pb::ContainerState::Exited;
             v.exit_code = code.or(v.exit_code);
         }
@@ -1402,11 +1290,8 @@ impl Executor {
         let progress = self.progress.clone();
         let outbox = self.outbox.clone();
         let internal = self.internal_tx.clone();
-        let mut follower_done = e.follower_done.clone();
-        let (job_id, epoch, requested, oom_event) =
-            (e.job_id.clone(), e.epoch, e.exit_requested, e.oom);
-        let id = id.to_string();
-        let remove = !self.cfg.keep_exited || e.remove_on_exit;
+        let mut follower_done = io.follower_done.clone();
+        let oom_event = io.oom;
         let mut session = self.session.clone();
         let heartbeat = self.cfg.heartbeat_interval;
         tokio::spawn(
@@ -1473,6 +1358,80 @@ impl Executor {
         {
             warn!(container = %id, error = %docker::describe(&e), "could not remove container");
         }
+    }
+}
+
+/// A command from the wire as the core's plain data.
+pub fn decode(cmd: &pb::Command) -> node::Command {
+    let action = match &cmd.action {
+        None => node::Action::Unknown,
+        Some(Action::Start(s)) => node::Action::Start {
+            direction: s
+                .spec
+                .as_ref()
+                .and_then(|j| match pb::Direction::try_from(j.direction) {
+                    Ok(pb::Direction::Maximize) => Some(Direction::Maximize),
+                    Ok(pb::Direction::Minimize) => Some(Direction::Minimize),
+                    _ => None,
+                }),
+            cpus: s.cpus,
+        },
+        Some(Action::SetLimits(l)) => node::Action::SetLimits {
+            cpus: l.cpus,
+            cpu_shares: l.cpu_shares,
+        },
+        Some(Action::Pause(_)) => node::Action::Pause,
+        Some(Action::Resume(_)) => node::Action::Resume,
+        Some(Action::Stop(s)) => node::Action::Stop {
+            remove: s.remove,
+            reason: s.reason.clone(),
+        },
+        Some(Action::Save(s)) => node::Action::Save {
+            deadline: (s.deadline_ms > 0).then(|| f64::from(s.deadline_ms) / 1000.0),
+        },
+    };
+    node::Command {
+        id: cmd.command_id.clone(),
+        job_id: cmd.job_id.clone(),
+        epoch: cmd.epoch,
+        action,
+    }
+}
+
+/// A result from the core as a wire message.
+pub fn encode(r: node::CommandResult) -> pb::CommandResult {
+    pb::CommandResult {
+        command_id: r.command_id,
+        job_id: r.job_id,
+        epoch: r.epoch,
+        ok: r.ok,
+        error: r.error,
+        replayed: r.replayed,
+        detail: r.detail.map(|d| match d {
+            node::Detail::Started {
+                container_id,
+                from_checkpoint,
+            } => Detail::Started(pb::Started {
+                container_id,
+                from_checkpoint,
+            }),
+            node::Detail::Limits { cpus, cpu_shares } => {
+                Detail::Limits(pb::LimitsApplied { cpus, cpu_shares })
+            }
+            node::Detail::Saved {
+                checkpoint_dir,
+                checkpoint_bytes,
+                step,
+                killed,
+                save_ms,
+            } => Detail::Saved(pb::Saved {
+                checkpoint_dir,
+                checkpoint_bytes,
+                step,
+                killed,
+                save_ms,
+            }),
+        }),
     }
 }
 
@@ -1549,23 +1508,19 @@ async fn wait_reported(session: &mut watch::Receiver<SessionStatus>, heartbeat: 
     }
 }
 
-/// Sets a container's CPU limit to `cpus` cores (clamped to the worker's capacity); returns
-/// the limit now in force.
-async fn update_cpus(docker: &Docker, id: &str, cpus: f64, capacity: f64) -> Result<f64, String> {
-    let cpus = cgroup::clamp_cpus(cpus, capacity);
+/// Sets a container's CPU quota to `cpus` cores (the core's round already kept it within the
+/// worker).
+async fn update_cpus(docker: &Docker, id: &str, cpus: f64) -> Result<(), String> {
     let update = ContainerUpdateBody {
         nano_cpus: Some(cgroup::nano_cpus(cpus)),
         ..Default::default()
     };
-    match docker.update_container(id, update).await {
-        Ok(()) => Ok(cpus),
-        Err(e) => {
-            let why = format!("cannot update CPU limits: {}", docker::describe(&e));
-            // The container may have exited since the round looked (its die event follows).
-            debug!(container = %id, error = %why, "limit not applied");
-            Err(why)
-        }
-    }
+    docker.update_container(id, update).await.map_err(|e| {
+        let why = format!("cannot update CPU limits: {}", docker::describe(&e));
+        // The container may have exited since the round looked (its die event follows).
+        debug!(container = %id, error = %why, "limit not applied");
+        why
+    })
 }
 
 /// Sleeps until `at`; never returns for `None`.
@@ -1622,93 +1577,70 @@ fn unix_ns() -> i128 {
 mod tests {
     use super::*;
 
-    fn cmd(id: &str, job: &str, epoch: u64) -> pb::Command {
+    fn cmd(action: Option<Action>) -> pb::Command {
         pb::Command {
-            command_id: id.into(),
-            job_id: job.into(),
-            epoch,
-            action: Some(Action::Pause(pb::Pause {})),
+            command_id: "c1".into(),
+            job_id: "j".into(),
+            epoch: 3,
+            action,
             ..Default::default()
         }
     }
 
     #[test]
-    fn a_command_older_than_the_newest_epoch_is_refused() {
-        let mut l = CommandLedger::default();
-        assert_eq!(l.admit(&cmd("a", "j", 2)), Admission::Execute);
-        l.record(result_of(&cmd("a", "j", 2), Ok(None)));
-        match l.admit(&cmd("b", "j", 1)) {
-            Admission::Stale(r) => {
-                assert!(!r.ok);
-                assert_eq!(r.error, "stale epoch 1 < 2");
-                assert_eq!(r.epoch, 1);
+    fn commands_decode_to_the_cores_plain_data() {
+        let start = pb::Start {
+            spec: Some(pb::JobSpec {
+                direction: pb::Direction::Maximize as i32,
+                ..Default::default()
+            }),
+            cpus: 1.5,
+            ..Default::default()
+        };
+        let c = decode(&cmd(Some(Action::Start(start))));
+        assert_eq!((c.id.as_str(), c.job_id.as_str(), c.epoch), ("c1", "j", 3));
+        assert_eq!(
+            c.action,
+            node::Action::Start {
+                direction: Some(Direction::Maximize),
+                cpus: 1.5
             }
-            other => panic!("expected stale, got {other:?}"),
-        }
-        // The same epoch and newer ones are accepted; other jobs are independent.
-        assert_eq!(l.admit(&cmd("c", "j", 2)), Admission::Execute);
-        assert_eq!(l.admit(&cmd("d", "j", 3)), Admission::Execute);
-        l.record(result_of(&cmd("d", "j", 3), Ok(None)));
-        assert_eq!(l.epoch("j"), Some(3));
-        assert_eq!(l.admit(&cmd("e", "k", 1)), Admission::Execute);
-    }
-
-    #[test]
-    fn a_failed_command_raises_no_fence() {
-        let mut l = CommandLedger::default();
-        l.observe_epoch("j", 1);
-        // Start of epoch 2 fails (epoch 1 still runs here) ...
-        assert_eq!(l.admit(&cmd("start2", "j", 2)), Admission::Execute);
-        l.record(result_of(
-            &cmd("start2", "j", 2),
-            Err("already runs epoch 1".into()),
-        ));
-        // ... so the Stop of epoch 1 that clears the way is not stale.
-        assert_eq!(l.admit(&cmd("stop1", "j", 1)), Admission::Execute);
-        assert_eq!(l.epoch("j"), Some(1));
-    }
-
-    #[test]
-    fn adopted_epochs_fence_commands() {
-        let mut l = CommandLedger::default();
-        l.observe_epoch("j", 5);
-        l.observe_epoch("j", 4);
-        assert!(matches!(l.admit(&cmd("a", "j", 4)), Admission::Stale(_)));
-        assert_eq!(l.admit(&cmd("b", "j", 5)), Admission::Execute);
-    }
-
-    #[test]
-    fn a_repeated_command_id_replays_the_earlier_result() {
-        let mut l = CommandLedger::default();
-        assert_eq!(l.admit(&cmd("a", "j", 1)), Admission::Execute);
-        // While it runs, a repeat is neither executed nor answered twice.
-        assert_eq!(l.admit(&cmd("a", "j", 1)), Admission::InFlight);
-        l.record(result_of(&cmd("a", "j", 1), Err("boom".into())));
-        match l.admit(&cmd("a", "j", 1)) {
-            Admission::Replay(r) => {
-                assert!(r.replayed);
-                assert!(!r.ok);
-                assert_eq!(r.error, "boom");
+        );
+        let save = decode(&cmd(Some(Action::Save(pb::Save { deadline_ms: 2500 }))));
+        assert_eq!(
+            save.action,
+            node::Action::Save {
+                deadline: Some(2.5)
             }
-            other => panic!("expected replay, got {other:?}"),
-        }
-        // A stale refusal is remembered too.
-        l.observe_epoch("j", 9);
-        assert!(matches!(l.admit(&cmd("s", "j", 1)), Admission::Stale(_)));
-        assert!(matches!(l.admit(&cmd("s", "j", 1)), Admission::Replay(r) if r.replayed && !r.ok));
+        );
+        let save = decode(&cmd(Some(Action::Save(pb::Save { deadline_ms: 0 }))));
+        assert_eq!(save.action, node::Action::Save { deadline: None });
+        assert_eq!(decode(&cmd(None)).action, node::Action::Unknown);
     }
 
     #[test]
-    fn the_result_cache_is_bounded() {
-        let mut l = CommandLedger::with_capacity(3);
-        for i in 0..5 {
-            let c = cmd(&format!("c{i}"), "j", 1);
-            assert_eq!(l.admit(&c), Admission::Execute);
-            l.record(result_of(&c, Ok(None)));
+    fn results_encode_with_their_detail() {
+        let r = node::CommandResult {
+            command_id: "c1".into(),
+            job_id: "j".into(),
+            epoch: 3,
+            ok: true,
+            error: String::new(),
+            replayed: true,
+            detail: Some(node::Detail::Saved {
+                checkpoint_dir: "j".into(),
+                checkpoint_bytes: 7,
+                step: 120,
+                killed: false,
+                save_ms: 40,
+            }),
+        };
+        let pb = encode(r);
+        assert!(pb.ok && pb.replayed);
+        assert_eq!((pb.command_id.as_str(), pb.epoch), ("c1", 3));
+        match pb.detail {
+            Some(Detail::Saved(s)) => assert_eq!((s.step, s.checkpoint_bytes), (120, 7)),
+            other => panic!("{other:?}"),
         }
-        assert_eq!(l.results.len(), 3);
-        // The oldest were forgotten: executing again is the only option left.
-        assert_eq!(l.admit(&cmd("c0", "j", 1)), Admission::Execute);
-        assert!(matches!(l.admit(&cmd("c4", "j", 1)), Admission::Replay(_)));
     }
 }

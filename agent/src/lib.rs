@@ -9,9 +9,12 @@
 //!   commands until the shutdown token is cancelled. Containers keep running after the agent
 //!   stops; the next agent adopts them.
 //! - [`config`]: the command line ([`Cli`]) and the validated [`Config`].
-//! - `executor`: the actor that owns the containers: commands (with fencing by epoch and
-//!   idempotency by command id, see [`executor::CommandLedger`]), Docker events, exit reports,
-//!   re-adoption. Start reading here.
+//! - `executor`: the I/O shell around the worker's decision core
+//!   (`converge_core::node::NodeCore`, which the simulator drives too): the core decides
+//!   (fencing by epoch, idempotency by command id, FlowCon's and SpeCon's rounds,
+//!   self-fencing); the executor feeds it commands, Docker events, measurements and the
+//!   session, and carries out its effects (Docker, results and requests for the manager, the
+//!   heartbeat's policy view), plus re-adoption. Start reading here.
 //! - `monitor`: log followers (progress lines), the progress batcher and the usage sampler,
 //!   and the measurement behind reading usage from cgroup files rather than the stats API.
 //! - [`cgroup`]: the worker's parent cgroup (v1 and v2), quota math and usage files.
@@ -21,8 +24,8 @@
 //! - [`docker`]: bollard connection, container names and labels, `Start` → container body.
 //! - [`policy`]: the worker side of the manager's policy: FlowCon's elastic CPU limits
 //!   (TCC'22 Alg. 1-3, rounds every `--flowcon-interval` and at once on a container start or
-//!   die) and SpeCon's Alg. 1 (migration requests for converged jobs), both driven by the
-//!   executor from real progress and cgroup CPU time.
+//!   die) and SpeCon's Alg. 1 (migration requests for converged jobs), decided by the node
+//!   core from real progress and cgroup CPU time; the round reports and wire conversions.
 //! - `view`: the read-mostly per-container view the heartbeat and registration read, and the
 //!   policy rounds' categories, growth efficiencies and threshold.
 //! - [`metrics`]: the agent's Prometheus metrics (its own registry), served at `/metrics`
@@ -30,8 +33,8 @@
 //!   `traceparent`; `docs/observability.md` describes traces, metrics and logs.
 //!
 //! ## Self-fencing
-//! After `--fence-after` (30 s) without a manager the executor checkpoints and stops every
-//! job container (see [`Config::fence_after`] for how this relates to the manager's
+//! After `--fence-after` (30 s) without a manager the node core has every job container
+//! checkpointed and stopped (see [`Config::fence_after`] for how this relates to the manager's
 //! `--recover-lost-after`), so a job the manager restarts elsewhere never runs twice.
 //!
 //! ## Running an agent in-process
@@ -191,7 +194,7 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
         policy,
         metrics,
         shutdown.clone(),
-    )
+    )?
     .run(cmd_rx, ready_tx)
     .await?;
     let _ = session.await;

@@ -14,5 +14,10 @@
 //!   with every transition in one function each.
 //! - [`cluster::policy`]: the one interface every cluster policy implements (spread,
 //!   least-allocated, round-robin, flowcon, specon, value, ...).
+//! - [`node`]: one worker's core, the agent's executor without its I/O.
+//!   [`node::NodeCore::step`] takes one [`node::NodeInput`] (a command, a container event or
+//!   measurement, the session, a tick) and returns the [`node::NodeEffect`]s (Docker actions,
+//!   results and requests for the manager, FlowCon's quotas, the next tick).
 
 pub mod cluster;
+pub mod node;

@@ -18,6 +18,9 @@
 //!   confidence.
 //! - [`flowcon`]: [`flowcon::FlowCon`], one worker's executor (Alg. 1, 2, 3) with the step
 //!   [`flowcon::FlowCon::on_round`], and [`flowcon::FlowConPlacer`] (Alg. 4).
+//! - [`limits`]: FlowCon's limits as Docker CPU quotas ([`limits::cpu_quotas`]: lower bound,
+//!   capacity, work-conserving scaling), the one conversion the agent applies and the
+//!   simulator's CPU model caps jobs with.
 //! - [`specon`]: [`specon::SpeCon`], the manager's cluster-wide state machine (Alg. 1, 2, 3)
 //!   with the step [`specon::SpeCon::on_round`]; [`specon::select_host`] and
 //!   [`specon::rebalance_plan`] are the pure kernels.
@@ -39,6 +42,7 @@ mod error;
 pub mod estimate;
 pub mod flowcon;
 pub mod growth;
+pub mod limits;
 pub mod specon;
 pub mod value;
 

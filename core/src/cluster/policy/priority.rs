@@ -10,7 +10,7 @@
 //! cores (FlowCon's lower bound, flowcon-icpp2019.txt Alg. 1 line 22, β = 2), so no job starves;
 //! a job with no estimate (no progress lines, no finished jobs to compare with) gets a fair
 //! share `capacity / n`; what is left goes to the jobs in priority order, each up to what it
-//! can use ([`usable`]). Limits are recomputed for a worker on each of its heartbeats and sent only when
+//! can use (`usable`). Limits are recomputed for a worker on each of its heartbeats and sent only when
 //! they change by more than [`MIN_CHANGE`] cores, so a steady worker sees no commands.
 
 use std::collections::BTreeMap;

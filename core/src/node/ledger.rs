@@ -1,0 +1,206 @@
+//! Fencing by epoch and idempotency by command id, as plain data.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use super::types::{Command, CommandResult, RESULT_CACHE};
+
+/// What the ledger says about a command before it runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Admission {
+    /// New and current: execute it.
+    Execute,
+    /// Seen before and answered: send this again (marked `replayed`).
+    Replay(CommandResult),
+    /// Seen before and still running: its result will be sent when it finishes.
+    InFlight,
+    /// Older than the newest epoch of its job: refused with this result (already recorded).
+    Stale(CommandResult),
+}
+
+/// The newest epoch seen per job, the results of the last `capacity` commands, and the
+/// commands still running.
+#[derive(Debug, Clone)]
+pub struct CommandLedger {
+    epochs: HashMap<String, u64>,
+    results: HashMap<String, CommandResult>,
+    order: VecDeque<String>,
+    in_flight: HashSet<String>,
+    capacity: usize,
+}
+
+impl Default for CommandLedger {
+    fn default() -> Self {
+        Self::with_capacity(RESULT_CACHE)
+    }
+}
+
+impl CommandLedger {
+    /// A ledger remembering the last `capacity` results (at least one).
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self {
+            epochs: HashMap::new(),
+            results: HashMap::new(),
+            order: VecDeque::new(),
+            in_flight: HashSet::new(),
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// Records an epoch seen outside a command (an adopted container's label).
+    pub fn observe_epoch(&mut self, job: &str, epoch: u64) {
+        let e = self.epochs.entry(job.to_string()).or_insert(epoch);
+        *e = (*e).max(epoch);
+    }
+
+    /// The newest epoch seen for a job.
+    pub fn epoch(&self, job: &str) -> Option<u64> {
+        self.epochs.get(job).copied()
+    }
+
+    /// Results remembered.
+    pub fn cached(&self) -> usize {
+        self.results.len()
+    }
+
+    /// Decides what to do with a command; an admitted command is marked in flight.
+    pub fn admit(&mut self, cmd: &Command) -> Admission {
+        if let Some(r) = self.results.get(&cmd.id) {
+            let mut r = r.clone();
+            r.replayed = true;
+            return Admission::Replay(r);
+        }
+        if self.in_flight.contains(&cmd.id) {
+            return Admission::InFlight;
+        }
+        if let Some(&newest) = self.epochs.get(&cmd.job_id)
+            && cmd.epoch < newest
+        {
+            let r = CommandResult::of(cmd, Err(format!("stale epoch {} < {newest}", cmd.epoch)));
+            self.record(r.clone());
+            return Admission::Stale(r);
+        }
+        self.in_flight.insert(cmd.id.clone());
+        Admission::Execute
+    }
+
+    /// Remembers a command's result (evicting the oldest beyond the capacity).
+    ///
+    /// A successful command's epoch becomes its job's newest. A failed one raises no fence:
+    /// a Start of epoch 2 refused because epoch 1 still runs here must not make the Stop of
+    /// epoch 1 that would clear the way "stale".
+    pub fn record(&mut self, result: CommandResult) {
+        self.in_flight.remove(&result.command_id);
+        if result.ok {
+            self.observe_epoch(&result.job_id, result.epoch);
+        }
+        if self.results.contains_key(&result.command_id) {
+            return;
+        }
+        self.order.push_back(result.command_id.clone());
+        self.results.insert(result.command_id.clone(), result);
+        while self.order.len() > self.capacity {
+            if let Some(old) = self.order.pop_front() {
+                self.results.remove(&old);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::types::Action;
+
+    fn cmd(id: &str, job: &str, epoch: u64) -> Command {
+        Command {
+            id: id.into(),
+            job_id: job.into(),
+            epoch,
+            action: Action::Pause,
+        }
+    }
+
+    fn ok(c: &Command) -> CommandResult {
+        CommandResult::of(c, Ok(None))
+    }
+
+    #[test]
+    fn a_command_older_than_the_newest_epoch_is_refused() {
+        let mut l = CommandLedger::default();
+        assert_eq!(l.admit(&cmd("a", "j", 2)), Admission::Execute);
+        l.record(ok(&cmd("a", "j", 2)));
+        match l.admit(&cmd("b", "j", 1)) {
+            Admission::Stale(r) => {
+                assert!(!r.ok);
+                assert_eq!(r.error, "stale epoch 1 < 2");
+                assert_eq!(r.epoch, 1);
+            }
+            other => panic!("expected stale, got {other:?}"),
+        }
+        // The same epoch and newer ones are accepted; other jobs are independent.
+        assert_eq!(l.admit(&cmd("c", "j", 2)), Admission::Execute);
+        assert_eq!(l.admit(&cmd("d", "j", 3)), Admission::Execute);
+        l.record(ok(&cmd("d", "j", 3)));
+        assert_eq!(l.epoch("j"), Some(3));
+        assert_eq!(l.admit(&cmd("e", "k", 1)), Admission::Execute);
+    }
+
+    #[test]
+    fn a_failed_command_raises_no_fence() {
+        let mut l = CommandLedger::default();
+        l.observe_epoch("j", 1);
+        // Start of epoch 2 fails (epoch 1 still runs here) ...
+        assert_eq!(l.admit(&cmd("start2", "j", 2)), Admission::Execute);
+        l.record(CommandResult::of(
+            &cmd("start2", "j", 2),
+            Err("already runs epoch 1".into()),
+        ));
+        // ... so the Stop of epoch 1 that clears the way is not stale.
+        assert_eq!(l.admit(&cmd("stop1", "j", 1)), Admission::Execute);
+        assert_eq!(l.epoch("j"), Some(1));
+    }
+
+    #[test]
+    fn adopted_epochs_fence_commands() {
+        let mut l = CommandLedger::default();
+        l.observe_epoch("j", 5);
+        l.observe_epoch("j", 4);
+        assert!(matches!(l.admit(&cmd("a", "j", 4)), Admission::Stale(_)));
+        assert_eq!(l.admit(&cmd("b", "j", 5)), Admission::Execute);
+    }
+
+    #[test]
+    fn a_repeated_command_id_replays_the_earlier_result() {
+        let mut l = CommandLedger::default();
+        assert_eq!(l.admit(&cmd("a", "j", 1)), Admission::Execute);
+        // While it runs, a repeat is neither executed nor answered twice.
+        assert_eq!(l.admit(&cmd("a", "j", 1)), Admission::InFlight);
+        l.record(CommandResult::of(&cmd("a", "j", 1), Err("boom".into())));
+        match l.admit(&cmd("a", "j", 1)) {
+            Admission::Replay(r) => {
+                assert!(r.replayed);
+                assert!(!r.ok);
+                assert_eq!(r.error, "boom");
+            }
+            other => panic!("expected replay, got {other:?}"),
+        }
+        // A stale refusal is remembered too.
+        l.observe_epoch("j", 9);
+        assert!(matches!(l.admit(&cmd("s", "j", 1)), Admission::Stale(_)));
+        assert!(matches!(l.admit(&cmd("s", "j", 1)), Admission::Replay(r) if r.replayed && !r.ok));
+    }
+
+    #[test]
+    fn the_result_cache_is_bounded() {
+        let mut l = CommandLedger::with_capacity(3);
+        for i in 0..5 {
+            let c = cmd(&format!("c{i}"), "j", 1);
+            assert_eq!(l.admit(&c), Admission::Execute);
+            l.record(ok(&c));
+        }
+        assert_eq!(l.cached(), 3);
+        // The oldest were forgotten: executing again is the only option left.
+        assert_eq!(l.admit(&cmd("c0", "j", 1)), Admission::Execute);
+        assert!(matches!(l.admit(&cmd("c4", "j", 1)), Admission::Replay(_)));
+    }
+}
