@@ -1,48 +1,70 @@
-//! The discrete-event engine: a virtual clock, an event heap, workers that share CPU like CFS,
-//! jobs whose training is work done, and the policy code driving it all.
+//! The discrete-event engine: the third shell around Converge's decision cores.
 //!
-//! Between events every job's CPU share is constant, so its work grows linearly; each worker is
-//! advanced lazily (only when an event touches it), so an event costs work proportional to the
-//! jobs on one worker, not the cluster. Completion events carry the worker's version and are
-//! dropped when a later reallocation superseded them.
+//! The manager's decisions are one [`converge_core::cluster::Core`], the very one the manager's
+//! actor runs; every worker's decisions are one [`converge_core::node::NodeCore`], the very one
+//! the agent's executor runs. What this file adds is what the other shells get from the world:
+//! a virtual clock, an event heap, and modelled containers (training is work done at the CPU a
+//! CFS-like model gives each job, [`crate::cpu`]; the metric a job prints follows its curve with
+//! seeded noise, [`crate::curve`]).
 //!
-//! What is modelled, on purpose and no more: CPU sharing ([`crate::cpu`]), per-job parallelism,
-//! worker speed (calibration), metric noise (seeded), the manager's stale view between
-//! heartbeats, and the migration pause (save + restore seconds during which the job makes no
-//! progress). Runtimes are a model of the papers' testbeds, not a measurement of ours.
+//! How the shell plays the world's part:
+//! - every worker registers with the cluster core at time 0 (`Connected`, stream `w + 1`), and
+//!   its node core learns the worker mode from the answer (`Session`);
+//! - a job's arrival is a `Submit`; the cluster core's `Send` effects go to the worker's node
+//!   core as commands, and the node core's Docker actions are carried out on the model: a
+//!   `Create` starts a container (a restore makes progress only after the model's restore
+//!   time), a `Save` stops its progress at once and exits after the save time, `Stop`, `Pause`,
+//!   `Resume` act at once, `UpdateCpus` sets the container's hard quota (and CPU weight); the
+//!   node core's answers and exit reports go back to the cluster core as the agent sends them;
+//! - every heartbeat interval each worker sends a progress batch (step, total steps, the noisy
+//!   metric) and a heartbeat (each job's category and growth efficiency from its node core's
+//!   last published state, its quota as a fraction of the worker, its CPU use since the last
+//!   heartbeat), then the cluster core gets a `Tick` (and another whenever
+//!   [`Core::next_due`] asks for one in between);
+//! - each node core is ticked when its last `Wake` asks, after fresh CPU readings and
+//!   progress of every container (as the node module doc prescribes); its migration requests
+//!   go to the cluster core;
+//! - a job that finishes its work prints its last progress line and exits 0 (`Died`, then the
+//!   node core's exit report).
 //!
-//! Value-based allocation (value-based-allocation.txt) adds CPU shares (weights in the CPU
-//! model), pausing (a paused container stays on its worker and uses no CPU), stopping,
-//! rejection and dropping: [`PolicySpec::Value`] calls [`ValueAllocator`] at each arrival
-//! (after a tick that drops worthless jobs), after each completion (resumptions) and at each
-//! heartbeat (drops); [`PolicySpec::ValueGa`] runs the GA's static plan ([`crate::ga`]). A job's
-//! value is its curve at its completion, 0 if it did not complete.
+//! Messages are delivered in order, with no latency: everything one event causes happens at
+//! its virtual time, in a FIFO of inputs to the cores. Between events every job's CPU is
+//! constant, so its work grows linearly; each worker is advanced lazily (only when an event
+//! touches it), and completion events carry the worker's version and are dropped when a later
+//! reallocation superseded them.
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
 
-use converge_policy::flowcon::{FlowCon, FlowConConfig, FlowConPlacer, Observation};
-use converge_policy::growth::{Sample, Usage};
-use converge_policy::specon::{JobObservation, SpeCon, SpeConConfig, WorkerLoad};
-use converge_policy::value::{
-    Container, NodeState, OfflineJob, PreemptAction, ValueAction, ValueAllocator, ValueConfig,
-    ValueDecision, ValueJob,
+use converge_core::cluster::lifecycle::JobPhase;
+use converge_core::cluster::types::{self as wire, EventKind, JobState, WorkerMode};
+use converge_core::cluster::{Config, Core, Effect, Input};
+use converge_core::node::{
+    self as nd, Answer, Detail, DockerAction, Mode, NodeCore, NodeEffect, NodeInput, PolicyStatus,
 };
-use converge_policy::{JobRequest, Placement, Placer, RoundRobin, Spread, WorkerSnapshot};
+use converge_policy::flowcon::FlowConConfig;
+use converge_policy::growth::Direction;
+use converge_policy::limits::clamp_cpus;
+use converge_policy::value::OfflineJob;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::cpu::{fair_share, srpt_share, weighted_fair_share};
+use crate::cpu::{quota_share, srpt_share};
 use crate::curve::Catalog;
 use crate::error::{Error, Result};
 use crate::experiment::{Experiment, JobSpec, PolicySpec, SystemModel};
+use crate::policies;
 
 /// Hard stop against runaway runs (a bug, not a workload).
 const MAX_EVENTS: u64 = 500_000_000;
 
 /// Docker's default `--cpu-shares`: every container has it unless a value policy sets another.
 const DEFAULT_SHARES: u32 = 1024;
+
+/// Progress points the cluster core keeps per job: enough for its estimators' window (the
+/// manager's default of 256 would hold gigabytes at 100,000 jobs).
+const PROGRESS_HISTORY: usize = 32;
 
 /// How a job ended.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -57,6 +79,8 @@ pub enum Outcome {
     Dropped(String),
     /// A value policy stopped it to make room for another (the reason).
     Stopped(String),
+    /// The core gave it up (the reason); never expected in a simulation.
+    Failed(String),
 }
 
 impl Outcome {
@@ -84,9 +108,10 @@ pub struct ValueSummary {
     pub preemptions: u64,
     /// Resumptions of paused jobs.
     pub resumes: u64,
-    /// Arrival decisions taken by the allocator.
+    /// Arrival decisions taken by the core.
     pub decisions: u64,
-    /// Wall-clock seconds spent in those decisions, when the driver passed a timer.
+    /// Wall-clock seconds spent in the core's steps on those arrivals, when the driver passed
+    /// a timer.
     pub decision_seconds: Option<f64>,
 }
 
@@ -105,7 +130,7 @@ pub struct JobResult {
     pub jct: f64,
     /// Worker it finished on.
     pub worker: usize,
-    /// Times it was migrated.
+    /// Times it was migrated (moves the core saw complete).
     pub migrations: u32,
     /// How it ended.
     #[serde(default, skip_serializing_if = "Outcome::is_completed")]
@@ -135,10 +160,15 @@ pub struct Run {
     pub makespan: f64,
     /// Mean completion time.
     pub avg_jct: f64,
-    /// Events processed.
+    /// Events processed (the heap's: arrivals, heartbeats, timers, model completions).
     pub events: u64,
+    /// Inputs the cores consumed (cluster and node steps).
+    pub steps: u64,
     /// Migrations performed.
     pub migrations: u64,
+    /// Inputs the cluster core refused (an agent speaking of what it does not run, a forbidden
+    /// transition): 0 unless the shell or a core is wrong.
+    pub refusals: u64,
     /// Plots' data, if recorded.
     pub trace: Option<Trace>,
     /// Value-based allocation counts, for value-curve workloads.
@@ -146,17 +176,36 @@ pub struct Run {
     pub value: Option<ValueSummary>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 enum Event {
     Arrival(usize),
-    Completion { worker: usize, version: u64 },
-    FlowConRound { worker: usize, version: u64 },
-    SpeConRound,
     Heartbeat,
-    MigrationDone(usize),
+    /// The cluster core's own timer ([`Core::next_due`]).
+    CoreTick,
+    /// A node core's `Wake`.
+    NodeTick {
+        worker: usize,
+        version: u64,
+    },
+    /// The model: the next job on a worker finishes its work.
+    Completion {
+        worker: usize,
+        version: u64,
+    },
+    /// The model: a restored container has loaded its checkpoint and trains.
+    Restored {
+        job: usize,
+        epoch: u64,
+    },
+    /// The model: a container finished writing its checkpoint and exited.
+    SaveDone {
+        job: usize,
+        epoch: u64,
+        command: Option<String>,
+    },
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Scheduled {
     time: f64,
     seq: u64,
@@ -184,54 +233,108 @@ impl Ord for Scheduled {
     }
 }
 
+/// Where a job's current container is, as the model sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum State {
-    Pending,
-    Running(usize),
-    Migrating(usize),
-    /// On a worker, using no CPU (value-based preemption).
-    Paused(usize),
+enum Stage {
+    /// No container (not placed yet, or between a save and its restore).
+    Idle,
+    /// Created from a checkpoint, loading it: no progress yet.
+    Restoring,
+    /// Training.
+    Running,
+    /// Frozen (value-based preemption): on its worker, no CPU.
+    Paused,
+    /// Writing its checkpoint: no progress, exits after the save time.
+    Saving,
+    /// Finished its work.
     Done,
-    /// Rejected, dropped or stopped (see `SimJob::outcome`).
-    Ended,
+    /// Stopped for good.
+    Stopped,
+}
+
+impl Stage {
+    /// A container exists on a worker.
+    fn live(self) -> bool {
+        matches!(
+            self,
+            Stage::Restoring | Stage::Running | Stage::Paused | Stage::Saving
+        )
+    }
 }
 
 #[derive(Debug)]
 struct SimJob {
     spec: JobSpec,
+    /// Reference core-seconds of work done.
     done: f64,
+    /// CPU-seconds the current container used.
     cpu_seconds: f64,
-    state: State,
-    limit: f64,
+    stage: Stage,
+    /// Cores it gets now.
     alloc: f64,
-    finish: f64,
-    worker: usize,
-    migrations: u32,
-    round_cpu: f64,
-    round_time: f64,
-    initial: f64,
+    /// Its container's hard CPU quota, cores.
+    quota: f64,
+    /// Its container's CPU weight.
     shares: u32,
-    outcome: Outcome,
+    /// Finish time (NaN until done).
+    finish: f64,
+    /// Its current (or last) worker.
+    worker: usize,
+    /// Its current container's epoch.
+    epoch: u64,
+    /// The step a checkpoint holds (a restore resumes there).
+    checkpoint: Option<u64>,
+    /// Step budget it reports.
+    total_steps: u64,
+    /// (time, CPU-seconds) at its last heartbeat, for the CPU use heartbeats report.
+    heartbeat_cpu: (f64, f64),
+    direction: Direction,
 }
 
-#[derive(Debug)]
+impl SimJob {
+    fn container_id(&self) -> String {
+        format!("{}-{}", self.spec.id, self.epoch)
+    }
+
+    fn step(&self) -> u64 {
+        let fraction = (self.done / self.spec.work.max(1e-12)).clamp(0.0, 1.0);
+        ((fraction * self.total_steps as f64).floor() as u64).min(self.total_steps)
+    }
+
+    fn finished(&self) -> bool {
+        self.done >= self.spec.work * (1.0 - 1e-9) - 1e-9
+    }
+}
+
 struct SimWorker {
+    id: String,
     cpus: f64,
     calibration: f64,
+    node: NodeCore,
+    /// Jobs whose container lives here, by job index.
+    containers: BTreeSet<usize>,
+    /// Jobs sharing the CPU (running containers).
     jobs: Vec<usize>,
     last_update: f64,
     version: u64,
-    round_version: u64,
-    flowcon: Option<FlowCon>,
-    /// Paused containers (value-based preemption): here, but not sharing the CPU.
-    paused: Vec<usize>,
+    /// The node core's wake-up time and its event's version.
+    wake: Option<f64>,
+    wake_version: u64,
+    /// What the node core last published for heartbeats.
+    status: PolicyStatus,
 }
 
 /// How each worker shares CPU.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Sharing {
-    Fair,
+    Cfs,
     Srpt,
+}
+
+/// An input on its way to a core.
+enum Msg {
+    Core(Input),
+    Node(usize, NodeInput),
 }
 
 /// One simulation run of one policy over one job trace.
@@ -244,22 +347,26 @@ pub struct Simulation<'a> {
     seq: u64,
     jobs: Vec<SimJob>,
     workers: Vec<SimWorker>,
-    snapshots: Vec<WorkerSnapshot>,
-    placer: Box<dyn Placer>,
-    specon: Option<SpeCon>,
-    flowcon_config: Option<FlowConConfig>,
+    core: Core,
     sharing: Sharing,
     rng: ChaCha8Rng,
-    waiting: VecDeque<usize>,
+    queue: VecDeque<Msg>,
+    /// Workers whose CPU split changed in the current event.
+    dirty: BTreeSet<usize>,
     unfinished: usize,
     events: u64,
-    migrations: u64,
+    steps: u64,
+    refusals: u64,
     trace: Option<Trace>,
-    index_of: std::collections::HashMap<String, usize>,
-    value: Option<ValueAllocator>,
-    plan: Option<crate::ga::Plan>,
+    index_of: HashMap<String, usize>,
+    /// The CPU weight of each Start command on its way to a node core.
+    start_shares: HashMap<String, u32>,
+    core_tick_at: Option<f64>,
+    value_policy: bool,
     value_stats: ValueSummary,
     timer: Option<Box<dyn Fn() -> f64>>,
+    failure: Option<String>,
+    flowcon_config: Option<FlowConConfig>,
 }
 
 impl std::fmt::Debug for Simulation<'_> {
@@ -275,7 +382,7 @@ impl std::fmt::Debug for Simulation<'_> {
 
 impl<'a> Simulation<'a> {
     /// Sets up `policy` over the experiment's cluster and the given job trace. `record` keeps
-    /// time series for plots. The oracle takes the experiment baseline's placement.
+    /// time series for plots. The oracle takes the experiment baseline's policy.
     pub fn new(
         experiment: &Experiment,
         catalog: &'a Catalog,
@@ -284,105 +391,10 @@ impl<'a> Simulation<'a> {
         record: bool,
     ) -> Result<Self> {
         let workers_spec = experiment.worker_list();
-        let placement_of = |p: PolicySpec| -> Box<dyn Placer> {
-            match p {
-                PolicySpec::Flowcon {
-                    placement: true, ..
-                } => Box::new(FlowConPlacer),
-                PolicySpec::Flowcon { .. } | PolicySpec::DockerSwarm => Box::new(Spread),
-                PolicySpec::Specon { .. } | PolicySpec::Kubernetes => {
-                    Box::new(RoundRobin::default())
-                }
-                PolicySpec::Oracle => Box::new(Spread),
-                // Value policies place through the allocator or the plan, never the placer.
-                PolicySpec::Value { .. } | PolicySpec::ValueGa { .. } => Box::new(Spread),
-            }
-        };
-        let placer = match policy {
-            PolicySpec::Oracle => placement_of(experiment.baseline),
-            p => placement_of(p),
-        };
-        let flowcon_config = match policy {
-            PolicySpec::Flowcon {
-                alpha,
-                itval,
-                beta,
-                adaptive,
-                ..
-            } => {
-                let c = FlowConConfig {
-                    alpha,
-                    itval,
-                    beta,
-                    adaptive,
-                    ..FlowConConfig::default()
-                };
-                c.validate()?;
-                Some(c)
-            }
-            _ => None,
-        };
-        let specon = match policy {
-            PolicySpec::Specon {
-                alpha,
-                interval,
-                rebalance,
-            } => Some(SpeCon::new(SpeConConfig {
-                alpha,
-                interval,
-                rebalance,
-                ..SpeConConfig::default()
-            })?),
-            _ => None,
-        };
-        let workers: Vec<SimWorker> = workers_spec
-            .iter()
-            .map(|&(cpus, calibration)| {
-                Ok(SimWorker {
-                    cpus,
-                    calibration,
-                    jobs: Vec::new(),
-                    last_update: 0.0,
-                    version: 0,
-                    round_version: 0,
-                    flowcon: flowcon_config.map(FlowCon::new).transpose()?,
-                    paused: Vec::new(),
-                })
-            })
-            .collect::<Result<_>>()?;
-        let snapshots = workers_spec
-            .iter()
-            .enumerate()
-            .map(|(i, &(cpus, calibration))| WorkerSnapshot {
-                id: format!("worker-{}", i + 1),
-                cpu_capacity: cpus,
-                cpu_requested: 0.0,
-                memory_capacity: u64::MAX,
-                memory_requested: 0,
-                running: 0,
-                calibration,
-                schedulable: true,
-                jobs: Vec::new(),
-            })
-            .collect();
-        let sim_jobs = jobs
-            .iter()
-            .map(|spec| SimJob {
-                initial: catalog.get(spec.model).curve.value(0.0),
-                spec: spec.clone(),
-                done: 0.0,
-                cpu_seconds: 0.0,
-                state: State::Pending,
-                limit: 1.0,
-                alloc: 0.0,
-                finish: f64::NAN,
-                worker: usize::MAX,
-                migrations: 0,
-                round_cpu: 0.0,
-                round_time: 0.0,
-                shares: DEFAULT_SHARES,
-                outcome: Outcome::Completed,
-            })
+        // Zero-padded, so the core's id order is the numeric order.
+        let width = workers_spec.len().to_string().len();
+        let worker_ids: Vec<String> = (0..workers_spec.len())
+            .map(|i| format!("worker-{:0width$}", i + 1))
             .collect();
         let value_policy = matches!(
             policy,
@@ -395,12 +407,6 @@ impl<'a> Simulation<'a> {
                 policy.label()
             )));
         }
-        let value = match policy {
-            PolicySpec::Value { stride, preemption } => {
-                Some(ValueAllocator::new(ValueConfig { stride, preemption })?)
-            }
-            _ => None,
-        };
         let plan = match policy {
             PolicySpec::ValueGa {
                 population,
@@ -421,10 +427,64 @@ impl<'a> Simulation<'a> {
                     population,
                     generations,
                 };
-                Some(crate::ga::plan(&speeds, &offline, config, &mut rng).0)
+                let (plan, _) = crate::ga::plan(&speeds, &offline, config, &mut rng);
+                Some(
+                    jobs.iter()
+                        .zip(plan)
+                        .map(|(j, p)| (j.id.clone(), p.map(|(w, s)| (worker_ids[w].clone(), s))))
+                        .collect(),
+                )
             }
             _ => None,
         };
+        let cluster_policy = policies::cluster_policy(policy, experiment.baseline, plan)?;
+        let config = Config {
+            heartbeat_interval: experiment.system.heartbeat,
+            progress_history: PROGRESS_HISTORY,
+            id_prefix: "sim".into(),
+            ..Config::default()
+        };
+        let workers = workers_spec
+            .iter()
+            .zip(&worker_ids)
+            .map(|(&(cpus, calibration), id)| {
+                let node = NodeCore::new(policies::node_config(policy, id, cpus)?, 0.0)?;
+                Ok(SimWorker {
+                    id: id.clone(),
+                    cpus,
+                    calibration,
+                    node,
+                    containers: BTreeSet::new(),
+                    jobs: Vec::new(),
+                    last_update: 0.0,
+                    version: 0,
+                    wake: None,
+                    wake_version: 0,
+                    status: PolicyStatus::default(),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let sim_jobs = jobs
+            .iter()
+            .map(|spec| SimJob {
+                spec: spec.clone(),
+                done: 0.0,
+                cpu_seconds: 0.0,
+                stage: Stage::Idle,
+                alloc: 0.0,
+                quota: 0.0,
+                shares: DEFAULT_SHARES,
+                finish: f64::NAN,
+                worker: usize::MAX,
+                epoch: 0,
+                checkpoint: None,
+                // One step per reference core-second, at least 100 (the value policy reads
+                // remaining work from step / total steps).
+                total_steps: (spec.work.round() as u64).max(100),
+                heartbeat_cpu: (0.0, 0.0),
+                direction: catalog.get(spec.model).curve.direction(),
+            })
+            .collect();
         let mut sim = Simulation {
             catalog,
             system: experiment.system,
@@ -434,48 +494,67 @@ impl<'a> Simulation<'a> {
             seq: 0,
             jobs: sim_jobs,
             workers,
-            snapshots,
-            placer,
-            specon,
-            flowcon_config,
+            core: Core::new(config, cluster_policy),
             sharing: if policy == PolicySpec::Oracle {
                 Sharing::Srpt
             } else {
-                Sharing::Fair
+                Sharing::Cfs
             },
             // One noise stream per run, from the experiment's seed.
             rng: ChaCha8Rng::seed_from_u64(experiment.seed ^ 0x5eed_0fc0_ffee),
-            waiting: VecDeque::new(),
+            queue: VecDeque::new(),
+            dirty: BTreeSet::new(),
             unfinished: jobs.len(),
             events: 0,
-            migrations: 0,
+            steps: 0,
+            refusals: 0,
             trace: record.then(Trace::default),
             index_of: jobs
                 .iter()
                 .enumerate()
                 .map(|(i, j)| (j.id.clone(), i))
                 .collect(),
-            value,
-            plan,
+            start_shares: HashMap::new(),
+            core_tick_at: None,
+            value_policy,
             value_stats: ValueSummary::default(),
             timer: None,
+            failure: None,
+            flowcon_config: policies::flowcon_config(policy),
         };
+        // Every agent registers at time 0; its node core hears the answer.
+        for w in 0..sim.workers.len() {
+            let worker = &sim.workers[w];
+            sim.queue.push_back(Msg::Core(Input::Connected {
+                conn: w as u64 + 1,
+                register: wire::Register {
+                    worker: worker.id.clone(),
+                    cpu_capacity: worker.cpus,
+                    calibration: worker.calibration,
+                    instance_id: format!("{}-agent", worker.id),
+                    ..wire::Register::default()
+                },
+            }));
+        }
+        sim.pump();
         for (i, j) in jobs.iter().enumerate() {
             sim.schedule(j.arrival, Event::Arrival(i));
         }
         sim.schedule(0.0, Event::Heartbeat);
-        if let Some(s) = &sim.specon {
-            let interval = s.config().interval;
-            sim.schedule(interval, Event::SpeConRound);
-        }
         Ok(sim)
     }
 
-    /// Measures the wall-clock time of each value-based arrival decision with `timer` (seconds
-    /// from any fixed origin). The simulation itself never reads a clock: the binary passes one.
+    /// Measures the wall-clock time of the core's step on each arrival under value policies
+    /// with `timer` (seconds from any fixed origin). The simulation itself never reads a
+    /// clock: the binary passes one.
     pub fn with_timer(mut self, timer: Box<dyn Fn() -> f64>) -> Self {
         self.timer = Some(timer);
         self
+    }
+
+    /// The FlowCon configuration in force (None for other policies).
+    pub fn flowcon_config(&self) -> Option<FlowConConfig> {
+        self.flowcon_config
     }
 
     fn schedule(&mut self, time: f64, event: Event) {
@@ -487,12 +566,12 @@ impl<'a> Simulation<'a> {
         });
     }
 
-    /// Runs to the last completion and returns the results.
+    /// Runs to the last job's end and returns the results.
     pub fn run(mut self) -> Result<Run> {
-        while let Some(Scheduled { time, event, .. }) = self.heap.pop() {
-            if self.unfinished == 0 {
+        while self.unfinished > 0 {
+            let Some(Scheduled { time, event, .. }) = self.heap.pop() else {
                 break;
-            }
+            };
             self.now = time;
             self.events += 1;
             if self.events > MAX_EVENTS {
@@ -502,85 +581,685 @@ impl<'a> Simulation<'a> {
                 )));
             }
             match event {
-                Event::Arrival(j) if self.value.is_some() => self.value_arrival(j),
-                Event::Arrival(j) if self.plan.is_some() => self.plan_arrival(j),
-                Event::Arrival(j) => {
-                    self.waiting.push_back(j);
-                    self.place_waiting();
+                Event::Arrival(j) => self.arrival(j),
+                Event::Heartbeat => self.heartbeat(),
+                Event::CoreTick => {
+                    if self.core_tick_at == Some(time) {
+                        self.core_tick_at = None;
+                        self.queue.push_back(Msg::Core(Input::Tick));
+                    }
+                }
+                Event::NodeTick { worker, version } => {
+                    if self.workers[worker].wake_version == version {
+                        self.workers[worker].wake = None;
+                        self.feed(worker);
+                        self.queue.push_back(Msg::Node(worker, NodeInput::Tick));
+                    }
                 }
                 Event::Completion { worker, version } => {
                     if self.workers[worker].version == version {
                         self.complete(worker);
                     }
                 }
-                Event::FlowConRound { worker, version } => {
-                    if self.workers[worker].round_version == version {
-                        self.flowcon_round(worker);
-                    }
-                }
-                Event::SpeConRound => self.specon_round(),
-                Event::Heartbeat => self.heartbeat(),
-                Event::MigrationDone(j) => self.migration_done(j),
+                Event::Restored { job, epoch } => self.restored(job, epoch),
+                Event::SaveDone {
+                    job,
+                    epoch,
+                    command,
+                } => self.save_done(job, epoch, command),
             }
+            self.pump();
+            if let Some(f) = self.failure.take() {
+                return Err(Error::Invalid(format!("{}: {f}", self.label)));
+            }
+        }
+        if self.unfinished > 0 {
+            return Err(Error::Invalid(format!(
+                "{}: {} jobs never ended",
+                self.label, self.unfinished
+            )));
         }
         Ok(self.results())
     }
 
-    fn results(self) -> Run {
-        let jobs: Vec<JobResult> = self
-            .jobs
-            .iter()
-            .map(|j| JobResult {
-                id: j.spec.id.clone(),
-                model: j.spec.model_name.clone(),
-                arrival: j.spec.arrival,
-                finish: j.finish,
-                jct: j.finish - j.spec.arrival,
-                worker: j.worker,
-                migrations: j.migrations,
-                outcome: j.outcome.clone(),
-                value: j.spec.value.map(|c| {
-                    if j.state == State::Done {
-                        c.value_at(j.finish - j.spec.arrival)
-                    } else {
-                        0.0
+    // ---- the cores' inputs and effects ----
+
+    /// Delivers every queued input, in order, with what each causes; then reshares the
+    /// workers that changed and sets the cluster core's timer.
+    fn pump(&mut self) {
+        while let Some(m) = self.queue.pop_front() {
+            self.steps += 1;
+            match m {
+                Msg::Core(input) => {
+                    let out = self.core.step(self.now, input);
+                    for e in out {
+                        self.core_effect(e);
                     }
-                }),
-            })
-            .collect();
-        let first = jobs.iter().map(|j| j.arrival).fold(f64::INFINITY, f64::min);
-        let last = jobs.iter().map(|j| j.finish).fold(0.0, f64::max);
-        // Completed jobs only (with value policies some never complete).
-        let done: Vec<f64> = jobs
-            .iter()
-            .map(|j| j.jct)
-            .filter(|t| t.is_finite())
-            .collect();
-        let avg = done.iter().sum::<f64>() / done.len().max(1) as f64;
-        let value = jobs.iter().any(|j| j.value.is_some()).then(|| {
-            let count = |f: fn(&Outcome) -> bool| jobs.iter().filter(|j| f(&j.outcome)).count();
-            ValueSummary {
-                total: jobs.iter().filter_map(|j| j.value).sum(),
-                completed: count(|o| matches!(o, Outcome::Completed)),
-                rejected: count(|o| matches!(o, Outcome::Rejected(_))),
-                dropped: count(|o| matches!(o, Outcome::Dropped(_))),
-                stopped: count(|o| matches!(o, Outcome::Stopped(_))),
-                ..self.value_stats.clone()
+                }
+                Msg::Node(w, input) => {
+                    let out = self.workers[w].node.step(self.now, input);
+                    for e in out {
+                        self.node_effect(w, e);
+                    }
+                }
             }
-        });
-        Run {
-            value,
-            policy: self.label,
-            makespan: if jobs.is_empty() { 0.0 } else { last - first },
-            avg_jct: avg,
-            jobs,
-            events: self.events,
-            migrations: self.migrations,
-            trace: self.trace,
+        }
+        for w in std::mem::take(&mut self.dirty) {
+            self.reallocate(w);
+        }
+        if let Some(due) = self.core.next_due()
+            && due.is_finite()
+            && due > self.now
+            && self.core_tick_at.is_none_or(|t| due < t)
+        {
+            self.core_tick_at = Some(due);
+            self.schedule(due, Event::CoreTick);
         }
     }
 
-    /// Brings worker `w`'s jobs' work up to `now`.
+    fn core_effect(&mut self, e: Effect) {
+        match e {
+            Effect::Send { conn, command, .. } => {
+                let w = conn as usize - 1;
+                let Some(&j) = self.index_of.get(&command.job) else {
+                    return;
+                };
+                let action = match command.action {
+                    wire::Action::Start { cpu_shares } => {
+                        self.start_shares.insert(command.id.clone(), cpu_shares);
+                        nd::Action::Start {
+                            direction: Some(self.jobs[j].direction),
+                            // The simulated jobs ask for no cores: no limit.
+                            cpus: 0.0,
+                        }
+                    }
+                    wire::Action::SetLimits { cpus, cpu_shares } => {
+                        nd::Action::SetLimits { cpus, cpu_shares }
+                    }
+                    wire::Action::Save { deadline_ms } => nd::Action::Save {
+                        deadline: Some(f64::from(deadline_ms) / 1000.0),
+                    },
+                    wire::Action::Pause => {
+                        self.value_stats.preemptions += 1;
+                        nd::Action::Pause
+                    }
+                    wire::Action::Resume => {
+                        self.value_stats.resumes += 1;
+                        nd::Action::Resume
+                    }
+                    wire::Action::Stop { reason } => nd::Action::Stop {
+                        remove: true,
+                        reason,
+                    },
+                };
+                self.queue.push_back(Msg::Node(
+                    w,
+                    NodeInput::Command(nd::Command {
+                        id: command.id,
+                        job_id: command.job,
+                        epoch: command.epoch,
+                        action,
+                    }),
+                ));
+            }
+            Effect::Registered { conn, registered } => {
+                let mode = Mode {
+                    flowcon: registered.mode == WorkerMode::FlowCon,
+                    migration: registered.migration,
+                };
+                self.queue.push_back(Msg::Node(
+                    conn as usize - 1,
+                    NodeInput::Session {
+                        connected: true,
+                        mode: Some(mode),
+                    },
+                ));
+            }
+            Effect::Event(e) => {
+                if e.kind == EventKind::JobState
+                    && e.to.is_some_and(JobState::is_terminal)
+                    && e.from.is_some_and(|f| !f.is_terminal())
+                {
+                    self.unfinished -= 1;
+                }
+            }
+            Effect::Reply(Err(e)) => self.failure = Some(e.to_string()),
+            Effect::Reply(Ok(_)) => {}
+            Effect::Refused { .. } => self.refusals += 1,
+        }
+    }
+
+    fn node_effect(&mut self, w: usize, e: NodeEffect) {
+        let conn = w as u64 + 1;
+        match e {
+            NodeEffect::Docker(a) => self.docker(w, a),
+            NodeEffect::Answer(Answer::Result(r) | Answer::Replay(r) | Answer::Stale(r)) => {
+                let detail = match r.detail {
+                    Some(Detail::Started { container_id, .. }) => {
+                        wire::ResultDetail::Started { container_id }
+                    }
+                    Some(Detail::Saved {
+                        step,
+                        checkpoint_bytes,
+                        save_ms,
+                        killed,
+                        ..
+                    }) => wire::ResultDetail::Saved {
+                        step,
+                        checkpoint_bytes,
+                        save_ms,
+                        killed,
+                    },
+                    _ => wire::ResultDetail::None,
+                };
+                self.queue.push_back(Msg::Core(Input::Agent {
+                    conn,
+                    message: wire::AgentMessage::Result(wire::CommandResult {
+                        command: r.command_id,
+                        job: r.job_id,
+                        epoch: r.epoch,
+                        ok: r.ok,
+                        error: r.error,
+                        detail,
+                    }),
+                }));
+            }
+            NodeEffect::Answer(Answer::InFlight { .. }) => {}
+            NodeEffect::ReportExit(x) => {
+                let done = self.index_of.get(&x.job_id).is_some_and(|&j| {
+                    self.jobs[j].stage == Stage::Done && self.jobs[j].epoch == x.epoch
+                });
+                let last_step = self.index_of.get(&x.job_id).map(|&j| self.jobs[j].step());
+                self.queue.push_back(Msg::Core(Input::Agent {
+                    conn,
+                    message: wire::AgentMessage::Exited(wire::ContainerExited {
+                        job: x.job_id,
+                        epoch: x.epoch,
+                        exit_code: x.exit_code.unwrap_or(0),
+                        oom_killed: false,
+                        done,
+                        last_step,
+                        requested: x.requested,
+                    }),
+                }));
+                self.queue.push_back(Msg::Node(
+                    w,
+                    NodeInput::Gone {
+                        container_id: x.container_id,
+                    },
+                ));
+            }
+            NodeEffect::RequestMigration(m) => {
+                self.queue.push_back(Msg::Core(Input::Agent {
+                    conn,
+                    message: wire::AgentMessage::MigrationRequest {
+                        job: m.job_id,
+                        epoch: m.epoch,
+                        reason: m.reason,
+                    },
+                }));
+            }
+            NodeEffect::Publish(status) => self.workers[w].status = status,
+            NodeEffect::Wake { at } => {
+                let worker = &mut self.workers[w];
+                if worker.wake != at {
+                    worker.wake = at;
+                    worker.wake_version += 1;
+                    if let Some(t) = at {
+                        let (t, version) = (t.max(self.now), worker.wake_version);
+                        self.schedule(t, Event::NodeTick { worker: w, version });
+                    }
+                }
+            }
+            // Quotas come with their `UpdateCpus`; the rest is for logs and metrics.
+            NodeEffect::Round(_)
+            | NodeEffect::SpeConRound { .. }
+            | NodeEffect::Fencing { .. }
+            | NodeEffect::ModeChanged(_) => {}
+        }
+    }
+
+    /// Carries out a node core's Docker action on the model.
+    fn docker(&mut self, w: usize, a: DockerAction) {
+        let done = |command: String, outcome: std::result::Result<Option<Detail>, String>| {
+            Msg::Node(
+                w,
+                NodeInput::Done {
+                    command_id: command,
+                    outcome,
+                },
+            )
+        };
+        let job_of = |sim: &Self, container: &str| {
+            sim.workers[w]
+                .containers
+                .iter()
+                .copied()
+                .find(|&j| sim.jobs[j].container_id() == container)
+        };
+        match a {
+            DockerAction::Create {
+                command,
+                job_id,
+                epoch,
+            } => {
+                let Some(&j) = self.index_of.get(&job_id) else {
+                    return;
+                };
+                self.advance(w);
+                let shares = self.start_shares.remove(&command).unwrap_or(0);
+                let cpus = self.workers[w].cpus;
+                let job = &mut self.jobs[j];
+                job.shares = if shares == 0 { DEFAULT_SHARES } else { shares };
+                job.quota = clamp_cpus(0.0, cpus);
+                job.worker = w;
+                job.epoch = epoch;
+                job.cpu_seconds = 0.0;
+                job.heartbeat_cpu = (self.now, 0.0);
+                let from_checkpoint = job.checkpoint.is_some();
+                let container_id = job.container_id();
+                self.workers[w].containers.insert(j);
+                self.queue.push_back(done(
+                    command,
+                    Ok(Some(Detail::Started {
+                        container_id: container_id.clone(),
+                        from_checkpoint,
+                    })),
+                ));
+                if from_checkpoint && self.system.restore > 0.0 {
+                    self.jobs[j].stage = Stage::Restoring;
+                    self.schedule(
+                        self.now + self.system.restore,
+                        Event::Restored { job: j, epoch },
+                    );
+                } else {
+                    self.begin_training(j);
+                }
+                // Fresh readings before `Started` (whose FlowCon round reads them).
+                self.feed(w);
+                self.queue
+                    .push_back(Msg::Node(w, NodeInput::Started { container_id }));
+            }
+            DockerAction::UpdateCpus {
+                command,
+                container_id,
+                cpus,
+                cpu_shares,
+            } => {
+                if let Some(j) = job_of(self, &container_id) {
+                    self.advance(w);
+                    self.jobs[j].quota = cpus;
+                    if let Some(s) = cpu_shares {
+                        self.jobs[j].shares = s;
+                    }
+                    self.dirty.insert(w);
+                }
+                if let Some(command) = command {
+                    let limits = Detail::Limits {
+                        cpus,
+                        cpu_shares: cpu_shares.unwrap_or(0),
+                    };
+                    self.queue.push_back(done(command, Ok(Some(limits))));
+                }
+            }
+            DockerAction::Pause {
+                command,
+                container_id,
+            } => {
+                if let Some(j) = job_of(self, &container_id) {
+                    self.halt(j, Stage::Paused);
+                }
+                self.queue.push_back(done(command, Ok(None)));
+            }
+            DockerAction::Resume {
+                command,
+                container_id,
+            } => {
+                if let Some(j) = job_of(self, &container_id)
+                    && self.jobs[j].stage == Stage::Paused
+                {
+                    self.advance(w);
+                    self.jobs[j].stage = Stage::Running;
+                    self.workers[w].jobs.push(j);
+                    self.dirty.insert(w);
+                }
+                self.queue.push_back(done(command, Ok(None)));
+            }
+            DockerAction::Stop {
+                command,
+                container_id,
+                ..
+            } => {
+                if let Some(j) = job_of(self, &container_id) {
+                    self.halt(j, Stage::Stopped);
+                    self.exit(j, 143);
+                }
+                self.queue.push_back(done(command, Ok(None)));
+            }
+            DockerAction::Save {
+                command,
+                container_id,
+                ..
+            } => {
+                let Some(j) = job_of(self, &container_id) else {
+                    if let Some(command) = command {
+                        self.queue
+                            .push_back(done(command, Err("no such container".into())));
+                    }
+                    return;
+                };
+                self.advance(w);
+                if self.jobs[j].stage == Stage::Running && self.jobs[j].finished() {
+                    // Its last step coincides with the save: it exits done.
+                    self.complete(w);
+                }
+                let epoch = self.jobs[j].epoch;
+                if self.jobs[j].stage == Stage::Done {
+                    if let Some(command) = command {
+                        self.queue
+                            .push_back(done(command, Err("the container had exited".into())));
+                    }
+                    return;
+                }
+                self.halt(j, Stage::Saving);
+                self.schedule(
+                    self.now + self.system.save,
+                    Event::SaveDone {
+                        job: j,
+                        epoch,
+                        command,
+                    },
+                );
+            }
+            // Never asked: the simulated agent adopts no containers.
+            DockerAction::Remove { .. } => {}
+        }
+    }
+
+    /// Job `j`'s container leaves the CPU (paused, saving, stopped).
+    fn halt(&mut self, j: usize, stage: Stage) {
+        let w = self.jobs[j].worker;
+        self.advance(w);
+        self.jobs[j].stage = stage;
+        self.jobs[j].alloc = 0.0;
+        self.workers[w].jobs.retain(|&x| x != j);
+        self.dirty.insert(w);
+    }
+
+    /// Job `j`'s container exits with `code`: the node core hears `Died` after fresh readings
+    /// of the others.
+    fn exit(&mut self, j: usize, code: i32) {
+        let w = self.jobs[j].worker;
+        let container_id = self.jobs[j].container_id();
+        self.workers[w].containers.remove(&j);
+        self.feed(w);
+        self.queue.push_back(Msg::Node(
+            w,
+            NodeInput::Died {
+                container_id,
+                exit_code: Some(code),
+            },
+        ));
+    }
+
+    /// Job `j`'s container starts training: it shares the CPU and prints its first progress
+    /// line (its restored step, for a restore).
+    fn begin_training(&mut self, j: usize) {
+        let w = self.jobs[j].worker;
+        self.advance(w);
+        self.jobs[j].stage = Stage::Running;
+        self.workers[w].jobs.push(j);
+        self.dirty.insert(w);
+        let restored = self.jobs[j].checkpoint.is_some();
+        let sample = self.progress_sample(j, restored);
+        self.queue.push_back(Msg::Core(Input::Agent {
+            conn: w as u64 + 1,
+            message: wire::AgentMessage::Progress(wire::ProgressBatch {
+                samples: vec![sample],
+                malformed: vec![],
+            }),
+        }));
+    }
+
+    // ---- the model's events ----
+
+    fn arrival(&mut self, j: usize) {
+        let spec = &self.jobs[j].spec;
+        let input = Input::Submit {
+            id: spec.id.clone(),
+            spec: wire::JobSpec {
+                name: spec.id.clone(),
+                // The simulated jobs reserve nothing: placement never waits for room.
+                cpus: 0.0,
+                memory_bytes: 0,
+                value_curve: spec.value,
+                estimated_runtime_s: spec.work,
+                maximize: self.jobs[j].direction == Direction::Maximize,
+                stop: None,
+            },
+        };
+        if !self.value_policy {
+            self.queue.push_back(Msg::Core(input));
+            return;
+        }
+        // Value policies decide at arrival: time that step (the placement, victims included).
+        let started = self.timer.as_ref().map(|t| t());
+        self.steps += 1;
+        let out = self.core.step(self.now, input);
+        if let (Some(t), Some(t0)) = (self.timer.as_ref(), started) {
+            *self.value_stats.decision_seconds.get_or_insert(0.0) += t() - t0;
+        }
+        self.value_stats.decisions += 1;
+        for e in out {
+            self.core_effect(e);
+        }
+    }
+
+    fn heartbeat(&mut self) {
+        let interval = self.system.heartbeat;
+        for w in 0..self.workers.len() {
+            self.advance(w);
+            let conn = w as u64 + 1;
+            let mut samples = Vec::new();
+            let mut statuses = Vec::new();
+            let containers: Vec<usize> = self.workers[w].containers.iter().copied().collect();
+            for j in containers {
+                if self.jobs[j].stage == Stage::Running {
+                    samples.push(self.progress_sample(j, false));
+                }
+                let job = &mut self.jobs[j];
+                let (t0, c0) = job.heartbeat_cpu;
+                let usage = if self.now > t0 {
+                    (job.cpu_seconds - c0) / (self.now - t0)
+                } else {
+                    0.0
+                };
+                job.heartbeat_cpu = (self.now, job.cpu_seconds);
+                let worker = &self.workers[w];
+                let policy = worker
+                    .status
+                    .jobs
+                    .iter()
+                    .find(|p| p.job_id == job.spec.id && p.epoch == job.epoch);
+                statuses.push(wire::JobStatus {
+                    job: job.spec.id.clone(),
+                    epoch: job.epoch,
+                    category: policy.map(|p| p.category),
+                    growth_efficiency: policy.and_then(|p| p.growth_efficiency),
+                    // As the agent reports it: the quota as a fraction of the worker.
+                    cpu_limit: Some((job.quota / worker.cpus).min(1.0)),
+                    cpu_usage: usage,
+                });
+            }
+            if !samples.is_empty() {
+                self.queue.push_back(Msg::Core(Input::Agent {
+                    conn,
+                    message: wire::AgentMessage::Progress(wire::ProgressBatch {
+                        samples,
+                        malformed: vec![],
+                    }),
+                }));
+            }
+            let status = &self.workers[w].status;
+            self.queue.push_back(Msg::Core(Input::Agent {
+                conn,
+                message: wire::AgentMessage::Heartbeat(wire::Heartbeat {
+                    jobs: statuses,
+                    alpha: status.flowcon.map(|f| f.0),
+                    interval_s: status.flowcon.map(|f| f.1),
+                }),
+            }));
+        }
+        self.queue.push_back(Msg::Core(Input::Tick));
+        if self.unfinished > 0 {
+            self.schedule(self.now + interval, Event::Heartbeat);
+        }
+    }
+
+    /// The next job(s) on worker `w` finished their work: each prints its last line and
+    /// exits 0.
+    fn complete(&mut self, w: usize) {
+        self.advance(w);
+        let finished: Vec<usize> = self.workers[w]
+            .jobs
+            .iter()
+            .copied()
+            .filter(|&j| self.jobs[j].finished())
+            .collect();
+        if finished.is_empty() {
+            // Rounding: reshare and schedule again.
+            self.dirty.insert(w);
+            return;
+        }
+        for &j in &finished {
+            self.jobs[j].done = self.jobs[j].spec.work;
+            self.halt(j, Stage::Done);
+            self.jobs[j].finish = self.now;
+            let sample = self.progress_sample(j, false);
+            self.queue.push_back(Msg::Core(Input::Agent {
+                conn: w as u64 + 1,
+                message: wire::AgentMessage::Progress(wire::ProgressBatch {
+                    samples: vec![sample],
+                    malformed: vec![],
+                }),
+            }));
+        }
+        for j in finished {
+            self.exit(j, 0);
+        }
+    }
+
+    fn restored(&mut self, j: usize, epoch: u64) {
+        if self.jobs[j].epoch == epoch && self.jobs[j].stage == Stage::Restoring {
+            self.begin_training(j);
+            self.progress_to_node(j);
+        }
+    }
+
+    fn save_done(&mut self, j: usize, epoch: u64, command: Option<String>) {
+        if self.jobs[j].epoch != epoch || self.jobs[j].stage != Stage::Saving {
+            return;
+        }
+        let w = self.jobs[j].worker;
+        let step = self.jobs[j].step();
+        self.jobs[j].checkpoint = Some(step);
+        self.jobs[j].stage = Stage::Idle;
+        self.exit(j, 0);
+        if let Some(command) = command {
+            let ms = (self.system.save * 1000.0).round() as u64;
+            self.queue.push_back(Msg::Node(
+                w,
+                NodeInput::Done {
+                    command_id: command,
+                    outcome: Ok(Some(Detail::Saved {
+                        checkpoint_dir: format!("{}/{epoch}", self.jobs[j].spec.id),
+                        checkpoint_bytes: 0,
+                        step,
+                        killed: false,
+                        save_ms: ms,
+                    })),
+                },
+            ));
+        }
+    }
+
+    // ---- what the modelled containers report ----
+
+    /// The metric job `j` prints now: its curve at its progress, with seeded noise.
+    fn metric(&mut self, j: usize) -> f64 {
+        let job = &self.jobs[j];
+        let clean = self
+            .catalog
+            .get(job.spec.model)
+            .curve
+            .value(job.done / job.spec.work);
+        // Box-Muller from two uniforms of the run's generator.
+        let u1: f64 = self.rng.random::<f64>().max(1e-12);
+        let u2: f64 = self.rng.random::<f64>();
+        let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+        clean * (1.0 + self.system.noise * z)
+    }
+
+    /// A progress line of job `j` for the cluster core.
+    fn progress_sample(&mut self, j: usize, checkpointed: bool) -> wire::ProgressSample {
+        let value = self.metric(j);
+        let job = &self.jobs[j];
+        wire::ProgressSample {
+            job: job.spec.id.clone(),
+            epoch: job.epoch,
+            unix_ms: (self.now * 1000.0).round() as i64,
+            step: job.step(),
+            total_steps: Some(job.total_steps),
+            value: Some(value),
+            checkpointed,
+        }
+    }
+
+    /// Job `j`'s latest progress line, for its node core.
+    fn progress_to_node(&mut self, j: usize) {
+        let value = self.metric(j);
+        let job = &self.jobs[j];
+        self.queue.push_back(Msg::Node(
+            job.worker,
+            NodeInput::Progress {
+                container_id: job.container_id(),
+                sample: nd::ProgressSample {
+                    time: self.now,
+                    step: job.step(),
+                    value,
+                },
+                initial_value: None,
+                direction: None,
+            },
+        ));
+    }
+
+    /// Fresh CPU readings of every container on `w`, and progress of those that train: what
+    /// the node core reads before a round.
+    fn feed(&mut self, w: usize) {
+        self.advance(w);
+        let containers: Vec<usize> = self.workers[w].containers.iter().copied().collect();
+        for j in containers {
+            let job = &self.jobs[j];
+            if !job.stage.live() {
+                continue;
+            }
+            self.queue.push_back(Msg::Node(
+                w,
+                NodeInput::Usage {
+                    container_id: job.container_id(),
+                    cpu_seconds: job.cpu_seconds,
+                },
+            ));
+            if job.stage == Stage::Running {
+                self.progress_to_node(j);
+            }
+        }
+    }
+
+    // ---- the CPU model ----
+
+    /// Brings worker `w`'s jobs' work up to now.
     fn advance(&mut self, w: usize) {
         let worker = &mut self.workers[w];
         let dt = self.now - worker.last_update;
@@ -594,37 +1273,31 @@ impl<'a> Simulation<'a> {
         worker.last_update = self.now;
     }
 
-    /// Recomputes worker `w`'s CPU shares and its next completion.
+    /// Recomputes worker `w`'s CPU split and its next completion.
     fn reallocate(&mut self, w: usize) {
+        self.advance(w);
         let worker = &self.workers[w];
+        let jobs = &self.jobs;
         let demand: Vec<f64> = worker
             .jobs
             .iter()
-            .map(|&j| self.jobs[j].spec.max_cores)
+            .map(|&j| jobs[j].spec.max_cores)
             .collect();
         let alloc = match self.sharing {
-            Sharing::Fair => {
-                let limits: Vec<f64> = worker.jobs.iter().map(|&j| self.jobs[j].limit).collect();
-                if worker
+            Sharing::Cfs => {
+                let quota: Vec<f64> = worker.jobs.iter().map(|&j| jobs[j].quota).collect();
+                let weight: Vec<f64> = worker
                     .jobs
                     .iter()
-                    .all(|&j| self.jobs[j].shares == DEFAULT_SHARES)
-                {
-                    fair_share(worker.cpus, &demand, &limits)
-                } else {
-                    let weights: Vec<f64> = worker
-                        .jobs
-                        .iter()
-                        .map(|&j| f64::from(self.jobs[j].shares))
-                        .collect();
-                    weighted_fair_share(worker.cpus, &demand, &limits, &weights)
-                }
+                    .map(|&j| f64::from(jobs[j].shares))
+                    .collect();
+                quota_share(worker.cpus, &demand, &quota, &weight)
             }
             Sharing::Srpt => {
                 let remaining: Vec<f64> = worker
                     .jobs
                     .iter()
-                    .map(|&j| self.jobs[j].spec.work - self.jobs[j].done)
+                    .map(|&j| jobs[j].spec.work - jobs[j].done)
                     .collect();
                 srpt_share(worker.cpus, &demand, &remaining)
             }
@@ -659,407 +1332,90 @@ impl<'a> Simulation<'a> {
         }
     }
 
-    /// A container appeared on or left worker `w`: FlowCon's Alg. 2 runs a round now; other
-    /// policies just reshare.
-    fn containers_changed(&mut self, w: usize) {
-        if self.workers[w].flowcon.is_some() {
-            self.flowcon_round(w);
-        } else {
-            self.reallocate(w);
-        }
-    }
+    // ---- results ----
 
-    fn place_waiting(&mut self) {
-        let request = JobRequest {
-            cpus: 0.0,
-            memory_bytes: 0,
-        };
-        while let Some(&j) = self.waiting.front() {
-            match self.placer.place(&request, &self.snapshots) {
-                Placement::Worker { index, .. } => {
-                    self.waiting.pop_front();
-                    self.snapshots[index].running += 1;
-                    self.start(j, index);
+    fn results(self) -> Run {
+        let jobs: Vec<JobResult> = self
+            .jobs
+            .iter()
+            .map(|j| {
+                let core = self.core.job(&j.spec.id);
+                let outcome = match core.map(|c| (&c.phase, c)) {
+                    Some((JobPhase::Completed, _)) => Outcome::Completed,
+                    Some((JobPhase::Rejected, c)) if c.epoch == 0 => {
+                        Outcome::Rejected(c.reason.clone())
+                    }
+                    Some((JobPhase::Rejected, c)) if c.reason.starts_with("dropped") => {
+                        Outcome::Dropped(c.reason.clone())
+                    }
+                    Some((JobPhase::Rejected, c)) => Outcome::Stopped(c.reason.clone()),
+                    Some((_, c)) => Outcome::Failed(c.reason.clone()),
+                    None => Outcome::Failed("never submitted".into()),
+                };
+                let finish = if outcome.is_completed() {
+                    j.finish
+                } else {
+                    f64::NAN
+                };
+                JobResult {
+                    id: j.spec.id.clone(),
+                    model: j.spec.model_name.clone(),
+                    arrival: j.spec.arrival,
+                    finish,
+                    jct: finish - j.spec.arrival,
+                    worker: j.worker,
+                    migrations: core.map_or(0, |c| c.migrations),
+                    value: j.spec.value.map(|c| {
+                        if outcome.is_completed() {
+                            c.value_at(finish - j.spec.arrival)
+                        } else {
+                            0.0
+                        }
+                    }),
+                    outcome,
                 }
-                Placement::Unschedulable { .. } => break,
-            }
-        }
-    }
-
-    fn start(&mut self, j: usize, w: usize) {
-        self.advance(w);
-        self.workers[w].jobs.push(j);
-        let now = self.now;
-        let job = &mut self.jobs[j];
-        job.state = State::Running(w);
-        job.worker = w;
-        job.limit = 1.0;
-        job.round_cpu = job.cpu_seconds;
-        job.round_time = now;
-        self.containers_changed(w);
-    }
-
-    fn complete(&mut self, w: usize) {
-        self.advance(w);
-        let now = self.now;
-        let before = self.workers[w].jobs.len();
-        let jobs = &mut self.jobs;
-        self.workers[w].jobs.retain(|&j| {
-            let job = &mut jobs[j];
-            let finished = job.done >= job.spec.work * (1.0 - 1e-9) - 1e-9;
-            if finished {
-                job.state = State::Done;
-                job.finish = now;
-            }
-            !finished
-        });
-        let gone = before - self.workers[w].jobs.len();
-        self.unfinished -= gone;
-        if gone > 0 {
-            self.containers_changed(w);
-            self.place_waiting();
-            if self.value.is_some() {
-                self.value_departure(w);
-            }
-        } else {
-            self.reallocate(w);
-        }
-    }
-
-    /// The metric job `j` reports now: its curve at its progress, with seeded noise.
-    fn sample(&mut self, j: usize) -> Sample {
-        let job = &self.jobs[j];
-        let clean = self
-            .catalog
-            .get(job.spec.model)
-            .curve
-            .value(job.done / job.spec.work);
-        // Box-Muller from two uniforms of the run's generator.
-        let u1: f64 = self.rng.random::<f64>().max(1e-12);
-        let u2: f64 = self.rng.random::<f64>();
-        let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
-        Sample {
-            time: self.now,
-            value: clean * (1.0 + self.system.noise * z),
-        }
-    }
-
-    fn flowcon_round(&mut self, w: usize) {
-        self.advance(w);
-        let now = self.now;
-        let ids: Vec<usize> = self.workers[w].jobs.clone();
-        let cpus = self.workers[w].cpus;
-        let mut obs = Vec::with_capacity(ids.len());
-        for &j in &ids {
-            let sample = self.sample(j);
-            let job = &mut self.jobs[j];
-            let dt = now - job.round_time;
-            let used = if dt > 0.0 {
-                (job.cpu_seconds - job.round_cpu) / dt / cpus
-            } else {
-                0.0
-            };
-            job.round_cpu = job.cpu_seconds;
-            job.round_time = now;
-            obs.push(Observation {
-                job_id: job.spec.id.clone(),
-                sample: Some(sample),
-                initial_value: Some(job.initial),
-                direction: self.catalog.get(job.spec.model).curve.direction(),
-                usage: Usage::cpu(used),
-            });
-        }
-        let fc = self.workers[w].flowcon.as_mut().expect("flowcon worker");
-        let decisions = fc.on_round(now, &obs);
-        for (d, &j) in decisions
-            .limits
-            .iter()
-            .zip(sorted_by_id(&ids, &self.jobs).iter())
-        {
-            debug_assert_eq!(d.job_id, self.jobs[j].spec.id);
-            self.jobs[j].limit = d.limit;
-        }
-        let worker = &mut self.workers[w];
-        worker.round_version += 1;
-        let version = worker.round_version;
-        if !ids.is_empty() {
-            self.schedule(
-                decisions.next_round_at,
-                Event::FlowConRound { worker: w, version },
-            );
-        }
-        self.reallocate(w);
-    }
-
-    fn heartbeat(&mut self) {
-        if self.value.is_some() {
-            self.value_tick();
-        }
-        // One pass over the jobs, not one per worker: this runs every few seconds at 100k jobs.
-        let mut incoming = vec![0usize; self.workers.len()];
-        for j in &self.jobs {
-            if let State::Migrating(w) = j.state {
-                incoming[w] += 1;
-            }
-        }
-        for (w, worker) in self.workers.iter().enumerate() {
-            let snap = &mut self.snapshots[w];
-            snap.running = worker.jobs.len() + incoming[w];
-            snap.jobs = worker
-                .flowcon
-                .as_ref()
-                .map(|f| f.snapshots())
-                .unwrap_or_default();
-        }
-        if self.unfinished > 0 {
-            self.schedule(self.now + self.system.heartbeat, Event::Heartbeat);
-        }
-    }
-
-    fn specon_round(&mut self) {
-        let Some(mut specon) = self.specon.take() else {
-            return;
-        };
-        for w in 0..self.workers.len() {
-            self.advance(w);
-        }
-        let mut obs = Vec::new();
-        for j in 0..self.jobs.len() {
-            let (worker, sample) = match self.jobs[j].state {
-                State::Running(w) => (w, Some(self.sample(j))),
-                State::Migrating(w) => (w, None),
-                _ => continue,
-            };
-            let job = &self.jobs[j];
-            obs.push(JobObservation {
-                job_id: job.spec.id.clone(),
-                worker,
-                sample,
-                initial_value: Some(job.initial),
-                direction: self.catalog.get(job.spec.model).curve.direction(),
-            });
-        }
-        let loads: Vec<WorkerLoad> = self
-            .workers
-            .iter()
-            .enumerate()
-            .map(|(i, w)| WorkerLoad {
-                id: format!("worker-{}", i + 1),
-                resource_use: w.jobs.iter().map(|&j| self.jobs[j].alloc).sum::<f64>() / w.cpus,
-                schedulable: true,
             })
             .collect();
-        let decisions = specon.on_round(self.now, &obs, &loads);
-        let interval = specon.config().interval;
-        self.specon = Some(specon);
-        for m in decisions.migrations {
-            let Some(&j) = self.index_of.get(&m.job_id) else {
-                continue;
-            };
-            if self.jobs[j].state != State::Running(m.from) {
-                continue;
-            }
-            self.workers[m.from].jobs.retain(|&x| x != j);
-            self.jobs[j].state = State::Migrating(m.to);
-            self.jobs[j].migrations += 1;
-            self.migrations += 1;
-            self.snapshots[m.from].running = self.snapshots[m.from].running.saturating_sub(1);
-            self.snapshots[m.to].running += 1;
-            self.containers_changed(m.from);
-            let pause = self.system.save + self.system.restore;
-            self.schedule(self.now + pause, Event::MigrationDone(j));
-        }
-        if self.unfinished > 0 {
-            self.schedule(self.now + interval, Event::SpeConRound);
-        }
-    }
-
-    fn migration_done(&mut self, j: usize) {
-        if let State::Migrating(to) = self.jobs[j].state {
-            self.start(j, to);
-        }
-    }
-
-    /// Brings every worker up to now.
-    fn advance_all(&mut self) {
-        for w in 0..self.workers.len() {
-            self.advance(w);
-        }
-    }
-
-    /// The cluster as [`ValueAllocator`] sees it (workers advanced to now by the caller).
-    fn node_states(&self) -> Vec<NodeState> {
-        let container = |j: usize, paused: bool| {
-            let job = &self.jobs[j];
-            Container {
-                job: value_job(&job.spec),
-                shares: job.shares,
-                remaining_s: (job.spec.work - job.done).max(0.0),
-                paused,
-            }
-        };
-        self.workers
+        let first = jobs.iter().map(|j| j.arrival).fold(f64::INFINITY, f64::min);
+        let last = jobs
             .iter()
-            .enumerate()
-            .map(|(i, w)| NodeState {
-                id: self.snapshots[i].id.clone(),
-                speed: w.calibration,
-                schedulable: true,
-                containers: w
-                    .jobs
-                    .iter()
-                    .map(|&j| container(j, false))
-                    .chain(w.paused.iter().map(|&j| container(j, true)))
-                    .collect(),
-            })
-            .collect()
-    }
-
-    /// Job `j` will not complete: rejected, dropped or stopped.
-    fn end(&mut self, j: usize, outcome: Outcome) {
-        self.jobs[j].state = State::Ended;
-        self.jobs[j].outcome = outcome;
-        self.unfinished -= 1;
-    }
-
-    /// Takes job `j` off worker `w` (running or paused).
-    fn take_off(&mut self, j: usize, w: usize) {
-        let worker = &mut self.workers[w];
-        worker.jobs.retain(|&x| x != j);
-        worker.paused.retain(|&x| x != j);
-    }
-
-    /// Applies drops and resumptions, then reshares the workers they touched.
-    fn apply_value_actions(&mut self, actions: Vec<ValueAction>) {
-        let mut touched = std::collections::BTreeSet::new();
-        for a in actions {
-            match a {
-                ValueAction::Drop { job, node, reason } => {
-                    let j = self.index_of[&job];
-                    self.take_off(j, node);
-                    self.end(j, Outcome::Dropped(reason));
-                    touched.insert(node);
-                }
-                ValueAction::Resume {
-                    job,
-                    node,
-                    cpu_shares,
-                    ..
-                } => {
-                    let j = self.index_of[&job];
-                    self.take_off(j, node);
-                    self.workers[node].jobs.push(j);
-                    self.jobs[j].shares = cpu_shares;
-                    self.jobs[j].state = State::Running(node);
-                    self.value_stats.resumes += 1;
-                    touched.insert(node);
-                }
+            .map(|j| j.finish)
+            .filter(|f| f.is_finite())
+            .fold(0.0, f64::max);
+        // Completed jobs only (with value policies some never complete).
+        let done: Vec<f64> = jobs
+            .iter()
+            .map(|j| j.jct)
+            .filter(|t| t.is_finite())
+            .collect();
+        let avg = done.iter().sum::<f64>() / done.len().max(1) as f64;
+        let value = jobs.iter().any(|j| j.value.is_some()).then(|| {
+            let count = |f: fn(&Outcome) -> bool| jobs.iter().filter(|j| f(&j.outcome)).count();
+            let stopped = count(|o| matches!(o, Outcome::Stopped(_)));
+            ValueSummary {
+                total: jobs.iter().filter_map(|j| j.value).sum(),
+                completed: count(|o| matches!(o, Outcome::Completed)),
+                rejected: count(|o| matches!(o, Outcome::Rejected(_))),
+                dropped: count(|o| matches!(o, Outcome::Dropped(_))),
+                stopped,
+                // Pauses were counted as sent; stops are the victims that ended stopped.
+                preemptions: self.value_stats.preemptions + stopped as u64,
+                ..self.value_stats.clone()
             }
-        }
-        for w in touched {
-            self.containers_changed(w);
-        }
-    }
-
-    /// Drops worthless jobs everywhere (value-based-allocation.txt:65).
-    fn value_tick(&mut self) {
-        let Some(alloc) = self.value.clone() else {
-            return;
-        };
-        self.advance_all();
-        let actions = alloc.on_tick(self.now, &self.node_states());
-        self.apply_value_actions(actions);
-    }
-
-    /// A container finished on worker `w`: drops there, then resumptions.
-    fn value_departure(&mut self, w: usize) {
-        let Some(alloc) = self.value.clone() else {
-            return;
-        };
-        self.advance_all();
-        let actions = alloc.on_departure(self.now, w, &self.node_states());
-        self.apply_value_actions(actions);
-    }
-
-    /// Job `j` arrives under DwoP/DwP.
-    fn value_arrival(&mut self, j: usize) {
-        let Some(alloc) = self.value.clone() else {
-            return;
-        };
-        self.value_tick();
-        let nodes = self.node_states();
-        let job = value_job(&self.jobs[j].spec);
-        let started = self.timer.as_ref().map(|t| t());
-        let decision = alloc.on_arrival(self.now, &job, &nodes);
-        if let (Some(t), Some(t0)) = (self.timer.as_ref(), started) {
-            *self.value_stats.decision_seconds.get_or_insert(0.0) += t() - t0;
-        }
-        self.value_stats.decisions += 1;
-        match decision {
-            ValueDecision::Place {
-                node,
-                cpu_shares,
-                victims,
-                ..
-            } => {
-                for v in victims {
-                    let vj = self.index_of[&v.job];
-                    self.take_off(vj, v.node);
-                    self.value_stats.preemptions += 1;
-                    match v.action {
-                        PreemptAction::Pause => {
-                            self.workers[v.node].paused.push(vj);
-                            self.jobs[vj].state = State::Paused(v.node);
-                        }
-                        PreemptAction::Stop => self.end(vj, Outcome::Stopped(v.reason)),
-                    }
-                    if v.node != node {
-                        self.containers_changed(v.node);
-                    }
-                }
-                self.jobs[j].shares = cpu_shares;
-                self.snapshots[node].running += 1;
-                self.start(j, node);
-            }
-            ValueDecision::Reject { reason } => self.end(j, Outcome::Rejected(reason)),
+        });
+        Run {
+            value,
+            policy: self.label,
+            makespan: if jobs.is_empty() { 0.0 } else { last - first },
+            avg_jct: avg,
+            migrations: jobs.iter().map(|j| u64::from(j.migrations)).sum(),
+            jobs,
+            events: self.events,
+            steps: self.steps,
+            refusals: self.refusals,
+            trace: self.trace,
         }
     }
-
-    /// Job `j` arrives under the GA's static plan.
-    fn plan_arrival(&mut self, j: usize) {
-        match self.plan.as_ref().and_then(|p| p.get(j).copied().flatten()) {
-            Some((node, shares)) => {
-                self.jobs[j].shares = shares;
-                self.snapshots[node].running += 1;
-                self.start(j, node);
-            }
-            None => self.end(j, Outcome::Rejected("rejected by the offline plan".into())),
-        }
-    }
-
-    /// The FlowCon configuration in force (None for other policies).
-    pub fn flowcon_config(&self) -> Option<FlowConConfig> {
-        self.flowcon_config
-    }
-}
-
-/// A job spec as the value allocator sees it (the spec has a curve: checked in `new`).
-fn value_job(spec: &JobSpec) -> ValueJob {
-    ValueJob {
-        id: spec.id.clone(),
-        released_at: spec.arrival,
-        estimated_s: spec.work,
-        curve: spec
-            .value
-            .expect("value policies check every job has a curve"),
-    }
-}
-
-/// Job indices ordered by job id (the order FlowCon reports decisions in).
-fn sorted_by_id(ids: &[usize], jobs: &[SimJob]) -> Vec<usize> {
-    let mut v = ids.to_vec();
-    v.sort_by(|&a, &b| jobs[a].spec.id.cmp(&jobs[b].spec.id));
-    v
 }
 
 /// Runs `policy` on the experiment's trace.

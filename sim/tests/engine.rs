@@ -165,3 +165,45 @@ fn every_experiment_file_loads() {
         e.jobs(&catalog).unwrap();
     }
 }
+
+#[test]
+fn every_policy_runs_through_the_core_without_refusals() {
+    // The shell plays the agents' part: a core that refused any of its messages (a result
+    // for a job the worker never ran, a forbidden transition) would mean the shell is wrong.
+    let catalog = Catalog::builtin();
+    let e = experiment(
+        3,
+        4.0,
+        Workload::Random {
+            jobs: 12,
+            window: (0.0, 200.0),
+            models: vec!["vae".into(), "mnist-pytorch".into(), "gru".into()],
+        },
+    );
+    for policy in [
+        PolicySpec::DockerSwarm,
+        PolicySpec::Kubernetes,
+        PolicySpec::Oracle,
+        e.policy,
+        PolicySpec::Specon {
+            alpha: 0.01,
+            interval: 30.0,
+            rebalance: true,
+        },
+    ] {
+        let run = run_policy(&e, &catalog, policy, false).unwrap();
+        assert_eq!(run.refusals, 0, "{}", run.policy);
+        assert!(
+            run.steps > run.events,
+            "{}: the cores consumed the inputs",
+            run.policy
+        );
+        assert!(
+            run.jobs
+                .iter()
+                .all(|j| j.outcome.is_completed() && j.jct > 0.0),
+            "{}: every job completes",
+            run.policy
+        );
+    }
+}

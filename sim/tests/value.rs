@@ -100,10 +100,13 @@ fn value_policies_do_what_their_names_say() {
     let catalog = Catalog::builtin();
     let jobs = study().workload(1, 0, (1.5, 3.0));
     let run = |p: PolicySpec| {
-        Simulation::new(&shell(p), &catalog, &jobs, p, false)
+        let run = Simulation::new(&shell(p), &catalog, &jobs, p, false)
             .unwrap()
             .run()
-            .unwrap()
+            .unwrap();
+        // Pauses, resumptions, stops and drops all went through the cores without a refusal.
+        assert_eq!(run.refusals, 0, "{}", run.policy);
+        run
     };
     let sp = run(PolicySpec::DockerSwarm);
     let dwop = run(PolicySpec::Value {
