@@ -699,30 +699,9 @@ impl Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        remove_containers(&format!("{LABEL}={}", self.pid));
+        crate::testbed::remove_containers(&format!("{LABEL}={}", self.pid));
         self.cgroups.remove_all();
         let _ = std::fs::remove_dir_all(&self.tmp);
-    }
-}
-
-/// Removes every container carrying `label` (`key=value`).
-fn remove_containers(label: &str) {
-    let Ok(out) = Command::new("docker")
-        .args(["ps", "-aq", "--filter"])
-        .arg(format!("label={label}"))
-        .output()
-    else {
-        return;
-    };
-    let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .map(String::from)
-        .collect();
-    if !ids.is_empty() {
-        let _ = Command::new("docker")
-            .args(["rm", "-f"])
-            .args(&ids)
-            .output();
     }
 }
 
@@ -743,7 +722,7 @@ fn remove_stale_leftovers() {
         .collect();
     let alive = |pid: &str| Path::new("/proc").join(pid).exists();
     for pid in pids.iter().filter(|p| !alive(p)) {
-        remove_containers(&format!("{LABEL}={pid}"));
+        crate::testbed::remove_containers(&format!("{LABEL}={pid}"));
     }
     let root = Path::new("/sys/fs/cgroup");
     let (version, top) = if root.join("cgroup.controllers").exists() {

@@ -91,23 +91,28 @@ impl Drop for Testbed {
 /// Removes every job container the testbed's agents started.
 pub fn remove_job_containers() {
     for w in WORKERS {
-        let Ok(out) = Command::new("docker")
-            .args(["ps", "-aq", "--filter"])
-            .arg(format!("label=converge.worker={w}"))
-            .output()
-        else {
-            return;
-        };
-        let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
-            .split_whitespace()
-            .map(String::from)
-            .collect();
-        if !ids.is_empty() {
-            let _ = Command::new("docker")
-                .args(["rm", "-f"])
-                .args(&ids)
-                .output();
-        }
+        remove_containers(&format!("converge.worker={w}"));
+    }
+}
+
+/// Removes every container carrying `label` (`key=value`).
+pub(crate) fn remove_containers(label: &str) {
+    let Ok(out) = Command::new("docker")
+        .args(["ps", "-aq", "--filter"])
+        .arg(format!("label={label}"))
+        .output()
+    else {
+        return;
+    };
+    let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    if !ids.is_empty() {
+        let _ = Command::new("docker")
+            .args(["rm", "-f"])
+            .args(&ids)
+            .output();
     }
 }
 
