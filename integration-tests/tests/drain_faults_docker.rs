@@ -126,6 +126,20 @@ async fn worker_state(client: &Client, worker: &str) -> anyhow::Result<Option<Wo
     Ok(ws.into_iter().find(|w| w.id == worker).map(|w| w.state()))
 }
 
+/// Waits until ListWorkers shows `worker` in `state`.
+async fn wait_worker_state(
+    client: &Client,
+    worker: &str,
+    state: WorkerState,
+    what: &str,
+) -> anyhow::Result<()> {
+    eventually(Duration::from_secs(30), what, || {
+        let (c, w) = (client.clone(), worker.to_string());
+        async move { Ok((worker_state(&c, &w).await? == Some(state)).then_some(())) }
+    })
+    .await
+}
+
 /// One line per recorded event of the job, for failure messages.
 async fn history(client: &mut Client, job_id: &str) -> anyhow::Result<Vec<String>> {
     Ok(events_of(client, job_id)
@@ -292,18 +306,18 @@ async fn agent_killed_during_drain_recovers_job_from_checkpoint() -> anyhow::Res
         .await?;
     s.a1.kill();
 
-    eventually(
-        Duration::from_secs(30),
+    wait_worker_state(
+        &client,
+        &s.w1,
+        WorkerState::Lost,
         "the draining worker to be declared lost",
-        || {
-            let c = client.clone();
-            let w1 = s.w1.clone();
-            async move { Ok((worker_state(&c, &w1).await? == Some(WorkerState::Lost)).then_some(())) }
-        },
     )
     .await
     .with_context(|| {
-        format!("w1's agent was killed {}s ago", (unix_nanos() - sigterm.time_nano) / 1_000_000_000)
+        format!(
+            "w1's agent was killed {}s ago",
+            (unix_nanos() - sigterm.time_nano) / 1_000_000_000
+        )
     })?;
     let done = eventually(Duration::from_secs(180), "the job to end", || {
         let (mut c, id) = (client.clone(), s.id.clone());
@@ -427,14 +441,11 @@ async fn agent_killed_during_drain_is_lost_then_drains_again() -> anyhow::Result
         })
         .await?;
     s.a1.kill();
-    eventually(
-        Duration::from_secs(30),
+    wait_worker_state(
+        &client,
+        &s.w1,
+        WorkerState::Lost,
         "the draining worker to be lost",
-        || {
-            let c = client.clone();
-            let w1 = s.w1.clone();
-            async move { Ok((worker_state(&c, &w1).await? == Some(WorkerState::Lost)).then_some(())) }
-        },
     )
     .await?;
     let j = job(&mut client, &s.id, false).await?;
@@ -444,11 +455,12 @@ async fn agent_killed_during_drain_is_lost_then_drains_again() -> anyhow::Result
     );
     // Its agent comes back: w1 is draining again.
     let again = TestAgent::start_with(s.a1.config.clone());
-    eventually(Duration::from_secs(30), "w1 back, still draining", || {
-        let c = client.clone();
-        let w1 = s.w1.clone();
-        async move { Ok((worker_state(&c, &w1).await? == Some(WorkerState::Draining)).then_some(())) }
-    })
+    wait_worker_state(
+        &client,
+        &s.w1,
+        WorkerState::Draining,
+        "w1 back, still draining",
+    )
     .await?;
     let done = eventually(Duration::from_secs(300), "the job to end", || {
         let (mut c, id) = (client.clone(), s.id.clone());

@@ -118,14 +118,7 @@ impl Core {
                     }),
                     true,
                 ) => {
-                    let cmd = Command {
-                        id: command.clone(),
-                        job: id.clone(),
-                        epoch: c.epoch,
-                        action: Action::Save {
-                            deadline_ms: self.save_deadline_ms(),
-                        },
-                    };
+                    let cmd = self.save_command(command.clone(), &id, c.epoch);
                     self.send(worker, cmd);
                 }
                 _ => {}
@@ -459,17 +452,8 @@ impl Core {
             why: why.clone(),
         };
         if self.transition(id, to, format!("{why}; saving its checkpoint")) {
-            self.send(
-                &worker,
-                Command {
-                    id: command,
-                    job: id.to_string(),
-                    epoch,
-                    action: Action::Save {
-                        deadline_ms: self.save_deadline_ms(),
-                    },
-                },
-            );
+            let save = self.save_command(command, id, epoch);
+            self.send(&worker, save);
         }
     }
 

@@ -526,10 +526,18 @@ impl Core {
         format!("{}-{}", self.config.id_prefix, self.next_command)
     }
 
-    pub(super) fn save_deadline_ms(&self) -> u32 {
-        (self.config.save_deadline * 1000.0)
+    /// The Save (checkpoint and stop) command `id` for incarnation `epoch` of `job`, with the
+    /// configured deadline: a move's first step, a stop at convergence, and their re-sends.
+    pub(super) fn save_command(&self, id: CommandId, job: &str, epoch: u64) -> Command {
+        let deadline_ms = (self.config.save_deadline * 1000.0)
             .round()
-            .clamp(0.0, u32::MAX as f64) as u32
+            .clamp(0.0, u32::MAX as f64) as u32;
+        Command {
+            id,
+            job: job.to_string(),
+            epoch,
+            action: Action::Save { deadline_ms },
+        }
     }
 
     /// A new command about incarnation `epoch` of `job`, to `worker`.

@@ -51,17 +51,8 @@ impl Core {
             attributes,
         );
         let epoch = self.jobs[id].epoch;
-        self.send(
-            &from,
-            Command {
-                id: command,
-                job: id.to_string(),
-                epoch,
-                action: Action::Save {
-                    deadline_ms: self.save_deadline_ms(),
-                },
-            },
-        );
+        let save = self.save_command(command, id, epoch);
+        self.send(&from, save);
         true
     }
 
