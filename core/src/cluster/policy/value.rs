@@ -51,8 +51,8 @@ impl ValuePolicy {
         })
     }
 
-    fn actions(&mut self, view: ClusterView<'_>, actions: Vec<ValueAction>) -> Vec<Decision> {
-        let _ = view;
+    /// The allocator's resumptions and drops as decisions, remembering resumed jobs' shares.
+    fn actions(&mut self, actions: Vec<ValueAction>) -> Vec<Decision> {
         actions
             .into_iter()
             .map(|a| match a {
@@ -217,12 +217,12 @@ impl ClusterPolicy for ValuePolicy {
         let nodes = node_states(view, &self.shares);
         // :112 leaves a paused victim's future open; it resumes when its worker has room.
         let actions = self.allocator.on_departure(now, index, &nodes);
-        self.actions(view, actions)
+        self.actions(actions)
     }
 
     fn on_tick(&mut self, now: Time, view: ClusterView<'_>) -> Vec<Decision> {
         let nodes = node_states(view, &self.shares);
         let actions = self.allocator.on_tick(now, &nodes);
-        self.actions(view, actions)
+        self.actions(actions)
     }
 }
