@@ -137,10 +137,24 @@ pub struct Model {
     pub curve: Box<dyn Curve>,
 }
 
+/// The measured cost of sharing a worker, for jobs that carry no measurement of their own
+/// (the papers' models): aggregate throughput of n co-located jobs over one alone, index
+/// n − 1 ([`crate::measured::factor`]). Empty tables: no cost (a work-conserving CPU).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Contention {
+    /// Under free competition.
+    pub free: Vec<f64>,
+    /// Under hard quotas that split the worker.
+    pub split: Vec<f64>,
+    /// Where the factors come from, for reports.
+    pub source: String,
+}
+
 /// The models an experiment may name.
 #[derive(Debug)]
 pub struct Catalog {
     models: Vec<Model>,
+    contention: Contention,
 }
 
 impl Catalog {
@@ -167,6 +181,7 @@ impl Catalog {
             curve,
         };
         Catalog {
+            contention: Contention::default(),
             models: vec![
                 // VAE: long, converges early (most of its gain in the first fifth).
                 m("vae", 860.0, 3.0, exp(550.0, 100.0, 7.0)),
@@ -182,6 +197,24 @@ impl Catalog {
                 m("dynamic-rnn", 550.0, 3.0, pow(2.3, 0.2, 25.0, 0.9)),
             ],
         }
+    }
+
+    /// A catalog with no models (a trace builds one model per job).
+    pub fn empty() -> Self {
+        Catalog {
+            models: Vec::new(),
+            contention: Contention::default(),
+        }
+    }
+
+    /// The cost of sharing a worker that every model of this catalog pays.
+    pub fn contention(&self) -> &Contention {
+        &self.contention
+    }
+
+    /// Sets the cost of sharing a worker (e.g. [`crate::measured::Measured::contention`]).
+    pub fn set_contention(&mut self, contention: Contention) {
+        self.contention = contention;
     }
 
     /// Adds (or replaces) a model, e.g. one built from a calibration table.

@@ -192,7 +192,7 @@ enum Event {
         worker: usize,
         version: u64,
     },
-    /// The model: a restored container has loaded its checkpoint and trains.
+    /// The model: a new container has loaded its data or checkpoint and trains.
     Restored {
         job: usize,
         epoch: u64,
@@ -238,7 +238,7 @@ impl Ord for Scheduled {
 enum Stage {
     /// No container (not placed yet, or between a save and its restore).
     Idle,
-    /// Created from a checkpoint, loading it: no progress yet.
+    /// Created, loading its data (a measured job) or its checkpoint: no progress yet.
     Restoring,
     /// Training.
     Running,
@@ -272,6 +272,9 @@ struct SimJob {
     stage: Stage,
     /// Cores it gets now.
     alloc: f64,
+    /// Reference core-seconds of work it does per second now: its cores, times its worker's
+    /// speed, times the measured cost of sharing the worker ([`crate::measured::factor`]).
+    rate: f64,
     /// Its container's hard CPU quota, cores.
     quota: f64,
     /// Its container's CPU weight.
@@ -472,15 +475,20 @@ impl<'a> Simulation<'a> {
                 cpu_seconds: 0.0,
                 stage: Stage::Idle,
                 alloc: 0.0,
+                rate: 0.0,
                 quota: 0.0,
                 shares: DEFAULT_SHARES,
                 finish: f64::NAN,
                 worker: usize::MAX,
                 epoch: 0,
                 checkpoint: None,
-                // One step per reference core-second, at least 100 (the value policy reads
-                // remaining work from step / total steps).
-                total_steps: (spec.work.round() as u64).max(100),
+                // A trace job reports its real step budget; otherwise one step per reference
+                // core-second, at least 100 (the value policy reads remaining work from
+                // step / total steps).
+                total_steps: spec
+                    .runtime
+                    .as_ref()
+                    .map_or((spec.work.round() as u64).max(100), |r| r.steps),
                 heartbeat_cpu: (0.0, 0.0),
                 direction: catalog.get(spec.model).curve.direction(),
             })
@@ -866,12 +874,17 @@ impl<'a> Simulation<'a> {
                         from_checkpoint,
                     })),
                 ));
-                if from_checkpoint && self.system.restore > 0.0 {
+                // A measured job loads its data (or its checkpoint) before its first step; the
+                // experiments' model only pays for restores.
+                let load = match (&self.jobs[j].spec.runtime, from_checkpoint) {
+                    (Some(r), false) => r.start_s,
+                    (Some(r), true) => r.restore_s,
+                    (None, false) => 0.0,
+                    (None, true) => self.system.restore,
+                };
+                if load > 0.0 {
                     self.jobs[j].stage = Stage::Restoring;
-                    self.schedule(
-                        self.now + self.system.restore,
-                        Event::Restored { job: j, epoch },
-                    );
+                    self.schedule(self.now + load, Event::Restored { job: j, epoch });
                 } else {
                     self.begin_training(j);
                 }
@@ -962,8 +975,9 @@ impl<'a> Simulation<'a> {
                     return;
                 }
                 self.halt(j, Stage::Saving);
+                let save = self.save_s(j);
                 self.schedule(
-                    self.now + self.system.save,
+                    self.now + save,
                     Event::SaveDone {
                         job: j,
                         epoch,
@@ -976,12 +990,22 @@ impl<'a> Simulation<'a> {
         }
     }
 
+    /// Seconds job `j` takes to save its checkpoint and exit.
+    fn save_s(&self, j: usize) -> f64 {
+        self.jobs[j]
+            .spec
+            .runtime
+            .as_ref()
+            .map_or(self.system.save, |r| r.save_s)
+    }
+
     /// Job `j`'s container leaves the CPU (paused, saving, stopped).
     fn halt(&mut self, j: usize, stage: Stage) {
         let w = self.jobs[j].worker;
         self.advance(w);
         self.jobs[j].stage = stage;
         self.jobs[j].alloc = 0.0;
+        self.jobs[j].rate = 0.0;
         self.workers[w].jobs.retain(|&x| x != j);
         self.dirty.insert(w);
     }
@@ -1029,11 +1053,17 @@ impl<'a> Simulation<'a> {
             id: spec.id.clone(),
             spec: wire::JobSpec {
                 name: spec.id.clone(),
-                // The simulated jobs reserve nothing: placement never waits for room.
-                cpus: 0.0,
+                // The experiments' jobs reserve nothing (placement never waits for room); a
+                // trace's jobs reserve what they reserve live, and give no runtime estimate,
+                // as the live driver submits them.
+                cpus: spec.runtime.as_ref().map_or(0.0, |r| r.request_cpus),
                 memory_bytes: 0,
                 value_curve: spec.value,
-                estimated_runtime_s: spec.work,
+                estimated_runtime_s: if spec.runtime.is_some() {
+                    0.0
+                } else {
+                    spec.work
+                },
                 maximize: self.jobs[j].direction == Direction::Maximize,
                 stop: None,
             },
@@ -1166,7 +1196,7 @@ impl<'a> Simulation<'a> {
         self.jobs[j].stage = Stage::Idle;
         self.exit(j, 0);
         if let Some(command) = command {
-            let ms = (self.system.save * 1000.0).round() as u64;
+            let ms = (self.save_s(j) * 1000.0).round() as u64;
             self.queue.push_back(Msg::Node(
                 w,
                 NodeInput::Done {
@@ -1266,7 +1296,7 @@ impl<'a> Simulation<'a> {
         if dt > 0.0 {
             for &j in &worker.jobs {
                 let job = &mut self.jobs[j];
-                job.done += job.alloc * worker.calibration * dt;
+                job.done += job.rate * dt;
                 job.cpu_seconds += job.alloc * dt;
             }
         }
@@ -1303,10 +1333,27 @@ impl<'a> Simulation<'a> {
             }
         };
         let mut next = f64::INFINITY;
+        let (cpus, sharing) = (worker.cpus, worker.jobs.len());
         for (&j, a) in worker.jobs.iter().zip(alloc) {
             let job = &mut self.jobs[j];
             job.alloc = a;
-            let rate = a * worker.calibration;
+            // The measured cost of sharing: under free competition, or under a hard quota
+            // that holds it below the worker (FlowCon's limits).
+            let (free, split) = match &job.spec.runtime {
+                Some(r) => (&r.free, &r.split),
+                None => {
+                    let c = self.catalog.contention();
+                    (&c.free, &c.split)
+                }
+            };
+            let table = if job.quota < cpus - 1e-9 {
+                split
+            } else {
+                free
+            };
+            let shared = crate::measured::factor(table, sharing);
+            let rate = a * worker.calibration * shared;
+            job.rate = rate;
             if rate > 0.0 {
                 next = next.min((job.spec.work - job.done).max(0.0) / rate);
             }

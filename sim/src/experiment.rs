@@ -156,6 +156,88 @@ pub enum PolicySpec {
         /// Generations.
         generations: usize,
     },
+    /// A cluster policy by the manager's `--policy` name, with the intervals the manager and
+    /// the agents run it with: exactly what a trace runs live ([`crate::trace`]).
+    Named {
+        /// The manager's policy.
+        policy: NamedPolicy,
+        /// The agents' FlowCon interval (itval), seconds; α adapts (Alg. 3), as the agent's
+        /// default is.
+        flowcon_interval: f64,
+        /// The agents' SpeCon categorization interval, seconds.
+        specon_interval: f64,
+        /// The manager's rebalance interval, seconds.
+        rebalance_interval: f64,
+    },
+}
+
+/// The manager's policies a trace may name (`converge_core::cluster::policy::POLICIES`
+/// without the value policies, whose jobs need value curves).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NamedPolicy {
+    /// Docker Swarm's spread.
+    Spread,
+    /// Kubernetes' least-allocated.
+    LeastAllocated,
+    /// Round-robin placement.
+    RoundRobin,
+    /// FlowCon.
+    Flowcon,
+    /// SpeCon.
+    Specon,
+    /// FlowCon on workers and SpeCon across them.
+    FlowconSpecon,
+    /// Converge: shortest predicted remaining work first.
+    Converge,
+    /// Least attained service (Tiresias).
+    Las,
+}
+
+impl NamedPolicy {
+    /// Every named policy.
+    pub const ALL: [NamedPolicy; 8] = [
+        NamedPolicy::Spread,
+        NamedPolicy::LeastAllocated,
+        NamedPolicy::RoundRobin,
+        NamedPolicy::Flowcon,
+        NamedPolicy::Specon,
+        NamedPolicy::FlowconSpecon,
+        NamedPolicy::Converge,
+        NamedPolicy::Las,
+    ];
+
+    /// The manager's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            NamedPolicy::Spread => "spread",
+            NamedPolicy::LeastAllocated => "least-allocated",
+            NamedPolicy::RoundRobin => "round-robin",
+            NamedPolicy::Flowcon => "flowcon",
+            NamedPolicy::Specon => "specon",
+            NamedPolicy::FlowconSpecon => "flowcon-specon",
+            NamedPolicy::Converge => "converge",
+            NamedPolicy::Las => "las",
+        }
+    }
+
+    /// The policy the manager calls `name`.
+    pub fn by_name(name: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.name() == name)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "unknown policy `{name}`; a trace may name: {}",
+                    Self::ALL.map(NamedPolicy::name).join(", ")
+                ))
+            })
+    }
+
+    /// Whether its workers run FlowCon's limits.
+    pub fn runs_flowcon(self) -> bool {
+        matches!(self, NamedPolicy::Flowcon | NamedPolicy::FlowconSpecon)
+    }
 }
 
 fn one_u32() -> u32 {
@@ -213,6 +295,7 @@ impl PolicySpec {
                 population,
                 generations,
             } => format!("GA ({population} × {generations} generations)"),
+            PolicySpec::Named { policy, .. } => policy.name().to_string(),
         }
     }
 
@@ -326,6 +409,31 @@ pub struct JobSpec {
     /// Its value curve (value-based allocation workloads only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<ValueCurve>,
+    /// What was measured of this job on the real workers (trace runs, [`crate::trace`]);
+    /// `None`: the experiment's [`SystemModel`] and one step per core-second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<Runtime>,
+}
+
+/// A job's measured runtime ([`crate::measured::JobCost`]) and what it asks of the manager,
+/// as a trace run submits it live.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Runtime {
+    /// Its step budget (`--steps`): what it reports as total steps.
+    pub steps: u64,
+    /// CPU cores it reserves (`JobSpec.cpus`).
+    pub request_cpus: f64,
+    /// Throughput factors of n co-located jobs under free competition (index n − 1).
+    pub free: Vec<f64>,
+    /// The same under hard quotas that split the worker.
+    pub split: Vec<f64>,
+    /// Seconds from its container's start to its first progress line.
+    pub start_s: f64,
+    /// Seconds to save its checkpoint and exit.
+    pub save_s: f64,
+    /// Seconds from a restore's start to its first progress line.
+    pub restore_s: f64,
 }
 
 impl Experiment {
@@ -423,6 +531,7 @@ impl Experiment {
                     work: model.work * f,
                     max_cores: model.max_cores,
                     value: None,
+                    runtime: None,
                 }
             })
             .collect())

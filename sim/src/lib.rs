@@ -24,6 +24,8 @@
 //!
 //! ## Where to start
 //! - [`experiment::Experiment`]: an experiment file (`sim/experiments/*.json`).
+//! - [`trace::TraceFile`]: a trace (`experiments/<trace>/trace.json`) that runs both live and
+//!   here, with the runtime measured on the real workers ([`measured`]).
 //! - [`engine::Simulation`] / [`engine::run_policy`]: one run of one policy;
 //!   [`policies`]: which core policy and node configuration each experiment policy runs.
 //! - [`report`]: policy vs baseline vs oracle, tables beside the paper's numbers, sweeps, and
@@ -39,9 +41,11 @@ pub mod engine;
 mod error;
 pub mod experiment;
 pub mod ga;
+pub mod measured;
 pub mod plot;
 pub mod policies;
 pub mod report;
+pub mod trace;
 pub mod value;
 
 pub use error::{Error, Result};

@@ -14,6 +14,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use converge_sim::curve::Catalog;
 use converge_sim::experiment::Experiment;
+use converge_sim::measured::Measured;
 use converge_sim::value::{self, ValueExperiment};
 use converge_sim::{plot, report};
 
@@ -37,11 +38,18 @@ struct Cli {
     /// its curves replace the built-in ones of the same name, other models are added.
     #[arg(long, global = true, env = "CONVERGE_SIM_CURVES")]
     curves: Option<PathBuf>,
+    /// Measurements of the real workload (`cargo xtask measure`): the papers' experiments pay
+    /// the cost of sharing a worker measured there ([`converge_sim::measured::Measured::contention`]).
+    #[arg(long, global = true, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/measured"))]
+    measured: PathBuf,
+    /// A work-conserving CPU with no cost of sharing (the model before measurements).
+    #[arg(long, global = true)]
+    no_contention: bool,
     #[command(subcommand)]
     command: Command,
 }
 
-#[derive(Debug, Subcommand)]
+#[derive(Debug, Clone, Subcommand)]
 enum Command {
     /// Run one experiment: policy vs baseline vs oracle, printed beside the paper's numbers.
     Run {
@@ -101,7 +109,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match execute(cli.curves.as_deref(), cli.command) {
+    match execute(&cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("converge-sim: {e:#}");
@@ -110,16 +118,35 @@ fn main() -> ExitCode {
     }
 }
 
-fn execute(curves: Option<&Path>, command: Command) -> anyhow::Result<()> {
-    let mut catalog = Catalog::builtin();
-    if let Some(path) = curves {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading curve table {}", path.display()))?;
-        let names = catalog.load_curve_table(&text, 300.0)?;
-        eprintln!("curves from {}: {}", path.display(), names.join(", "));
+fn execute(cli: &Cli) -> anyhow::Result<()> {
+    let catalogs = || -> anyhow::Result<Catalog> {
+        let mut catalog = Catalog::builtin();
+        if let Some(path) = &cli.curves {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading curve table {}", path.display()))?;
+            catalog.load_curve_table(&text, 300.0)?;
+        }
+        Ok(catalog)
+    };
+    // The value studies keep the value paper's own CPU model (shares of one unit, :59): no
+    // cost of sharing. The FlowCon and SpeCon experiments pay the measured one.
+    let plain = catalogs()?;
+    let mut catalog = catalogs()?;
+    if !cli.no_contention {
+        let measured = Measured::load(&cli.measured)?;
+        match measured.contention() {
+            Some(c) => {
+                eprintln!("cost of sharing a worker: {}", c.source);
+                catalog.set_contention(c);
+            }
+            None => eprintln!(
+                "{}: no co-location measurements; a work-conserving CPU with no cost of sharing",
+                cli.measured.display()
+            ),
+        }
     }
     let catalog = catalog;
-    match command {
+    match cli.command.clone() {
         Command::Run { file, json } => {
             let e = Experiment::load(&file)?;
             let c = report::compare(&e, &catalog, false)?;
@@ -169,7 +196,7 @@ fn execute(curves: Option<&Path>, command: Command) -> anyhow::Result<()> {
             }
             e.check()?;
             let started = std::time::Instant::now();
-            let grid = e.run(&catalog, Some(wall_clock))?;
+            let grid = e.run(&plain, Some(wall_clock))?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&grid)?);
             } else {
@@ -177,7 +204,7 @@ fn execute(curves: Option<&Path>, command: Command) -> anyhow::Result<()> {
             }
             eprintln!("{}: {:.1} s", e.name, started.elapsed().as_secs_f64());
         }
-        Command::Results { experiments, out } => results(&catalog, &experiments, &out)?,
+        Command::Results { experiments, out } => results(&catalog, &plain, &experiments, &out)?,
         Command::Scale {
             workers,
             jobs,
@@ -259,12 +286,34 @@ fn default_parameters(e: &Experiment) -> (f64, f64) {
     }
 }
 
-fn results(catalog: &Catalog, dir: &Path, out: &Path) -> anyhow::Result<()> {
+fn results(catalog: &Catalog, plain: &Catalog, dir: &Path, out: &Path) -> anyhow::Result<()> {
     let base = out.parent().unwrap_or(Path::new("."));
     let plots_dir = base.join("results");
     std::fs::create_dir_all(&plots_dir)
         .with_context(|| format!("creating {}", plots_dir.display()))?;
     let mut doc = String::from(RESULTS_HEADER);
+    let c = catalog.contention();
+    doc.push_str(&if c.free.is_empty() {
+        "**Cost of sharing a worker:** none (a work-conserving CPU; `--no-contention` or no \
+         co-location measurements).\n\n"
+            .to_string()
+    } else {
+        let f = |v: &[f64]| {
+            v.iter()
+                .map(|x| format!("{x:.3}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        format!(
+            "**Cost of sharing a worker (measured):** the papers' jobs pay what our trainer pays \
+             with a thread pool sized to the machine, as TensorFlow's and PyTorch's are by \
+             default: {}. Aggregate throughput of 1, 2, ... co-located jobs over one alone: \
+             free competition {}; under quotas that split the worker {}.\n\n",
+            c.source,
+            f(&c.free),
+            f(&c.split)
+        )
+    });
     for e in report::load_all(dir)? {
         eprintln!("running {}", e.name);
         let c = report::compare(&e, catalog, true)?;
@@ -338,7 +387,7 @@ fn results(catalog: &Catalog, dir: &Path, out: &Path) -> anyhow::Result<()> {
     }
     for e in studies {
         eprintln!("running {}", e.name);
-        let grid = e.run(catalog, Some(wall_clock))?;
+        let grid = e.run(plain, Some(wall_clock))?;
         let plots = value::plots(&e, &grid, base)?;
         doc.push_str(&value::section(&e, &grid, &plots, true)?);
     }
@@ -354,8 +403,10 @@ same job trace and seed; our numbers stand beside the paper's. Every decision is
 the same cores the manager and the agents run (`converge_core::cluster` and \
 `converge_core::node`); the simulator plays the agents, the containers and the clock.\n\n\
 **The simulator's runtime is a model.** Jobs are work done at the CPU share a CFS-like model \
-gives them under Docker's hard quotas; their metrics follow parametric curves with seeded noise, set by eye from the \
-papers' descriptions, not measured. Absolute seconds are therefore not the papers' testbeds'; \
+gives them under Docker's hard quotas, less the measured cost of sharing a worker (below); \
+their metrics follow parametric curves with seeded noise, set by eye from the papers' \
+descriptions (we cannot run the papers' models; our own trainer's jobs are simulated from \
+measurements and checked against the testbed in `experiments/*/results.md`). Absolute seconds are therefore not the papers' testbeds'; \
 compare the *changes* (reductions), and read differences as differences between our model \
 workload and theirs as much as between implementations. The same seed gives byte-identical \
 output.\n\n\

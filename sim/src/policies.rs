@@ -66,6 +66,18 @@ pub fn cluster_policy(
             "value",
             ValueConfig { stride, preemption },
         )?),
+        PolicySpec::Named {
+            policy,
+            rebalance_interval,
+            ..
+        } => converge_core::cluster::policy::by_name(
+            policy.name(),
+            &PolicyConfig {
+                rebalance_interval,
+                value: None,
+            },
+        )
+        .map_err(Error::Invalid)?,
         PolicySpec::ValueGa { .. } => Box::new(PlanPolicy {
             plan: plan.ok_or_else(|| Error::Invalid("the GA policy needs its plan".into()))?,
         }),
@@ -108,6 +120,24 @@ pub fn node_config(policy: PolicySpec, worker: &str, cpus: f64) -> Result<NodeCo
             };
             c.specon.validate()?;
         }
+        // As the agent builds them from its settings (agent/src/config.rs `flowcon`, `specon`).
+        PolicySpec::Named {
+            flowcon_interval,
+            specon_interval,
+            ..
+        } => {
+            c.flowcon = FlowConConfig {
+                itval: flowcon_interval,
+                adaptive: true,
+                ..FlowConConfig::default()
+            };
+            c.flowcon.validate()?;
+            c.specon = SpeConConfig {
+                interval: specon_interval,
+                ..SpeConConfig::default()
+            };
+            c.specon.validate()?;
+        }
         _ => {}
     }
     Ok(c)
@@ -117,6 +147,9 @@ pub fn node_config(policy: PolicySpec, worker: &str, cpus: f64) -> Result<NodeCo
 pub fn flowcon_config(policy: PolicySpec) -> Option<FlowConConfig> {
     match policy {
         PolicySpec::Flowcon { .. } => node_config(policy, "", 1.0).ok().map(|c| c.flowcon),
+        PolicySpec::Named { policy: p, .. } if p.runs_flowcon() => {
+            node_config(policy, "", 1.0).ok().map(|c| c.flowcon)
+        }
         _ => None,
     }
 }

@@ -333,6 +333,7 @@ impl ValueExperiment {
                         full_value_until_s: factors.0 * et,
                         zero_value_at_s: factors.1 * et,
                     }),
+                    runtime: None,
                 }
             })
             .collect()

@@ -1,243 +1,295 @@
-//! `cargo xtask experiment NAME`: a paper's experiment on the real testbed.
+//! `cargo xtask experiment TRACE`: one trace, run live on the testbed and in the simulator,
+//! compared job by job.
 //!
-//! The same submission schedule runs twice on fresh compose testbeds — once under the paper's
-//! baseline, once under the Converge policy — and the driver records, every second, each job's
-//! state, worker and CPU use (from the agents' reports, through the control API). It then
-//! prints per-job completion times, average JCT, makespan and the ratios, and writes
-//! `experiments/NAME/results.md` with SVG plots: CPU use per job over time for both runs
-//! (FlowCon's Figs. 7 and 8), jobs per worker over time with migrations marked (SpeCon's Figs. 8
-//! and 9), and completion time per job.
+//! The trace (`experiments/TRACE/trace.json`, [`converge_sim::trace::TraceFile`]) names the
+//! jobs, their arrival times, the workers, the policies (baseline first) and the intervals.
+//! For every policy the driver runs it `--runs` times on a fresh compose testbed, recording
+//! every second each job's state, worker and CPU use through the control API, and keeps each
+//! run as `experiments/TRACE/runs/POLICY-K.json`; then the simulator runs the same trace once
+//! per policy with the runtime measured by `cargo xtask measure` (`sim/measured/`). It writes
+//! `experiments/TRACE/results.md` (generated tables only: the reading text lives in the
+//! directory's `README.md`, which this command never touches) and SVG plots: completion time
+//! per job, live (median and range over the runs) beside simulated, for every policy; CPU use
+//! per job and running jobs per worker of each policy's first live run.
+//!
+//! `--sim-only` skips the live runs and rebuilds the report from the recorded ones, so the
+//! simulator's side can be iterated on in seconds.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use converge_messenger::pb;
+use converge_sim::measured::Measured;
+use converge_sim::trace::TraceFile;
 use plotters::prelude::*;
+use serde::{Deserialize, Serialize};
 
 use crate::cluster::{connect, terminal, wait_for_workers};
-use crate::testbed::Testbed;
+use crate::testbed::{Testbed, WORKERS};
 
-/// One submission of a schedule.
-#[derive(Clone, Debug)]
-pub struct Submission {
-    /// Seconds after the run starts.
-    pub at_s: f64,
-    /// Label in tables and plots.
-    pub name: &'static str,
-    /// Trainer arguments.
-    pub args: Vec<String>,
+/// The command's arguments.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The trace: `experiments/TRACE/trace.json`.
+    pub trace: String,
+    /// Live runs per policy.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Keep the live runs already recorded under `experiments/TRACE/runs/` and run only the
+    /// missing ones (after an interrupted run).
+    #[arg(long)]
+    pub resume: bool,
+    /// No live run: simulate, and report against the live runs already recorded.
+    #[arg(long)]
+    pub sim_only: bool,
+    /// Host port of the testbed manager's control API.
+    #[arg(long, default_value_t = 7070)]
+    pub port: u16,
 }
 
-/// A scenario: the schedule, which services run, and the two policies compared.
-pub struct Scenario {
-    /// Directory name under `experiments/`.
-    pub name: &'static str,
-    /// What it reproduces, for the results file.
-    pub title: &'static str,
-    /// Compose services to start.
-    pub services: &'static [&'static str],
-    /// Extra compose environment (agent settings), for both runs.
-    pub env: Vec<(&'static str, String)>,
-    /// The baseline policy.
-    pub baseline: &'static str,
-    /// The policy under test.
-    pub policy: &'static str,
-    /// The submissions.
-    pub schedule: Vec<Submission>,
-    /// CPU cores each job requests (reservation).
-    pub cpus: f64,
-}
-
-fn trainer(model: &str, size: u32, steps: u32) -> Vec<String> {
-    [
-        "--model",
-        model,
-        "--size",
-        &size.to_string(),
-        "--steps",
-        &steps.to_string(),
-        "--threads",
-        "1",
-        "--report-every",
-        "25",
-        "--checkpoint-every",
-        "250",
-    ]
-    .map(String::from)
-    .to_vec()
-}
-
-/// The scenarios this command knows.
-pub fn scenarios() -> Vec<Scenario> {
-    // Time is scaled by k = 4 against the papers so a run takes minutes on a 2-core machine.
-    // Step counts come from step times measured on the trainer image at 1 CPU (vae-digits
-    // size 32: 2.5 ms, mlp-digits size 12: 7.5 ms, cnn-digits size 6: 8.5 ms, gru-co2 size 2:
-    // 6.7 ms): alone on a worker the VAE runs ~50 s (flat after its first tenth, like the
-    // paper's) and each MNIST job ~20 s.
-    vec![
-        Scenario {
-            name: "flowcon-3job",
-            title: "FlowCon ICPP'19 §5.3 fixed schedule (VAE at 0 s, MNIST-PyTorch at 40 s, MNIST-TF at 80 s), time scaled by 1/4, one worker of 1 CPU",
-            services: &["manager", "agent-1"],
-            env: vec![("CONVERGE_FLOWCON_INTERVAL", "5s".into())],
-            baseline: "spread",
-            policy: "flowcon",
-            schedule: vec![
-                Submission {
-                    at_s: 0.0,
-                    name: "VAE",
-                    args: trainer("vae-digits", 32, 20000),
-                },
-                Submission {
-                    at_s: 10.0,
-                    name: "MNIST-MLP",
-                    args: trainer("mlp-digits", 12, 2700),
-                },
-                Submission {
-                    at_s: 20.0,
-                    name: "MNIST-CNN",
-                    args: trainer("cnn-digits", 6, 2400),
-                },
-            ],
-            cpus: 0.3,
-        },
-        Scenario {
-            name: "specon-2worker",
-            title: "SpeCon §VI-C job mix converging at different times on two 1-CPU workers, even initial placement, time scaled by 1/4",
-            services: &["manager", "agent-1", "agent-2"],
-            env: vec![
-                ("CONVERGE_SPECON_INTERVAL", "8s".into()),
-                ("CONVERGE_REBALANCE_INTERVAL", "8s".into()),
-            ],
-            baseline: "round-robin",
-            policy: "specon",
-            schedule: vec![
-                Submission {
-                    at_s: 0.0,
-                    name: "J1-VAE",
-                    args: trainer("vae-digits", 32, 24000),
-                },
-                Submission {
-                    at_s: 5.0,
-                    name: "J2-GRU",
-                    args: trainer("gru-co2", 2, 3000),
-                },
-                Submission {
-                    at_s: 10.0,
-                    name: "J3-MLP",
-                    args: trainer("mlp-digits", 12, 2700),
-                },
-                Submission {
-                    at_s: 15.0,
-                    name: "J4-CNN",
-                    args: trainer("cnn-digits", 6, 2400),
-                },
-                Submission {
-                    at_s: 20.0,
-                    name: "J5-VAE",
-                    args: trainer("vae-digits", 24, 24000),
-                },
-                Submission {
-                    at_s: 25.0,
-                    name: "J6-MLP",
-                    args: trainer("mlp-digits", 8, 6000),
-                },
-            ],
-            cpus: 0.3,
-        },
-    ]
-}
-
-/// What one run recorded.
-#[derive(Default)]
-struct Run {
-    policy: String,
-    /// Per job name: (submitted, finished) seconds since the run's start, final state, worker.
-    jobs: BTreeMap<String, (f64, f64, String, String)>,
-    /// (t, job name, cpu cores).
-    cpu: Vec<(f64, String, f64)>,
-    /// (t, worker, running jobs).
-    per_worker: Vec<(f64, String, usize)>,
-    /// (t, job name, from, to, downtime ms).
-    migrations: Vec<(f64, String, String, String, Option<u64>)>,
-}
-
-/// Runs the named scenario under both policies and writes `experiments/NAME/`.
-pub fn run(root: &Path, name: &str, port: u16) -> Result<()> {
-    let all = scenarios();
-    let Some(sc) = all.iter().find(|s| s.name == name) else {
-        bail!(
-            "unknown experiment `{name}`; known: {}",
-            all.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
-        );
+/// Every trace under `experiments/`, by name.
+pub fn traces(root: &Path) -> Result<Vec<TraceFile>> {
+    let mut out = Vec::new();
+    let dir = root.join("experiments");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Ok(out);
     };
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path().join("trace.json")))
+        .filter(|p| p.is_file())
+        .collect();
+    paths.sort();
+    for p in paths {
+        out.push(TraceFile::load(&p)?);
+    }
+    Ok(out)
+}
+
+/// One live run, as recorded.
+#[derive(Serialize, Deserialize, Default, Debug, Clone)]
+pub struct LiveRun {
+    /// The manager's policy.
+    pub policy: String,
+    /// Which run of this policy, from 1.
+    pub run: usize,
+    /// Per job name: times since the run's start, final state, last worker.
+    pub jobs: BTreeMap<String, LiveJob>,
+    /// (t, job name, CPU cores) every second.
+    pub cpu: Vec<(f64, String, f64)>,
+    /// (t, worker, running jobs) every second.
+    pub per_worker: Vec<(f64, String, usize)>,
+    /// Migrations, from the manager's event log.
+    pub migrations: Vec<Migration>,
+}
+
+/// One job of a live run.
+#[derive(Serialize, Deserialize, Default, Debug, Clone)]
+pub struct LiveJob {
+    /// Submitted, seconds since the run's start (the manager's clock).
+    pub submitted_s: f64,
+    /// Finished, seconds since the run's start.
+    pub finished_s: f64,
+    /// Final state.
+    pub state: String,
+    /// Last worker.
+    pub worker: String,
+}
+
+impl LiveJob {
+    fn jct(&self) -> f64 {
+        self.finished_s - self.submitted_s
+    }
+}
+
+/// A migration of a live run.
+#[derive(Serialize, Deserialize, Default, Debug, Clone)]
+pub struct Migration {
+    /// When it finished, seconds since the run's start.
+    pub t_s: f64,
+    /// The job's name.
+    pub job: String,
+    /// From worker.
+    pub from: String,
+    /// To worker.
+    pub to: String,
+    /// Downtime, ms.
+    pub downtime_ms: Option<u64>,
+}
+
+/// Runs the trace live (unless `--sim-only`) and in the simulator, and writes the report.
+pub fn run(root: &Path, args: &Args) -> Result<()> {
+    let dir = root.join("experiments").join(&args.trace);
+    let trace = TraceFile::load(&dir.join("trace.json")).with_context(|| {
+        let known: Vec<String> = traces(root)
+            .map(|t| t.into_iter().map(|t| t.name).collect())
+            .unwrap_or_default();
+        format!(
+            "trace `{}` (known: {})",
+            args.trace,
+            if known.is_empty() {
+                "none".into()
+            } else {
+                known.join(", ")
+            }
+        )
+    })?;
+    if trace.workers > WORKERS.len() {
+        bail!(
+            "{}: the compose testbed has {} workers, the trace asks for {}",
+            args.trace,
+            WORKERS.len(),
+            trace.workers
+        );
+    }
+    let runs_dir = dir.join("runs");
+    std::fs::create_dir_all(&runs_dir)?;
+    if !args.sim_only {
+        run_live(root, &trace, &runs_dir, args)?;
+    }
+    let live = load_runs(&runs_dir, &trace)?;
+    let measured = Measured::load(&root.join("sim/measured"))?;
+    let mut sims = BTreeMap::new();
+    for policy in &trace.policies {
+        let run = trace
+            .simulate(policy, &measured, false)
+            .with_context(|| format!("simulating {} under {policy}", trace.name))?;
+        let by_name: BTreeMap<String, f64> = run
+            .jobs
+            .iter()
+            .map(|j| (j.model.clone(), j.jct))
+            .collect();
+        sims.insert(
+            policy.clone(),
+            SimRun {
+                jct: by_name,
+                migrations: run.migrations,
+            },
+        );
+    }
+    let report = Report::new(&trace, &live, &sims, &measured);
+    let text = report.markdown();
+    println!("{text}");
+    std::fs::write(dir.join("results.md"), &text)?;
+    std::fs::write(
+        dir.join("results.json"),
+        serde_json::to_string_pretty(&report.json())? + "\n",
+    )?;
+    for policy in &trace.policies {
+        plot_completion(
+            &dir.join(format!("completion-{policy}.svg")),
+            &trace,
+            policy,
+            &report,
+        )?;
+        if let Some(first) = live.get(policy).and_then(|r| r.first()) {
+            plot_cpu(&dir.join(format!("cpu-{policy}.svg")), &trace, first)?;
+            plot_workers(&dir.join(format!("workers-{policy}.svg")), &trace, first)?;
+        }
+    }
+    println!("wrote {}", dir.display());
+    Ok(())
+}
+
+fn run_path(runs_dir: &Path, policy: &str, k: usize) -> PathBuf {
+    runs_dir.join(format!("{policy}-{k}.json"))
+}
+
+fn run_live(root: &Path, trace: &TraceFile, runs_dir: &Path, args: &Args) -> Result<()> {
     crate::images::build(root, &[])?;
+    if !args.resume {
+        for e in std::fs::read_dir(runs_dir)? {
+            let p = e?.path();
+            if p.extension().is_some_and(|x| x == "json") {
+                std::fs::remove_file(p)?;
+            }
+        }
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()?;
-    let mut runs = Vec::new();
-    for policy in [sc.baseline, sc.policy] {
-        let env: Vec<(&str, &str)> = sc.env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        let testbed = Testbed::up_with(root, policy, port, sc.services, &env)?;
-        let result = rt.block_on(drive(sc, policy, port));
-        if result.is_err() {
-            testbed.print_logs();
+    let mut services = vec!["manager"];
+    services.extend(
+        ["agent-1", "agent-2"]
+            .iter()
+            .take(trace.workers)
+            .copied(),
+    );
+    let env = trace.testbed_env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    for k in 1..=args.runs {
+        // Policies interleaved run by run, so a slow drift of the machine falls on all alike.
+        for policy in &trace.policies {
+            let path = run_path(runs_dir, policy, k);
+            if path.exists() {
+                println!("{policy} run {k}: kept {}", path.display());
+                continue;
+            }
+            println!("{}: {policy}, run {k} of {}", trace.name, args.runs);
+            let testbed = Testbed::up_with(root, policy, args.port, &services, &env)?;
+            let result = rt.block_on(drive(trace, policy, k, args.port));
+            if result.is_err() {
+                testbed.print_logs();
+            }
+            drop(testbed);
+            let run = result?;
+            std::fs::write(&path, serde_json::to_string_pretty(&run)? + "\n")?;
         }
-        drop(testbed);
-        runs.push(result?);
     }
-    let out = root.join("experiments").join(sc.name);
-    std::fs::create_dir_all(&out)?;
-    let report = report(sc, &runs[0], &runs[1]);
-    println!("{report}");
-    std::fs::write(out.join("results.md"), &report)?;
-    for r in &runs {
-        plot_cpu(&out.join(format!("cpu-{}.svg", r.policy)), sc, r)?;
-        plot_workers(&out.join(format!("workers-{}.svg", r.policy)), sc, r)?;
-    }
-    plot_completion(&out.join("completion.svg"), sc, &runs[0], &runs[1])?;
-    println!("wrote {}", out.display());
     Ok(())
 }
 
-async fn drive(sc: &Scenario, policy: &str, port: u16) -> Result<Run> {
+fn load_runs(runs_dir: &Path, trace: &TraceFile) -> Result<BTreeMap<String, Vec<LiveRun>>> {
+    let mut out: BTreeMap<String, Vec<LiveRun>> = BTreeMap::new();
+    for policy in &trace.policies {
+        let mut k = 1;
+        loop {
+            let path = run_path(runs_dir, policy, k);
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                break;
+            };
+            let run: LiveRun = serde_json::from_str(&text)
+                .with_context(|| format!("reading {}", path.display()))?;
+            out.entry(policy.clone()).or_default().push(run);
+            k += 1;
+        }
+    }
+    Ok(out)
+}
+
+async fn drive(trace: &TraceFile, policy: &str, k: usize, port: u16) -> Result<LiveRun> {
     let endpoint = format!("http://127.0.0.1:{port}");
     let mut client = connect(&endpoint).await?;
-    let workers = sc
-        .services
-        .iter()
-        .filter(|s| s.starts_with("agent"))
-        .count();
-    wait_for_workers(&mut client, workers).await?;
-    let mut run = Run {
+    wait_for_workers(&mut client, trace.workers).await?;
+    let mut run = LiveRun {
         policy: policy.to_string(),
+        run: k,
         ..Default::default()
     };
     let t0 = Instant::now();
-    let mut ids: BTreeMap<String, &'static str> = BTreeMap::new();
-    let mut pending: Vec<&Submission> = sc.schedule.iter().collect();
+    let mut ids: BTreeMap<String, String> = BTreeMap::new();
+    let mut pending: Vec<_> = trace.jobs.iter().collect();
     let deadline = Duration::from_secs(60 * 60);
     loop {
         let now = t0.elapsed().as_secs_f64();
-        while let Some(s) = pending.first().filter(|s| s.at_s <= now) {
+        while let Some(job) = pending.first().filter(|j| j.at_s <= now) {
             let spec = pb::JobSpec {
-                name: s.name.to_string(),
+                name: job.name.clone(),
                 image: "converge/trainer:dev".into(),
-                args: s.args.clone(),
-                cpus: sc.cpus,
+                args: job.trainer_args(),
+                cpus: job.cpus,
                 ..Default::default()
             };
             let id = client
                 .submit_job(pb::SubmitJobRequest { spec: Some(spec) })
                 .await
-                .map_err(|e| anyhow::anyhow!("submitting {}: {}", s.name, e.message()))?
+                .map_err(|e| anyhow::anyhow!("submitting {}: {}", job.name, e.message()))?
                 .into_inner()
                 .job_id;
-            ids.insert(id, s.name);
+            ids.insert(id, job.name.clone());
             pending.remove(0);
         }
         let jobs = client
@@ -248,9 +300,8 @@ async fn drive(sc: &Scenario, policy: &str, port: u16) -> Result<Run> {
         let mut per_worker: BTreeMap<String, usize> = BTreeMap::new();
         for j in &jobs {
             let Some(name) = ids.get(&j.id) else { continue };
-            let running = j.state == pb::JobState::Running as i32;
-            if running {
-                run.cpu.push((now, name.to_string(), j.cpu_usage));
+            if j.state == pb::JobState::Running as i32 {
+                run.cpu.push((now, name.clone(), j.cpu_usage));
                 *per_worker.entry(j.worker_id.clone()).or_default() += 1;
             }
         }
@@ -269,20 +320,26 @@ async fn drive(sc: &Scenario, policy: &str, port: u16) -> Result<Run> {
                 .filter(|j| ids.contains_key(&j.id))
                 .all(|j| terminal(j.state));
         if done {
-            let first = jobs.iter().map(|j| j.submitted_unix_ms).min().unwrap_or(0);
-            let origin = first as f64 / 1000.0 - sc.schedule[0].at_s;
+            // The run's origin on the manager's clock: the first submission was due at the
+            // first job's `at_s`.
+            let first = jobs
+                .iter()
+                .filter(|j| ids.contains_key(&j.id))
+                .map(|j| j.submitted_unix_ms)
+                .min()
+                .unwrap_or(0);
+            let origin = first as f64 / 1000.0 - trace.jobs[0].at_s;
             for j in jobs.iter().filter(|j| ids.contains_key(&j.id)) {
                 run.jobs.insert(
-                    ids[&j.id].to_string(),
-                    (
-                        j.submitted_unix_ms as f64 / 1000.0 - origin,
-                        j.finished_unix_ms as f64 / 1000.0 - origin,
-                        pb::JobState::label_of(j.state),
-                        j.worker_id.clone(),
-                    ),
+                    ids[&j.id].clone(),
+                    LiveJob {
+                        submitted_s: j.submitted_unix_ms as f64 / 1000.0 - origin,
+                        finished_s: j.finished_unix_ms as f64 / 1000.0 - origin,
+                        state: pb::JobState::label_of(j.state),
+                        worker: j.worker_id.clone(),
+                    },
                 );
             }
-            // Migrations, from the event log.
             let mut events = client
                 .watch_events(pb::WatchEventsRequest {
                     job_id: String::new(),
@@ -296,14 +353,13 @@ async fn drive(sc: &Scenario, policy: &str, port: u16) -> Result<Run> {
                 if e.kind == pb::EventKind::Migration as i32
                     && let Some(d) = e.attributes.get("downtime_ms")
                 {
-                    run.migrations.push((
-                        e.unix_ms as f64 / 1000.0 - origin,
-                        ids.get(&e.job_id)
-                            .map_or(e.job_id.clone(), |n| n.to_string()),
-                        e.attributes.get("from").cloned().unwrap_or_default(),
-                        e.attributes.get("to").cloned().unwrap_or_default(),
-                        d.parse().ok(),
-                    ));
+                    run.migrations.push(Migration {
+                        t_s: e.unix_ms as f64 / 1000.0 - origin,
+                        job: ids.get(&e.job_id).cloned().unwrap_or(e.job_id.clone()),
+                        from: e.attributes.get("from").cloned().unwrap_or_default(),
+                        to: e.attributes.get("to").cloned().unwrap_or_default(),
+                        downtime_ms: d.parse().ok(),
+                    });
                 }
             }
             return Ok(run);
@@ -315,90 +371,390 @@ async fn drive(sc: &Scenario, policy: &str, port: u16) -> Result<Run> {
     }
 }
 
-fn report(sc: &Scenario, base: &Run, pol: &Run) -> String {
-    let mut s = String::new();
-    let _ = writeln!(s, "# {}\n\n{}\n", sc.name, sc.title);
-    let _ = writeln!(
-        s,
-        "Command: `cargo xtask experiment {}`. Baseline `{}`, policy `{}`; the same schedule on a fresh testbed each.\n",
-        sc.name, sc.baseline, sc.policy
-    );
-    let _ = writeln!(
-        s,
-        "| job | submitted (s) | {b} completion (s) | {p} completion (s) | change |",
-        b = sc.baseline,
-        p = sc.policy
-    );
-    let _ = writeln!(s, "|---|---:|---:|---:|---:|");
-    let mut improved = 0;
-    for sub in &sc.schedule {
-        let (Some(b), Some(p)) = (base.jobs.get(sub.name), pol.jobs.get(sub.name)) else {
-            continue;
-        };
-        let (cb, cp) = (b.1 - b.0, p.1 - p.0);
-        if cp < cb {
-            improved += 1;
-        }
-        let _ = writeln!(
-            s,
-            "| {} | {:.0} | {:.1} ({}) | {:.1} ({}) | {:+.1}% |",
-            sub.name,
-            sub.at_s,
-            cb,
-            b.2,
-            cp,
-            p.2,
-            100.0 * (cp - cb) / cb
-        );
-    }
-    let avg =
-        |r: &Run| r.jobs.values().map(|j| j.1 - j.0).sum::<f64>() / r.jobs.len().max(1) as f64;
-    let makespan = |r: &Run| r.jobs.values().map(|j| j.1).fold(0.0, f64::max);
-    let (ab, ap, mb, mp) = (avg(base), avg(pol), makespan(base), makespan(pol));
-    let _ = writeln!(s);
-    let _ = writeln!(s, "| | {} | {} | ratio |", sc.baseline, sc.policy);
-    let _ = writeln!(s, "|---|---:|---:|---:|");
-    let _ = writeln!(
-        s,
-        "| average completion time (s) | {ab:.1} | {ap:.1} | {:.3} |",
-        ap / ab
-    );
-    let _ = writeln!(s, "| makespan (s) | {mb:.1} | {mp:.1} | {:.3} |", mp / mb);
-    let _ = writeln!(
-        s,
-        "| jobs improved | | {improved} of {} | |",
-        sc.schedule.len()
-    );
-    if !pol.migrations.is_empty() {
-        let _ = writeln!(s, "\nMigrations under `{}`:\n", sc.policy);
-        let _ = writeln!(
-            s,
-            "| t (s) | job | from | to | downtime (ms) |\n|---:|---|---|---|---:|"
-        );
-        for (t, j, f, to, d) in &pol.migrations {
-            let _ = writeln!(
-                s,
-                "| {t:.0} | {j} | {f} | {to} | {} |",
-                d.map_or("-".into(), |d| d.to_string())
-            );
-        }
-    }
-    let _ = writeln!(
-        s,
-        "\nPlots: `cpu-{b}.svg` / `cpu-{p}.svg` (CPU cores per job over time), `workers-{b}.svg` / `workers-{p}.svg` (running jobs per worker, migrations marked), `completion.svg`.",
-        b = sc.baseline,
-        p = sc.policy
-    );
-    s
+// ---------------------------------------------------------------------------------------------
+// The comparison.
+
+/// What the simulator predicted for one policy.
+struct SimRun {
+    /// Completion time by job name.
+    jct: BTreeMap<String, f64>,
+    migrations: u64,
 }
 
-fn plot_cpu(path: &Path, sc: &Scenario, r: &Run) -> Result<()> {
+/// One job under one policy: live runs against the simulator.
+#[derive(Serialize)]
+struct JobRow {
+    job: String,
+    at_s: f64,
+    /// Completion time of each live run (None: the job did not complete in that run).
+    live: Vec<Option<f64>>,
+    live_median: Option<f64>,
+    /// (max − min) / median over the live runs.
+    live_spread: Option<f64>,
+    sim: Option<f64>,
+    /// (sim − live median) / live median.
+    error: Option<f64>,
+}
+
+/// One policy's summary.
+#[derive(Serialize)]
+struct PolicyRow {
+    policy: String,
+    runs: usize,
+    /// Mean over the runs of each run's average completion time.
+    live_avg_jct: Option<f64>,
+    /// (max − min) / mean of the runs' average completion times.
+    live_avg_spread: Option<f64>,
+    sim_avg_jct: Option<f64>,
+    live_makespan: Option<f64>,
+    sim_makespan: Option<f64>,
+    /// Median over jobs of |error|.
+    median_abs_error: Option<f64>,
+    live_migrations: Option<f64>,
+    sim_migrations: u64,
+    jobs: Vec<JobRow>,
+}
+
+struct Report {
+    trace: TraceFile,
+    rows: Vec<PolicyRow>,
+    provenance: String,
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+fn mean(v: &[f64]) -> Option<f64> {
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+impl Report {
+    fn new(
+        trace: &TraceFile,
+        live: &BTreeMap<String, Vec<LiveRun>>,
+        sims: &BTreeMap<String, SimRun>,
+        measured: &Measured,
+    ) -> Self {
+        let empty = Vec::new();
+        let rows = trace
+            .policies
+            .iter()
+            .map(|policy| {
+                let runs = live.get(policy).unwrap_or(&empty);
+                let sim = &sims[policy];
+                let jobs: Vec<JobRow> = trace
+                    .jobs
+                    .iter()
+                    .map(|j| {
+                        let lv: Vec<Option<f64>> = runs
+                            .iter()
+                            .map(|r| {
+                                r.jobs
+                                    .get(&j.name)
+                                    .filter(|x| x.state == "COMPLETED")
+                                    .map(LiveJob::jct)
+                            })
+                            .collect();
+                        let done: Vec<f64> = lv.iter().flatten().copied().collect();
+                        let med = median(done.clone());
+                        let spread = med.filter(|_| done.len() > 1).map(|m| {
+                            (done.iter().copied().fold(f64::MIN, f64::max)
+                                - done.iter().copied().fold(f64::MAX, f64::min))
+                                / m
+                        });
+                        let s = sim.jct.get(&j.name).copied();
+                        JobRow {
+                            job: j.name.clone(),
+                            at_s: j.at_s,
+                            live: lv,
+                            live_median: med,
+                            live_spread: spread,
+                            sim: s,
+                            error: med.zip(s).map(|(m, s)| (s - m) / m),
+                        }
+                    })
+                    .collect();
+                // Per-run averages over the jobs that completed in every run.
+                let complete = |r: &LiveRun| {
+                    trace
+                        .jobs
+                        .iter()
+                        .all(|j| r.jobs.get(&j.name).is_some_and(|x| x.state == "COMPLETED"))
+                };
+                let full: Vec<&LiveRun> = runs.iter().filter(|r| complete(r)).collect();
+                let avgs: Vec<f64> = full
+                    .iter()
+                    .map(|r| r.jobs.values().map(LiveJob::jct).sum::<f64>() / r.jobs.len() as f64)
+                    .collect();
+                let spans: Vec<f64> = full
+                    .iter()
+                    .map(|r| r.jobs.values().map(|j| j.finished_s).fold(0.0, f64::max))
+                    .collect();
+                let live_avg = mean(&avgs);
+                let sim_values: Vec<f64> = sim.jct.values().copied().collect();
+                let sim_span = trace
+                    .jobs
+                    .iter()
+                    .filter_map(|j| sim.jct.get(&j.name).map(|c| c + j.at_s))
+                    .fold(0.0, f64::max);
+                PolicyRow {
+                    policy: policy.clone(),
+                    runs: runs.len(),
+                    live_avg_jct: live_avg,
+                    live_avg_spread: live_avg.filter(|_| avgs.len() > 1).map(|m| {
+                        (avgs.iter().copied().fold(f64::MIN, f64::max)
+                            - avgs.iter().copied().fold(f64::MAX, f64::min))
+                            / m
+                    }),
+                    sim_avg_jct: mean(&sim_values),
+                    live_makespan: mean(&spans),
+                    sim_makespan: (sim_span > 0.0).then_some(sim_span),
+                    median_abs_error: median(
+                        jobs.iter().filter_map(|r| r.error.map(f64::abs)).collect(),
+                    ),
+                    live_migrations: mean(
+                        &runs
+                            .iter()
+                            .map(|r| r.migrations.len() as f64)
+                            .collect::<Vec<_>>(),
+                    ),
+                    sim_migrations: sim.migrations,
+                    jobs,
+                }
+            })
+            .collect();
+        Report {
+            trace: trace.clone(),
+            rows,
+            provenance: provenance(measured),
+        }
+    }
+
+    /// (live, sim) ratio of a policy's average completion time to the baseline's.
+    fn ratios(&self, row: &PolicyRow) -> (Option<f64>, Option<f64>) {
+        let base = &self.rows[0];
+        (
+            row.live_avg_jct
+                .zip(base.live_avg_jct)
+                .map(|(p, b)| p / b),
+            row.sim_avg_jct.zip(base.sim_avg_jct).map(|(p, b)| p / b),
+        )
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let ratios: Vec<serde_json::Value> = self
+            .rows
+            .iter()
+            .map(|r| {
+                let (l, s) = self.ratios(r);
+                serde_json::json!({"policy": r.policy, "live_ratio": l, "sim_ratio": s})
+            })
+            .collect();
+        serde_json::json!({
+            "trace": self.trace.name,
+            "baseline": self.trace.policies[0],
+            "measured": self.provenance,
+            "policies": self.rows,
+            "ratios_to_baseline": ratios,
+        })
+    }
+
+    fn markdown(&self) -> String {
+        let t = &self.trace;
+        let f = |v: Option<f64>, d: usize| v.map_or("–".to_string(), |v| format!("{v:.d$}"));
+        let pct = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{:+.1}%", 100.0 * v));
+        let abs_pct = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{:.1}%", 100.0 * v));
+        let mut s = String::new();
+        let _ = writeln!(s, "# {}: live against simulated\n", t.name);
+        let _ = writeln!(s, "{}\n", t.title);
+        let _ = writeln!(
+            s,
+            "Generated by `cargo xtask experiment {}` (live runs: `runs/*.json`; simulator runtime: {}). The reading is in `README.md`.\n",
+            t.name, self.provenance
+        );
+        let _ = writeln!(s, "## Summary\n");
+        let _ = writeln!(
+            s,
+            "| policy | live runs | avg completion live (s) | spread of live runs | avg completion sim (s) | median abs. error per job (goal ≤ 10%) | makespan live / sim (s) | migrations live (mean) / sim |"
+        );
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|");
+        for r in &self.rows {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} | {} / {} | {} / {} |",
+                r.policy,
+                r.runs,
+                f(r.live_avg_jct, 1),
+                abs_pct(r.live_avg_spread),
+                f(r.sim_avg_jct, 1),
+                abs_pct(r.median_abs_error),
+                f(r.live_makespan, 1),
+                f(r.sim_makespan, 1),
+                f(r.live_migrations, 1),
+                r.sim_migrations
+            );
+        }
+        if self.rows.len() > 1 {
+            let _ = writeln!(
+                s,
+                "\n| policy / `{}` | avg completion ratio live | sim | difference (points; goal ≤ 5) |",
+                t.policies[0]
+            );
+            let _ = writeln!(s, "|---|---:|---:|---:|");
+            for r in &self.rows[1..] {
+                let (l, sm) = self.ratios(r);
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} |",
+                    r.policy,
+                    f(l, 3),
+                    f(sm, 3),
+                    f(l.zip(sm).map(|(l, s)| 100.0 * (s - l).abs()), 1)
+                );
+            }
+        }
+        for r in &self.rows {
+            let _ = writeln!(s, "\n## `{}`: completion time per job (s)\n", r.policy);
+            let runs: Vec<String> = (1..=r.runs).map(|k| format!("live {k}")).collect();
+            let _ = writeln!(
+                s,
+                "| job | arrives (s) | {} | live median | live spread | sim | sim error |",
+                runs.join(" | ")
+            );
+            let _ = writeln!(s, "|---|---:|{}---:|---:|---:|---:|", "---:|".repeat(r.runs));
+            for j in &r.jobs {
+                let lv: Vec<String> = j.live.iter().map(|v| f(*v, 1)).collect();
+                let _ = writeln!(
+                    s,
+                    "| {} | {:.0} | {} | {} | {} | {} | {} |",
+                    j.job,
+                    j.at_s,
+                    lv.join(" | "),
+                    f(j.live_median, 1),
+                    abs_pct(j.live_spread),
+                    f(j.sim, 1),
+                    pct(j.error)
+                );
+            }
+        }
+        let _ = writeln!(
+            s,
+            "\nPlots: `completion-POLICY.svg` (live median with the range of the runs, and the simulator's, per job), `cpu-POLICY.svg` and `workers-POLICY.svg` (the first live run: CPU cores per job, running jobs per worker with migrations marked)."
+        );
+        s
+    }
+}
+
+fn provenance(m: &Measured) -> String {
+    let date = m
+        .step_time
+        .as_ref()
+        .map_or("not measured".to_string(), |f| {
+            format!("`sim/measured/`, measured {}", f.header.date)
+        });
+    if m.quick() {
+        format!("{date} — a `--quick` smoke run, not data")
+    } else {
+        date
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plots.
+
+fn plot_completion(path: &Path, trace: &TraceFile, policy: &str, report: &Report) -> Result<()> {
+    let Some(row) = report.rows.iter().find(|r| r.policy == policy) else {
+        return Ok(());
+    };
+    let n = row.jobs.len();
+    let top = row
+        .jobs
+        .iter()
+        .flat_map(|j| j.live.iter().flatten().copied().chain(j.sim))
+        .fold(1.0, f64::max)
+        * 1.1;
+    let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("{}: completion time per job under {policy}", trace.name),
+            ("sans-serif", 18),
+        )
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(45)
+        .build_cartesian_2d(0.0..n as f64, 0.0..top)?;
+    let names: Vec<String> = row.jobs.iter().map(|j| j.job.clone()).collect();
+    chart
+        .configure_mesh()
+        .x_labels(n)
+        .x_label_formatter(&|x| names.get(x.floor() as usize).cloned().unwrap_or_default())
+        .y_desc("completion time (s)")
+        .draw()?;
+    let live: Vec<Rectangle<(f64, f64)>> = row
+        .jobs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, j)| {
+            let x = i as f64 + 0.1;
+            Some(Rectangle::new(
+                [(x, 0.0), (x + 0.38, j.live_median?)],
+                BLUE.mix(0.7).filled(),
+            ))
+        })
+        .collect();
+    chart
+        .draw_series(live)?
+        .label("live (median of runs)")
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], BLUE.mix(0.7).filled()));
+    // The range of the live runs.
+    chart.draw_series(row.jobs.iter().enumerate().filter_map(|(i, j)| {
+        let done: Vec<f64> = j.live.iter().flatten().copied().collect();
+        let lo = done.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = done.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let x = i as f64 + 0.29;
+        (lo.is_finite() && hi.is_finite())
+            .then(|| PathElement::new(vec![(x, lo), (x, hi)], BLACK.stroke_width(2)))
+    }))?;
+    let sim: Vec<Rectangle<(f64, f64)>> = row
+        .jobs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, j)| {
+            let x = i as f64 + 0.5;
+            Some(Rectangle::new([(x, 0.0), (x + 0.38, j.sim?)], RED.mix(0.7).filled()))
+        })
+        .collect();
+    chart
+        .draw_series(sim)?
+        .label("simulated")
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], RED.mix(0.7).filled()));
+    chart
+        .configure_series_labels()
+        .background_style(WHITE)
+        .border_style(BLACK)
+        .draw()?;
+    root.present().context("writing the completion plot")?;
+    Ok(())
+}
+
+fn plot_cpu(path: &Path, trace: &TraceFile, r: &LiveRun) -> Result<()> {
     let end = r.cpu.iter().map(|c| c.0).fold(1.0, f64::max);
     let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            format!("{}: CPU use per job ({})", sc.name, r.policy),
+            format!("{}: CPU use per job ({}, live run {})", trace.name, r.policy, r.run),
             ("sans-serif", 18),
         )
         .margin(10)
@@ -410,17 +766,17 @@ fn plot_cpu(path: &Path, sc: &Scenario, r: &Run) -> Result<()> {
         .x_desc("time (s)")
         .y_desc("CPU (cores)")
         .draw()?;
-    for (i, sub) in sc.schedule.iter().enumerate() {
+    for (i, job) in trace.jobs.iter().enumerate() {
         let pts: Vec<(f64, f64)> = r
             .cpu
             .iter()
-            .filter(|c| c.1 == sub.name)
+            .filter(|c| c.1 == job.name)
             .map(|c| (c.0, c.2))
             .collect();
         let color = Palette99::pick(i).to_rgba();
         chart
             .draw_series(LineSeries::new(pts, color.stroke_width(2)))?
-            .label(sub.name)
+            .label(job.name.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], color));
     }
     chart
@@ -432,14 +788,17 @@ fn plot_cpu(path: &Path, sc: &Scenario, r: &Run) -> Result<()> {
     Ok(())
 }
 
-fn plot_workers(path: &Path, sc: &Scenario, r: &Run) -> Result<()> {
+fn plot_workers(path: &Path, trace: &TraceFile, r: &LiveRun) -> Result<()> {
     let end = r.per_worker.iter().map(|c| c.0).fold(1.0, f64::max);
     let top = r.per_worker.iter().map(|c| c.2).max().unwrap_or(1) as f64 + 1.0;
     let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            format!("{}: running jobs per worker ({})", sc.name, r.policy),
+            format!(
+                "{}: running jobs per worker ({}, live run {})",
+                trace.name, r.policy, r.run
+            ),
             ("sans-serif", 18),
         )
         .margin(10)
@@ -467,10 +826,10 @@ fn plot_workers(path: &Path, sc: &Scenario, r: &Run) -> Result<()> {
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], color));
     }
     // Migrations as markers at the time they finished, labelled with the job.
-    chart.draw_series(r.migrations.iter().map(|(t, job, _, to, _)| {
-        EmptyElement::at((*t, top - 0.5))
+    chart.draw_series(r.migrations.iter().map(|m| {
+        EmptyElement::at((m.t_s, top - 0.5))
             + TriangleMarker::new((0, 0), 6, RED.filled())
-            + Text::new(format!("{job}->{to}"), (5, 5), ("sans-serif", 11))
+            + Text::new(format!("{}->{}", m.job, m.to), (5, 5), ("sans-serif", 11))
     }))?;
     chart
         .configure_series_labels()
@@ -481,58 +840,93 @@ fn plot_workers(path: &Path, sc: &Scenario, r: &Run) -> Result<()> {
     Ok(())
 }
 
-fn plot_completion(path: &Path, sc: &Scenario, base: &Run, pol: &Run) -> Result<()> {
-    let n = sc.schedule.len();
-    let top = [base, pol]
-        .iter()
-        .flat_map(|r| r.jobs.values().map(|j| j.1 - j.0))
-        .fold(1.0, f64::max)
-        * 1.1;
-    let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!("{}: completion time per job", sc.name),
-            ("sans-serif", 18),
-        )
-        .margin(10)
-        .x_label_area_size(35)
-        .y_label_area_size(45)
-        .build_cartesian_2d(0.0..n as f64, 0.0..top)?;
-    chart
-        .configure_mesh()
-        .x_labels(n)
-        .x_label_formatter(&|x| {
-            sc.schedule
-                .get(x.floor() as usize)
-                .map_or(String::new(), |s| s.name.to_string())
-        })
-        .y_desc("completion time (s)")
-        .draw()?;
-    for (k, (r, color)) in [(base, BLUE), (pol, RED)].into_iter().enumerate() {
-        let bars: Vec<Rectangle<(f64, f64)>> = sc
-            .schedule
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| {
-                let j = r.jobs.get(s.name)?;
-                let x = i as f64 + 0.1 + 0.4 * k as f64;
-                Some(Rectangle::new(
-                    [(x, 0.0), (x + 0.38, j.1 - j.0)],
-                    color.filled(),
-                ))
-            })
-            .collect();
-        chart
-            .draw_series(bars)?
-            .label(r.policy.clone())
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("xtask sits in the workspace")
+            .to_path_buf()
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE)
-        .border_style(BLACK)
-        .draw()?;
-    root.present().context("writing the completion plot")?;
-    Ok(())
+
+    #[test]
+    fn every_trace_simulates_on_the_committed_measurements() {
+        let root = root();
+        let traces = traces(&root).unwrap();
+        assert!(traces.len() >= 3, "experiments/ has {} traces", traces.len());
+        let measured = Measured::load(&root.join("sim/measured")).unwrap();
+        for t in &traces {
+            for p in &t.policies {
+                let run = t.simulate(p, &measured, false).unwrap();
+                assert_eq!(run.jobs.len(), t.jobs.len(), "{} {p}", t.name);
+                assert!(
+                    run.jobs.iter().all(|j| j.outcome.is_completed()),
+                    "{} {p}",
+                    t.name
+                );
+                assert_eq!(run.refusals, 0, "{} {p}", t.name);
+            }
+        }
+    }
+
+    fn live(policy: &str, run: usize, jct: f64) -> LiveRun {
+        LiveRun {
+            policy: policy.into(),
+            run,
+            jobs: BTreeMap::from([(
+                "a".to_string(),
+                LiveJob {
+                    submitted_s: 0.0,
+                    finished_s: jct,
+                    state: "COMPLETED".into(),
+                    worker: "worker-1".into(),
+                },
+            )]),
+            ..LiveRun::default()
+        }
+    }
+
+    #[test]
+    fn the_report_sets_each_job_against_the_median_of_its_live_runs() {
+        let trace: TraceFile = serde_json::from_value(serde_json::json!({
+            "name": "t", "title": "test", "workers": 1, "policies": ["spread", "converge"],
+            "jobs": [{"name": "a", "at_s": 0, "model": "mlp-digits", "size": 12, "steps": 100}]
+        }))
+        .unwrap();
+        let runs = BTreeMap::from([
+            (
+                "spread".to_string(),
+                vec![live("spread", 1, 10.0), live("spread", 2, 12.0), live("spread", 3, 11.0)],
+            ),
+            ("converge".to_string(), vec![live("converge", 1, 5.5)]),
+        ]);
+        let sims = BTreeMap::from([
+            (
+                "spread".to_string(),
+                SimRun {
+                    jct: BTreeMap::from([("a".to_string(), 12.1)]),
+                    migrations: 0,
+                },
+            ),
+            (
+                "converge".to_string(),
+                SimRun {
+                    jct: BTreeMap::from([("a".to_string(), 5.0)]),
+                    migrations: 0,
+                },
+            ),
+        ]);
+        let r = Report::new(&trace, &runs, &sims, &Measured::default());
+        let spread = &r.rows[0];
+        assert_eq!(spread.jobs[0].live_median, Some(11.0));
+        assert!((spread.jobs[0].live_spread.unwrap() - 2.0 / 11.0).abs() < 1e-12);
+        assert!((spread.jobs[0].error.unwrap() - 0.1).abs() < 1e-12);
+        let (l, s) = r.ratios(&r.rows[1]);
+        assert!((l.unwrap() - 0.5).abs() < 1e-12 && (s.unwrap() - 5.0 / 12.1).abs() < 1e-12);
+        let md = r.markdown();
+        assert!(md.contains("| a | 0 | 10.0 | 12.0 | 11.0 | 11.0 | 18.2% | 12.1 | +10.0% |"), "{md}");
+        assert!(md.contains("not measured"), "{md}");
+    }
 }

@@ -45,15 +45,10 @@ enum Cmd {
         #[arg(long, default_value_t = 7070)]
         port: u16,
     },
-    /// A paper's experiment on the real testbed, baseline vs policy on one schedule
-    /// (`flowcon-3job`, `specon-2worker`); writes `experiments/NAME/`.
-    Experiment {
-        /// Which experiment.
-        name: String,
-        /// Host port for the manager (127.0.0.1 only).
-        #[arg(long, default_value_t = 7070)]
-        port: u16,
-    },
+    /// A trace (`experiments/TRACE/trace.json`) run live on the testbed (3 runs per policy by
+    /// default) and in the simulator; writes `experiments/TRACE/results.md`, `results.json`,
+    /// the runs and the plots.
+    Experiment(experiment::Args),
     /// Measure the trainer image on Docker (step time by CPU quota and threads, co-location,
     /// save/restore/start times, curves); writes `sim/measured/*.json` and the measured tables
     /// in `sim/README.md`.
@@ -72,7 +67,7 @@ fn main() -> Result<()> {
     match cli.cmd {
         Cmd::Images { names } => images::build(&root, &names),
         Cmd::Demo { policy, port } => demo::run(&root, &policy, port),
-        Cmd::Experiment { name, port } => experiment::run(&root, &name, port),
+        Cmd::Experiment(args) => experiment::run(&root, &args),
         Cmd::Measure(args) => measure::run(&root, &args),
         Cmd::Test { args } => test(&root, &args),
     }

@@ -123,295 +123,12 @@ pub struct Args {
     pub plan: bool,
 }
 
-// ---------------------------------------------------------------------------------------------
-// The files' schema.
-
-/// What every file starts with: where and how its numbers were made.
-#[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct Header {
-    /// The command line that wrote the file.
-    pub command: String,
-    /// UTC, RFC 3339.
-    pub date: String,
-    /// A `--quick` smoke run: a handful of points with short windows, not data.
-    pub quick: bool,
-    /// The machine.
-    pub machine: Machine,
-    /// The trainer image's id.
-    pub image: String,
-    /// The measurement settings.
-    pub settings: Settings,
-}
-
-/// The machine a file was measured on.
-#[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct Machine {
-    /// Online CPUs.
-    pub nproc: usize,
-    /// `v1` or `v2`.
-    pub cgroup: String,
-    /// `/proc/cpuinfo`'s model name.
-    pub cpu_model: String,
-    /// Kernel release.
-    pub kernel: String,
-    /// Docker server version.
-    pub docker: String,
-    /// 1/5/15-minute load averages when the table started: other work on the machine shows
-    /// here (this command's own containers are not running yet).
-    pub loadavg_start: String,
-    /// Load averages when the table was finished (includes this command's own load).
-    pub loadavg_end: String,
-}
-
-/// The settings of a run.
-#[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct Settings {
-    /// Steady-state window per point, seconds.
-    pub window_s: f64,
-    /// Warm-up before the window, seconds after the first progress line.
-    pub warmup_s: f64,
-    /// `--report-every` of every measured job.
-    pub report_every: u64,
-    /// Save/restore/start cycles per model and size.
-    pub reps: usize,
-    /// Co-location budget and checkpoint/start `--cpus`, cores.
-    pub budget: f64,
-}
-
-/// A steady-state rate of one job over a window.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct Rate {
-    /// Training seconds per step (Δ`elapsed_s` / Δ`step` between the window's first and last
-    /// progress lines).
-    pub s_per_step: f64,
-    /// 1 / `s_per_step`.
-    pub steps_per_s: f64,
-    /// Steps in the window.
-    pub steps: u64,
-    /// Training seconds in the window.
-    pub window_s: f64,
-    /// Report intervals in the window.
-    pub intervals: usize,
-    /// CPU seconds per step (the container's cgroup usage over the window), when readable.
-    pub cpu_s_per_step: Option<f64>,
-    /// Cores the container used on average over the window, when readable.
-    pub cores: Option<f64>,
-}
-
-/// `step_time.json`.
-#[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct StepTimeFile {
-    /// Provenance.
-    pub header: Header,
-    /// One point per model × size × `--cpus` × `--threads`.
-    pub points: Vec<StepPoint>,
-}
-
-/// One step-time point.
-#[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct StepPoint {
-    /// `--model`.
-    pub model: String,
-    /// `--size`.
-    pub size: u32,
-    /// Docker `--cpus` (a CFS quota over the 100 ms period).
-    pub cpus: f64,
-    /// `--threads` (0: one per CPU the trainer sees at start, cgroup quota included).
-    pub threads: u32,
-    /// The measurement, or `None` with `error`.
-    pub rate: Option<Rate>,
-    /// Why the point has no measurement.
-    pub error: Option<String>,
-}
-
-/// `colocation.json`.
-#[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct ColocationFile {
-    /// Provenance.
-    pub header: Header,
-    /// The parent cgroup's quota, cores.
-    pub budget: f64,
-    /// One point per model × threads × mode × jobs.
-    pub points: Vec<ColocationPoint>,
-}
-
-/// One co-location point: `jobs` identical jobs started together under the budget.
-#[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct ColocationPoint {
-    /// `--model`.
-    pub model: String,
-    /// `--size`.
-    pub size: u32,
-    /// `--threads` of every job.
-    pub threads: u32,
-    /// `free`: no per-container limit (CFS shares inside the parent's quota); `split`: each
-    /// container has `--cpus budget/jobs` (hard quotas, as FlowCon's limits are).
-    pub mode: String,
-    /// Jobs sharing the budget.
-    pub jobs: usize,
-    /// Each container's `--cpus`, in `split` mode.
-    pub per_job_cpus: Option<f64>,
-    /// Each job's rate over the common window.
-    pub rates: Vec<Rate>,
-    /// Sum of the jobs' steps/s.
-    pub aggregate_steps_per_s: Option<f64>,
-    /// `aggregate_steps_per_s` over that of one job alone with the whole budget (free mode,
-    /// same model, size and threads): 1.0 = no cost of sharing.
-    pub relative: Option<f64>,
-    /// Sum of the jobs' cores (should not exceed the budget).
-    pub cores_total: Option<f64>,
-    /// Why the point has no measurement.
-    pub error: Option<String>,
-}
-
-/// `checkpoint.json`.
-#[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct CheckpointFile {
-    /// Provenance.
-    pub header: Header,
-    /// `--cpus` of the jobs (`--threads 1`).
-    pub cpus: f64,
-    /// Medians per model and size.
-    pub summary: Vec<CheckpointSummary>,
-    /// Every cycle.
-    pub samples: Vec<CheckpointSample>,
-}
-
-/// One save/restore cycle: start fresh, train, `docker stop`, start again on the checkpoint.
-#[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct CheckpointSample {
-    /// `--model`.
-    pub model: String,
-    /// `--size`.
-    pub size: u32,
-    /// Repetition, from 0.
-    pub rep: usize,
-    /// Step the checkpoint holds.
-    pub saved_step: Option<u64>,
-    /// `checkpoint_bytes` of the `saved` progress line.
-    pub checkpoint_bytes: Option<u64>,
-    /// Size of the checkpoint file on disk.
-    pub file_bytes: Option<u64>,
-    /// Wall seconds `docker stop` took (SIGTERM → step finished → saved → exit → container
-    /// stopped): what a migration waits for before it can restore.
-    pub stop_s: Option<f64>,
-    /// `docker stop` issued → the daemon read the `saved` line.
-    pub saved_line_s: Option<f64>,
-    /// The trainer's exit status (0 = saved and exited as the contract says).
-    pub exit_code: Option<i64>,
-    /// `docker run` of the next incarnation → the daemon read its first progress line (the
-    /// `restored` line, held-out loss included).
-    pub restore_s: Option<f64>,
-    /// Step of the restored line (must equal `saved_step`).
-    pub restored_step: Option<u64>,
-    /// Why the cycle is incomplete.
-    pub error: Option<String>,
-}
-
-/// Medians of a model and size's cycles.
-#[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct CheckpointSummary {
-    /// `--model`.
-    pub model: String,
-    /// `--size`.
-    pub size: u32,
-    /// Cycles with a measurement.
-    pub n: usize,
-    /// Median checkpoint size, bytes.
-    pub checkpoint_bytes: Option<u64>,
-    /// Median `stop_s`.
-    pub stop_s: Option<f64>,
-    /// Median `saved_line_s`.
-    pub saved_line_s: Option<f64>,
-    /// Median `restore_s`.
-    pub restore_s: Option<f64>,
-}
-
-/// `start.json`.
-#[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct StartFile {
-    /// Provenance.
-    pub header: Header,
-    /// `--cpus` of the jobs (`--threads 1`).
-    pub cpus: f64,
-    /// Medians per model and size.
-    pub summary: Vec<StartSummary>,
-    /// Every start.
-    pub samples: Vec<StartSample>,
-}
-
-/// One fresh start (empty checkpoint directory).
-#[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct StartSample {
-    /// `--model`.
-    pub model: String,
-    /// `--size`.
-    pub size: u32,
-    /// Repetition, from 0.
-    pub rep: usize,
-    /// `docker run -d` issued → returned (container created and started).
-    pub docker_run_s: Option<f64>,
-    /// `docker run -d` issued → the daemon read the first progress line (step 0: data loaded,
-    /// model built, initial held-out loss evaluated).
-    pub start_s: Option<f64>,
-    /// Why the start was not measured.
-    pub error: Option<String>,
-}
-
-/// Medians of a model and size's starts.
-#[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct StartSummary {
-    /// `--model`.
-    pub model: String,
-    /// `--size`.
-    pub size: u32,
-    /// Starts with a measurement.
-    pub n: usize,
-    /// Median `docker_run_s`.
-    pub docker_run_s: Option<f64>,
-    /// Median `start_s`.
-    pub start_s: Option<f64>,
-}
-
-/// `curves.json`.
-#[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct CurvesFile {
-    /// Provenance.
-    pub header: Header,
-    /// For each model, the size whose curve `curves.md` carries (its size in the testbed's
-    /// experiments).
-    pub curves_md_sizes: BTreeMap<String, u32>,
-    /// One `calibrate` run per size.
-    pub runs: Vec<CurveRun>,
-}
-
-/// One `converge-trainer calibrate` run (one thread per model, in a container with `--cpus 1`).
-#[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct CurveRun {
-    /// `--size`.
-    pub size: u32,
-    /// `--models`.
-    pub models: Vec<String>,
-    /// `--steps-scale`.
-    pub steps_scale: f64,
-    /// The command's stdout, verbatim (two markdown tables).
-    pub markdown: String,
-    /// Both tables, joined per model.
-    pub rows: Vec<CurveRow>,
-    /// Why the run has no rows.
-    pub error: Option<String>,
-}
-
-/// One model's calibration row and curve.
-#[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct CurveRow {
-    /// Model name.
-    pub model: String,
-    /// The first table's cells by column header (numbers where they parse, else strings).
-    pub columns: BTreeMap<String, serde_json::Value>,
-    /// `(fraction of the run, held-out loss)` from the second table, `n/a` cells skipped.
-    pub points: Vec<(f64, f64)>,
-}
+// The files' schema lives in the simulator, which reads them (one definition).
+pub use converge_sim::measured::{
+    CheckpointFile, CheckpointSample, CheckpointSummary, ColocationFile, ColocationPoint, CurveRow,
+    CurveRun, CurvesFile, Header, Machine, Rate, Settings, StartFile, StartSample, StartSummary,
+    StepPoint, StepTimeFile,
+};
 
 // ---------------------------------------------------------------------------------------------
 // Ctrl-C.
@@ -962,35 +679,36 @@ struct Plan {
     steps_scale: f64,
 }
 
-/// Each model's sizes in the testbed's experiments (xtask/src/experiment.rs), in order of
+/// Each model's sizes in the traces the testbed runs (`experiments/*/trace.json`), in order of
 /// first use: measuring those is what lets the simulator predict the testbed.
-fn testbed_sizes() -> BTreeMap<String, Vec<u32>> {
+fn trace_sizes(root: &Path) -> Result<BTreeMap<String, Vec<u32>>> {
     let mut out: BTreeMap<String, Vec<u32>> = BTreeMap::new();
-    for sc in crate::experiment::scenarios() {
-        for sub in &sc.schedule {
-            let arg = |flag: &str| {
-                sub.args
-                    .iter()
-                    .position(|a| a == flag)
-                    .and_then(|i| sub.args.get(i + 1))
-                    .cloned()
-            };
-            let (Some(model), size) = (arg("--model"), arg("--size")) else {
-                continue;
-            };
-            let size = size.and_then(|s| s.parse().ok()).unwrap_or(1);
-            let sizes = out.entry(model).or_default();
-            if !sizes.contains(&size) {
-                sizes.push(size);
+    for trace in crate::experiment::traces(root)? {
+        for job in &trace.jobs {
+            let sizes = out.entry(job.model.clone()).or_default();
+            if !sizes.contains(&job.size) {
+                sizes.push(job.size);
             }
         }
     }
-    out
+    Ok(out)
 }
 
 impl Plan {
-    fn new(models: &[String], nproc: usize, quick: bool) -> Self {
-        let testbed = testbed_sizes();
+    /// The grid for `models` (the image's); `testbed`: each model's sizes in the traces. A
+    /// full run measures only the traces' models at their sizes (every model at size 1 when
+    /// there is no trace).
+    fn new(models: &[String], testbed: &BTreeMap<String, Vec<u32>>, nproc: usize, quick: bool) -> Self {
+        let traced: Vec<String> = models
+            .iter()
+            .filter(|m| testbed.contains_key(*m))
+            .cloned()
+            .collect();
+        let models: &[String] = if quick || traced.is_empty() {
+            models
+        } else {
+            &traced
+        };
         let primary: BTreeMap<String, u32> = models
             .iter()
             .map(|m| {
@@ -1024,8 +742,10 @@ impl Plan {
         }
         let mut pairs = Vec::new();
         for m in models {
-            let mut sizes: BTreeSet<u32> = BTreeSet::from([1]);
-            sizes.extend(testbed.get(m).into_iter().flatten());
+            let sizes: BTreeSet<u32> = match testbed.get(m) {
+                Some(s) => s.iter().copied().collect(),
+                None => BTreeSet::from([1]),
+            };
             pairs.extend(sizes.into_iter().map(|s| (m.clone(), s)));
         }
         let mut cpus = vec![0.1, 0.25, 0.5, 1.0];
@@ -1136,7 +856,7 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
         bail!("{IMAGE} --list-models printed no model");
     }
     let nproc = std::thread::available_parallelism().map_or(1, usize::from);
-    let plan = Plan::new(&models, nproc, args.quick);
+    let plan = Plan::new(&models, &trace_sizes(root)?, nproc, args.quick);
     let est = plan.estimate_s(&tables, warmup, window, reps);
     eprintln!(
         "measure: {} ({} step-time points, {} co-location points, {} save/restore cycles, {} calibrate runs): about {:.0} min{}",
@@ -2220,17 +1940,28 @@ mod tests {
     }
 
     #[test]
-    fn the_full_plan_covers_the_testbeds_sizes() {
+    fn the_full_plan_covers_the_traces_models_at_their_sizes() {
         let models: Vec<String> = ["mlp-digits", "vae-digits", "logreg-wine"]
             .map(String::from)
             .to_vec();
-        let p = Plan::new(&models, 2, false);
+        let traced = BTreeMap::from([
+            ("vae-digits".to_string(), vec![32, 24]),
+            ("mlp-digits".to_string(), vec![12]),
+        ]);
+        let p = Plan::new(&models, &traced, 2, false);
         assert!(p.pairs.contains(&("vae-digits".into(), 32)));
-        assert!(p.pairs.contains(&("vae-digits".into(), 1)));
-        assert!(p.pairs.contains(&("logreg-wine".into(), 1)));
+        assert!(p.pairs.contains(&("vae-digits".into(), 24)));
+        assert!(!p.pairs.contains(&("vae-digits".into(), 1)));
+        assert!(
+            !p.pairs.iter().any(|(m, _)| m == "logreg-wine"),
+            "a model no trace runs is not measured"
+        );
         assert_eq!(p.primary["vae-digits"], 32);
         assert_eq!(p.cpus, vec![0.1, 0.25, 0.5, 1.0, 2.0]);
-        let q = Plan::new(&models, 2, true);
+        // No trace at all: every model at size 1.
+        let all = Plan::new(&models, &BTreeMap::new(), 2, false);
+        assert!(all.pairs.contains(&("logreg-wine".into(), 1)));
+        let q = Plan::new(&models, &traced, 2, true);
         assert_eq!(q.step_points(), 4);
     }
 }

@@ -1,0 +1,808 @@
+//! The real workload as measured by `cargo xtask measure` (files under `sim/measured/`), and
+//! what the simulator takes from it.
+//!
+//! The schema is here, in the crate that reads it, and `xtask` writes these same types: one
+//! definition of each file. [`Measured`] loads a directory of them and answers the questions a
+//! simulated job asks (how many core-seconds a step costs, how much co-location slows it, how
+//! long a start, a save and a restore take, what its held-out loss does over its steps).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+
+/// What every file starts with: where and how its numbers were made.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct Header {
+    /// The command line that wrote the file.
+    pub command: String,
+    /// UTC, RFC 3339.
+    pub date: String,
+    /// A `--quick` smoke run: a handful of points with short windows, not data.
+    pub quick: bool,
+    /// The machine.
+    pub machine: Machine,
+    /// The trainer image's id.
+    pub image: String,
+    /// The measurement settings.
+    pub settings: Settings,
+}
+
+/// The machine a file was measured on.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct Machine {
+    /// Online CPUs.
+    pub nproc: usize,
+    /// `v1` or `v2`.
+    pub cgroup: String,
+    /// `/proc/cpuinfo`'s model name.
+    pub cpu_model: String,
+    /// Kernel release.
+    pub kernel: String,
+    /// Docker server version.
+    pub docker: String,
+    /// 1/5/15-minute load averages when the table started: other work on the machine shows
+    /// here (this command's own containers are not running yet).
+    pub loadavg_start: String,
+    /// Load averages when the table was finished (includes this command's own load).
+    pub loadavg_end: String,
+}
+
+/// The settings of a run.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct Settings {
+    /// Steady-state window per point, seconds.
+    pub window_s: f64,
+    /// Warm-up before the window, seconds after the first progress line.
+    pub warmup_s: f64,
+    /// `--report-every` of every measured job.
+    pub report_every: u64,
+    /// Save/restore/start cycles per model and size.
+    pub reps: usize,
+    /// Co-location budget and checkpoint/start `--cpus`, cores.
+    pub budget: f64,
+}
+
+/// A steady-state rate of one job over a window.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Rate {
+    /// Training seconds per step (Δ`elapsed_s` / Δ`step` between the window's first and last
+    /// progress lines).
+    pub s_per_step: f64,
+    /// 1 / `s_per_step`.
+    pub steps_per_s: f64,
+    /// Steps in the window.
+    pub steps: u64,
+    /// Training seconds in the window.
+    pub window_s: f64,
+    /// Report intervals in the window.
+    pub intervals: usize,
+    /// CPU seconds per step (the container's cgroup usage over the window), when readable.
+    pub cpu_s_per_step: Option<f64>,
+    /// Cores the container used on average over the window, when readable.
+    pub cores: Option<f64>,
+}
+
+/// `step_time.json`.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct StepTimeFile {
+    /// Provenance.
+    pub header: Header,
+    /// One point per model × size × `--cpus` × `--threads`.
+    pub points: Vec<StepPoint>,
+}
+
+/// One step-time point.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct StepPoint {
+    /// `--model`.
+    pub model: String,
+    /// `--size`.
+    pub size: u32,
+    /// Docker `--cpus` (a CFS quota over the 100 ms period).
+    pub cpus: f64,
+    /// `--threads` (0: one per CPU the trainer sees at start, cgroup quota included).
+    pub threads: u32,
+    /// The measurement, or `None` with `error`.
+    pub rate: Option<Rate>,
+    /// Why the point has no measurement.
+    pub error: Option<String>,
+}
+
+/// `colocation.json`.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct ColocationFile {
+    /// Provenance.
+    pub header: Header,
+    /// The parent cgroup's quota, cores.
+    pub budget: f64,
+    /// One point per model × threads × mode × jobs.
+    pub points: Vec<ColocationPoint>,
+}
+
+/// One co-location point: `jobs` identical jobs started together under the budget.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct ColocationPoint {
+    /// `--model`.
+    pub model: String,
+    /// `--size`.
+    pub size: u32,
+    /// `--threads` of every job.
+    pub threads: u32,
+    /// `free`: no per-container limit (CFS shares inside the parent's quota); `split`: each
+    /// container has `--cpus budget/jobs` (hard quotas, as FlowCon's limits are).
+    pub mode: String,
+    /// Jobs sharing the budget.
+    pub jobs: usize,
+    /// Each container's `--cpus`, in `split` mode.
+    pub per_job_cpus: Option<f64>,
+    /// Each job's rate over the common window.
+    pub rates: Vec<Rate>,
+    /// Sum of the jobs' steps/s.
+    pub aggregate_steps_per_s: Option<f64>,
+    /// `aggregate_steps_per_s` over that of one job alone with the whole budget (free mode,
+    /// same model, size and threads): 1.0 = no cost of sharing.
+    pub relative: Option<f64>,
+    /// Sum of the jobs' cores (should not exceed the budget).
+    pub cores_total: Option<f64>,
+    /// Why the point has no measurement.
+    pub error: Option<String>,
+}
+
+/// `checkpoint.json`.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct CheckpointFile {
+    /// Provenance.
+    pub header: Header,
+    /// `--cpus` of the jobs (`--threads 1`).
+    pub cpus: f64,
+    /// Medians per model and size.
+    pub summary: Vec<CheckpointSummary>,
+    /// Every cycle.
+    pub samples: Vec<CheckpointSample>,
+}
+
+/// One save/restore cycle: start fresh, train, `docker stop`, start again on the checkpoint.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct CheckpointSample {
+    /// `--model`.
+    pub model: String,
+    /// `--size`.
+    pub size: u32,
+    /// Repetition, from 0.
+    pub rep: usize,
+    /// Step the checkpoint holds.
+    pub saved_step: Option<u64>,
+    /// `checkpoint_bytes` of the `saved` progress line.
+    pub checkpoint_bytes: Option<u64>,
+    /// Size of the checkpoint file on disk.
+    pub file_bytes: Option<u64>,
+    /// Wall seconds `docker stop` took (SIGTERM → step finished → saved → exit → container
+    /// stopped): what a migration waits for before it can restore.
+    pub stop_s: Option<f64>,
+    /// `docker stop` issued → the daemon read the `saved` line.
+    pub saved_line_s: Option<f64>,
+    /// The trainer's exit status (0 = saved and exited as the contract says).
+    pub exit_code: Option<i64>,
+    /// `docker run` of the next incarnation → the daemon read its first progress line (the
+    /// `restored` line, held-out loss included).
+    pub restore_s: Option<f64>,
+    /// Step of the restored line (must equal `saved_step`).
+    pub restored_step: Option<u64>,
+    /// Why the cycle is incomplete.
+    pub error: Option<String>,
+}
+
+/// Medians of a model and size's cycles.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct CheckpointSummary {
+    /// `--model`.
+    pub model: String,
+    /// `--size`.
+    pub size: u32,
+    /// Cycles with a measurement.
+    pub n: usize,
+    /// Median checkpoint size, bytes.
+    pub checkpoint_bytes: Option<u64>,
+    /// Median `stop_s`.
+    pub stop_s: Option<f64>,
+    /// Median `saved_line_s`.
+    pub saved_line_s: Option<f64>,
+    /// Median `restore_s`.
+    pub restore_s: Option<f64>,
+}
+
+/// `start.json`.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct StartFile {
+    /// Provenance.
+    pub header: Header,
+    /// `--cpus` of the jobs (`--threads 1`).
+    pub cpus: f64,
+    /// Medians per model and size.
+    pub summary: Vec<StartSummary>,
+    /// Every start.
+    pub samples: Vec<StartSample>,
+}
+
+/// One fresh start (empty checkpoint directory).
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct StartSample {
+    /// `--model`.
+    pub model: String,
+    /// `--size`.
+    pub size: u32,
+    /// Repetition, from 0.
+    pub rep: usize,
+    /// `docker run -d` issued → returned (container created and started).
+    pub docker_run_s: Option<f64>,
+    /// `docker run -d` issued → the daemon read the first progress line (step 0: data loaded,
+    /// model built, initial held-out loss evaluated).
+    pub start_s: Option<f64>,
+    /// Why the start was not measured.
+    pub error: Option<String>,
+}
+
+/// Medians of a model and size's starts.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct StartSummary {
+    /// `--model`.
+    pub model: String,
+    /// `--size`.
+    pub size: u32,
+    /// Starts with a measurement.
+    pub n: usize,
+    /// Median `docker_run_s`.
+    pub docker_run_s: Option<f64>,
+    /// Median `start_s`.
+    pub start_s: Option<f64>,
+}
+
+/// `curves.json`.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct CurvesFile {
+    /// Provenance.
+    pub header: Header,
+    /// For each model, the size whose curve `curves.md` carries (its size in the testbed's
+    /// experiments).
+    pub curves_md_sizes: BTreeMap<String, u32>,
+    /// One `calibrate` run per size.
+    pub runs: Vec<CurveRun>,
+}
+
+/// One `converge-trainer calibrate` run (one thread per model, in a container with `--cpus 1`).
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct CurveRun {
+    /// `--size`.
+    pub size: u32,
+    /// `--models`.
+    pub models: Vec<String>,
+    /// `--steps-scale`.
+    pub steps_scale: f64,
+    /// The command's stdout, verbatim (two markdown tables).
+    pub markdown: String,
+    /// Both tables, joined per model.
+    pub rows: Vec<CurveRow>,
+    /// Why the run has no rows.
+    pub error: Option<String>,
+}
+
+/// One model's calibration row and curve.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct CurveRow {
+    /// Model name.
+    pub model: String,
+    /// The first table's cells by column header (numbers where they parse, else strings).
+    pub columns: BTreeMap<String, serde_json::Value>,
+    /// `(fraction of the run, held-out loss)` from the second table, `n/a` cells skipped.
+    pub points: Vec<(f64, f64)>,
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// What the simulator takes from the files.
+
+/// The measured files of one directory, loaded (`step_time.json`, `colocation.json`,
+/// `checkpoint.json`, `start.json`, `curves.json`; each may be missing, and a question whose
+/// file is missing gets an error naming it).
+#[derive(Debug, Clone, Default)]
+pub struct Measured {
+    /// Where the files were read.
+    pub dir: std::path::PathBuf,
+    /// `step_time.json`.
+    pub step_time: Option<StepTimeFile>,
+    /// `colocation.json`.
+    pub colocation: Option<ColocationFile>,
+    /// `checkpoint.json`.
+    pub checkpoint: Option<CheckpointFile>,
+    /// `start.json`.
+    pub start: Option<StartFile>,
+    /// `curves.json`.
+    pub curves: Option<CurvesFile>,
+}
+
+/// What one job (model, size, threads) costs on the measured machine, in the simulator's
+/// units.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobCost {
+    /// Training seconds per step with a quota of one core (the simulator's reference
+    /// core-seconds per step).
+    pub s_per_step: f64,
+    /// The most cores it can use: its step rate with the whole machine over its rate with one
+    /// core (`--threads 1` measures ~1).
+    pub max_cores: f64,
+    /// Aggregate throughput of `n` such jobs sharing a worker, over one alone, for n = 1, 2,
+    /// ... (index n − 1) under free competition; empty where not measured (then 1).
+    pub free: Vec<f64>,
+    /// The same under hard per-container quotas that split the worker (FlowCon's limits).
+    pub split: Vec<f64>,
+    /// `docker run` → first progress line, seconds.
+    pub start_s: f64,
+    /// `docker stop` → exited with its checkpoint written, seconds.
+    pub save_s: f64,
+    /// `docker run` on a checkpoint → first (restored) progress line, seconds.
+    pub restore_s: f64,
+    /// Held-out loss by step: `(step, loss)` from the trainer's `calibrate` run.
+    pub curve: Vec<(f64, f64)>,
+}
+
+impl Measured {
+    /// Loads every file present in `dir`; a file that is there but does not parse is an error.
+    pub fn load(dir: &Path) -> Result<Self> {
+        fn read<T: for<'de> Deserialize<'de>>(dir: &Path, name: &str) -> Result<Option<T>> {
+            let path = dir.join(name);
+            let text = match std::fs::read_to_string(&path) {
+                Ok(t) => t,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(source) => return Err(Error::Read { path, source }),
+            };
+            serde_json::from_str(&text)
+                .map(Some)
+                .map_err(|source| Error::Parse { path, source })
+        }
+        Ok(Measured {
+            dir: dir.to_path_buf(),
+            step_time: read(dir, "step_time.json")?,
+            colocation: read(dir, "colocation.json")?,
+            checkpoint: read(dir, "checkpoint.json")?,
+            start: read(dir, "start.json")?,
+            curves: read(dir, "curves.json")?,
+        })
+    }
+
+    /// Whether any file is a `--quick` smoke run (its numbers are not data).
+    pub fn quick(&self) -> bool {
+        let headers = [
+            self.step_time.as_ref().map(|f| &f.header),
+            self.colocation.as_ref().map(|f| &f.header),
+            self.checkpoint.as_ref().map(|f| &f.header),
+            self.start.as_ref().map(|f| &f.header),
+            self.curves.as_ref().map(|f| &f.header),
+        ];
+        headers.into_iter().flatten().any(|h| h.quick)
+    }
+
+    fn missing(&self, what: &str, model: &str, size: u32) -> Error {
+        Error::Invalid(format!(
+            "{}: no measurement of {what} for {model} size {size}; run `cargo xtask measure` \
+             with this model and size in a trace under experiments/",
+            self.dir.display()
+        ))
+    }
+
+    /// What a job of `model` at `size` with `threads` costs (see [`JobCost`]). Step time is
+    /// required; co-location factors default to none (1.0) where not measured, and start,
+    /// save and restore times to those of the model's other sizes, then to the median of all.
+    pub fn cost(&self, model: &str, size: u32, threads: u32) -> Result<JobCost> {
+        let steps = self
+            .step_time
+            .as_ref()
+            .ok_or_else(|| self.missing("step time (step_time.json)", model, size))?;
+        let rate_at = |cpus: f64| {
+            steps
+                .points
+                .iter()
+                .filter(|p| p.model == model && p.size == size && p.threads == threads)
+                .filter(|p| (p.cpus - cpus).abs() < 1e-9)
+                .find_map(|p| p.rate.as_ref())
+        };
+        let one = rate_at(1.0).ok_or_else(|| {
+            self.missing(
+                &format!("step time at --cpus 1 --threads {threads}"),
+                model,
+                size,
+            )
+        })?;
+        let most = steps
+            .points
+            .iter()
+            .filter(|p| p.model == model && p.size == size && p.threads == threads)
+            .map(|p| p.cpus)
+            .fold(1.0, f64::max);
+        let max_cores = rate_at(most)
+            .map_or(1.0, |r| one.s_per_step / r.s_per_step)
+            .max(1.0);
+        // Co-location was measured at each model's size in the traces' first use; another
+        // size of the same model borrows those factors.
+        let coloc_size = self.colocation.as_ref().and_then(|c| {
+            let of_model = |sz: u32| {
+                c.points
+                    .iter()
+                    .any(|p| p.model == model && p.size == sz && p.threads == threads)
+            };
+            if of_model(size) {
+                Some(size)
+            } else {
+                c.points
+                    .iter()
+                    .find(|p| p.model == model && p.threads == threads)
+                    .map(|p| p.size)
+            }
+        });
+        let factors = |mode: &str| -> Vec<f64> {
+            let (Some(c), Some(size)) = (&self.colocation, coloc_size) else {
+                return Vec::new();
+            };
+            let mut pts: Vec<(usize, f64)> = c
+                .points
+                .iter()
+                .filter(|p| p.model == model && p.size == size && p.threads == threads)
+                .filter(|p| p.mode == mode || p.jobs == 1)
+                .filter_map(|p| Some((p.jobs, p.relative?)))
+                .collect();
+            pts.sort_by_key(|p| p.0);
+            pts.dedup_by_key(|p| p.0);
+            // Consecutive from one job only: a gap would misplace every later factor.
+            pts.iter()
+                .enumerate()
+                .take_while(|(i, p)| p.0 == i + 1)
+                .map(|(_, p)| p.1)
+                .collect()
+        };
+        let pick = |per: Vec<(&str, u32, f64)>| -> Option<f64> {
+            let exact = per.iter().find(|p| p.0 == model && p.1 == size).map(|p| p.2);
+            let same_model: Vec<f64> = per.iter().filter(|p| p.0 == model).map(|p| p.2).collect();
+            let all: Vec<f64> = per.iter().map(|p| p.2).collect();
+            exact.or_else(|| median(&same_model)).or_else(|| median(&all))
+        };
+        let start_s = self
+            .start
+            .as_ref()
+            .and_then(|f| {
+                pick(
+                    f.summary
+                        .iter()
+                        .filter_map(|s| Some((s.model.as_str(), s.size, s.start_s?)))
+                        .collect(),
+                )
+            })
+            .ok_or_else(|| self.missing("start time (start.json)", model, size))?;
+        let (save_s, restore_s) = self
+            .checkpoint
+            .as_ref()
+            .and_then(|f| {
+                let save = pick(
+                    f.summary
+                        .iter()
+                        .filter_map(|s| Some((s.model.as_str(), s.size, s.stop_s?)))
+                        .collect(),
+                )?;
+                let restore = pick(
+                    f.summary
+                        .iter()
+                        .filter_map(|s| Some((s.model.as_str(), s.size, s.restore_s?)))
+                        .collect(),
+                )?;
+                Some((save, restore))
+            })
+            .ok_or_else(|| self.missing("save/restore time (checkpoint.json)", model, size))?;
+        Ok(JobCost {
+            s_per_step: one.s_per_step,
+            max_cores,
+            free: factors("free"),
+            split: factors("split"),
+            start_s,
+            save_s,
+            restore_s,
+            curve: self.curve(model, size)?,
+        })
+    }
+
+    /// The held-out loss of `model` at `size` by step, from its `calibrate` run.
+    pub fn curve(&self, model: &str, size: u32) -> Result<Vec<(f64, f64)>> {
+        let row = self
+            .curves
+            .as_ref()
+            .and_then(|f| {
+                f.runs
+                    .iter()
+                    .filter(|r| r.size == size)
+                    .flat_map(|r| &r.rows)
+                    .find(|r| r.model == model)
+            })
+            .ok_or_else(|| self.missing("a loss curve (curves.json)", model, size))?;
+        let steps = row
+            .columns
+            .get("steps")
+            .and_then(serde_json::Value::as_f64)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "{}: curves.json row {model} size {size} has no `steps` column",
+                    self.dir.display()
+                ))
+            })?;
+        Ok(row.points.iter().map(|&(f, v)| (f * steps, v)).collect())
+    }
+}
+
+impl Measured {
+    /// The cost of sharing a worker for jobs we cannot run (the papers' models), from what
+    /// our trainer pays with `--threads 0`: a thread pool sized to the machine, as TensorFlow
+    /// and PyTorch size theirs by default. Per number of co-located jobs, the median over the
+    /// measured models; `None` without such co-location points.
+    pub fn contention(&self) -> Option<crate::curve::Contention> {
+        let c = self.colocation.as_ref()?;
+        let table = |mode: &str| -> Vec<f64> {
+            let most = c.points.iter().map(|p| p.jobs).max().unwrap_or(0);
+            (1..=most)
+                .map_while(|n| {
+                    let at: Vec<f64> = c
+                        .points
+                        .iter()
+                        .filter(|p| p.threads == 0 && p.jobs == n)
+                        .filter(|p| p.mode == mode || n == 1)
+                        .filter_map(|p| p.relative)
+                        .collect();
+                    median(&at)
+                })
+                .collect()
+        };
+        let free = table("free");
+        if free.is_empty() {
+            return None;
+        }
+        Some(crate::curve::Contention {
+            free,
+            split: table("split"),
+            source: format!(
+                "co-location of `--threads 0` jobs, {}/colocation.json ({})",
+                self.dir.display(),
+                c.header.date
+            ),
+        })
+    }
+}
+
+fn median(v: &[f64]) -> Option<f64> {
+    let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+/// The co-location factor for `n` jobs from a factor table (index n − 1): 1 alone or where
+/// nothing was measured, the last measured factor beyond the table.
+pub fn factor(table: &[f64], n: usize) -> f64 {
+    if n <= 1 || table.is_empty() {
+        return 1.0;
+    }
+    table[(n - 1).min(table.len() - 1)]
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    fn header() -> Header {
+        Header {
+            command: "test".into(),
+            date: "2026-11-24T00:00:00Z".into(),
+            quick: false,
+            machine: Machine {
+                nproc: 2,
+                cgroup: "v2".into(),
+                cpu_model: "test".into(),
+                kernel: "test".into(),
+                docker: "test".into(),
+                loadavg_start: String::new(),
+                loadavg_end: String::new(),
+            },
+            image: "sha256:test".into(),
+            settings: Settings {
+                window_s: 6.0,
+                warmup_s: 2.0,
+                report_every: 25,
+                reps: 3,
+                budget: 1.0,
+            },
+        }
+    }
+
+    fn rate(s_per_step: f64) -> Rate {
+        Rate {
+            s_per_step,
+            steps_per_s: 1.0 / s_per_step,
+            steps: 1000,
+            window_s: 6.0,
+            intervals: 40,
+            cpu_s_per_step: None,
+            cores: None,
+        }
+    }
+
+    fn step(model: &str, size: u32, cpus: f64, threads: u32, s: f64) -> StepPoint {
+        StepPoint {
+            model: model.into(),
+            size,
+            cpus,
+            threads,
+            rate: Some(rate(s)),
+            error: None,
+        }
+    }
+
+    fn coloc(mode: &str, jobs: usize, relative: Option<f64>) -> ColocationPoint {
+        ColocationPoint {
+            model: "mlp".into(),
+            size: 12,
+            threads: 1,
+            mode: mode.into(),
+            jobs,
+            per_job_cpus: None,
+            rates: Vec::new(),
+            aggregate_steps_per_s: None,
+            relative,
+            cores_total: None,
+            error: None,
+        }
+    }
+
+    /// A machine where `mlp` size 12 costs 8 ms a step on one core and two co-located jobs
+    /// lose 10% of their aggregate throughput.
+    pub(crate) fn measured() -> Measured {
+        Measured {
+            dir: "test".into(),
+            step_time: Some(StepTimeFile {
+                header: header(),
+                points: vec![
+                    step("mlp", 12, 0.5, 1, 0.02),
+                    step("mlp", 12, 1.0, 1, 0.008),
+                    step("mlp", 12, 2.0, 1, 0.0078),
+                    step("mlp", 12, 1.0, 0, 0.009),
+                ],
+            }),
+            colocation: Some(ColocationFile {
+                header: header(),
+                budget: 1.0,
+                points: vec![
+                    coloc("free", 1, Some(1.0)),
+                    coloc("free", 2, Some(0.9)),
+                    coloc("free", 4, Some(0.7)),
+                    coloc("split", 2, Some(0.95)),
+                    coloc("split", 3, Some(0.93)),
+                ],
+            }),
+            checkpoint: Some(CheckpointFile {
+                header: header(),
+                cpus: 1.0,
+                summary: vec![CheckpointSummary {
+                    model: "mlp".into(),
+                    size: 8,
+                    n: 3,
+                    checkpoint_bytes: Some(1000),
+                    stop_s: Some(0.3),
+                    saved_line_s: Some(0.1),
+                    restore_s: Some(0.6),
+                }],
+                samples: Vec::new(),
+            }),
+            start: Some(StartFile {
+                header: header(),
+                cpus: 1.0,
+                summary: vec![StartSummary {
+                    model: "cnn".into(),
+                    size: 6,
+                    n: 3,
+                    docker_run_s: Some(0.2),
+                    start_s: Some(0.5),
+                }],
+                samples: Vec::new(),
+            }),
+            curves: Some(CurvesFile {
+                header: header(),
+                curves_md_sizes: BTreeMap::new(),
+                runs: vec![CurveRun {
+                    size: 12,
+                    models: vec!["mlp".into()],
+                    steps_scale: 1.0,
+                    markdown: String::new(),
+                    rows: vec![CurveRow {
+                        model: "mlp".into(),
+                        columns: BTreeMap::from([("steps".into(), serde_json::json!(2000))]),
+                        points: vec![(0.0, 2.3), (0.5, 0.4), (1.0, 0.3)],
+                    }],
+                    error: None,
+                }],
+            }),
+        }
+    }
+
+    #[test]
+    fn a_jobs_cost_comes_from_its_measurements() {
+        let c = measured().cost("mlp", 12, 1).unwrap();
+        // One core's step time is the reference cost; the whole machine barely helps a
+        // one-thread job.
+        assert_eq!(c.s_per_step, 0.008);
+        assert!((c.max_cores - 0.008 / 0.0078).abs() < 1e-12);
+        // Free factors stop at the first gap (3 jobs were not measured): 4 is not taken as 3.
+        assert_eq!(c.free, vec![1.0, 0.9]);
+        assert_eq!(c.split, vec![1.0, 0.95, 0.93]);
+        // Save/restore of another size of the model, start of the only model measured.
+        assert_eq!((c.save_s, c.restore_s, c.start_s), (0.3, 0.6, 0.5));
+        // The curve by step: fraction × the calibrate run's steps.
+        assert_eq!(c.curve, vec![(0.0, 2.3), (1000.0, 0.4), (2000.0, 0.3)]);
+        // The thread count selects its own row.
+        assert_eq!(measured().cost("mlp", 12, 0).unwrap().s_per_step, 0.009);
+        // Another size of the model borrows its co-location factors.
+        let mut m = measured();
+        if let Some(f) = &mut m.step_time {
+            f.points.push(step("mlp", 8, 1.0, 1, 0.004));
+        }
+        if let Some(f) = &mut m.curves {
+            f.runs[0].rows[0].model = "other".into();
+        }
+        assert!(m.cost("mlp", 8, 1).is_err(), "no curve for size 8");
+        if let Some(f) = &mut m.curves {
+            f.runs[0].size = 8;
+            f.runs[0].rows[0].model = "mlp".into();
+        }
+        assert_eq!(m.cost("mlp", 8, 1).unwrap().free, vec![1.0, 0.9]);
+    }
+
+    #[test]
+    fn what_was_not_measured_is_an_error_naming_the_command() {
+        let e = measured().cost("gru", 2, 1).unwrap_err().to_string();
+        assert!(e.contains("gru size 2") && e.contains("cargo xtask measure"), "{e}");
+        let mut m = measured();
+        m.start = None;
+        let e = m.cost("mlp", 12, 1).unwrap_err().to_string();
+        assert!(e.contains("start.json"), "{e}");
+    }
+
+    #[test]
+    fn factors_hold_beyond_the_table_and_are_one_alone() {
+        assert_eq!(factor(&[1.0, 0.9, 0.8], 1), 1.0);
+        assert_eq!(factor(&[1.0, 0.9, 0.8], 2), 0.9);
+        assert_eq!(factor(&[1.0, 0.9, 0.8], 7), 0.8);
+        assert_eq!(factor(&[], 3), 1.0);
+    }
+
+    #[test]
+    fn a_directory_loads_what_is_there() {
+        let dir = std::env::temp_dir().join(format!("converge-measured-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let m = measured();
+        std::fs::write(
+            dir.join("step_time.json"),
+            serde_json::to_string(m.step_time.as_ref().unwrap()).unwrap(),
+        )
+        .unwrap();
+        let loaded = Measured::load(&dir).unwrap();
+        assert_eq!(loaded.step_time.unwrap().points.len(), 4);
+        assert!(loaded.colocation.is_none());
+        std::fs::write(dir.join("start.json"), "{not json").unwrap();
+        let e = Measured::load(&dir).unwrap_err().to_string();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(e.contains("start.json"), "{e}");
+    }
+}
