@@ -8,8 +8,9 @@
 //! container leaves flows to the others. Quotas are *hard*: what no container may take stays
 //! idle. (FlowCon's papers treat limits as soft; the agent makes them work-conserving instead,
 //! [`converge_policy::limits::work_conserving`], and this model enforces what the agent
-//! enforces.) This is a model, not the kernel: no scheduling latency, no cache effects, no
-//! hyper-threading.
+//! enforces.) This is a model, not the kernel: what sharing a core costs beyond the split
+//! (caches, throttling, oversubscribed thread pools) is not modelled here but measured, and the
+//! engine applies it per job ([`crate::measured::factor`]).
 
 /// Equal-weight water-filling of `capacity` over containers capped at `caps`.
 pub fn water_fill(capacity: f64, caps: &[f64]) -> Vec<f64> {

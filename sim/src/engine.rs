@@ -1346,11 +1346,7 @@ impl<'a> Simulation<'a> {
                     (&c.free, &c.split)
                 }
             };
-            let table = if job.quota < cpus - 1e-9 {
-                split
-            } else {
-                free
-            };
+            let table = if job.quota < cpus - 1e-9 { split } else { free };
             let shared = crate::measured::factor(table, sharing);
             let rate = a * worker.calibration * shared;
             job.rate = rate;

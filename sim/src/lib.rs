@@ -9,7 +9,8 @@
 //! hours ([`engine`] says how).
 //!
 //! **The runtime is a model on purpose.** Training is work done at the CPU a job gets; sharing
-//! follows a CFS-like weighted water-fill under Docker's hard quotas ([`cpu`]); the metric a
+//! follows a CFS-like weighted water-fill under Docker's hard quotas ([`cpu`]), less the cost
+//! of sharing a worker measured on the real one ([`measured`]); the metric a
 //! job reports comes from a curve ([`curve`]) with seeded noise; the manager sees progress and
 //! CPU use only as fresh as the last heartbeat; a migration pauses a job for save + restore
 //! seconds. Absolute times therefore differ from the papers' testbeds; what carries over is how

@@ -305,10 +305,12 @@ fn results(catalog: &Catalog, plain: &Catalog, dir: &Path, out: &Path) -> anyhow
                 .join(", ")
         };
         format!(
-            "**Cost of sharing a worker (measured):** the papers' jobs pay what our trainer pays \
-             with a thread pool sized to the machine, as TensorFlow's and PyTorch's are by \
-             default: {}. Aggregate throughput of 1, 2, ... co-located jobs over one alone: \
-             free competition {}; under quotas that split the worker {}.\n\n",
+            "**Cost of sharing a worker (measured):** the papers' jobs pay what our one-thread \
+             trainer jobs pay ({}); aggregate throughput of 1, 2, ... co-located jobs over one \
+             alone: free competition {}; under quotas that split the worker {}. A thread pool \
+             sized to the machine pays far more under free competition (`sim/README.md`, \
+             co-location table, `--threads 0`); that is not charged here, since the papers do \
+             not say how their frameworks' pools were sized.\n\n",
             c.source,
             f(&c.free),
             f(&c.split)

@@ -13,7 +13,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-
 /// What every file starts with: where and how its numbers were made.
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Header {
@@ -301,7 +300,6 @@ pub struct CurveRow {
     pub points: Vec<(f64, f64)>,
 }
 
-
 // ---------------------------------------------------------------------------------------------
 // What the simulator takes from the files.
 
@@ -463,10 +461,13 @@ impl Measured {
                 .collect()
         };
         let pick = |per: Vec<(&str, u32, f64)>| -> Option<f64> {
-            let exact = per.iter().find(|p| p.0 == model && p.1 == size).map(|p| p.2);
+            let exact = per
+                .iter()
+                .find(|p| p.0 == model && p.1 == size)
+                .map(|p| p.2);
             let same_model: Vec<f64> = per.iter().filter(|p| p.0 == model).map(|p| p.2).collect();
             let all: Vec<f64> = per.iter().map(|p| p.2).collect();
-            exact.or_else(|| median(&same_model)).or_else(|| median(&all))
+            exact.or_else(|| median(same_model)).or_else(|| median(all))
         };
         let start_s = self
             .start
@@ -540,9 +541,11 @@ impl Measured {
 
 impl Measured {
     /// The cost of sharing a worker for jobs we cannot run (the papers' models), from what
-    /// our trainer pays with `--threads 0`: a thread pool sized to the machine, as TensorFlow
-    /// and PyTorch size theirs by default. Per number of co-located jobs, the median over the
-    /// measured models; `None` without such co-location points.
+    /// our trainer pays with `--threads 1`: per number of co-located jobs, the median over the
+    /// measured models; `None` without such co-location points. Not `--threads 0`: a pool sized
+    /// to the machine costs far more under free competition (sim/README.md), but the papers
+    /// do not say how their frameworks' pools were sized, and charging the papers' baselines
+    /// that cost would hand FlowCon's quotas a gain we cannot check.
     pub fn contention(&self) -> Option<crate::curve::Contention> {
         let c = self.colocation.as_ref()?;
         let table = |mode: &str| -> Vec<f64> {
@@ -552,11 +555,11 @@ impl Measured {
                     let at: Vec<f64> = c
                         .points
                         .iter()
-                        .filter(|p| p.threads == 0 && p.jobs == n)
+                        .filter(|p| p.threads == 1 && p.jobs == n)
                         .filter(|p| p.mode == mode || n == 1)
                         .filter_map(|p| p.relative)
                         .collect();
-                    median(&at)
+                    median(at)
                 })
                 .collect()
         };
@@ -568,7 +571,7 @@ impl Measured {
             free,
             split: table("split"),
             source: format!(
-                "co-location of `--threads 0` jobs, {}/colocation.json ({})",
+                "co-location of `--threads 1` jobs, median over models, {}/colocation.json ({})",
                 self.dir.display(),
                 c.header.date
             ),
@@ -576,8 +579,10 @@ impl Measured {
     }
 }
 
-fn median(v: &[f64]) -> Option<f64> {
-    let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+/// The median of the finite values (the mean of the middle two for an even count); `None`
+/// when there is none. Shared by `xtask`'s measurements and reports.
+pub fn median(values: impl IntoIterator<Item = f64>) -> Option<f64> {
+    let mut v: Vec<f64> = values.into_iter().filter(|x| x.is_finite()).collect();
     if v.is_empty() {
         return None;
     }
@@ -772,7 +777,10 @@ pub(crate) mod tests {
     #[test]
     fn what_was_not_measured_is_an_error_naming_the_command() {
         let e = measured().cost("gru", 2, 1).unwrap_err().to_string();
-        assert!(e.contains("gru size 2") && e.contains("cargo xtask measure"), "{e}");
+        assert!(
+            e.contains("gru size 2") && e.contains("cargo xtask measure"),
+            "{e}"
+        );
         let mut m = measured();
         m.start = None;
         let e = m.cost("mlp", 12, 1).unwrap_err().to_string();

@@ -18,8 +18,8 @@ use crate::curve::{Catalog, Model, TableCurve};
 use crate::engine::{Run, Simulation};
 use crate::error::{Error, Result};
 use crate::experiment::{
-    Experiment, JobSpec, NamedPolicy, PaperNumbers, PolicySpec, Runtime, SystemModel,
-    WorkerGroup, Workload,
+    Experiment, JobSpec, NamedPolicy, PaperNumbers, PolicySpec, Runtime, SystemModel, WorkerGroup,
+    Workload,
 };
 use crate::measured::Measured;
 
@@ -178,7 +178,7 @@ impl TraceFile {
             if !names.insert(&j.name) {
                 return bad(format!("jobs[{i}]: the name `{}` is used twice", j.name));
             }
-            if j.steps == 0 || j.threads > 64 || !(j.at_s >= 0.0) {
+            if j.steps == 0 || j.threads > 64 || j.at_s.is_nan() || j.at_s < 0.0 {
                 return bad(format!(
                     "jobs[{i}] ({}): steps must be positive, threads at most 64, at_s not negative",
                     j.name
@@ -226,7 +226,10 @@ impl TraceFile {
     /// The trace in the simulator's terms: an experiment (workers, heartbeat), a catalog with
     /// one model per job (its measured curve over its own steps), and the jobs with their
     /// measured runtimes.
-    pub fn to_simulation(&self, measured: &Measured) -> Result<(Experiment, Catalog, Vec<JobSpec>)> {
+    pub fn to_simulation(
+        &self,
+        measured: &Measured,
+    ) -> Result<(Experiment, Catalog, Vec<JobSpec>)> {
         let mut catalog = Catalog::empty();
         let mut jobs = Vec::with_capacity(self.jobs.len());
         for (i, j) in self.jobs.iter().enumerate() {
@@ -336,7 +339,10 @@ mod tests {
         let ok = trace(&["spread", "converge"], &[("a", 0.0, 100), ("b", 5.0, 100)]);
         ok.check().unwrap();
         let e = trace(&["fifo"], &[("a", 0.0, 100)]).check().unwrap_err();
-        assert!(e.to_string().contains("fifo") && e.to_string().contains("las"), "{e}");
+        assert!(
+            e.to_string().contains("fifo") && e.to_string().contains("las"),
+            "{e}"
+        );
         let e = trace(&["spread"], &[("a", 0.0, 100), ("a", 1.0, 100)])
             .check()
             .unwrap_err();
@@ -387,6 +393,10 @@ mod tests {
             c.points.clear();
         }
         let run = t.simulate("spread", &free, false).unwrap();
-        assert!((run.jobs[0].jct - (0.5 + 16.0)).abs() < 1e-6, "{}", run.jobs[0].jct);
+        assert!(
+            (run.jobs[0].jct - (0.5 + 16.0)).abs() < 1e-6,
+            "{}",
+            run.jobs[0].jct
+        );
     }
 }
