@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use converge_messenger::pb;
-use converge_sim::measured::Measured;
+use converge_sim::measured::{Measured, median};
 use converge_sim::trace::TraceFile;
 use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -102,6 +102,10 @@ impl LiveJob {
     fn jct(&self) -> f64 {
         self.finished_s - self.submitted_s
     }
+
+    fn completed(&self) -> bool {
+        self.state == pb::JobState::label_of(pb::JobState::Completed as i32)
+    }
 }
 
 /// A migration of a live run.
@@ -156,15 +160,16 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
         let run = trace
             .simulate(policy, &measured, false)
             .with_context(|| format!("simulating {} under {policy}", trace.name))?;
-        let by_name: BTreeMap<String, f64> = run
-            .jobs
-            .iter()
-            .map(|j| (j.model.clone(), j.jct))
-            .collect();
+        // A trace's catalog names each job's model after the job.
         sims.insert(
             policy.clone(),
             SimRun {
-                jct: by_name,
+                jct: run.jobs.iter().map(|j| (j.model.clone(), j.jct)).collect(),
+                worker: run
+                    .jobs
+                    .iter()
+                    .map(|j| (j.model.clone(), format!("worker-{}", j.worker + 1)))
+                    .collect(),
                 migrations: run.migrations,
             },
         );
@@ -212,12 +217,7 @@ fn run_live(root: &Path, trace: &TraceFile, runs_dir: &Path, args: &Args) -> Res
         .enable_all()
         .build()?;
     let mut services = vec!["manager"];
-    services.extend(
-        ["agent-1", "agent-2"]
-            .iter()
-            .take(trace.workers)
-            .copied(),
-    );
+    services.extend(["agent-1", "agent-2"].iter().take(trace.workers).copied());
     let env = trace.testbed_env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     for k in 1..=args.runs {
@@ -378,6 +378,8 @@ async fn drive(trace: &TraceFile, policy: &str, k: usize, port: u16) -> Result<L
 struct SimRun {
     /// Completion time by job name.
     jct: BTreeMap<String, f64>,
+    /// The worker each job finished on, by job name.
+    worker: BTreeMap<String, String>,
     migrations: u64,
 }
 
@@ -394,6 +396,9 @@ struct JobRow {
     sim: Option<f64>,
     /// (sim − live median) / live median.
     error: Option<f64>,
+    /// The worker it finished on in each live run, and in the simulator.
+    live_workers: Vec<String>,
+    sim_worker: String,
 }
 
 /// One policy's summary.
@@ -419,19 +424,6 @@ struct Report {
     trace: TraceFile,
     rows: Vec<PolicyRow>,
     provenance: String,
-}
-
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
 }
 
 fn mean(v: &[f64]) -> Option<f64> {
@@ -461,7 +453,7 @@ impl Report {
                             .map(|r| {
                                 r.jobs
                                     .get(&j.name)
-                                    .filter(|x| x.state == "COMPLETED")
+                                    .filter(|x| x.completed())
                                     .map(LiveJob::jct)
                             })
                             .collect();
@@ -481,6 +473,17 @@ impl Report {
                             live_spread: spread,
                             sim: s,
                             error: med.zip(s).map(|(m, s)| (s - m) / m),
+                            live_workers: runs
+                                .iter()
+                                .map(|r| {
+                                    r.jobs.get(&j.name).map_or("–".into(), |x| {
+                                        x.worker.trim_start_matches("worker-").to_string()
+                                    })
+                                })
+                                .collect(),
+                            sim_worker: sim.worker.get(&j.name).map_or("–".into(), |w| {
+                                w.trim_start_matches("worker-").to_string()
+                            }),
                         }
                     })
                     .collect();
@@ -489,7 +492,7 @@ impl Report {
                     trace
                         .jobs
                         .iter()
-                        .all(|j| r.jobs.get(&j.name).is_some_and(|x| x.state == "COMPLETED"))
+                        .all(|j| r.jobs.get(&j.name).is_some_and(LiveJob::completed))
                 };
                 let full: Vec<&LiveRun> = runs.iter().filter(|r| complete(r)).collect();
                 let avgs: Vec<f64> = full
@@ -519,9 +522,7 @@ impl Report {
                     sim_avg_jct: mean(&sim_values),
                     live_makespan: mean(&spans),
                     sim_makespan: (sim_span > 0.0).then_some(sim_span),
-                    median_abs_error: median(
-                        jobs.iter().filter_map(|r| r.error.map(f64::abs)).collect(),
-                    ),
+                    median_abs_error: median(jobs.iter().filter_map(|r| r.error.map(f64::abs))),
                     live_migrations: mean(
                         &runs
                             .iter()
@@ -544,9 +545,7 @@ impl Report {
     fn ratios(&self, row: &PolicyRow) -> (Option<f64>, Option<f64>) {
         let base = &self.rows[0];
         (
-            row.live_avg_jct
-                .zip(base.live_avg_jct)
-                .map(|(p, b)| p / b),
+            row.live_avg_jct.zip(base.live_avg_jct).map(|(p, b)| p / b),
             row.sim_avg_jct.zip(base.sim_avg_jct).map(|(p, b)| p / b),
         )
     }
@@ -573,7 +572,8 @@ impl Report {
         let t = &self.trace;
         let f = |v: Option<f64>, d: usize| v.map_or("–".to_string(), |v| format!("{v:.d$}"));
         let pct = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{:+.1}%", 100.0 * v));
-        let abs_pct = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{:.1}%", 100.0 * v));
+        let abs_pct =
+            |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{:.1}%", 100.0 * v));
         let mut s = String::new();
         let _ = writeln!(s, "# {}: live against simulated\n", t.name);
         let _ = writeln!(s, "{}\n", t.title);
@@ -628,22 +628,28 @@ impl Report {
             let runs: Vec<String> = (1..=r.runs).map(|k| format!("live {k}")).collect();
             let _ = writeln!(
                 s,
-                "| job | arrives (s) | {} | live median | live spread | sim | sim error |",
+                "| job | arrives (s) | {} | live median | live spread | sim | sim error | finished on worker: live runs / sim |",
                 runs.join(" | ")
             );
-            let _ = writeln!(s, "|---|---:|{}---:|---:|---:|---:|", "---:|".repeat(r.runs));
+            let _ = writeln!(
+                s,
+                "|---|---:|{}---:|---:|---:|---:|---|",
+                "---:|".repeat(r.runs)
+            );
             for j in &r.jobs {
                 let lv: Vec<String> = j.live.iter().map(|v| f(*v, 1)).collect();
                 let _ = writeln!(
                     s,
-                    "| {} | {:.0} | {} | {} | {} | {} | {} |",
+                    "| {} | {:.0} | {} | {} | {} | {} | {} | {} / {} |",
                     j.job,
                     j.at_s,
                     lv.join(" | "),
                     f(j.live_median, 1),
                     abs_pct(j.live_spread),
                     f(j.sim, 1),
-                    pct(j.error)
+                    pct(j.error),
+                    j.live_workers.join(" "),
+                    j.sim_worker
                 );
             }
         }
@@ -732,7 +738,10 @@ fn plot_completion(path: &Path, trace: &TraceFile, policy: &str, report: &Report
         .enumerate()
         .filter_map(|(i, j)| {
             let x = i as f64 + 0.5;
-            Some(Rectangle::new([(x, 0.0), (x + 0.38, j.sim?)], RED.mix(0.7).filled()))
+            Some(Rectangle::new(
+                [(x, 0.0), (x + 0.38, j.sim?)],
+                RED.mix(0.7).filled(),
+            ))
         })
         .collect();
     chart
@@ -754,7 +763,10 @@ fn plot_cpu(path: &Path, trace: &TraceFile, r: &LiveRun) -> Result<()> {
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            format!("{}: CPU use per job ({}, live run {})", trace.name, r.policy, r.run),
+            format!(
+                "{}: CPU use per job ({}, live run {})",
+                trace.name, r.policy, r.run
+            ),
             ("sans-serif", 18),
         )
         .margin(10)
@@ -855,7 +867,11 @@ mod tests {
     fn every_trace_simulates_on_the_committed_measurements() {
         let root = root();
         let traces = traces(&root).unwrap();
-        assert!(traces.len() >= 3, "experiments/ has {} traces", traces.len());
+        assert!(
+            traces.len() >= 3,
+            "experiments/ has {} traces",
+            traces.len()
+        );
         let measured = Measured::load(&root.join("sim/measured")).unwrap();
         for t in &traces {
             for p in &t.policies {
@@ -880,7 +896,7 @@ mod tests {
                 LiveJob {
                     submitted_s: 0.0,
                     finished_s: jct,
-                    state: "COMPLETED".into(),
+                    state: pb::JobState::label_of(pb::JobState::Completed as i32),
                     worker: "worker-1".into(),
                 },
             )]),
@@ -898,7 +914,11 @@ mod tests {
         let runs = BTreeMap::from([
             (
                 "spread".to_string(),
-                vec![live("spread", 1, 10.0), live("spread", 2, 12.0), live("spread", 3, 11.0)],
+                vec![
+                    live("spread", 1, 10.0),
+                    live("spread", 2, 12.0),
+                    live("spread", 3, 11.0),
+                ],
             ),
             ("converge".to_string(), vec![live("converge", 1, 5.5)]),
         ]);
@@ -907,6 +927,7 @@ mod tests {
                 "spread".to_string(),
                 SimRun {
                     jct: BTreeMap::from([("a".to_string(), 12.1)]),
+                    worker: BTreeMap::from([("a".to_string(), "worker-1".to_string())]),
                     migrations: 0,
                 },
             ),
@@ -914,6 +935,7 @@ mod tests {
                 "converge".to_string(),
                 SimRun {
                     jct: BTreeMap::from([("a".to_string(), 5.0)]),
+                    worker: BTreeMap::from([("a".to_string(), "worker-2".to_string())]),
                     migrations: 0,
                 },
             ),
@@ -926,7 +948,12 @@ mod tests {
         let (l, s) = r.ratios(&r.rows[1]);
         assert!((l.unwrap() - 0.5).abs() < 1e-12 && (s.unwrap() - 5.0 / 12.1).abs() < 1e-12);
         let md = r.markdown();
-        assert!(md.contains("| a | 0 | 10.0 | 12.0 | 11.0 | 11.0 | 18.2% | 12.1 | +10.0% |"), "{md}");
+        assert!(
+            md.contains(
+                "| a | 0 | 10.0 | 12.0 | 11.0 | 11.0 | 18.2% | 12.1 | +10.0% | 1 1 1 / 1 |"
+            ),
+            "{md}"
+        );
         assert!(md.contains("not measured"), "{md}");
     }
 }

@@ -121,9 +121,13 @@ pub struct Args {
     /// Print the grid and the estimated duration, measure nothing.
     #[arg(long)]
     pub plan: bool,
+    /// Measure nothing: render the tables in sim/README.md again from the files in --out.
+    #[arg(long)]
+    pub render: bool,
 }
 
 // The files' schema lives in the simulator, which reads them (one definition).
+use converge_sim::measured::median;
 pub use converge_sim::measured::{
     CheckpointFile, CheckpointSample, CheckpointSummary, ColocationFile, ColocationPoint, CurveRow,
     CurveRun, CurvesFile, Header, Machine, Rate, Settings, StartFile, StartSample, StartSummary,
@@ -698,7 +702,12 @@ impl Plan {
     /// The grid for `models` (the image's); `testbed`: each model's sizes in the traces. A
     /// full run measures only the traces' models at their sizes (every model at size 1 when
     /// there is no trace).
-    fn new(models: &[String], testbed: &BTreeMap<String, Vec<u32>>, nproc: usize, quick: bool) -> Self {
+    fn new(
+        models: &[String],
+        testbed: &BTreeMap<String, Vec<u32>>,
+        nproc: usize,
+        quick: bool,
+    ) -> Self {
         let traced: Vec<String> = models
             .iter()
             .filter(|m| testbed.contains_key(*m))
@@ -833,6 +842,10 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
             .filter(|t| args.only.iter().any(|o| o == t))
             .collect()
     };
+    let out_dir = root.join(&args.out);
+    if args.render {
+        return write_readme(root, &out_dir, args);
+    }
     let window = args.window.unwrap_or(if args.quick { 2.0 } else { 6.0 });
     let warmup = args.warmup.unwrap_or(if args.quick { 1.0 } else { 2.0 });
     let reps = args.reps.unwrap_or(if args.quick { 1 } else { 3 }).max(1);
@@ -841,7 +854,6 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
             "--window and --budget must be positive, --warmup not negative, --report-every at least 1"
         );
     }
-    let out_dir = root.join(&args.out);
 
     ensure_image(root)?;
     let image = output(Command::new("docker").args(["image", "inspect", "-f", "{{.Id}}", IMAGE]))?
@@ -953,7 +965,17 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
     }
     drop(session);
 
-    let section = render(&out_dir, &args.out);
+    write_readme(root, &out_dir, args)?;
+    if failures > 0 {
+        bail!("{failures} points failed (each is in its file with its error)");
+    }
+    Ok(())
+}
+
+/// Renders the tables from the files in `out_dir` and splices them into `sim/README.md`
+/// (unless `--no-readme`).
+fn write_readme(root: &Path, out_dir: &Path, args: &Args) -> Result<()> {
+    let section = render(out_dir, &args.out);
     println!("{section}");
     if !args.no_readme {
         let path = root.join("sim/README.md");
@@ -967,9 +989,6 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
         );
     } else {
         eprintln!("measure: wrote {}", out_dir.display());
-    }
-    if failures > 0 {
-        bail!("{failures} points failed (each is in its file with its error)");
     }
     Ok(())
 }
@@ -1761,7 +1780,95 @@ fn render(out_dir: &Path, out_rel: &Path) -> String {
             sizes.join(", ")
         );
     }
+    let summary = summary(
+        read_json::<StepTimeFile>(&out_dir.join("step_time.json")).as_ref(),
+        read_json::<ColocationFile>(&out_dir.join("colocation.json")).as_ref(),
+    );
+    if !summary.is_empty() {
+        s = format!("{summary}\n{s}");
+    }
     s.trim_end().to_string()
+}
+
+/// The tables' effects as ratios, computed here so the reading text can refer to them rather
+/// than quote numbers: for each effect, the median over the measured models and the range.
+fn summary(steps: Option<&StepTimeFile>, coloc: Option<&ColocationFile>) -> String {
+    let mut rows: Vec<(String, Vec<f64>)> = Vec::new();
+    if let Some(c) = coloc {
+        for threads in [1, 0] {
+            for mode in ["free", "split"] {
+                for n in [2, 4] {
+                    let v: Vec<f64> = c
+                        .points
+                        .iter()
+                        .filter(|p| p.threads == threads && p.mode == mode && p.jobs == n)
+                        .filter_map(|p| p.relative)
+                        .collect();
+                    let what = if mode == "free" {
+                        "free competition"
+                    } else {
+                        "quotas splitting the budget"
+                    };
+                    rows.push((
+                        format!(
+                            "{n} jobs, `--threads {threads}`, {what}: aggregate throughput over one job alone"
+                        ),
+                        v,
+                    ));
+                }
+            }
+        }
+    }
+    if let Some(f) = steps {
+        let rate = |m: &str, size: u32, cpus: f64, threads: u32| {
+            f.points
+                .iter()
+                .find(|p| p.model == m && p.size == size && p.cpus == cpus && p.threads == threads)
+                .and_then(|p| p.rate.as_ref())
+                .map(|r| r.s_per_step)
+        };
+        let mut pairs: Vec<(String, u32)> = Vec::new();
+        for p in &f.points {
+            if !pairs.contains(&(p.model.clone(), p.size)) {
+                pairs.push((p.model.clone(), p.size));
+            }
+        }
+        let most = f.points.iter().map(|p| p.cpus).fold(1.0, f64::max);
+        let least = f.points.iter().map(|p| p.cpus).fold(1.0, f64::min);
+        let per = |g: &dyn Fn(&str, u32) -> Option<f64>| -> Vec<f64> {
+            pairs.iter().filter_map(|(m, s)| g(m, *s)).collect()
+        };
+        rows.push((
+            format!("`--threads 1` at `--cpus {least}`: throughput per core over one whole core"),
+            per(&|m, s| Some(rate(m, s, 1.0, 1)? / (rate(m, s, least, 1)? * least))),
+        ));
+        rows.push((
+            "`--threads 2` at `--cpus 1`: throughput over `--threads 1` (oversubscription)".into(),
+            per(&|m, s| Some(rate(m, s, 1.0, 1)? / rate(m, s, 1.0, 2)?)),
+        ));
+        rows.push((
+            format!("`--threads 0` at `--cpus {most}` (the whole machine): speed-up over `--threads 1` at `--cpus 1`"),
+            per(&|m, s| Some(rate(m, s, 1.0, 1)? / rate(m, s, most, 0)?)),
+        ));
+    }
+    let rows: Vec<&(String, Vec<f64>)> = rows.iter().filter(|r| !r.1.is_empty()).collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "#### What the tables say (computed from them)\n\n| effect | median over models | range | models |\n|---|---:|---:|---:|\n",
+    );
+    for (what, v) in rows {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let _ = writeln!(
+            s,
+            "| {what} | {:.2} | {lo:.2}–{hi:.2} | {} |",
+            median(v.iter().copied()).unwrap_or(f64::NAN),
+            v.len()
+        );
+    }
+    s
 }
 
 /// Replaces what lies between the markers (or appends a section with them).
@@ -1786,20 +1893,6 @@ fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
-}
-
-fn median(it: impl Iterator<Item = f64>) -> Option<f64> {
-    let mut v: Vec<f64> = it.collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
 }
 
 /// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm): no date
