@@ -383,6 +383,19 @@ impl Measured {
         headers.into_iter().flatten().any(|h| h.quick)
     }
 
+    /// The directory as reports show it: its last two components (`sim/measured`), so a
+    /// generated file does not carry the path of the machine it was made on.
+    fn shown_dir(&self) -> String {
+        let parts: Vec<String> = self
+            .dir
+            .components()
+            .rev()
+            .take(2)
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        parts.into_iter().rev().collect::<Vec<_>>().join("/")
+    }
+
     fn missing(&self, what: &str, model: &str, size: u32) -> Error {
         Error::Invalid(format!(
             "{}: no measurement of {what} for {model} size {size}; run `cargo xtask measure` \
@@ -571,8 +584,8 @@ impl Measured {
             free,
             split: table("split"),
             source: format!(
-                "co-location of `--threads 1` jobs, median over models, {}/colocation.json ({})",
-                self.dir.display(),
+                "co-location of `--threads 1` jobs, median over models, `{}/colocation.json`, {}",
+                self.shown_dir(),
                 c.header.date
             ),
         })
@@ -785,6 +798,25 @@ pub(crate) mod tests {
         m.start = None;
         let e = m.cost("mlp", 12, 1).unwrap_err().to_string();
         assert!(e.contains("start.json"), "{e}");
+    }
+
+    #[test]
+    fn the_papers_models_pay_the_median_one_thread_factor_and_reports_name_no_machine_path() {
+        let mut m = measured();
+        m.dir = "/home/someone/converge/sim/measured".into();
+        let c = m.contention().unwrap();
+        assert_eq!(
+            c.free,
+            vec![1.0, 0.9],
+            "stops at the first unmeasured count"
+        );
+        assert_eq!(c.split, vec![1.0, 0.95, 0.93]);
+        assert!(
+            c.source.contains("`sim/measured/colocation.json`"),
+            "{}",
+            c.source
+        );
+        assert!(!c.source.contains("/home/someone"), "{}", c.source);
     }
 
     #[test]
