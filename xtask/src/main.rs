@@ -4,6 +4,8 @@
 //! - `demo`: the main job on the compose testbed (see [`demo`]).
 //! - `test`: what CI runs (`.ci/run`): installs the test tools, builds images, runs every test.
 //! - `measure`: the real workload on Docker, as data for the simulator (see [`measure`]).
+//! - `experiment`: a trace run live on the testbed and in the simulator, compared job by job
+//!   (see [`experiment`]).
 //!
 //! Start at [`Cmd`]; each variant's handler is a function below it.
 
