@@ -10,7 +10,7 @@
 //! [`converge_policy::limits::work_conserving`], and this model enforces what the agent
 //! enforces.) This is a model, not the kernel: what sharing a core costs beyond the split
 //! (caches, throttling, oversubscribed thread pools) is not modelled here but measured, and the
-//! engine applies it per job ([`crate::measured::factor`]).
+//! engine applies it per job ([`crate::measured::Sharing::factor`]).
 
 /// Equal-weight water-filling of `capacity` over containers capped at `caps`.
 pub fn water_fill(capacity: f64, caps: &[f64]) -> Vec<f64> {

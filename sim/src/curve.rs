@@ -101,6 +101,19 @@ pub struct TableCurve {
     pub direction: Direction,
 }
 
+impl TableCurve {
+    /// A curve through measured points sorted by fraction; its direction is the one the
+    /// points go (a metric that ends no higher than it starts is minimised).
+    pub fn measured(points: Vec<(f64, f64)>) -> Self {
+        let direction = if points.last().map(|p| p.1) <= points.first().map(|p| p.1) {
+            Direction::Minimize
+        } else {
+            Direction::Maximize
+        };
+        TableCurve { points, direction }
+    }
+}
+
 impl Curve for TableCurve {
     fn value(&self, fraction: f64) -> f64 {
         let p = &self.points;
@@ -138,14 +151,11 @@ pub struct Model {
 }
 
 /// The measured cost of sharing a worker, for jobs that carry no measurement of their own
-/// (the papers' models): aggregate throughput of n co-located jobs over one alone, index
-/// n − 1 ([`crate::measured::factor`]). Empty tables: no cost (a work-conserving CPU).
+/// (the papers' models). Default: no cost (a work-conserving CPU).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Contention {
-    /// Under free competition.
-    pub free: Vec<f64>,
-    /// Under hard quotas that split the worker.
-    pub split: Vec<f64>,
+    /// The factors.
+    pub sharing: crate::measured::Sharing,
     /// Where the factors come from, for reports.
     pub source: String,
 }
@@ -266,12 +276,7 @@ impl Catalog {
                     "model {name:?} has fewer than two numeric points"
                 )));
             }
-            let direction = if points.last().map(|p| p.1) <= points.first().map(|p| p.1) {
-                Direction::Minimize
-            } else {
-                Direction::Maximize
-            };
-            let curve = Box::new(TableCurve { points, direction });
+            let curve = Box::new(TableCurve::measured(points));
             match self.models.iter_mut().find(|m| m.name == name) {
                 Some(m) => m.curve = curve,
                 None => self.models.push(Model {

@@ -273,7 +273,7 @@ struct SimJob {
     /// Cores it gets now.
     alloc: f64,
     /// Reference core-seconds of work it does per second now: its cores, times its worker's
-    /// speed, times the measured cost of sharing the worker ([`crate::measured::factor`]).
+    /// speed, times the measured cost of sharing the worker ([`crate::measured::Sharing::factor`]).
     rate: f64,
     /// Its container's hard CPU quota, cores.
     quota: f64,
@@ -1339,15 +1339,11 @@ impl<'a> Simulation<'a> {
             job.alloc = a;
             // The measured cost of sharing: under free competition, or under a hard quota
             // that holds it below the worker (FlowCon's limits).
-            let (free, split) = match &job.spec.runtime {
-                Some(r) => (&r.free, &r.split),
-                None => {
-                    let c = self.catalog.contention();
-                    (&c.free, &c.split)
-                }
+            let costs = match &job.spec.runtime {
+                Some(r) => &r.sharing,
+                None => &self.catalog.contention().sharing,
             };
-            let table = if job.quota < cpus - 1e-9 { split } else { free };
-            let shared = crate::measured::factor(table, sharing);
+            let shared = costs.factor(job.quota < cpus - 1e-9, sharing);
             let rate = a * worker.calibration * shared;
             job.rate = rate;
             if rate > 0.0 {

@@ -7,6 +7,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+use converge_core::cluster::policy::POLICIES;
 use converge_policy::value::{PreemptAction, PreemptionConfig, ValueCurve, VictimCriterion};
 
 use crate::curve::Catalog;
@@ -160,7 +161,7 @@ pub enum PolicySpec {
     /// the agents run it with: exactly what a trace runs live ([`crate::trace`]).
     Named {
         /// The manager's policy.
-        policy: NamedPolicy,
+        policy: PolicyName,
         /// The agents' FlowCon interval (itval), seconds; α adapts (Alg. 3), as the agent's
         /// default is.
         flowcon_interval: f64,
@@ -171,72 +172,43 @@ pub enum PolicySpec {
     },
 }
 
-/// The manager's policies a trace may name (`converge_core::cluster::policy::POLICIES`
-/// without the value policies, whose jobs need value curves).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum NamedPolicy {
-    /// Docker Swarm's spread.
-    Spread,
-    /// Kubernetes' least-allocated.
-    LeastAllocated,
-    /// Round-robin placement.
-    RoundRobin,
-    /// FlowCon.
-    Flowcon,
-    /// SpeCon.
-    Specon,
-    /// FlowCon on workers and SpeCon across them.
-    FlowconSpecon,
-    /// Converge: shortest predicted remaining work first.
-    Converge,
-    /// Least attained service (Tiresias).
-    Las,
-}
+/// One of the manager's policy names (`converge_core::cluster::policy::POLICIES`, the list
+/// `--policy` accepts): an experiment or a trace can name any policy the manager runs, and a
+/// policy added to the manager needs nothing here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PolicyName(&'static str);
 
-impl NamedPolicy {
-    /// Every named policy.
-    pub const ALL: [NamedPolicy; 8] = [
-        NamedPolicy::Spread,
-        NamedPolicy::LeastAllocated,
-        NamedPolicy::RoundRobin,
-        NamedPolicy::Flowcon,
-        NamedPolicy::Specon,
-        NamedPolicy::FlowconSpecon,
-        NamedPolicy::Converge,
-        NamedPolicy::Las,
-    ];
-
-    /// The manager's name for it.
-    pub fn name(self) -> &'static str {
-        match self {
-            NamedPolicy::Spread => "spread",
-            NamedPolicy::LeastAllocated => "least-allocated",
-            NamedPolicy::RoundRobin => "round-robin",
-            NamedPolicy::Flowcon => "flowcon",
-            NamedPolicy::Specon => "specon",
-            NamedPolicy::FlowconSpecon => "flowcon-specon",
-            NamedPolicy::Converge => "converge",
-            NamedPolicy::Las => "las",
-        }
-    }
-
-    /// The policy the manager calls `name`.
-    pub fn by_name(name: &str) -> Result<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|p| p.name() == name)
+impl PolicyName {
+    /// The manager's policy called `name`; the error lists the names it knows.
+    pub fn new(name: &str) -> Result<Self> {
+        POLICIES
+            .iter()
+            .find(|p| **p == name)
+            .map(|p| PolicyName(p))
             .ok_or_else(|| {
                 Error::Invalid(format!(
-                    "unknown policy `{name}`; a trace may name: {}",
-                    Self::ALL.map(NamedPolicy::name).join(", ")
+                    "unknown policy `{name}`; the manager's policies: {}",
+                    POLICIES.join(", ")
                 ))
             })
     }
 
-    /// Whether its workers run FlowCon's limits.
-    pub fn runs_flowcon(self) -> bool {
-        matches!(self, NamedPolicy::Flowcon | NamedPolicy::FlowconSpecon)
+    /// The manager's name for it.
+    pub fn as_str(self) -> &'static str {
+        self.0
+    }
+}
+
+impl Serialize for PolicyName {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for PolicyName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        PolicyName::new(&name).map_err(serde::de::Error::custom)
     }
 }
 
@@ -295,7 +267,7 @@ impl PolicySpec {
                 population,
                 generations,
             } => format!("GA ({population} × {generations} generations)"),
-            PolicySpec::Named { policy, .. } => policy.name().to_string(),
+            PolicySpec::Named { policy, .. } => policy.as_str().to_string(),
         }
     }
 
@@ -424,10 +396,8 @@ pub struct Runtime {
     pub steps: u64,
     /// CPU cores it reserves (`JobSpec.cpus`).
     pub request_cpus: f64,
-    /// Throughput factors of n co-located jobs under free competition (index n − 1).
-    pub free: Vec<f64>,
-    /// The same under hard quotas that split the worker.
-    pub split: Vec<f64>,
+    /// What sharing a worker costs it.
+    pub sharing: crate::measured::Sharing,
     /// Seconds from its container's start to its first progress line.
     pub start_s: f64,
     /// Seconds to save its checkpoint and exit.

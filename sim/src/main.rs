@@ -49,7 +49,7 @@ struct Cli {
     command: Command,
 }
 
-#[derive(Debug, Clone, Subcommand)]
+#[derive(Debug, Subcommand)]
 enum Command {
     /// Run one experiment: policy vs baseline vs oracle, printed beside the paper's numbers.
     Run {
@@ -109,7 +109,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match execute(&cli) {
+    match execute(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("converge-sim: {e:#}");
@@ -118,10 +118,16 @@ fn main() -> ExitCode {
     }
 }
 
-fn execute(cli: &Cli) -> anyhow::Result<()> {
+fn execute(cli: Cli) -> anyhow::Result<()> {
+    let Cli {
+        curves,
+        measured,
+        no_contention,
+        command,
+    } = cli;
     let catalogs = || -> anyhow::Result<Catalog> {
         let mut catalog = Catalog::builtin();
-        if let Some(path) = &cli.curves {
+        if let Some(path) = &curves {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading curve table {}", path.display()))?;
             catalog.load_curve_table(&text, 300.0)?;
@@ -132,21 +138,20 @@ fn execute(cli: &Cli) -> anyhow::Result<()> {
     // cost of sharing. The FlowCon and SpeCon experiments pay the measured one.
     let plain = catalogs()?;
     let mut catalog = catalogs()?;
-    if !cli.no_contention {
-        let measured = Measured::load(&cli.measured)?;
-        match measured.contention() {
+    if !no_contention {
+        match Measured::load(&measured)?.contention() {
             Some(c) => {
                 eprintln!("cost of sharing a worker: {}", c.source);
                 catalog.set_contention(c);
             }
             None => eprintln!(
                 "{}: no co-location measurements; a work-conserving CPU with no cost of sharing",
-                cli.measured.display()
+                measured.display()
             ),
         }
     }
     let catalog = catalog;
-    match cli.command.clone() {
+    match command {
         Command::Run { file, json } => {
             let e = Experiment::load(&file)?;
             let c = report::compare(&e, &catalog, false)?;
@@ -293,7 +298,7 @@ fn results(catalog: &Catalog, plain: &Catalog, dir: &Path, out: &Path) -> anyhow
         .with_context(|| format!("creating {}", plots_dir.display()))?;
     let mut doc = String::from(RESULTS_HEADER);
     let c = catalog.contention();
-    doc.push_str(&if c.free.is_empty() {
+    doc.push_str(&if c.sharing.free.is_empty() {
         "**Cost of sharing a worker:** none (a work-conserving CPU; `--no-contention` or no \
          co-location measurements).\n\n"
             .to_string()
@@ -312,8 +317,8 @@ fn results(catalog: &Catalog, plain: &Catalog, dir: &Path, out: &Path) -> anyhow
              co-location table, `--threads 0`); that is not charged here, since the papers do \
              not say how their frameworks' pools were sized.\n\n",
             c.source,
-            f(&c.free),
-            f(&c.split)
+            f(&c.sharing.free),
+            f(&c.sharing.split)
         )
     });
     for e in report::load_all(dir)? {

@@ -332,11 +332,8 @@ pub struct JobCost {
     /// The most cores it can use: its step rate with the whole machine over its rate with one
     /// core (`--threads 1` measures ~1).
     pub max_cores: f64,
-    /// Aggregate throughput of `n` such jobs sharing a worker, over one alone, for n = 1, 2,
-    /// ... (index n − 1) under free competition; empty where not measured (then 1).
-    pub free: Vec<f64>,
-    /// The same under hard per-container quotas that split the worker (FlowCon's limits).
-    pub split: Vec<f64>,
+    /// What sharing a worker costs such jobs.
+    pub sharing: Sharing,
     /// `docker run` → first progress line, seconds.
     pub start_s: f64,
     /// `docker stop` → exited with its checkpoint written, seconds.
@@ -516,8 +513,10 @@ impl Measured {
         Ok(JobCost {
             s_per_step: one.s_per_step,
             max_cores,
-            free: factors("free"),
-            split: factors("split"),
+            sharing: Sharing {
+                free: factors("free"),
+                split: factors("split"),
+            },
             start_s,
             save_s,
             restore_s,
@@ -581,8 +580,10 @@ impl Measured {
             return None;
         }
         Some(crate::curve::Contention {
-            free,
-            split: table("split"),
+            sharing: Sharing {
+                free,
+                split: table("split"),
+            },
             source: format!(
                 "co-location of `--threads 1` jobs, median over models, `{}/colocation.json`, {}",
                 self.shown_dir(),
@@ -608,13 +609,28 @@ pub fn median(values: impl IntoIterator<Item = f64>) -> Option<f64> {
     })
 }
 
-/// The co-location factor for `n` jobs from a factor table (index n − 1): 1 alone or where
-/// nothing was measured, the last measured factor beyond the table.
-pub fn factor(table: &[f64], n: usize) -> f64 {
-    if n <= 1 || table.is_empty() {
-        return 1.0;
+/// What sharing a worker costs a job: the aggregate throughput of n co-located jobs over one
+/// alone, for n = 1, 2, ... (index n − 1). Empty tables: no cost (a work-conserving CPU).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sharing {
+    /// Under free competition.
+    pub free: Vec<f64>,
+    /// Under hard per-container quotas that split the worker (FlowCon's limits).
+    pub split: Vec<f64>,
+}
+
+impl Sharing {
+    /// The factor for a job sharing its worker with `n − 1` others, held below the worker by
+    /// its quota (`limited`) or not: 1 alone or where nothing was measured, the last measured
+    /// factor beyond the table.
+    pub fn factor(&self, limited: bool, n: usize) -> f64 {
+        let table = if limited { &self.split } else { &self.free };
+        if n <= 1 || table.is_empty() {
+            return 1.0;
+        }
+        table[(n - 1).min(table.len() - 1)]
     }
-    table[(n - 1).min(table.len() - 1)]
 }
 
 #[cfg(test)]
@@ -763,8 +779,8 @@ pub(crate) mod tests {
         assert_eq!(c.s_per_step, 0.008);
         assert!((c.max_cores - 0.008 / 0.0078).abs() < 1e-12);
         // Free factors stop at the first gap (3 jobs were not measured): 4 is not taken as 3.
-        assert_eq!(c.free, vec![1.0, 0.9]);
-        assert_eq!(c.split, vec![1.0, 0.95, 0.93]);
+        assert_eq!(c.sharing.free, vec![1.0, 0.9]);
+        assert_eq!(c.sharing.split, vec![1.0, 0.95, 0.93]);
         // Save/restore of another size of the model, start of the only model measured.
         assert_eq!((c.save_s, c.restore_s, c.start_s), (0.3, 0.6, 0.5));
         // The curve by step: fraction × the calibrate run's steps.
@@ -784,7 +800,7 @@ pub(crate) mod tests {
             f.runs[0].size = 8;
             f.runs[0].rows[0].model = "mlp".into();
         }
-        assert_eq!(m.cost("mlp", 8, 1).unwrap().free, vec![1.0, 0.9]);
+        assert_eq!(m.cost("mlp", 8, 1).unwrap().sharing.free, vec![1.0, 0.9]);
     }
 
     #[test]
@@ -806,11 +822,11 @@ pub(crate) mod tests {
         m.dir = "/home/someone/converge/sim/measured".into();
         let c = m.contention().unwrap();
         assert_eq!(
-            c.free,
+            c.sharing.free,
             vec![1.0, 0.9],
             "stops at the first unmeasured count"
         );
-        assert_eq!(c.split, vec![1.0, 0.95, 0.93]);
+        assert_eq!(c.sharing.split, vec![1.0, 0.95, 0.93]);
         assert!(
             c.source.contains("`sim/measured/colocation.json`"),
             "{}",
@@ -821,10 +837,15 @@ pub(crate) mod tests {
 
     #[test]
     fn factors_hold_beyond_the_table_and_are_one_alone() {
-        assert_eq!(factor(&[1.0, 0.9, 0.8], 1), 1.0);
-        assert_eq!(factor(&[1.0, 0.9, 0.8], 2), 0.9);
-        assert_eq!(factor(&[1.0, 0.9, 0.8], 7), 0.8);
-        assert_eq!(factor(&[], 3), 1.0);
+        let s = Sharing {
+            free: vec![1.0, 0.9, 0.8],
+            split: vec![1.0, 0.95],
+        };
+        assert_eq!(s.factor(false, 1), 1.0);
+        assert_eq!(s.factor(false, 2), 0.9);
+        assert_eq!(s.factor(false, 7), 0.8);
+        assert_eq!(s.factor(true, 2), 0.95);
+        assert_eq!(Sharing::default().factor(true, 3), 1.0);
     }
 
     #[test]

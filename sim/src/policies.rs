@@ -71,7 +71,7 @@ pub fn cluster_policy(
             rebalance_interval,
             ..
         } => converge_core::cluster::policy::by_name(
-            policy.name(),
+            policy.as_str(),
             &PolicyConfig {
                 rebalance_interval,
                 value: None,
@@ -147,7 +147,11 @@ pub fn node_config(policy: PolicySpec, worker: &str, cpus: f64) -> Result<NodeCo
 pub fn flowcon_config(policy: PolicySpec) -> Option<FlowConConfig> {
     match policy {
         PolicySpec::Flowcon { .. } => node_config(policy, "", 1.0).ok().map(|c| c.flowcon),
-        PolicySpec::Named { policy: p, .. } if p.runs_flowcon() => {
+        // Whatever the manager's policy asks its workers to run.
+        PolicySpec::Named { .. }
+            if cluster_policy(policy, policy, None)
+                .is_ok_and(|p| p.worker_mode() == WorkerMode::FlowCon) =>
+        {
             node_config(policy, "", 1.0).ok().map(|c| c.flowcon)
         }
         _ => None,

@@ -18,7 +18,7 @@ use crate::curve::{Catalog, Model, TableCurve};
 use crate::engine::{Run, Simulation};
 use crate::error::{Error, Result};
 use crate::experiment::{
-    Experiment, JobSpec, NamedPolicy, PaperNumbers, PolicySpec, Runtime, SystemModel, WorkerGroup,
+    Experiment, JobSpec, PaperNumbers, PolicyName, PolicySpec, Runtime, SystemModel, WorkerGroup,
     Workload,
 };
 use crate::measured::Measured;
@@ -158,7 +158,7 @@ impl TraceFile {
             return bad("`policies` must name at least one policy (baseline first)".into());
         }
         for p in &self.policies {
-            NamedPolicy::by_name(p)?;
+            PolicyName::new(p)?;
         }
         if self.jobs.is_empty() {
             return bad("`jobs` is empty".into());
@@ -216,7 +216,7 @@ impl TraceFile {
     pub fn policy(&self, name: &str) -> Result<PolicySpec> {
         let s = &self.settings;
         Ok(PolicySpec::Named {
-            policy: NamedPolicy::by_name(name)?,
+            policy: PolicyName::new(name)?,
             flowcon_interval: s.flowcon_interval_s,
             specon_interval: s.specon_interval_s,
             rebalance_interval: s.rebalance_interval_s,
@@ -240,17 +240,12 @@ impl TraceFile {
                 .iter()
                 .map(|&(step, loss)| (step / steps, loss))
                 .collect();
-            let direction = if points.last().map(|p| p.1) <= points.first().map(|p| p.1) {
-                converge_policy::growth::Direction::Minimize
-            } else {
-                converge_policy::growth::Direction::Maximize
-            };
             let work = steps * cost.s_per_step;
             catalog.insert(Model {
                 name: j.name.clone(),
                 work,
                 max_cores: cost.max_cores,
-                curve: Box::new(TableCurve { points, direction }),
+                curve: Box::new(TableCurve::measured(points)),
             });
             jobs.push(JobSpec {
                 id: format!("job-{}", i + 1),
@@ -263,8 +258,7 @@ impl TraceFile {
                 runtime: Some(Runtime {
                     steps: j.steps,
                     request_cpus: j.cpus,
-                    free: cost.free,
-                    split: cost.split,
+                    sharing: cost.sharing,
                     start_s: cost.start_s,
                     save_s: cost.save_s,
                     restore_s: cost.restore_s,

@@ -426,6 +426,13 @@ struct Report {
     provenance: String,
 }
 
+/// (max − min) / `center` of repeated runs' values; `None` for fewer than two runs.
+fn spread_around(values: &[f64], center: f64) -> Option<f64> {
+    let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (values.len() > 1).then(|| (hi - lo) / center)
+}
+
 fn mean(v: &[f64]) -> Option<f64> {
     (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
 }
@@ -459,11 +466,7 @@ impl Report {
                             .collect();
                         let done: Vec<f64> = lv.iter().flatten().copied().collect();
                         let med = median(done.clone());
-                        let spread = med.filter(|_| done.len() > 1).map(|m| {
-                            (done.iter().copied().fold(f64::MIN, f64::max)
-                                - done.iter().copied().fold(f64::MAX, f64::min))
-                                / m
-                        });
+                        let spread = med.and_then(|m| spread_around(&done, m));
                         let s = sim.jct.get(&j.name).copied();
                         JobRow {
                             job: j.name.clone(),
@@ -514,11 +517,7 @@ impl Report {
                     policy: policy.clone(),
                     runs: runs.len(),
                     live_avg_jct: live_avg,
-                    live_avg_spread: live_avg.filter(|_| avgs.len() > 1).map(|m| {
-                        (avgs.iter().copied().fold(f64::MIN, f64::max)
-                            - avgs.iter().copied().fold(f64::MAX, f64::min))
-                            / m
-                    }),
+                    live_avg_spread: live_avg.and_then(|m| spread_around(&avgs, m)),
                     sim_avg_jct: mean(&sim_values),
                     live_makespan: mean(&spans),
                     sim_makespan: (sim_span > 0.0).then_some(sim_span),
