@@ -227,8 +227,23 @@ fn threads_1_leaves_one_compute_thread() {
         .map(|t| std::fs::read_to_string(t.unwrap().path().join("comm")).unwrap())
         .map(|c| c.trim().to_string())
         .collect::<Vec<_>>();
+    let environ = std::fs::read(format!("/proc/{}/environ", child.id())).unwrap();
     let _ = child.kill();
     let _ = child.wait();
+    // The same re-exec keeps glibc from handing each step's tensors back to the kernel (a
+    // step of this model cost ~40% more with glibc's defaults).
+    let tunables = environ
+        .split(|b| *b == 0)
+        .map(String::from_utf8_lossy)
+        .find_map(|kv| kv.strip_prefix("GLIBC_TUNABLES=").map(str::to_string));
+    // (glibc rewrites the variable after reading it and may drop entries it has applied, so
+    // only the first is checked.)
+    assert!(
+        tunables
+            .as_deref()
+            .is_some_and(|t| t.starts_with("glibc.malloc.mmap_threshold=33554432")),
+        "GLIBC_TUNABLES of the running trainer: {tunables:?}"
+    );
     // The main thread only waits on the pool; `trainer-0` does all the numeric work.
     let mut compute: Vec<&String> = tasks.iter().filter(|t| *t != "converge-traine").collect();
     compute.sort();
