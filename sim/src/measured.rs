@@ -320,6 +320,24 @@ pub struct Measured {
     pub start: Option<StartFile>,
     /// `curves.json`.
     pub curves: Option<CurvesFile>,
+    /// Step-time factors by (model, size) from probes taken beside live runs
+    /// ([`Measured::at_speed_of`]); empty when the table's step times stand as measured.
+    pub speed: BTreeMap<(String, u32), f64>,
+}
+
+/// One model's step time alone at `--cpus 1 --threads 1`, taken beside a live run
+/// (`cargo xtask experiment` probes every model of its trace before each run, the way the
+/// step-time table measures a cell). This machine's speed drifts between sessions and within
+/// one by more than the simulator's error goal (sim/README.md, "Speed drift"), so a step time
+/// measured hours before the runs is not the one they had.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Probe {
+    /// `--model`.
+    pub model: String,
+    /// `--size`.
+    pub size: u32,
+    /// Training seconds per step over the probe's window.
+    pub s_per_step: f64,
 }
 
 /// What one job (model, size, threads) costs on the measured machine, in the simulator's
@@ -365,7 +383,40 @@ impl Measured {
             checkpoint: read(dir, "checkpoint.json")?,
             start: read(dir, "start.json")?,
             curves: read(dir, "curves.json")?,
+            speed: BTreeMap::new(),
         })
+    }
+
+    /// The same measurements at the speed the probes saw: each probed (model, size) has every
+    /// step time scaled by the median of its probes over the table's one-core, one-thread step
+    /// time. What was measured relative to that point (more cores, more threads, co-location)
+    /// keeps its ratio; save, restore and start times are left as measured. A probe of a model
+    /// the table lacks is an error naming it.
+    pub fn at_speed_of(mut self, probes: &[Probe]) -> Result<Self> {
+        let mut by_pair: BTreeMap<(String, u32), Vec<f64>> = BTreeMap::new();
+        for p in probes {
+            by_pair
+                .entry((p.model.clone(), p.size))
+                .or_default()
+                .push(p.s_per_step);
+        }
+        self.speed.clear();
+        for ((model, size), seen) in by_pair {
+            let table = self
+                .step_time
+                .as_ref()
+                .and_then(|f| {
+                    f.points.iter().find(|p| {
+                        p.model == model && p.size == size && p.threads == 1 && p.cpus == 1.0
+                    })
+                })
+                .and_then(|p| p.rate.as_ref())
+                .ok_or_else(|| self.missing("step time at --cpus 1 --threads 1", &model, size))?
+                .s_per_step;
+            let probed = median(seen).unwrap_or(table);
+            self.speed.insert((model, size), probed / table);
+        }
+        Ok(self)
     }
 
     /// Whether any file is a `--quick` smoke run (its numbers are not data).
@@ -510,8 +561,13 @@ impl Measured {
                 Some((save, restore))
             })
             .ok_or_else(|| self.missing("save/restore time (checkpoint.json)", model, size))?;
+        let speed = self
+            .speed
+            .get(&(model.to_string(), size))
+            .copied()
+            .unwrap_or(1.0);
         Ok(JobCost {
-            s_per_step: one.s_per_step,
+            s_per_step: one.s_per_step * speed,
             max_cores,
             sharing: Sharing {
                 free: factors("free"),
@@ -768,7 +824,37 @@ pub(crate) mod tests {
                     error: None,
                 }],
             }),
+            speed: BTreeMap::new(),
         }
+    }
+
+    #[test]
+    fn probes_beside_live_runs_set_the_step_time_and_keep_the_measured_ratios() {
+        let probe = |s| Probe {
+            model: "mlp".into(),
+            size: 12,
+            s_per_step: s,
+        };
+        // The median of three probes (6 ms) over the table's 8 ms: every step time of the
+        // model, any thread count, runs at 3/4 of the table's.
+        let m = measured()
+            .at_speed_of(&[probe(0.007), probe(0.006), probe(0.005)])
+            .unwrap();
+        let c = m.cost("mlp", 12, 1).unwrap();
+        assert!((c.s_per_step - 0.006).abs() < 1e-12);
+        assert!((c.max_cores - 0.008 / 0.0078).abs() < 1e-12);
+        assert!((m.cost("mlp", 12, 0).unwrap().s_per_step - 0.009 * 0.75).abs() < 1e-12);
+        assert_eq!(c.sharing, measured().cost("mlp", 12, 1).unwrap().sharing);
+        // A probe of something the table never measured is refused, naming it.
+        let e = measured()
+            .at_speed_of(&[Probe {
+                model: "gru".into(),
+                size: 2,
+                s_per_step: 0.01,
+            }])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("gru size 2"), "{e}");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use converge_messenger::pb;
-use converge_sim::measured::{Measured, median};
+use converge_sim::measured::{Measured, Probe, median};
 use converge_sim::trace::TraceFile;
 use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -83,6 +83,14 @@ pub struct LiveRun {
     pub per_worker: Vec<(f64, String, usize)>,
     /// Migrations, from the manager's event log.
     pub migrations: Vec<Migration>,
+    /// (t, job name, step, the manager's predicted seconds to finish) every second while the
+    /// job runs: its progress and its ETA against the finish it had.
+    #[serde(default)]
+    pub progress: Vec<(f64, String, u64, Option<f64>)>,
+    /// The speed probe taken just before the run (each model alone, one core): what the
+    /// simulator's step times are scaled to ([`Measured::at_speed_of`]).
+    #[serde(default)]
+    pub probe: Vec<Probe>,
 }
 
 /// One job of a live run.
@@ -154,7 +162,12 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
         run_live(root, &trace, &runs_dir, args)?;
     }
     let live = load_runs(&runs_dir, &trace)?;
-    let measured = Measured::load(&root.join("sim/measured"))?;
+    let probes: Vec<Probe> = live
+        .values()
+        .flatten()
+        .flat_map(|r| r.probe.iter().cloned())
+        .collect();
+    let measured = Measured::load(&root.join("sim/measured"))?.at_speed_of(&probes)?;
     let mut sims = BTreeMap::new();
     for policy in &trace.policies {
         let run = trace
@@ -220,6 +233,17 @@ fn run_live(root: &Path, trace: &TraceFile, runs_dir: &Path, args: &Args) -> Res
     services.extend(["agent-1", "agent-2"].iter().take(trace.workers).copied());
     let env = trace.testbed_env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let table = Measured::load(&root.join("sim/measured"))?
+        .step_time
+        .map(|f| f.header.settings)
+        .context("sim/measured/step_time.json is missing: run `cargo xtask measure` first")?;
+    let mut pairs: Vec<(String, u32)> = trace
+        .jobs
+        .iter()
+        .map(|j| (j.model.clone(), j.size))
+        .collect();
+    pairs.sort();
+    pairs.dedup();
     for k in 1..=args.runs {
         // Policies interleaved run by run, so a slow drift of the machine falls on all alike.
         for policy in &trace.policies {
@@ -229,13 +253,16 @@ fn run_live(root: &Path, trace: &TraceFile, runs_dir: &Path, args: &Args) -> Res
                 continue;
             }
             println!("{}: {policy}, run {k} of {}", trace.name, args.runs);
+            // On a quiet machine, before the testbed starts.
+            let probe = crate::measure::probe(&pairs, &table)?;
             let testbed = Testbed::up_with(root, policy, args.port, &services, &env)?;
             let result = rt.block_on(drive(trace, policy, k, args.port));
             if result.is_err() {
                 testbed.print_logs();
             }
             drop(testbed);
-            let run = result?;
+            let mut run = result?;
+            run.probe = probe;
             std::fs::write(&path, serde_json::to_string_pretty(&run)? + "\n")?;
         }
     }
@@ -302,6 +329,8 @@ async fn drive(trace: &TraceFile, policy: &str, k: usize, port: u16) -> Result<L
             let Some(name) = ids.get(&j.id) else { continue };
             if j.state == pb::JobState::Running as i32 {
                 run.cpu.push((now, name.clone(), j.cpu_usage));
+                let eta = j.eta.as_ref().map(|e| e.remaining_s).filter(|r| *r > 0.0);
+                run.progress.push((now, name.clone(), j.step, eta));
                 *per_worker.entry(j.worker_id.clone()).or_default() += 1;
             }
         }
@@ -667,11 +696,24 @@ fn provenance(m: &Measured) -> String {
         .map_or("not measured".to_string(), |f| {
             format!("`sim/measured/`, measured {}", f.header.date)
         });
-    if m.quick() {
+    let date = if m.quick() {
         format!("{date} — a `--quick` smoke run, not data")
     } else {
         date
+    };
+    if m.speed.is_empty() {
+        return format!("{date}; no speed probe beside these runs: step times as measured");
     }
+    let factors: Vec<String> = m
+        .speed
+        .iter()
+        .map(|((model, size), f)| format!("{model} {size} ×{f:.2}"))
+        .collect();
+    format!(
+        "{date}; step times scaled to the median of the speed probes taken before each live \
+         run (probe / table: {})",
+        factors.join(", ")
+    )
 }
 
 // ---------------------------------------------------------------------------------------------

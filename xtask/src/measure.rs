@@ -130,7 +130,7 @@ pub struct Args {
 use converge_sim::measured::median;
 pub use converge_sim::measured::{
     CheckpointFile, CheckpointSample, CheckpointSummary, ColocationFile, ColocationPoint, CurveRow,
-    CurveRun, CurvesFile, Header, Machine, Rate, Settings, StartFile, StartSample, StartSummary,
+    CurveRun, CurvesFile, Header, Machine, Probe, Rate, Settings, StartFile, StartSample, StartSummary,
     StepPoint, StepTimeFile,
 };
 
@@ -1121,6 +1121,38 @@ fn step_time(ctx: &Ctx) -> Result<StepTimeFile> {
     }
     header.machine.loadavg_end = loadavg();
     Ok(StepTimeFile { header, points })
+}
+
+/// A live experiment's speed probe: each (model, size) alone at `--cpus 1 --threads 1`,
+/// measured as a cell of the step-time table is (same container, same warm-up, window and
+/// `--report-every` as the table's header records). `cargo xtask experiment` takes one before
+/// every live run, on a quiet machine, because this machine's speed drifts between sessions
+/// and within one by more than the simulator's error goal.
+pub fn probe(pairs: &[(String, u32)], table: &Settings) -> Result<Vec<Probe>> {
+    watch_ctrl_c();
+    let session = Session::new(table.report_every)?;
+    let parent = session.cgroups.parent("");
+    let mut out = Vec::new();
+    for (model, size) in pairs {
+        let c = session.run(&Spec {
+            model,
+            size: *size,
+            threads: 1,
+            cpus: Some(1.0),
+            parent: &parent,
+            checkpoint: None,
+        })?;
+        let r = measure_window(&[&c], table.warmup_s, table.window_s)
+            .with_context(|| format!("probing {model} --size {size}"))?
+            .remove(0);
+        eprintln!("  probe {model} --size {size}: {:.3} ms/step", r.s_per_step * 1e3);
+        out.push(Probe {
+            model: model.clone(),
+            size: *size,
+            s_per_step: r.s_per_step,
+        });
+    }
+    Ok(out)
 }
 
 fn split<T>(r: std::result::Result<T, String>) -> (Option<T>, Option<String>) {
