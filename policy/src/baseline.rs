@@ -54,15 +54,19 @@ impl Placer for Spread {
 pub struct LeastAllocated;
 
 impl LeastAllocated {
-    /// The score of `w` for `job` (0..=100), assuming it fits.
+    /// The score of `w` for `job` (0..=100), assuming it fits. Requests are counted as
+    /// kube-scheduler counts them when scoring: a job that requests nothing counts the default
+    /// request ([`JobRequest::nonzero`]), so that jobs without reservations still spread
+    /// instead of all scoring alike and landing on the first worker.
     pub fn score(job: &JobRequest, w: &WorkerSnapshot) -> f64 {
+        let (cpus, memory) = job.nonzero();
         let cpu = if w.cpu_capacity > 0.0 {
-            (w.cpu_capacity - w.cpu_requested - job.cpus) / w.cpu_capacity
+            (w.cpu_capacity - w.cpu_requested_nonzero - cpus) / w.cpu_capacity
         } else {
             0.0
         };
         let mem = if w.memory_capacity > 0 {
-            (w.memory_capacity as f64 - w.memory_requested as f64 - job.memory_bytes as f64)
+            (w.memory_capacity as f64 - w.memory_requested_nonzero as f64 - memory as f64)
                 / w.memory_capacity as f64
         } else {
             0.0
@@ -146,6 +150,7 @@ impl FreeCompetition {
 mod tests {
     use super::*;
     use crate::cluster::test_support::worker;
+    use crate::cluster::{DEFAULT_CPU_REQUEST, DEFAULT_MEMORY_REQUEST};
 
     fn job(cpus: f64) -> JobRequest {
         JobRequest {
@@ -254,8 +259,8 @@ mod tests {
     #[test]
     fn least_allocated_prefers_emptiest() {
         let mut ws = vec![worker("w0", 4.0), worker("w1", 4.0)];
-        ws[0].cpu_requested = 2.0;
-        ws[1].cpu_requested = 1.0;
+        ws[0].cpu_requested_nonzero = 2.0;
+        ws[1].cpu_requested_nonzero = 1.0;
         let p = LeastAllocated.place(&job(1.0), &ws);
         assert_eq!(p.index(), Some(1));
         if let Placement::Worker { scores, .. } = p {
@@ -263,6 +268,31 @@ mod tests {
             assert!((scores[1] - 68.75).abs() < 1e-9);
             assert!((scores[0] - 56.25).abs() < 1e-9);
         }
+    }
+
+    #[test]
+    fn least_allocated_counts_a_job_without_requests_as_kube_scheduler_does() {
+        // Two workers, one already holding a job that reserved nothing: a second such job goes
+        // to the other worker (the first's non-zero request is 0.1 core and 200 MiB), rather
+        // than scoring both alike and taking the lowest index.
+        let mut ws = vec![worker("w0", 4.0), worker("w1", 4.0)];
+        let none = JobRequest {
+            cpus: 0.0,
+            memory_bytes: 0,
+        };
+        assert_eq!(none.nonzero(), (DEFAULT_CPU_REQUEST, DEFAULT_MEMORY_REQUEST));
+        ws[0].cpu_requested_nonzero = none.nonzero().0;
+        ws[0].memory_requested_nonzero = none.nonzero().1;
+        ws[0].running = 1;
+        assert_eq!(LeastAllocated.place(&none, &ws).index(), Some(1));
+        // Fitting still uses the real requests: the emptier worker by score, full by
+        // reservation, refuses a job that asks for a core.
+        ws[1].cpu_requested = 4.0;
+        let one = JobRequest {
+            cpus: 1.0,
+            memory_bytes: 0,
+        };
+        assert_eq!(LeastAllocated.place(&one, &ws).index(), Some(0));
     }
 
     #[test]

@@ -14,6 +14,32 @@ pub struct JobRequest {
     pub memory_bytes: u64,
 }
 
+/// What scoring counts for a job that requests no CPU: 0.1 core (kube-scheduler's
+/// `DefaultMilliCPURequest`, pkg/scheduler/util/pod_resources.go: "such pods will not see
+/// zero-request pods as consuming no resources whatsoever").
+pub const DEFAULT_CPU_REQUEST: f64 = 0.1;
+/// What scoring counts for a job that requests no memory: 200 MiB (`DefaultMemoryRequest`).
+pub const DEFAULT_MEMORY_REQUEST: u64 = 200 * 1024 * 1024;
+
+impl JobRequest {
+    /// The request as scoring sees it: each resource the job leaves at zero counts as the
+    /// default request. Fitting still uses the real request.
+    pub fn nonzero(&self) -> (f64, u64) {
+        (
+            if self.cpus > 0.0 {
+                self.cpus
+            } else {
+                DEFAULT_CPU_REQUEST
+            },
+            if self.memory_bytes > 0 {
+                self.memory_bytes
+            } else {
+                DEFAULT_MEMORY_REQUEST
+            },
+        )
+    }
+}
+
 /// The state of one job as its worker last reported it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobSnapshot {
@@ -64,6 +90,11 @@ pub struct WorkerSnapshot {
     pub memory_capacity: u64,
     /// Sum of the memory requested by jobs placed there.
     pub memory_requested: u64,
+    /// Sum of [`JobRequest::nonzero`] CPU over the jobs placed there: what scoring counts
+    /// (a job that reserves nothing still occupies the worker).
+    pub cpu_requested_nonzero: f64,
+    /// Sum of [`JobRequest::nonzero`] memory over the jobs placed there.
+    pub memory_requested_nonzero: u64,
     /// Jobs placed there and not finished (including ones still starting).
     pub running: usize,
     /// Speed relative to the reference worker (1.0).
@@ -216,6 +247,8 @@ pub(crate) mod test_support {
             cpu_requested: 0.0,
             memory_capacity: 8 << 30,
             memory_requested: 0,
+            cpu_requested_nonzero: 0.0,
+            memory_requested_nonzero: 0,
             running: 0,
             calibration: 1.0,
             schedulable: true,

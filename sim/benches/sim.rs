@@ -41,6 +41,8 @@ fn cluster() -> Vec<WorkerSnapshot> {
             cpu_requested: (i % 13) as f64,
             memory_capacity: 64 << 30,
             memory_requested: ((i % 7) as u64) << 30,
+            cpu_requested_nonzero: (i % 13) as f64,
+            memory_requested_nonzero: ((i % 7) as u64) << 30,
             running: i % 9,
             calibration: 1.0,
             schedulable: i % 101 != 0,
@@ -224,6 +226,7 @@ fn scale_experiment(policy: PolicySpec) -> Experiment {
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),
+            sizes: Default::default(),
         },
         policy,
         baseline: PolicySpec::DockerSwarm,

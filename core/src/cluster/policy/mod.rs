@@ -69,6 +69,8 @@ impl<'a> ClusterView<'a> {
                 w.memory_bytes
             },
             memory_requested: jobs.iter().map(|j| j.spec.memory_bytes).sum(),
+            cpu_requested_nonzero: jobs.iter().map(|j| request(&j.spec).nonzero().0).sum(),
+            memory_requested_nonzero: jobs.iter().map(|j| request(&j.spec).nonzero().1).sum(),
             running: jobs.len(),
             calibration: w.calibration,
             schedulable: w.schedulable(),
@@ -238,12 +240,15 @@ pub enum Decision {
         /// Why.
         reason: String,
     },
-    /// Limit a running job to `cpus` cores (a hard quota on its worker).
+    /// Limit a running job to `cpus` cores (a hard quota on its worker; 0: none) and set its
+    /// CPU weight (0: leave it as it is).
     SetLimits {
         /// The job.
         job: JobId,
-        /// Cores.
+        /// Cores; 0 = no quota.
         cpus: f64,
+        /// CFS shares; 0 = unchanged.
+        cpu_shares: u32,
     },
     /// Give it up (Rejected).
     Drop {
