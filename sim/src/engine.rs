@@ -138,6 +138,10 @@ pub struct JobResult {
     /// Its value, for jobs with a value curve.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<f64>,
+    /// How far the cluster core's predicted finish was off at 25%, 50% and 75% of its steps,
+    /// as a fraction of its run ([`converge_core::cluster::lifecycle::Job::eta_errors`]).
+    #[serde(default)]
+    pub eta_error: [Option<f64>; 3],
 }
 
 /// Time series for plots (recorded only when asked).
@@ -287,8 +291,10 @@ struct SimJob {
     epoch: u64,
     /// The step a checkpoint holds (a restore resumes there).
     checkpoint: Option<u64>,
-    /// Step budget it reports.
+    /// Its step budget.
     total_steps: u64,
+    /// What its reports scale its steps to go by ([`SystemModel::estimate_noise`]).
+    misreport: f64,
     /// (time, CPU-seconds) at its last heartbeat, for the CPU use heartbeats report.
     heartbeat_cpu: (f64, f64),
     direction: Direction,
@@ -302,6 +308,12 @@ impl SimJob {
     fn step(&self) -> u64 {
         let fraction = (self.done / self.spec.work.max(1e-12)).clamp(0.0, 1.0);
         ((fraction * self.total_steps as f64).floor() as u64).min(self.total_steps)
+    }
+
+    /// The step budget its reports say: the steps to go scaled by its misreport factor.
+    fn reported_total(&self) -> u64 {
+        let step = self.step();
+        step + ((self.total_steps - step) as f64 * self.misreport).round() as u64
     }
 
     fn finished(&self) -> bool {
@@ -467,7 +479,11 @@ impl<'a> Simulation<'a> {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let sim_jobs = jobs
+        // Its own generator, so that noise on the estimates leaves every other draw of the run
+        // (metric noise) as it was.
+        let noise = experiment.system.estimate_noise.clamp(0.0, 0.95);
+        let mut misreports = ChaCha8Rng::seed_from_u64(experiment.seed ^ 0xe571_3a7e);
+        let mut sim_jobs: Vec<SimJob> = jobs
             .iter()
             .map(|spec| SimJob {
                 spec: spec.clone(),
@@ -489,10 +505,16 @@ impl<'a> Simulation<'a> {
                     .runtime
                     .as_ref()
                     .map_or((spec.work.round() as u64).max(100), |r| r.steps),
+                misreport: 1.0,
                 heartbeat_cpu: (0.0, 0.0),
                 direction: catalog.get(spec.model).curve.direction(),
             })
             .collect();
+        if noise > 0.0 {
+            for j in &mut sim_jobs {
+                j.misreport = 1.0 - noise + 2.0 * noise * misreports.random::<f64>();
+            }
+        }
         let mut sim = Simulation {
             catalog,
             system: experiment.system,
@@ -1239,7 +1261,7 @@ impl<'a> Simulation<'a> {
             epoch: job.epoch,
             unix_ms: (self.now * 1000.0).round() as i64,
             step: job.step(),
-            total_steps: Some(job.total_steps),
+            total_steps: Some(job.reported_total()),
             value: Some(value),
             checkpointed,
         }
@@ -1404,6 +1426,7 @@ impl<'a> Simulation<'a> {
                     jct: finish - j.spec.arrival,
                     worker: j.worker,
                     migrations: core.map_or(0, |c| c.migrations),
+                    eta_error: core.map_or([None; 3], |c| c.eta_errors()),
                     value: j.spec.value.map(|c| {
                         if outcome.is_completed() {
                             c.value_at(finish - j.spec.arrival)

@@ -80,6 +80,10 @@ pub enum Workload {
         window: (f64, f64),
         /// Models to draw from.
         models: Vec<String>,
+        /// How each job's work varies around its model's (default: uniform within the
+        /// system's `work_spread`).
+        #[serde(default)]
+        sizes: Sizes,
     },
     /// `jobs` jobs of `model`, one every `every` seconds from 0.
     Periodic {
@@ -89,6 +93,26 @@ pub enum Workload {
         model: String,
         /// Interval, seconds.
         every: f64,
+    },
+}
+
+/// How a random workload's job sizes vary: each job's work is its model's times a factor.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Sizes {
+    /// Uniform in `[1 - work_spread, 1 + work_spread]` ([`SystemModel::work_spread`]).
+    #[default]
+    Uniform,
+    /// Pareto: `min · U^(-1/shape)`, at most `cap`. Heavy-tailed, as the job durations of
+    /// shared GPU clusters are (Tiresias, Gu et al., NSDI'19, §2.2: most jobs are short, a few
+    /// take most of the time); shape 1.1–1.5 gives a few jobs tens of times the median's work.
+    Pareto {
+        /// Tail index α (smaller: heavier).
+        shape: f64,
+        /// The smallest factor.
+        min: f64,
+        /// The largest factor (a cap keeps one draw from dwarfing the whole trace).
+        cap: f64,
     },
 }
 
@@ -311,6 +335,11 @@ pub struct SystemModel {
     /// Per-job spread of work: each job's work is the model's times a uniform factor in
     /// `[1 - spread, 1 + spread]` (random workloads only).
     pub work_spread: f64,
+    /// Error of the remaining-work estimates: each job reports its steps to go scaled by its
+    /// own factor, drawn once uniformly in `[1 - e, 1 + e]` (its real work is unchanged), so a
+    /// policy that schedules by estimates is judged on wrong ones. 0: exact.
+    #[serde(default)]
+    pub estimate_noise: f64,
 }
 
 impl Default for SystemModel {
@@ -321,6 +350,7 @@ impl Default for SystemModel {
             restore: 2.0,
             noise: 0.003,
             work_spread: 0.2,
+            estimate_noise: 0.0,
         }
     }
 }
@@ -472,6 +502,7 @@ impl Experiment {
                 jobs,
                 window,
                 models,
+                sizes,
             } => {
                 let idx: Vec<usize> = models
                     .iter()
@@ -481,7 +512,11 @@ impl Experiment {
                     .map(|_| {
                         let at = window.0 + rng.random::<f64>() * (window.1 - window.0);
                         let m = idx[rng.random_range(0..idx.len())];
-                        let f = 1.0 - spread + 2.0 * spread * rng.random::<f64>();
+                        let mut f = 1.0 - spread + 2.0 * spread * rng.random::<f64>();
+                        if let Sizes::Pareto { shape, min, cap } = *sizes {
+                            let u = rng.random::<f64>().max(1e-12);
+                            f = (min * u.powf(-1.0 / shape.max(0.1))).min(cap);
+                        }
                         (m, (at * 10.0).round() / 10.0, f)
                     })
                     .collect()

@@ -31,11 +31,14 @@
 //!   [`policies`]: which core policy and node configuration each experiment policy runs.
 //! - [`report`]: policy vs baseline vs oracle, tables beside the paper's numbers, sweeps, and
 //!   `RESULTS.md`; [`plot`] draws the SVG figures.
+//! - [`compare`]: Converge's own policy against every baseline, the oracle and LAS, with exact
+//!   and perturbed estimates, and the ETAs' accuracy (`CONVERGE.md`).
 //! - [`value`]: the value-based allocation paper's studies (W1..W9 under Spread, the GA, DwoP and
 //!   DwP; λ, stride, cluster size, value curves); [`ga`] is its offline GA baseline.
 //! - The `converge-sim` binary: `run FILE`, `sweep FILE --alpha .. --interval ..`, `value FILE`,
-//!   `results`.
+//!   `results`, `compare`.
 
+pub mod compare;
 pub mod cpu;
 pub mod curve;
 pub mod engine;

@@ -16,7 +16,7 @@ use converge_sim::curve::Catalog;
 use converge_sim::experiment::Experiment;
 use converge_sim::measured::Measured;
 use converge_sim::value::{self, ValueExperiment};
-use converge_sim::{plot, report};
+use converge_sim::{compare, plot, report};
 
 /// Seconds since the first call: the wall clock the value studies time their decisions with
 /// (only the binary reads clocks; the simulation's own time is virtual).
@@ -95,6 +95,19 @@ enum Command {
         /// Print the grid as JSON instead of markdown.
         #[arg(long)]
         json: bool,
+    },
+    /// Converge's own policy against every baseline, the oracle and LAS, with exact and
+    /// perturbed estimates, and the ETAs' accuracy: writes CONVERGE.md.
+    Compare {
+        /// Folders of experiment files (every `*.json` directly in each).
+        #[arg(long, value_delimiter = ',', default_values = [
+            concat!(env!("CARGO_MANIFEST_DIR"), "/experiments"),
+            concat!(env!("CARGO_MANIFEST_DIR"), "/experiments/converge"),
+        ])]
+        experiments: Vec<PathBuf>,
+        /// The markdown file to write.
+        #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/CONVERGE.md"))]
+        out: PathBuf,
     },
     /// Regenerate RESULTS.md and its plots from every experiment file.
     Results {
@@ -210,6 +223,19 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             eprintln!("{}: {:.1} s", e.name, started.elapsed().as_secs_f64());
         }
         Command::Results { experiments, out } => results(&catalog, &plain, &experiments, &out)?,
+        Command::Compare { experiments, out } => {
+            let mut evals = Vec::new();
+            for dir in &experiments {
+                for e in report::load_all(dir)? {
+                    eprintln!("comparing on {}", e.name);
+                    evals.push(compare::evaluate(&e, &catalog)?);
+                }
+            }
+            let doc = compare::markdown(&evals, "cargo run --release -p converge-sim -- compare");
+            std::fs::write(&out, &doc).with_context(|| format!("writing {}", out.display()))?;
+            println!("{doc}");
+            eprintln!("wrote {}", out.display());
+        }
         Command::Scale {
             workers,
             jobs,
@@ -251,6 +277,7 @@ fn scale(catalog: &Catalog, workers: usize, jobs: usize, window: f64) -> anyhow:
                 jobs,
                 window: (0.0, window),
                 models: catalog.names().iter().map(|s| s.to_string()).collect(),
+                sizes: Default::default(),
             },
             policy,
             baseline: PolicySpec::DockerSwarm,

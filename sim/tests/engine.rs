@@ -84,6 +84,7 @@ fn same_seed_gives_byte_identical_results() {
             jobs: 8,
             window: (0.0, 100.0),
             models: vec!["vae".into(), "mnist-pytorch".into(), "gru".into()],
+            sizes: Default::default(),
         },
     );
     e.policy = PolicySpec::Flowcon {
@@ -178,6 +179,7 @@ fn every_policy_runs_through_the_core_without_refusals() {
             jobs: 12,
             window: (0.0, 200.0),
             models: vec!["vae".into(), "mnist-pytorch".into(), "gru".into()],
+            sizes: Default::default(),
         },
     );
     for policy in [

@@ -520,12 +520,10 @@ impl Core {
     }
 
     pub(super) fn started(&mut self, id: &str, worker: &str, detail: &ResultDetail) {
-        let now = self.now;
         if let Some(j) = self.jobs.get_mut(id) {
             if let ResultDetail::Started { container_id } = detail {
                 j.container_id = container_id.clone();
             }
-            j.started_at.get_or_insert(now);
         }
         self.transition(
             id,

@@ -131,7 +131,11 @@ impl Core {
                     self.migration_event(&job, &worker, reason, attributes);
                 }
                 Decision::Preempt(v) => self.preempt(v),
-                Decision::SetLimits { job, cpus } => {
+                Decision::SetLimits {
+                    job,
+                    cpus,
+                    cpu_shares,
+                } => {
                     let Some(j) = self.jobs.get_mut(&job) else {
                         continue;
                     };
@@ -139,16 +143,8 @@ impl Core {
                         continue;
                     };
                     let (worker, epoch) = (worker.clone(), j.epoch);
-                    j.assigned_cpus = Some(cpus);
-                    self.send_to(
-                        &worker,
-                        &job,
-                        epoch,
-                        Action::SetLimits {
-                            cpus,
-                            cpu_shares: 0,
-                        },
-                    );
+                    j.assigned_cpus = (cpus > 0.0).then_some(cpus);
+                    self.send_to(&worker, &job, epoch, Action::SetLimits { cpus, cpu_shares });
                 }
                 Decision::Resume {
                     job,

@@ -469,6 +469,11 @@ impl Core {
             self.pending.insert(job.seq, id.to_string());
             self.dirty = true;
         }
+        if to.state() == JobState::Running {
+            // Its first start, however it was learnt (the Start's result or, when that was
+            // lost, its first progress line).
+            job.started_at.get_or_insert(now);
+        }
         if to.state().is_terminal() {
             job.finished_at = Some(now);
             job.resuming = None;
@@ -492,18 +497,10 @@ impl Core {
             }
         }
         let mut attributes = BTreeMap::new();
-        if to_state == JobState::Completed
-            && let Some(started) = job.started_at
-        {
-            // How far the finish times predicted at 25/50/75% of its steps were off, as a
-            // fraction of its run: what users were told against what happened.
-            let run = (now - started).max(1e-9);
-            for (q, p) in ["25", "50", "75"].iter().zip(job.predicted_at) {
-                if let Some(p) = p {
-                    attributes.insert(
-                        format!("eta_error_{q}"),
-                        format!("{:.4}", (p - now).abs() / run),
-                    );
+        if to_state == JobState::Completed {
+            for (q, e) in ["25", "50", "75"].iter().zip(job.eta_errors()) {
+                if let Some(e) = e {
+                    attributes.insert(format!("eta_error_{q}"), format!("{e:.4}"));
                 }
             }
         }

@@ -1390,11 +1390,24 @@ mod value {
 
 // ---- converge and las: limits from the manager ----
 
+/// The CFS weight last sent for `job`, if any.
+fn shares_sent(f: &Fixture, job: &str) -> Option<u32> {
+    f.effects.iter().rev().find_map(|e| match e {
+        Effect::Send { command, .. } if command.job == job => match command.action {
+            Action::SetLimits { cpu_shares, .. } if cpu_shares > 0 => Some(cpu_shares),
+            _ => None,
+        },
+        _ => None,
+    })
+}
+
 /// Two jobs share a one-core worker: `near` is at step 800 of 1000 and has had most of the CPU
 /// so far, `far` at step 0. Under `converge` the job with the least predicted work left (near)
-/// gets what the guard leaves; under `las` the one with the least service so far (far) does.
+/// gets the weight for what the guard leaves; under `las` the one with the least service so
+/// far (far) does. No quota is set: what the favoured job cannot use goes to the other.
 #[test]
 fn converge_gives_the_shortest_predicted_job_the_cpu_and_las_the_least_served() {
+    use crate::cluster::policy::priority::{BETA, LADDER};
     for (policy, favoured, other) in [("converge", "near", "far"), ("las", "far", "near")] {
         let mut f = Fixture::new(policy);
         f.register(1, "w1", 1.0);
@@ -1403,16 +1416,16 @@ fn converge_gives_the_shortest_predicted_job_the_cpu_and_las_the_least_served() 
             let (_, start) = Fixture::sent(&out, id, "start").unwrap();
             f.ok(1, &start, Fixture::started(1));
         }
-        // Each heartbeat reports the jobs using what they were given (0.8 / 0.2 before any
-        // limit), and each second both advance 10 steps.
-        // `warm`: near uses 0.9 of the core and far 0.1, whatever their limits (the history
-        // before); then each uses what it was given. Each second both advance 10 steps.
+        // `warm`: near uses 0.9 of the core and far 0.1, whatever their weights (the history
+        // before); then each uses its weight's part of the core. Each second both advance 10
+        // steps.
         let heartbeat = |f: &mut Fixture, warm: bool| {
-            let use_of = |j: &str, default: f64| match f.core.job(j).unwrap().assigned_cpus {
-                Some(a) if !warm => a,
+            let (a, b) = (shares_sent(f, "near"), shares_sent(f, "far"));
+            let use_of = |mine: Option<u32>, default: f64| match (mine, a.zip(b)) {
+                (Some(m), Some((a, b))) if !warm => f64::from(m) / f64::from(a + b),
                 _ => default,
             };
-            let jobs = [("near", use_of("near", 0.9)), ("far", use_of("far", 0.1))]
+            let jobs = [("near", use_of(a, 0.9)), ("far", use_of(b, 0.1))]
                 .iter()
                 .map(|(j, u)| JobStatus {
                     job: j.to_string(),
@@ -1441,17 +1454,27 @@ fn converge_gives_the_shortest_predicted_job_the_cpu_and_las_the_least_served() 
             f.progress_of(1, "far", 1, 10 * i, 1000);
             heartbeat(&mut f, false);
         }
-        let limit = |job: &str| f.core.job(job).unwrap().assigned_cpus;
-        assert_eq!(limit(favoured), Some(0.75), "{policy}: {favoured} favoured");
+        // Each has the guard, 1/(β·n) of the core; of the rest the favoured job has the first
+        // rank's part of the ladder, the other what remains.
+        let guard = 1.0 / (BETA * 2.0);
+        let rest = 1.0 - 2.0 * guard;
+        let weight = |cores: f64| (1024.0 * cores / 0.5).round() as u32;
         assert_eq!(
-            limit(other),
-            Some(0.25),
-            "{policy}: {other} held to the guard"
+            shares_sent(&f, favoured),
+            Some(weight(guard + rest * (1.0 - 1.0 / LADDER))),
+            "{policy}: {favoured} favoured"
         );
+        assert_eq!(
+            shares_sent(&f, other),
+            Some(weight(guard + rest / LADDER)),
+            "{policy}: {other} second"
+        );
+        // No quota: the weights are all that is set.
+        assert!(f.core.job(favoured).unwrap().assigned_cpus.is_none());
         let sent = f.effects.iter().filter(|e| matches!(e, Effect::Send { command, .. } if command.action.name() == "set_limits")).count();
         assert!(
             sent <= 8,
-            "{policy}: limits re-sent on every heartbeat ({sent})"
+            "{policy}: weights re-sent on every heartbeat ({sent})"
         );
     }
 }

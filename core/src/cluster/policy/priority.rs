@@ -1,4 +1,4 @@
-//! Policies that split each worker's CPU by a priority, as hard limits set from the manager:
+//! Policies that split each worker's CPU by a priority, as CPU weights set from the manager:
 //!
 //! - `converge` (Converge's own): shortest predicted remaining work first
 //!   ([`converge_policy::estimate`]), placement by predicted load per core.
@@ -7,11 +7,17 @@
 //!   into the training framework.
 //!
 //! The split ([`split`]) is the same for both: every job gets a guard of `capacity / (β·n)`
-//! cores (FlowCon's lower bound, flowcon-icpp2019.txt Alg. 1 line 22, β = 2), so no job starves;
+//! cores (FlowCon's lower bound, flowcon-icpp2019.txt Alg. 1 line 22), so no job starves;
 //! a job with no estimate (no progress lines, no finished jobs to compare with) gets a fair
-//! share `capacity / n`; what is left goes to the jobs in priority order, each up to what it
-//! can use (`usable`). Limits are recomputed for a worker on each of its heartbeats and sent only when
-//! they change by more than [`MIN_CHANGE`] cores, so a steady worker sees no commands.
+//! share `capacity / n`; what is left goes down the priority order, each rank [`LADDER`] times
+//! less than the one before. The split is sent as CFS weights in proportion to it, with no
+//! quota: while every job of the worker runs flat out each gets its split, and what one cannot
+//! use (a one-thread job on a big worker) goes to the others by weight, mostly to the next in
+//! line, instead of idling. Hard quotas, which the first version set from each job's observed
+//! use, left about a fifth of the CPU idle on the simulator's heterogeneous traces and
+//! oscillated when a job's use changed between heartbeats.
+//! Weights are recomputed for a worker on each of its heartbeats and sent only when they
+//! change by more than [`SHARE_CHANGE`], so a steady worker sees no commands.
 
 use std::collections::BTreeMap;
 
@@ -23,11 +29,12 @@ use crate::cluster::lifecycle::{Job, JobPhase};
 use crate::cluster::types::{JobId, Time, WorkerId, WorkerMode};
 
 /// FlowCon's β: the guard is `1/(β·n)` of the worker.
-pub const BETA: f64 = 2.0;
-/// Limits that move by less than this many cores are not sent again.
-pub const MIN_CHANGE: f64 = 0.02;
-/// Docker's smallest quota.
-const MIN_CPUS: f64 = 0.01;
+pub const BETA: f64 = 8.0;
+/// Weights that move by less than this fraction are not sent again.
+pub const SHARE_CHANGE: f64 = 0.1;
+/// How much more CPU weight each rank of the priority order has than the next (above the
+/// guard): enough that what the first cannot use goes mostly to the second.
+pub const LADDER: f64 = 8.0;
 
 /// What orders a worker's jobs (smaller first).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,12 +52,14 @@ pub struct Claim {
     pub job: JobId,
     /// Its priority key (smaller first); `None` when unknown.
     pub key: Option<f64>,
-    /// The most cores it can use.
-    pub max: f64,
 }
 
-/// Splits `capacity` cores among `claims` (module doc). Returns each job's cores, in the order
-/// given.
+/// Splits `capacity` cores among `claims` (module doc): each job with a key gets the guard
+/// `capacity / (β·n)`, each job without one the fair share `capacity / n`; what is left goes
+/// down the keyed jobs in priority order, each rank [`LADDER`] times less than the one before
+/// (the last takes the remainder). Returns each job's cores, in the order given. These are the
+/// parts each job gets while every job of the worker runs flat out; sent as CPU weights, what
+/// one cannot use flows to the others by weight, so the next in line gets most of it.
 pub fn split(capacity: f64, claims: &[Claim], beta: f64) -> Vec<f64> {
     let n = claims.len();
     if n == 0 {
@@ -60,10 +69,7 @@ pub fn split(capacity: f64, claims: &[Claim], beta: f64) -> Vec<f64> {
     let fair = capacity / n as f64;
     let mut cores: Vec<f64> = claims
         .iter()
-        .map(|c| {
-            let base = if c.key.is_some() { floor } else { fair };
-            base.min(c.max.max(MIN_CPUS))
-        })
+        .map(|c| if c.key.is_some() { floor } else { fair })
         .collect();
     let mut left = (capacity - cores.iter().sum::<f64>()).max(0.0);
     let mut order: Vec<usize> = (0..n).filter(|&i| claims[i].key.is_some()).collect();
@@ -74,25 +80,25 @@ pub fn split(capacity: f64, claims: &[Claim], beta: f64) -> Vec<f64> {
             .total_cmp(&claims[b].key.unwrap_or(f64::INFINITY))
             .then_with(|| claims[a].job.cmp(&claims[b].job))
     });
-    for i in order {
-        if left <= 0.0 {
-            break;
-        }
-        let add = (claims[i].max - cores[i]).clamp(0.0, left);
+    for (rank, &i) in order.iter().enumerate() {
+        let add = if rank + 1 == order.len() {
+            left
+        } else {
+            left * (1.0 - 1.0 / LADDER)
+        };
         cores[i] += add;
         left -= add;
     }
     cores
 }
 
-/// The most cores `job` is given a chance to use on a worker of `capacity`: the whole worker,
-/// unless it left a fifth of its last limit unused (it cannot go faster: one thread, or it
-/// waits on something else): then a quarter more than it used, so it can grow back.
-fn usable(job: &Job, capacity: f64) -> f64 {
-    match job.assigned_cpus {
-        Some(a) if job.view.cpu_usage < 0.8 * a => (job.view.cpu_usage * 1.25).max(MIN_CPUS),
-        _ => capacity,
-    }
+/// What placement assumes of a job it knows nothing of.
+#[derive(Debug, Clone, Copy)]
+struct Typical {
+    /// Work: the median of the known estimates (1 when none is known, so that placement
+    /// counts jobs per core, as least-allocated does), never nothing: a worker of jobs that
+    /// have not reported yet is not empty.
+    work: f64,
 }
 
 /// A priority-split policy (module doc).
@@ -106,6 +112,8 @@ pub struct PriorityPolicy {
     next_rebalance: Option<Time>,
     /// Jobs moved once: never again (a move costs a save and a restore).
     moved: std::collections::BTreeSet<JobId>,
+    /// The CFS weight each running job was last given.
+    given: BTreeMap<JobId, u32>,
 }
 
 /// What a move costs before the job trains again, in seconds, when no move was measured yet:
@@ -123,6 +131,7 @@ impl PriorityPolicy {
             rebalance: Some(rebalance_interval),
             next_rebalance: None,
             moved: Default::default(),
+            given: BTreeMap::new(),
         }
     }
 
@@ -135,72 +144,96 @@ impl PriorityPolicy {
             rebalance: None,
             next_rebalance: None,
             moved: Default::default(),
+            given: BTreeMap::new(),
         }
     }
 
-    /// One move that evens out predicted finish times, if one is worth its cost: from the
-    /// worker that will drain last to the one that drains first, the job whose move shortens
-    /// the later of the two the most, net of the move's downtime and of the work it would lose
-    /// since its last checkpoint (checkpoint-aware: among equal gains, the one losing least).
-    fn even_out(&mut self, view: ClusterView<'_>) -> Option<Decision> {
-        let drain = |w: &crate::cluster::lifecycle::Worker| {
-            let work: f64 = w
-                .jobs
-                .iter()
-                .filter_map(|id| view.jobs.get(id))
-                .map(|j| Self::work(view, j))
-                .sum();
-            work / (w.cpu_capacity * w.calibration).max(1e-9)
-        };
-        let live: Vec<(&crate::cluster::lifecycle::Worker, f64)> = view
-            .workers
-            .values()
-            .filter(|w| w.schedulable() && w.cpu_capacity > 0.0)
-            .map(|w| (w, drain(w)))
-            .collect();
-        let (hi, d_hi) = live.iter().max_by(|a, b| a.1.total_cmp(&b.1))?;
-        let (lo, d_lo) = live.iter().min_by(|a, b| a.1.total_cmp(&b.1))?;
-        if hi.id == lo.id {
-            return None;
+    /// What a job of work `x` adds to the sum of completion times on `w` under
+    /// shortest-remaining-first (placement's rule, [`ClusterPolicy::place`] below): its own
+    /// completion, behind the jobs shorter than it, plus `x` for each longer job it delays; in
+    /// seconds at `w`'s capacity and speed. `skip` leaves one job out (the one being moved).
+    fn marginal(
+        view: ClusterView<'_>,
+        w: &crate::cluster::lifecycle::Worker,
+        x: f64,
+        typical: Typical,
+        skip: Option<&JobId>,
+    ) -> f64 {
+        let (mut ahead, mut behind) = (0.0, 0usize);
+        for other in w
+            .jobs
+            .iter()
+            .filter(|id| Some(*id) != skip)
+            .filter_map(|id| view.jobs.get(id))
+        {
+            let y = Self::work(view, other).unwrap_or(typical.work);
+            if y <= x {
+                ahead += y;
+            } else {
+                behind += 1;
+            }
         }
+        (ahead + x + behind as f64 * x) / (w.cpu_capacity * w.calibration.max(1e-6))
+    }
+
+    /// One move that lowers the sum of completion times by more than it costs, if there is
+    /// one: for every running job and every other worker, what the job adds where it is
+    /// ([`Self::marginal`]) less what it would add there, less the move's downtime and the
+    /// work it would lose since its last checkpoint (checkpoint-aware: among equal gains, the
+    /// one losing least). The best such move is made.
+    fn even_out(&mut self, view: ClusterView<'_>) -> Option<Decision> {
+        let typical = Self::typical(view);
         let measured = view
             .jobs
             .values()
             .filter_map(|j| j.last_migration_downtime)
             .fold(None, |m: Option<f64>, d| Some(m.map_or(d, |m| m.max(d))));
         let cost = measured.unwrap_or(MOVE_COST_S);
-        let lo_snap = view.snapshot(lo);
-        let mut best: Option<(f64, f64, &Job)> = None;
-        for j in hi.jobs.iter().filter_map(|id| view.jobs.get(id)) {
-            if !matches!(j.phase, JobPhase::Running { .. })
-                || self.moved.contains(&j.id)
-                || !lo_snap.fits(&request(&j.spec))
-            {
-                continue;
-            }
-            let w = Self::work(view, j);
-            let after = (d_hi - w / (hi.cpu_capacity * hi.calibration))
-                .max(d_lo + w / (lo.cpu_capacity * lo.calibration));
-            let risk = view.work_at_risk(j);
-            let gain = d_hi - after - cost - risk;
-            if gain > 0.0
-                && best.is_none_or(|(g, r, _)| gain > g + 1e-9 || (gain > g - 1e-9 && risk < r))
-            {
-                best = Some((gain, risk, j));
+        let live: Vec<&crate::cluster::lifecycle::Worker> = view
+            .workers
+            .values()
+            .filter(|w| w.schedulable() && w.cpu_capacity > 0.0)
+            .collect();
+        let snaps: Vec<_> = live.iter().map(|w| view.snapshot(w)).collect();
+        let mut best: Option<(f64, f64, &Job, &crate::cluster::lifecycle::Worker, f64, f64)> =
+            None;
+        for src in &live {
+            for j in src.jobs.iter().filter_map(|id| view.jobs.get(id)) {
+                if !matches!(j.phase, JobPhase::Running { .. }) || self.moved.contains(&j.id) {
+                    continue;
+                }
+                let x = Self::work(view, j).unwrap_or(typical.work);
+                let here = Self::marginal(view, src, x, typical, Some(&j.id));
+                let risk = view.work_at_risk(j);
+                for (dst, snap) in live.iter().zip(&snaps) {
+                    if dst.id == src.id || !snap.fits(&request(&j.spec)) {
+                        continue;
+                    }
+                    let there = Self::marginal(view, dst, x, typical, None);
+                    let gain = here - there - cost - risk;
+                    if gain > 0.0
+                        && best.is_none_or(|(g, r, ..)| {
+                            gain > g + 1e-9 || (gain > g - 1e-9 && risk < r)
+                        })
+                    {
+                        best = Some((gain, risk, j, dst, here, there));
+                    }
+                }
             }
         }
-        let (gain, risk, j) = best?;
+        let (gain, risk, j, dst, here, there) = best?;
+        let from = j.worker().cloned().unwrap_or_default();
         self.moved.insert(j.id.clone());
         Some(Decision::Move {
             job: j.id.clone(),
-            to: lo.id.clone(),
+            to: dst.id.clone(),
             reason: crate::cluster::types::MoveReason::Rebalance,
             attributes: BTreeMap::from([
                 (
                     "why".into(),
                     format!(
-                        "{} drains in {d_hi:.0} s, {} in {d_lo:.0} s: moving it saves {gain:.0} s net of a {cost:.1} s move and {risk:.1} s of work since its last checkpoint",
-                        hi.id, lo.id
+                        "it adds {here:.0} s to the sum of completion times on {from} and would add {there:.0} s on {}: moving it saves {gain:.0} s net of a {cost:.1} s move and {risk:.1} s of work since its last checkpoint",
+                        dst.id
                     ),
                 ),
                 ("work_at_risk_s".into(), format!("{risk:.2}")),
@@ -209,21 +242,30 @@ impl PriorityPolicy {
     }
 
     /// Work a job will need, for placement: its estimate, else its user's estimate, else what
-    /// finished jobs needed on average.
-    fn work(view: ClusterView<'_>, job: &Job) -> f64 {
+    /// finished jobs needed on average; `None` when nothing tells.
+    fn work(view: ClusterView<'_>, job: &Job) -> Option<f64> {
         view.estimate(job)
             .map(|e| e.work)
             .or((job.spec.estimated_runtime_s > 0.0).then_some(job.spec.estimated_runtime_s))
             .or_else(|| view.history.expected_remaining(0.0))
-            .unwrap_or(0.0)
     }
 
-    /// The limits of `worker`'s jobs, as decisions for those that changed.
-    fn limits(&self, view: ClusterView<'_>, worker: &WorkerId) -> Vec<Decision> {
+    /// What placement assumes of a job it knows nothing of (module doc of [`Typical`]).
+    fn typical(view: ClusterView<'_>) -> Typical {
+        let live = || view.jobs.values().filter(|j| !j.is_terminal());
+        let mut known: Vec<f64> = live().filter_map(|j| Self::work(view, j)).collect();
+        known.sort_by(f64::total_cmp);
+        Typical {
+            work: known.get(known.len() / 2).map_or(1.0, |m| m.max(1e-3)),
+        }
+    }
+
+    /// The weights of `worker`'s jobs, as decisions for those that changed.
+    fn limits(&mut self, view: ClusterView<'_>, worker: &WorkerId) -> Vec<Decision> {
         let Some(w) = view.workers.get(worker) else {
             return Vec::new();
         };
-        // Jobs starting here need room too, though only running ones can be limited.
+        // Jobs starting here need room too, though only running ones can be weighted.
         let jobs: Vec<&Job> = w
             .jobs
             .iter()
@@ -243,22 +285,36 @@ impl PriorityPolicy {
                     Key::Remaining => view.estimate(j).map(|e| e.work),
                     Key::Attained => Some(j.cpu_s),
                 },
-                max: usable(j, w.cpu_capacity),
             })
             .collect();
         let cores = split(w.cpu_capacity, &claims, BETA);
-        jobs.iter()
-            .zip(cores)
-            .filter(|(j, c)| {
-                matches!(j.phase, JobPhase::Running { .. })
-                    && j.assigned_cpus.is_none_or(|a| (a - c).abs() > MIN_CHANGE)
-            })
-            .map(|(j, c)| Decision::SetLimits {
-                job: j.id.clone(),
-                cpus: (c * 100.0).round() / 100.0,
-            })
-            .collect()
+        let fair = w.cpu_capacity / jobs.len().max(1) as f64;
+        let mut out = Vec::new();
+        for (j, c) in jobs.iter().zip(cores) {
+            if !matches!(j.phase, JobPhase::Running { .. }) {
+                continue;
+            }
+            let shares = shares_for(c, fair);
+            let changed = self.given.get(&j.id).is_none_or(|&old| {
+                (f64::from(shares) - f64::from(old)).abs() > SHARE_CHANGE * f64::from(old)
+            });
+            if changed {
+                self.given.insert(j.id.clone(), shares);
+                out.push(Decision::SetLimits {
+                    job: j.id.clone(),
+                    cpus: 0.0,
+                    cpu_shares: shares,
+                });
+            }
+        }
+        out
     }
+}
+
+/// The CFS weight that gives a job `cores` of its worker while every job there competes,
+/// when a job given the fair share `fair` weighs the default 1024. Within the kernel's range.
+fn shares_for(cores: f64, fair: f64) -> u32 {
+    (1024.0 * cores / fair.max(1e-9)).round().clamp(2.0, 262_144.0) as u32
 }
 
 impl ClusterPolicy for PriorityPolicy {
@@ -270,11 +326,15 @@ impl ClusterPolicy for PriorityPolicy {
         if let Some(spread) = &mut self.spread {
             return spread.admit(job, view);
         }
-        // Predicted load per core after placing the job: small workers do not collect as many
-        // jobs as big ones, and a worker holding long jobs looks as full as it is.
+        // Under shortest-remaining-first on the worker, placing a job of work x adds its own
+        // completion (the work of the jobs shorter than it, then its own) and x to every
+        // longer job's: the marginal increase of the sum of completion times, the greedy rule
+        // for minimising it. In seconds at the worker's capacity and speed, so small and slow
+        // workers count as such; a job whose work is unknown counts as a typical one.
         let (ids, snaps) = view.snapshots();
         let need = request(&job.spec);
-        let new = Self::work(view, job);
+        let typical = Self::typical(view);
+        let new = Self::work(view, job).unwrap_or(typical.work);
         let scores: Vec<f64> = view
             .workers
             .values()
@@ -283,13 +343,7 @@ impl ClusterPolicy for PriorityPolicy {
                 if !(s.schedulable && s.fits(&need)) || w.cpu_capacity <= 0.0 {
                     return f64::INFINITY;
                 }
-                let queued: f64 = w
-                    .jobs
-                    .iter()
-                    .filter_map(|id| view.jobs.get(id))
-                    .map(|j| Self::work(view, j))
-                    .sum();
-                (queued + new) / (w.cpu_capacity * w.calibration.max(1e-6))
+                Self::marginal(view, w, new, typical, None)
             })
             .collect();
         let best = scores
@@ -304,7 +358,7 @@ impl ClusterPolicy for PriorityPolicy {
                 cpu_shares: 0,
                 victims: Vec::new(),
                 reason: format!(
-                    "placed on {} by converge: least predicted work per core ({:.1} s)",
+                    "placed on {} by converge: it adds the least to the sum of completion times there ({:.1} s)",
                     ids[i], scores[i]
                 ),
                 attributes: BTreeMap::from([("scores".into(), scores_text(&ids, &scores))]),
@@ -354,9 +408,10 @@ impl ClusterPolicy for PriorityPolicy {
         &mut self,
         _now: Time,
         worker: &WorkerId,
-        _job: &JobId,
+        job: &JobId,
         view: ClusterView<'_>,
     ) -> Vec<Decision> {
+        self.given.remove(job);
         // The room it left goes to the next in line at once, not a heartbeat later.
         self.limits(view, worker)
     }
@@ -366,39 +421,38 @@ impl ClusterPolicy for PriorityPolicy {
 mod tests {
     use super::*;
 
-    fn claim(job: &str, key: Option<f64>, max: f64) -> Claim {
+    fn claim(job: &str, key: Option<f64>) -> Claim {
         Claim {
             job: job.into(),
             key,
-            max,
         }
     }
 
     #[test]
-    fn the_shortest_job_gets_what_the_guard_leaves() {
-        // One core, three single-core jobs: guards 1/6 each, the rest to the shortest.
+    fn the_shortest_job_gets_most_of_what_the_guard_leaves() {
+        // One core, three jobs: guards 1/6 each; of the rest the shortest gets 7/8, the next
+        // 1/8 of what remains... and the last the remainder.
         let c = split(
             1.0,
             &[
-                claim("long", Some(100.0), 1.0),
-                claim("short", Some(5.0), 1.0),
-                claim("mid", Some(20.0), 1.0),
+                claim("long", Some(100.0)),
+                claim("short", Some(5.0)),
+                claim("mid", Some(20.0)),
             ],
             2.0,
         );
         let sixth = 1.0 / 6.0;
-        assert!(
-            (c[0] - sixth).abs() < 1e-9 && (c[2] - sixth).abs() < 1e-9,
-            "{c:?}"
-        );
-        assert!((c[1] - (1.0 - 2.0 * sixth)).abs() < 1e-9, "{c:?}");
+        let rest = 1.0 - 3.0 * sixth;
+        assert!((c[1] - (sixth + rest * 7.0 / 8.0)).abs() < 1e-9, "{c:?}");
+        assert!((c[2] - (sixth + rest / 8.0 * 7.0 / 8.0)).abs() < 1e-9, "{c:?}");
+        assert!(c[1] > c[2] && c[2] > c[0], "{c:?}");
         assert!((c.iter().sum::<f64>() - 1.0).abs() < 1e-9);
     }
 
     #[test]
     fn no_job_starves_under_the_guard() {
         let claims: Vec<Claim> = (0..8)
-            .map(|i| claim(&format!("j{i}"), Some(i as f64), 1.0))
+            .map(|i| claim(&format!("j{i}"), Some(i as f64)))
             .collect();
         let c = split(2.0, &claims, 2.0);
         for x in &c {
@@ -411,9 +465,9 @@ mod tests {
         let c = split(
             1.0,
             &[
-                claim("silent", None, 1.0),
-                claim("a", Some(1.0), 1.0),
-                claim("b", Some(9.0), 1.0),
+                claim("silent", None),
+                claim("a", Some(1.0)),
+                claim("b", Some(9.0)),
             ],
             2.0,
         );
@@ -421,16 +475,12 @@ mod tests {
     }
 
     #[test]
-    fn the_leftover_passes_down_when_a_job_cannot_use_more() {
-        // Two cores; the shortest can use half a core only: the next gets the rest.
-        let c = split(
-            2.0,
-            &[claim("a", Some(1.0), 0.5), claim("b", Some(2.0), 4.0)],
-            2.0,
-        );
-        assert!(
-            (c[0] - 0.5).abs() < 1e-9 && (c[1] - 1.5).abs() < 1e-9,
-            "{c:?}"
-        );
+    fn weights_are_in_proportion_to_the_split() {
+        // Two jobs, fair share half a core: the default weight is the fair share's.
+        assert_eq!(shares_for(0.5, 0.5), 1024);
+        assert_eq!(shares_for(0.75, 0.5), 1536);
+        // Within the kernel's range at both ends.
+        assert_eq!(shares_for(0.0, 0.5), 2);
+        assert_eq!(shares_for(1e6, 0.5), 262_144);
     }
 }
