@@ -184,6 +184,11 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
                     .map(|j| (j.model.clone(), format!("worker-{}", j.worker + 1)))
                     .collect(),
                 migrations: run.migrations,
+                eta: run
+                    .jobs
+                    .iter()
+                    .map(|j| (j.model.clone(), j.eta_error))
+                    .collect(),
             },
         );
     }
@@ -205,6 +210,7 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
         if let Some(first) = live.get(policy).and_then(|r| r.first()) {
             plot_cpu(&dir.join(format!("cpu-{policy}.svg")), &trace, first)?;
             plot_workers(&dir.join(format!("workers-{policy}.svg")), &trace, first)?;
+            plot_eta(&dir.join(format!("eta-{policy}.svg")), &trace, first)?;
         }
     }
     println!("wrote {}", dir.display());
@@ -410,6 +416,38 @@ struct SimRun {
     /// The worker each job finished on, by job name.
     worker: BTreeMap<String, String>,
     migrations: u64,
+    /// The cluster core's ETA errors at 25/50/75% of its steps, by job name.
+    eta: BTreeMap<String, [Option<f64>; 3]>,
+}
+
+/// How far the manager's predicted finish was off, as a fraction of the job's run, when the
+/// job passed 25%, 50% and 75% of its steps: from the run's per-second records of step and
+/// ETA (the core's own measure, `Job::eta_errors`, is the same quantity from its side). The
+/// run starts at the job's first record as running.
+fn live_eta_errors(r: &LiveRun, job: &str, steps: u64) -> [Option<f64>; 3] {
+    let Some(done) = r.jobs.get(job).filter(|j| j.completed()) else {
+        return [None; 3];
+    };
+    let rows: Vec<&(f64, String, u64, Option<f64>)> =
+        r.progress.iter().filter(|p| p.1 == job).collect();
+    let Some(start) = rows.first().map(|p| p.0) else {
+        return [None; 3];
+    };
+    let run = (done.finished_s - start).max(1e-9);
+    [0.25, 0.5, 0.75].map(|q| {
+        rows.iter()
+            .find(|p| p.2 as f64 >= q * steps as f64)
+            .and_then(|p| p.3.map(|eta| ((p.0 + eta) - done.finished_s).abs() / run))
+    })
+}
+
+/// ETA errors of one model under one policy: medians over its jobs (and live runs).
+#[derive(Serialize)]
+struct EtaRow {
+    model: String,
+    live_jobs: usize,
+    live: [Option<f64>; 3],
+    sim: [Option<f64>; 3],
 }
 
 /// One job under one policy: live runs against the simulator.
@@ -447,12 +485,43 @@ struct PolicyRow {
     live_migrations: Option<f64>,
     sim_migrations: u64,
     jobs: Vec<JobRow>,
+    eta: Vec<EtaRow>,
 }
 
 struct Report {
     trace: TraceFile,
     rows: Vec<PolicyRow>,
     provenance: String,
+}
+
+/// Per model (and size), the median ETA errors of its jobs live (over every run) and
+/// simulated.
+fn eta_rows(trace: &TraceFile, runs: &[LiveRun], sim: &SimRun) -> Vec<EtaRow> {
+    let mut by_model: BTreeMap<String, ([Vec<f64>; 3], [Vec<f64>; 3], usize)> = BTreeMap::new();
+    for j in &trace.jobs {
+        let e = by_model
+            .entry(format!("{} {}", j.model, j.size))
+            .or_default();
+        for r in runs {
+            let live = live_eta_errors(r, &j.name, j.steps);
+            e.2 += usize::from(live[1].is_some());
+            for (q, x) in live.iter().enumerate() {
+                e.0[q].extend(x);
+            }
+        }
+        for (q, x) in sim.eta.get(&j.name).into_iter().flatten().enumerate() {
+            e.1[q].extend(x);
+        }
+    }
+    by_model
+        .into_iter()
+        .map(|(model, (live, simulated, n))| EtaRow {
+            model,
+            live_jobs: n,
+            live: live.map(|v| median(v)),
+            sim: simulated.map(|v| median(v)),
+        })
+        .collect()
 }
 
 /// (max − min) / `center` of repeated runs' values; `None` for fewer than two runs.
@@ -559,6 +628,7 @@ impl Report {
                     ),
                     sim_migrations: sim.migrations,
                     jobs,
+                    eta: eta_rows(trace, runs, sim),
                 }
             })
             .collect();
@@ -683,7 +753,28 @@ impl Report {
         }
         let _ = writeln!(
             s,
-            "\nPlots: `completion-POLICY.svg` (live median with the range of the runs, and the simulator's, per job), `cpu-POLICY.svg` and `workers-POLICY.svg` (the first live run: CPU cores per job, running jobs per worker with migrations marked)."
+            "\n## ETA accuracy\n\nHow far the manager's predicted finish (`GetJob`'s ETA) was from the real one, as a fraction of the job's run, when the job passed 25%, 50% and 75% of its steps: median over the jobs of each model, live (every run) and simulated. Goal: ≤ 15% at half-way.\n\n| policy | model | live jobs | live 25% | 50% | 75% | sim 25% | 50% | 75% |\n|---|---|---:|---:|---:|---:|---:|---:|---:|"
+        );
+        for row in &self.rows {
+            for e in &row.eta {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    row.policy,
+                    e.model,
+                    e.live_jobs,
+                    abs_pct(e.live[0]),
+                    abs_pct(e.live[1]),
+                    abs_pct(e.live[2]),
+                    abs_pct(e.sim[0]),
+                    abs_pct(e.sim[1]),
+                    abs_pct(e.sim[2]),
+                );
+            }
+        }
+        let _ = writeln!(
+            s,
+            "\nPlots: `completion-POLICY.svg` (live median with the range of the runs, and the simulator's, per job), `cpu-POLICY.svg` and `workers-POLICY.svg` (the first live run: CPU cores per job, running jobs per worker with migrations marked), `eta-POLICY.svg` (the first live run: each job's predicted finish over time against its real finish)."
         );
         s
     }
@@ -795,6 +886,64 @@ fn plot_completion(path: &Path, trace: &TraceFile, policy: &str, report: &Report
         .border_style(BLACK)
         .draw()?;
     root.present().context("writing the completion plot")?;
+    Ok(())
+}
+
+/// Each job's predicted finish (time + ETA) over time, and its real finish as a dashed level.
+fn plot_eta(path: &Path, trace: &TraceFile, r: &LiveRun) -> Result<()> {
+    let end = r
+        .jobs
+        .values()
+        .map(|j| j.finished_s)
+        .chain(r.progress.iter().filter_map(|p| Some(p.0 + p.3?)))
+        .fold(1.0, f64::max)
+        * 1.05;
+    let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!(
+                "{}: predicted finish against real finish ({}, live run {})",
+                trace.name, r.policy, r.run
+            ),
+            ("sans-serif", 18),
+        )
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(55)
+        .build_cartesian_2d(0.0..end, 0.0..end)?;
+    chart
+        .configure_mesh()
+        .x_desc("time (s)")
+        .y_desc("finish (s)")
+        .draw()?;
+    for (i, job) in trace.jobs.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let pts: Vec<(f64, f64)> = r
+            .progress
+            .iter()
+            .filter(|p| p.1 == job.name)
+            .filter_map(|p| Some((p.0, p.0 + p.3?)))
+            .collect();
+        if let (Some(first), Some(done)) = (pts.first(), r.jobs.get(&job.name)) {
+            chart.draw_series(DashedLineSeries::new(
+                [(first.0, done.finished_s), (done.finished_s, done.finished_s)],
+                4,
+                3,
+                color.stroke_width(1),
+            ))?;
+        }
+        chart
+            .draw_series(LineSeries::new(pts, color.stroke_width(2)))?
+            .label(job.name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE)
+        .border_style(BLACK)
+        .draw()?;
+    root.present().context("writing the ETA plot")?;
     Ok(())
 }
 
@@ -963,6 +1112,15 @@ mod tests {
             ),
             ("converge".to_string(), vec![live("converge", 1, 5.5)]),
         ]);
+        // The first spread run's records of step and ETA: it runs from 0 to 10 s; at a
+        // quarter of its 100 steps it predicts 10.5 s, at half 10 s, at three quarters 10.5 s.
+        let mut runs = runs;
+        runs.get_mut("spread").unwrap()[0].progress = vec![
+            (0.0, "a".into(), 0, None),
+            (2.5, "a".into(), 25, Some(8.0)),
+            (5.0, "a".into(), 50, Some(5.0)),
+            (7.5, "a".into(), 75, Some(3.0)),
+        ];
         let sims = BTreeMap::from([
             (
                 "spread".to_string(),
@@ -970,6 +1128,7 @@ mod tests {
                     jct: BTreeMap::from([("a".to_string(), 12.1)]),
                     worker: BTreeMap::from([("a".to_string(), "worker-1".to_string())]),
                     migrations: 0,
+                    eta: BTreeMap::from([("a".to_string(), [Some(0.1), Some(0.02), None])]),
                 },
             ),
             (
@@ -978,6 +1137,7 @@ mod tests {
                     jct: BTreeMap::from([("a".to_string(), 5.0)]),
                     worker: BTreeMap::from([("a".to_string(), "worker-2".to_string())]),
                     migrations: 0,
+                    eta: BTreeMap::new(),
                 },
             ),
         ]);
@@ -996,5 +1156,9 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("not measured"), "{md}");
+        assert!(
+            md.contains("| spread | mlp-digits 12 | 1 | 5.0% | 0.0% | 5.0% | 10.0% | 2.0% | – |"),
+            "{md}"
+        );
     }
 }
