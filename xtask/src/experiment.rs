@@ -705,19 +705,22 @@ impl Report {
         if self.rows.len() > 1 {
             let _ = writeln!(
                 s,
-                "\n| policy / `{}` | avg completion ratio live | sim | difference (points; goal ≤ 5) |",
+                "\n| policy / `{}` | avg completion ratio live | sim | difference (points; goal ≤ 5) | makespan ratio live | sim |",
                 t.policies[0]
             );
-            let _ = writeln!(s, "|---|---:|---:|---:|");
+            let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|");
+            let base = &self.rows[0];
             for r in &self.rows[1..] {
                 let (l, sm) = self.ratios(r);
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} |",
                     r.policy,
                     f(l, 3),
                     f(sm, 3),
-                    f(l.zip(sm).map(|(l, s)| 100.0 * (s - l).abs()), 1)
+                    f(l.zip(sm).map(|(l, s)| 100.0 * (s - l).abs()), 1),
+                    f(r.live_makespan.zip(base.live_makespan).map(|(p, b)| p / b), 3),
+                    f(r.sim_makespan.zip(base.sim_makespan).map(|(p, b)| p / b), 3),
                 );
             }
         }
