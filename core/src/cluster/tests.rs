@@ -1479,6 +1479,64 @@ fn converge_gives_the_shortest_predicted_job_the_cpu_and_las_the_least_served() 
     }
 }
 
+/// Under `converge` a job's value curve is in the same loop: a job that could only finish after
+/// its value reaches zero is rejected at admission, saying when it would finish; one already
+/// placed is given up when its value reaches zero.
+#[test]
+fn converge_rejects_a_job_worthless_by_its_finish_and_drops_one_whose_value_ran_out() {
+    use converge_policy::value::ValueCurve;
+    let mut f = Fixture::new("converge");
+    f.register(1, "w1", 1.0);
+    let value_job = |et: f64, zero: f64| JobSpec {
+        cpus: 0.5,
+        estimated_runtime_s: et,
+        value_curve: Some(ValueCurve {
+            max_value: 10.0,
+            full_value_until_s: 0.0,
+            zero_value_at_s: zero,
+        }),
+        ..JobSpec::default()
+    };
+    // 100 s of work on one core, worthless from 50 s: rejected, nothing started.
+    let out = f.step(Input::Submit {
+        id: "late".into(),
+        spec: value_job(100.0, 50.0),
+    });
+    assert!(Fixture::sent(&out, "late", "start").is_none());
+    assert_eq!(f.state("late"), JobState::Rejected);
+    let reason = &f.core.job("late").unwrap().reason;
+    assert!(
+        reason.contains("100 s after submission") && reason.contains("worth nothing from 50 s"),
+        "{reason}"
+    );
+    // 10 s of work worth something until 60 s: placed; still running at 60 s, it is given up.
+    let submitted = f.now;
+    let out = f.step(Input::Submit {
+        id: "ok".into(),
+        spec: value_job(10.0, 60.0),
+    });
+    let (_, start) = Fixture::sent(&out, "ok", "start").expect("placed");
+    f.ok(1, &start, Fixture::started(1));
+    let mut stop = None;
+    for _ in 0..70 {
+        f.heartbeat(1);
+        let out = f.advance(1.0);
+        if let Some(s) = Fixture::sent(&out, "ok", "stop") {
+            let _ = s;
+            stop = Some(f.now - submitted);
+            break;
+        }
+    }
+    // Given up once 60 s had passed since its submission, not before.
+    let at = stop.expect("a stop once the value ran out");
+    assert!((60.0..62.0).contains(&at), "stopped at {at} s");
+    assert!(
+        f.core.job("ok").unwrap().reason.contains("value curve reached zero"),
+        "{}",
+        f.core.job("ok").unwrap().reason
+    );
+}
+
 // ---- stop at convergence, ETAs ----
 
 #[test]

@@ -162,6 +162,19 @@ impl PriorityPolicy {
         typical: Typical,
         skip: Option<&JobId>,
     ) -> f64 {
+        let (ahead, behind) = Self::queue(view, w, x, typical, skip);
+        (ahead + x + behind as f64 * x) / (w.cpu_capacity * w.calibration.max(1e-6))
+    }
+
+    /// The work of `w`'s jobs no longer than `x` (served before a job of work `x` under
+    /// shortest-remaining-first), and how many are longer.
+    fn queue(
+        view: ClusterView<'_>,
+        w: &crate::cluster::lifecycle::Worker,
+        x: f64,
+        typical: Typical,
+        skip: Option<&JobId>,
+    ) -> (f64, usize) {
         let (mut ahead, mut behind) = (0.0, 0usize);
         for other in w
             .jobs
@@ -176,7 +189,7 @@ impl PriorityPolicy {
                 behind += 1;
             }
         }
-        (ahead + x + behind as f64 * x) / (w.cpu_capacity * w.calibration.max(1e-6))
+        (ahead, behind)
     }
 
     /// One move that lowers the sum of completion times by more than it costs, if there is
@@ -325,7 +338,7 @@ impl ClusterPolicy for PriorityPolicy {
         self.name
     }
 
-    fn place(&mut self, _now: Time, job: &Job, view: ClusterView<'_>) -> Admission {
+    fn place(&mut self, now: Time, job: &Job, view: ClusterView<'_>) -> Admission {
         if let Some(spread) = &mut self.spread {
             return spread.admit(job, view);
         }
@@ -355,6 +368,29 @@ impl ClusterPolicy for PriorityPolicy {
             .filter(|(_, s)| s.is_finite())
             .min_by(|a, b| a.1.total_cmp(b.1))
             .map(|(i, _)| i);
+        // A job whose value curve will be worth nothing by the time it is predicted to finish
+        // is not worth its CPU (the value paper's admission, value-based-allocation.txt :104,
+        // with converge's own prediction of the finish).
+        if let (Some(i), Some(curve), Key::Remaining) = (best, job.spec.value_curve, self.key)
+            && let Some(w) = view.workers.get(ids[i])
+        {
+            let x = if job.spec.estimated_runtime_s > 0.0 {
+                job.spec.estimated_runtime_s
+            } else {
+                new
+            };
+            let (ahead, _) = Self::queue(view, w, x, typical, None);
+            let finish = (ahead + x) / (w.cpu_capacity * w.calibration.max(1e-6));
+            let at = now - job.submitted_at + finish;
+            if curve.value_at(at) <= 0.0 {
+                return Admission::Reject {
+                    reason: format!(
+                        "rejected by converge: it would finish {at:.0} s after submission at best (on {}), and its value curve is worth nothing from {:.0} s",
+                        ids[i], curve.zero_value_at_s
+                    ),
+                };
+            }
+        }
         match best {
             Some(i) => Admission::Place {
                 worker: ids[i].clone(),
@@ -392,15 +428,33 @@ impl ClusterPolicy for PriorityPolicy {
     }
 
     fn on_tick(&mut self, now: Time, view: ClusterView<'_>) -> Vec<Decision> {
+        // A job whose value curve has reached zero is given up (value-based-allocation.txt
+        // :65): what it would still compute is worth nothing to its user.
+        let mut out: Vec<Decision> = view
+            .jobs
+            .values()
+            .filter(|j| self.key == Key::Remaining && !j.is_terminal())
+            .filter_map(|j| {
+                let curve = j.spec.value_curve?;
+                let since = now - j.submitted_at;
+                (since >= curve.zero_value_at_s).then(|| Decision::Drop {
+                    job: j.id.clone(),
+                    reason: format!(
+                        "dropped by converge: its value curve reached zero {since:.0} s after submission"
+                    ),
+                })
+            })
+            .collect();
         let Some(every) = self.rebalance else {
-            return Vec::new();
+            return out;
         };
         let due = *self.next_rebalance.get_or_insert(now + every);
         if now < due {
-            return Vec::new();
+            return out;
         }
         self.next_rebalance = Some(now + every);
-        self.even_out(view).into_iter().collect()
+        out.extend(self.even_out(view));
+        out
     }
 
     fn next_due(&self) -> Option<Time> {
