@@ -194,9 +194,12 @@ impl PriorityPolicy {
 
     /// One move that lowers the sum of completion times by more than it costs, if there is
     /// one: for every running job and every other worker, what the job adds where it is
-    /// ([`Self::marginal`]) less what it would add there, less the move's downtime and the
-    /// work it would lose since its last checkpoint (checkpoint-aware: among equal gains, the
-    /// one losing least). The best such move is made.
+    /// ([`Self::marginal`]) less what it would add there, less the move's downtime. The best
+    /// such move is made; among equal gains, the one with the least work since its last
+    /// checkpoint (what a move loses if its save fails and the job restarts from that
+    /// checkpoint). That work is not charged as a cost: a move saves at the current step, and
+    /// charging it held back every move of a job that had never checkpointed (most of the
+    /// simulator's, and makespan suffered).
     fn even_out(&mut self, view: ClusterView<'_>) -> Option<Decision> {
         let typical = Self::typical(view);
         let measured = view
@@ -226,7 +229,7 @@ impl PriorityPolicy {
                         continue;
                     }
                     let there = Self::marginal(view, dst, x, typical, None);
-                    let gain = here - there - cost - risk;
+                    let gain = here - there - cost;
                     if gain > 0.0
                         && best.is_none_or(|(g, r, ..)| {
                             gain > g + 1e-9 || (gain > g - 1e-9 && risk < r)
