@@ -280,7 +280,10 @@ mod tests {
             cpus: 0.0,
             memory_bytes: 0,
         };
-        assert_eq!(none.nonzero(), (DEFAULT_CPU_REQUEST, DEFAULT_MEMORY_REQUEST));
+        assert_eq!(
+            none.nonzero(),
+            (DEFAULT_CPU_REQUEST, DEFAULT_MEMORY_REQUEST)
+        );
         ws[0].cpu_requested_nonzero = none.nonzero().0;
         ws[0].memory_requested_nonzero = none.nonzero().1;
         ws[0].running = 1;

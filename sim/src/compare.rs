@@ -161,7 +161,11 @@ pub fn evaluate(experiment: &Experiment, catalog: &Catalog) -> Result<Evaluation
         perturbed.system.estimate_noise = e;
         noisy.push((e, run(&perturbed, named("converge")?)?));
     }
-    let cores: f64 = experiment.workers.iter().map(|w| w.count as f64 * w.cpus).sum();
+    let cores: f64 = experiment
+        .workers
+        .iter()
+        .map(|w| w.count as f64 * w.cpus)
+        .sum();
     let workers: usize = experiment.workers.iter().map(|w| w.count).sum();
     let shape = format!(
         "{} jobs, {workers} worker{} ({} cores{})",
@@ -355,7 +359,8 @@ pub fn markdown(evals: &[Evaluation], command: &str) -> String {
             .flat_map(|v| v[q].iter().copied())
             .collect()
     };
-    let cell = |v: &[f64]| median(v.iter().copied()).map_or("-".into(), |m| format!("{:.1}%", m * 100.0));
+    let cell =
+        |v: &[f64]| median(v.iter().copied()).map_or("-".into(), |m| format!("{:.1}%", m * 100.0));
     for (model, conv) in &per_model[0] {
         let base = per_model[1].get(model);
         let _ = writeln!(
@@ -431,9 +436,7 @@ mod tests {
             assert_eq!(r.jobs.len(), 7);
         }
         let g = e.goals();
-        assert!(
-            (g.reduction - (best.avg_jct - e.converge.avg_jct) / best.avg_jct).abs() < 1e-12
-        );
+        assert!((g.reduction - (best.avg_jct - e.converge.avg_jct) / best.avg_jct).abs() < 1e-12);
         // The oracle bound is below the best baseline here, so the gap is defined.
         assert!(g.gap_closed.is_some(), "{:?}", g);
         assert_eq!(g.met[2], Some(g.makespan_ratio <= 1.0 + MAKESPAN_SLACK));
@@ -441,7 +444,12 @@ mod tests {
         assert_eq!(e.noisy.len(), NOISE.len());
         assert_ne!(e.noisy[1].1.jobs, e.converge.jobs);
         // Every completed job has its three ETA errors under converge.
-        assert!(e.converge.jobs.iter().all(|j| j.eta_error.iter().all(Option::is_some)));
+        assert!(
+            e.converge
+                .jobs
+                .iter()
+                .all(|j| j.eta_error.iter().all(Option::is_some))
+        );
         let md = markdown(std::slice::from_ref(&e), "test");
         assert!(md.contains("| t | 7 jobs, 2 workers"), "{md}");
     }

@@ -158,7 +158,9 @@ fn pin_runtime_env(threads: usize) {
     let mut cmd = match std::env::current_exe() {
         Ok(exe) => Process::new(exe),
         Err(e) => {
-            log!("converge-trainer: could not find its own executable ({e}); running with default threads and malloc settings");
+            log!(
+                "converge-trainer: could not find its own executable ({e}); running with default threads and malloc settings"
+            );
             return;
         }
     };

@@ -497,7 +497,9 @@ struct Report {
 /// Per model (and size), the median ETA errors of its jobs live (over every run) and
 /// simulated.
 fn eta_rows(trace: &TraceFile, runs: &[LiveRun], sim: &SimRun) -> Vec<EtaRow> {
-    let mut by_model: BTreeMap<String, ([Vec<f64>; 3], [Vec<f64>; 3], usize)> = BTreeMap::new();
+    // Per model: live errors and simulated errors at each quarter, live jobs with a half-way one.
+    type Errors = ([Vec<f64>; 3], [Vec<f64>; 3], usize);
+    let mut by_model: BTreeMap<String, Errors> = BTreeMap::new();
     for j in &trace.jobs {
         let e = by_model
             .entry(format!("{} {}", j.model, j.size))
@@ -518,8 +520,8 @@ fn eta_rows(trace: &TraceFile, runs: &[LiveRun], sim: &SimRun) -> Vec<EtaRow> {
         .map(|(model, (live, simulated, n))| EtaRow {
             model,
             live_jobs: n,
-            live: live.map(|v| median(v)),
-            sim: simulated.map(|v| median(v)),
+            live: live.map(median),
+            sim: simulated.map(median),
         })
         .collect()
 }
@@ -719,7 +721,10 @@ impl Report {
                     f(l, 3),
                     f(sm, 3),
                     f(l.zip(sm).map(|(l, s)| 100.0 * (s - l).abs()), 1),
-                    f(r.live_makespan.zip(base.live_makespan).map(|(p, b)| p / b), 3),
+                    f(
+                        r.live_makespan.zip(base.live_makespan).map(|(p, b)| p / b),
+                        3
+                    ),
                     f(r.sim_makespan.zip(base.sim_makespan).map(|(p, b)| p / b), 3),
                 );
             }
@@ -930,7 +935,10 @@ fn plot_eta(path: &Path, trace: &TraceFile, r: &LiveRun) -> Result<()> {
             .collect();
         if let (Some(first), Some(done)) = (pts.first(), r.jobs.get(&job.name)) {
             chart.draw_series(DashedLineSeries::new(
-                [(first.0, done.finished_s), (done.finished_s, done.finished_s)],
+                [
+                    (first.0, done.finished_s),
+                    (done.finished_s, done.finished_s),
+                ],
                 4,
                 3,
                 color.stroke_width(1),

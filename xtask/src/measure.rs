@@ -130,8 +130,8 @@ pub struct Args {
 use converge_sim::measured::median;
 pub use converge_sim::measured::{
     CheckpointFile, CheckpointSample, CheckpointSummary, ColocationFile, ColocationPoint, CurveRow,
-    CurveRun, CurvesFile, Header, Machine, Probe, Rate, Settings, StartFile, StartSample, StartSummary,
-    StepPoint, StepTimeFile,
+    CurveRun, CurvesFile, Header, Machine, Probe, Rate, Settings, StartFile, StartSample,
+    StartSummary, StepPoint, StepTimeFile,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -1145,7 +1145,10 @@ pub fn probe(pairs: &[(String, u32)], table: &Settings) -> Result<Vec<Probe>> {
         let r = measure_window(&[&c], table.warmup_s, table.window_s)
             .with_context(|| format!("probing {model} --size {size}"))?
             .remove(0);
-        eprintln!("  probe {model} --size {size}: {:.3} ms/step", r.s_per_step * 1e3);
+        eprintln!(
+            "  probe {model} --size {size}: {:.3} ms/step",
+            r.s_per_step * 1e3
+        );
         out.push(Probe {
             model: model.clone(),
             size: *size,

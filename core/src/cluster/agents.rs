@@ -520,10 +520,8 @@ impl Core {
     }
 
     pub(super) fn started(&mut self, id: &str, worker: &str, detail: &ResultDetail) {
-        if let Some(j) = self.jobs.get_mut(id) {
-            if let ResultDetail::Started { container_id } = detail {
-                j.container_id = container_id.clone();
-            }
+        if let (Some(j), ResultDetail::Started { container_id }) = (self.jobs.get_mut(id), detail) {
+            j.container_id = container_id.clone();
         }
         self.transition(
             id,

@@ -1531,7 +1531,11 @@ fn converge_rejects_a_job_worthless_by_its_finish_and_drops_one_whose_value_ran_
     let at = stop.expect("a stop once the value ran out");
     assert!((60.0..62.0).contains(&at), "stopped at {at} s");
     assert!(
-        f.core.job("ok").unwrap().reason.contains("value curve reached zero"),
+        f.core
+            .job("ok")
+            .unwrap()
+            .reason
+            .contains("value curve reached zero"),
         "{}",
         f.core.job("ok").unwrap().reason
     );

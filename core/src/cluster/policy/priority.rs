@@ -214,8 +214,7 @@ impl PriorityPolicy {
             .filter(|w| w.schedulable() && w.cpu_capacity > 0.0)
             .collect();
         let snaps: Vec<_> = live.iter().map(|w| view.snapshot(w)).collect();
-        let mut best: Option<(f64, f64, &Job, &crate::cluster::lifecycle::Worker, f64, f64)> =
-            None;
+        let mut best: Option<(f64, f64, &Job, &crate::cluster::lifecycle::Worker, f64, f64)> = None;
         for src in &live {
             for j in src.jobs.iter().filter_map(|id| view.jobs.get(id)) {
                 if !matches!(j.phase, JobPhase::Running { .. }) || self.moved.contains(&j.id) {
@@ -333,7 +332,9 @@ impl PriorityPolicy {
 /// The CFS weight that gives a job `cores` of its worker while every job there competes,
 /// when a job given the fair share `fair` weighs the default 1024. Within the kernel's range.
 fn shares_for(cores: f64, fair: f64) -> u32 {
-    (1024.0 * cores / fair.max(1e-9)).round().clamp(2.0, 262_144.0) as u32
+    (1024.0 * cores / fair.max(1e-9))
+        .round()
+        .clamp(2.0, 262_144.0) as u32
 }
 
 impl ClusterPolicy for PriorityPolicy {
@@ -504,7 +505,10 @@ mod tests {
         let sixth = 1.0 / 6.0;
         let rest = 1.0 - 3.0 * sixth;
         assert!((c[1] - (sixth + rest * 7.0 / 8.0)).abs() < 1e-9, "{c:?}");
-        assert!((c[2] - (sixth + rest / 8.0 * 7.0 / 8.0)).abs() < 1e-9, "{c:?}");
+        assert!(
+            (c[2] - (sixth + rest / 8.0 * 7.0 / 8.0)).abs() < 1e-9,
+            "{c:?}"
+        );
         assert!(c[1] > c[2] && c[2] > c[0], "{c:?}");
         assert!((c.iter().sum::<f64>() - 1.0).abs() < 1e-9);
     }
