@@ -1356,7 +1356,24 @@ impl<'a> Simulation<'a> {
         };
         let mut next = f64::INFINITY;
         let (cpus, sharing) = (worker.cpus, worker.jobs.len());
-        for (&j, a) in worker.jobs.iter().zip(alloc) {
+        // Beside exactly one other job, the measured cost of that pair of models, if any.
+        let pair: Vec<Option<String>> = worker
+            .jobs
+            .iter()
+            .map(|&j| {
+                let other = *worker.jobs.iter().find(|&&o| o != j)?;
+                (sharing == 2)
+                    .then(|| {
+                        self.jobs[other]
+                            .spec
+                            .runtime
+                            .as_ref()
+                            .map(|r| r.model.clone())
+                    })
+                    .flatten()
+            })
+            .collect();
+        for ((&j, a), other) in worker.jobs.iter().zip(alloc).zip(pair) {
             let job = &mut self.jobs[j];
             job.alloc = a;
             // The measured cost of sharing: under free competition, or under a hard quota
@@ -1365,7 +1382,11 @@ impl<'a> Simulation<'a> {
                 Some(r) => &r.sharing,
                 None => &self.catalog.contention().sharing,
             };
-            let shared = costs.factor(job.quota < cpus - 1e-9, sharing);
+            let limited = job.quota < cpus - 1e-9;
+            let shared = match other {
+                Some(o) => costs.beside(&o, limited),
+                None => costs.factor(limited, sharing),
+            };
             let rate = a * worker.calibration * shared;
             job.rate = rate;
             if rate > 0.0 {

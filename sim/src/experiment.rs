@@ -422,6 +422,10 @@ pub struct JobSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Runtime {
+    /// Its measured model ([`crate::measured::model_key`]): what a job beside it looks up in
+    /// its [`crate::measured::Sharing::beside`].
+    #[serde(default)]
+    pub model: String,
     /// Its step budget (`--steps`): what it reports as total steps.
     pub steps: u64,
     /// CPU cores it reserves (`JobSpec.cpus`).

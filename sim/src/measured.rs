@@ -151,6 +151,42 @@ pub struct ColocationPoint {
     pub error: Option<String>,
 }
 
+/// `pairs.json`: two jobs of different models sharing one budget under free competition.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct PairsFile {
+    /// Provenance.
+    pub header: Header,
+    /// The parent cgroup's quota, cores.
+    pub budget: f64,
+    /// Each model alone in the budget: the reference of the pairs' efficiencies.
+    pub alone: Vec<PairJob>,
+    /// One point per unordered pair of distinct (model, size).
+    pub pairs: Vec<PairPoint>,
+}
+
+/// One job of a pair, or one alone.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct PairJob {
+    /// `--model`.
+    pub model: String,
+    /// `--size`.
+    pub size: u32,
+    /// Its rate over the window.
+    pub rate: Option<Rate>,
+    /// Steps per CPU-second over the same model's alone (1.0: sharing costs it nothing);
+    /// `None` alone or where CPU use was not readable.
+    pub efficiency: Option<f64>,
+}
+
+/// Two jobs of different models started together.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct PairPoint {
+    /// The two jobs.
+    pub jobs: Vec<PairJob>,
+    /// Why the point has no measurement.
+    pub error: Option<String>,
+}
+
 /// `checkpoint.json`.
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct CheckpointFile {
@@ -320,6 +356,8 @@ pub struct Measured {
     pub start: Option<StartFile>,
     /// `curves.json`.
     pub curves: Option<CurvesFile>,
+    /// `pairs.json`.
+    pub pairs: Option<PairsFile>,
     /// Step-time factors by (model, size) from probes taken beside live runs
     /// ([`Measured::at_speed_of`]); empty when the table's step times stand as measured.
     pub speed: BTreeMap<(String, u32), f64>,
@@ -383,6 +421,7 @@ impl Measured {
             checkpoint: read(dir, "checkpoint.json")?,
             start: read(dir, "start.json")?,
             curves: read(dir, "curves.json")?,
+            pairs: read(dir, "pairs.json")?,
             speed: BTreeMap::new(),
         })
     }
@@ -572,12 +611,31 @@ impl Measured {
             sharing: Sharing {
                 free: factors("free"),
                 split: factors("split"),
+                beside: self.beside(model, size),
             },
             start_s,
             save_s,
             restore_s,
             curve: self.curve(model, size)?,
         })
+    }
+
+    /// What `model` at `size` was measured to get done per CPU-second beside each other model
+    /// (`pairs.json`), by the other's [`model_key`].
+    fn beside(&self, model: &str, size: u32) -> BTreeMap<String, f64> {
+        let mut out = BTreeMap::new();
+        for p in self.pairs.iter().flat_map(|f| &f.pairs) {
+            let [a, b] = p.jobs.as_slice() else { continue };
+            for (me, other) in [(a, b), (b, a)] {
+                if me.model == model
+                    && me.size == size
+                    && let Some(e) = me.efficiency
+                {
+                    out.insert(model_key(&other.model, other.size), e);
+                }
+            }
+        }
+        out
     }
 
     /// The held-out loss of `model` at `size` by step, from its `calibrate` run.
@@ -639,6 +697,7 @@ impl Measured {
             sharing: Sharing {
                 free,
                 split: table("split"),
+                beside: BTreeMap::new(),
             },
             source: format!(
                 "co-location of `--threads 1` jobs, median over models, `{}/colocation.json`, {}",
@@ -674,9 +733,27 @@ pub struct Sharing {
     pub free: Vec<f64>,
     /// Under hard per-container quotas that split the worker (FlowCon's limits).
     pub split: Vec<f64>,
+    /// Under free competition with exactly one job of another model, by that model's
+    /// [`model_key`] (`pairs.json`): the cost of sharing depends on the pair of working sets.
+    #[serde(default)]
+    pub beside: BTreeMap<String, f64>,
+}
+
+/// How a measured (model, size) is named in [`Sharing::beside`].
+pub fn model_key(model: &str, size: u32) -> String {
+    format!("{model}/{size}")
 }
 
 impl Sharing {
+    /// The factor beside exactly one other job, of model `other` ([`model_key`]), under free
+    /// competition: the measured pair where there is one, else [`Sharing::factor`].
+    pub fn beside(&self, other: &str, limited: bool) -> f64 {
+        match self.beside.get(other) {
+            Some(f) if !limited => *f,
+            _ => self.factor(limited, 2),
+        }
+    }
+
     /// The factor for a job sharing its worker with `n − 1` others, held below the worker by
     /// its quota (`limited`) or not: 1 alone or where nothing was measured, the last measured
     /// factor beyond the table.
@@ -824,6 +901,7 @@ pub(crate) mod tests {
                     error: None,
                 }],
             }),
+            pairs: None,
             speed: BTreeMap::new(),
         }
     }
@@ -922,16 +1000,54 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_job_beside_another_model_pays_that_pairs_factor() {
+        let job = |model: &str, size, efficiency| PairJob {
+            model: model.into(),
+            size,
+            rate: None,
+            efficiency,
+        };
+        let mut m = measured();
+        m.pairs = Some(PairsFile {
+            header: header(),
+            budget: 1.0,
+            alone: Vec::new(),
+            pairs: vec![
+                PairPoint {
+                    jobs: vec![job("mlp", 12, Some(0.8)), job("gru", 2, Some(0.9))],
+                    error: None,
+                },
+                PairPoint {
+                    jobs: vec![job("cnn", 6, Some(0.95)), job("mlp", 12, None)],
+                    error: Some("exited".into()),
+                },
+            ],
+        });
+        // The mlp's own efficiency beside the gru; nothing beside the cnn (not measured).
+        let c = m.cost("mlp", 12, 1).unwrap();
+        assert_eq!(c.sharing.beside, BTreeMap::from([(model_key("gru", 2), 0.8)]));
+        assert_eq!(c.sharing.beside("gru/2", false), 0.8);
+        assert_eq!(c.sharing.beside("cnn/6", false), c.sharing.factor(false, 2));
+    }
+
+    #[test]
     fn factors_hold_beyond_the_table_and_are_one_alone() {
-        let s = Sharing {
+        let mut s = Sharing {
             free: vec![1.0, 0.9, 0.8],
             split: vec![1.0, 0.95],
+            beside: BTreeMap::new(),
         };
         assert_eq!(s.factor(false, 1), 1.0);
         assert_eq!(s.factor(false, 2), 0.9);
         assert_eq!(s.factor(false, 7), 0.8);
         assert_eq!(s.factor(true, 2), 0.95);
         assert_eq!(Sharing::default().factor(true, 3), 1.0);
+        // Beside a model measured as a pair, the pair's factor under free competition; beside
+        // another, or under quotas, the count's.
+        s.beside.insert(model_key("gru", 2), 0.85);
+        assert_eq!(s.beside("gru/2", false), 0.85);
+        assert_eq!(s.beside("gru/2", true), 0.95);
+        assert_eq!(s.beside("cnn/6", false), 0.9);
     }
 
     #[test]

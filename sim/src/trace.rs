@@ -256,6 +256,7 @@ impl TraceFile {
                 max_cores: cost.max_cores,
                 value: None,
                 runtime: Some(Runtime {
+                    model: crate::measured::model_key(&j.model, j.size),
                     steps: j.steps,
                     request_cpus: j.cpus,
                     sharing: cost.sharing,

@@ -81,7 +81,7 @@ pub const BEGIN: &str = "<!-- measured:begin -->";
 pub const END: &str = "<!-- measured:end -->";
 
 /// Table names for `--only`.
-const TABLES: &[&str] = &["step-time", "colocation", "checkpoint", "curves"];
+const TABLES: &[&str] = &["step-time", "colocation", "pairs", "checkpoint", "curves"];
 
 /// `cargo xtask measure` options.
 #[derive(clap::Args, Debug)]
@@ -130,8 +130,8 @@ pub struct Args {
 use converge_sim::measured::median;
 pub use converge_sim::measured::{
     CheckpointFile, CheckpointSample, CheckpointSummary, ColocationFile, ColocationPoint, CurveRow,
-    CurveRun, CurvesFile, Header, Machine, Probe, Rate, Settings, StartFile, StartSample,
-    StartSummary, StepPoint, StepTimeFile,
+    CurveRun, CurvesFile, Header, Machine, PairJob, PairPoint, PairsFile, Probe, Rate, Settings,
+    StartFile, StartSample, StartSummary, StepPoint, StepTimeFile,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -810,6 +810,10 @@ impl Plan {
                 .sum();
             t += per_pair * (self.colocation_pairs.len() * self.colocation_threads.len()) as f64;
         }
+        if tables.contains(&"pairs") {
+            let n = self.colocation_pairs.len();
+            t += (n + n * n.saturating_sub(1) / 2) as f64 * (warmup + window + 1.4);
+        }
         if tables.contains(&"checkpoint") {
             t += (self.pairs.len() * reps) as f64 * (TRAIN_BEFORE_STOP_S + 3.0);
         }
@@ -950,6 +954,11 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
         let f = colocation(&ctx)?;
         failures += f.points.iter().filter(|p| p.error.is_some()).count();
         write_json(&out_dir.join("colocation.json"), &f)?;
+    }
+    if tables.contains(&"pairs") {
+        let f = pairs(&ctx)?;
+        failures += f.pairs.iter().filter(|p| p.error.is_some()).count();
+        write_json(&out_dir.join("pairs.json"), &f)?;
     }
     if tables.contains(&"checkpoint") {
         let (ck, st) = checkpoint(&ctx)?;
@@ -1156,6 +1165,92 @@ pub fn probe(pairs: &[(String, u32)], table: &Settings) -> Result<Vec<Probe>> {
         });
     }
     Ok(out)
+}
+
+/// Two jobs of different models (the co-location table's models, one thread each) sharing the
+/// budget under free competition, and each alone for reference: in a trace two different
+/// models share a worker far more often than two of one model, and what sharing costs depends
+/// on the pair.
+fn pairs(ctx: &Ctx) -> Result<PairsFile> {
+    let mut header = header(ctx);
+    let budget = ctx.settings.budget;
+    let parent = ctx.session.cgroups.create_budget("pairs", budget)?;
+    let models = &ctx.plan.colocation_pairs;
+    let run = |which: &[&(String, u32)]| -> Result<Vec<Rate>> {
+        let cs = which
+            .iter()
+            .map(|(m, sz)| {
+                ctx.session.run(&Spec {
+                    model: m,
+                    size: *sz,
+                    threads: 1,
+                    cpus: None,
+                    parent: &parent,
+                    checkpoint: None,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&Container> = cs.iter().collect();
+        measure_window(&refs, ctx.settings.warmup_s, ctx.settings.window_s)
+    };
+    let per_cpu = |r: &Rate| r.cores.filter(|c| *c > 0.0).map(|c| r.steps_per_s / c);
+    let mut alone = Vec::new();
+    for (i, m) in models.iter().enumerate() {
+        eprintln!(
+            "pairs {}/{}: {} --size {} alone",
+            i + 1,
+            models.len(),
+            m.0,
+            m.1
+        );
+        let rate = attempt(&format!("{} alone", m.0), || Ok(run(&[m])?.remove(0)))?.ok();
+        alone.push(PairJob {
+            model: m.0.clone(),
+            size: m.1,
+            rate,
+            efficiency: None,
+        });
+    }
+    let mut pairs = Vec::new();
+    for i in 0..models.len() {
+        for k in i + 1..models.len() {
+            let (a, b) = (&models[i], &models[k]);
+            let what = format!("{} --size {} beside {} --size {}", a.0, a.1, b.0, b.1);
+            eprintln!("pairs: {what}");
+            let (rates, error) = split(attempt(&what, || run(&[a, b]))?);
+            let rates = rates.unwrap_or_default();
+            let jobs = [a, b]
+                .iter()
+                .enumerate()
+                .map(|(n, m)| {
+                    let rate = rates.get(n).cloned();
+                    let reference = alone
+                        .iter()
+                        .find(|x| x.model == m.0 && x.size == m.1)
+                        .and_then(|x| x.rate.as_ref())
+                        .and_then(per_cpu);
+                    PairJob {
+                        model: m.0.clone(),
+                        size: m.1,
+                        efficiency: rate
+                            .as_ref()
+                            .and_then(per_cpu)
+                            .zip(reference)
+                            .map(|(x, r)| x / r),
+                        rate,
+                    }
+                })
+                .collect();
+            pairs.push(PairPoint { jobs, error });
+        }
+    }
+    header.machine.loadavg_end = loadavg();
+    Ok(PairsFile {
+        header,
+        budget,
+        alone,
+        pairs,
+    })
 }
 
 fn split<T>(r: std::result::Result<T, String>) -> (Option<T>, Option<String>) {
@@ -1743,6 +1838,38 @@ fn render(out_dir: &Path, out_rel: &Path) -> String {
                     }
                 });
                 let _ = write!(s, " {v} |");
+            }
+            let _ = writeln!(s);
+        }
+        let _ = writeln!(s);
+    }
+    if let Some(f) = read_json::<PairsFile>(&out_dir.join("pairs.json")) {
+        let _ = writeln!(
+            s,
+            "#### Pairs of models (`{out}/pairs.json`)\n\n{}\n\nTwo one-thread jobs of different \
+             models started together under a parent cgroup capped at {} CPUs, no per-container \
+             limit. Cells: the row's job's steps per CPU-second beside the column's, over the \
+             same alone in the budget (1.00 = sharing costs it nothing).\n",
+            provenance(&f.header),
+            f.budget
+        );
+        let name = |j: &PairJob| format!("{} {}", j.model, j.size);
+        let cols: Vec<String> = f.alone.iter().map(name).collect();
+        let _ = writeln!(s, "| job \\ beside | {} |", cols.join(" | "));
+        let _ = writeln!(s, "|---|{}", "---:|".repeat(cols.len()));
+        for row in &f.alone {
+            let _ = write!(s, "| {} |", name(row));
+            for col in &f.alone {
+                let e = f.pairs.iter().find_map(|p| {
+                    let [a, b] = p.jobs.as_slice() else {
+                        return None;
+                    };
+                    [(a, b), (b, a)]
+                        .into_iter()
+                        .find(|(me, other)| name(me) == name(row) && name(other) == name(col))
+                        .and_then(|(me, _)| me.efficiency)
+                });
+                let _ = write!(s, " {} |", e.map_or("–".into(), |e| format!("{e:.2}")));
             }
             let _ = writeln!(s);
         }
