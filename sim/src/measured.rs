@@ -745,13 +745,15 @@ pub fn model_key(model: &str, size: u32) -> String {
 }
 
 impl Sharing {
-    /// The factor beside exactly one other job, of model `other` ([`model_key`]), under free
-    /// competition: the measured pair where there is one, else [`Sharing::factor`].
+    /// The factor beside exactly one other job, of model `other` ([`model_key`]): the
+    /// measured pair where there is one, else [`Sharing::factor`]. Pairs were measured under
+    /// free competition; the two working sets interleave on the core under quotas as well, so
+    /// the pair's factor stands for both.
     pub fn beside(&self, other: &str, limited: bool) -> f64 {
-        match self.beside.get(other) {
-            Some(f) if !limited => *f,
-            _ => self.factor(limited, 2),
-        }
+        self.beside
+            .get(other)
+            .copied()
+            .unwrap_or_else(|| self.factor(limited, 2))
     }
 
     /// The factor for a job sharing its worker with `n − 1` others, held below the worker by
@@ -1042,11 +1044,11 @@ pub(crate) mod tests {
         assert_eq!(s.factor(false, 7), 0.8);
         assert_eq!(s.factor(true, 2), 0.95);
         assert_eq!(Sharing::default().factor(true, 3), 1.0);
-        // Beside a model measured as a pair, the pair's factor under free competition; beside
-        // another, or under quotas, the count's.
+        // Beside a model measured as a pair, the pair's factor; beside another, the count's.
         s.beside.insert(model_key("gru", 2), 0.85);
         assert_eq!(s.beside("gru/2", false), 0.85);
-        assert_eq!(s.beside("gru/2", true), 0.95);
+        assert_eq!(s.beside("gru/2", true), 0.85);
+        assert_eq!(s.beside("cnn/6", true), 0.95);
         assert_eq!(s.beside("cnn/6", false), 0.9);
     }
 
