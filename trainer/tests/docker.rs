@@ -6,9 +6,10 @@
 //! `cargo xtask test` builds it first). Without them this test fails and says so: a silent skip
 //! would let a broken image pass.
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Output};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::process::{Command, Output, Stdio};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use converge_contract::{CheckpointEvent, ProgressLine, parse_line};
 
@@ -57,6 +58,34 @@ impl Container {
             .lines()
             .filter_map(|l| parse_line(l, Some("loss")).expect("progress line parses"))
             .collect()
+    }
+
+    /// Follows the container's output (`docker logs -f`) until a progress line satisfies
+    /// `until`, and returns the lines up to it; the stream ending first (the container
+    /// exited) fails the test with what it printed.
+    fn follow_until(&self, until: impl Fn(&ProgressLine) -> bool) -> Vec<ProgressLine> {
+        let mut child = Command::new("docker")
+            .args(["logs", "-f", &self.0])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("docker logs -f");
+        let mut lines = Vec::new();
+        for l in BufReader::new(child.stdout.take().unwrap()).lines() {
+            let Some(p) = parse_line(&l.unwrap(), Some("loss")).expect("progress line parses")
+            else {
+                continue;
+            };
+            let done = until(&p);
+            lines.push(p);
+            if done {
+                let _ = child.kill();
+                let _ = child.wait();
+                return lines;
+            }
+        }
+        let _ = child.wait();
+        panic!("{} stopped before the awaited line: {lines:?}", self.0);
     }
 
     fn exit_code(&self) -> i64 {
@@ -108,16 +137,8 @@ fn docker_stop_saves_a_checkpoint_and_a_new_container_resumes_from_it() {
         "docker run: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let lines = first.progress();
-        if lines.iter().any(|l| l.step >= 200 && l.value.is_some()) {
-            assert_eq!(lines[0].step, 0, "a fresh volume starts at step 0");
-            break;
-        }
-        assert!(Instant::now() < deadline, "no progress in 60 s: {lines:?}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let lines = first.follow_until(|l| l.step >= 200 && l.value.is_some());
+    assert_eq!(lines[0].step, 0, "a fresh volume starts at step 0");
 
     // 2. `docker stop` sends SIGTERM and would SIGKILL after 10 s (exit 137); exit 0 means
     // the trainer saved and left on its own. (How fast is a measurement, not a test.)
