@@ -1027,7 +1027,10 @@ pub(crate) mod tests {
         });
         // The mlp's own efficiency beside the gru; nothing beside the cnn (not measured).
         let c = m.cost("mlp", 12, 1).unwrap();
-        assert_eq!(c.sharing.beside, BTreeMap::from([(model_key("gru", 2), 0.8)]));
+        assert_eq!(
+            c.sharing.beside,
+            BTreeMap::from([(model_key("gru", 2), 0.8)])
+        );
         assert_eq!(c.sharing.beside("gru/2", false), 0.8);
         assert_eq!(c.sharing.beside("cnn/6", false), c.sharing.factor(false, 2));
     }
