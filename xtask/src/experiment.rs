@@ -402,6 +402,8 @@ async fn drive(trace: &TraceFile, policy: &str, k: usize, port: u16) -> Result<L
         if t0.elapsed() > deadline {
             bail!("{policy}: jobs did not finish within {deadline:?}");
         }
+        // Ctrl-C (watched since the speed probe) ends the run through the testbed's guard.
+        crate::measure::check_interrupt()?;
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }

@@ -143,7 +143,15 @@ static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 /// (the default action would kill this process and leave containers and cgroups behind). A
 /// second Ctrl-C exits at once.
 fn watch_ctrl_c() {
-    std::thread::spawn(|| {
+    // Once per process: `cargo xtask experiment` probes before every live run.
+    static WATCHING: std::sync::Once = std::sync::Once::new();
+    WATCHING.call_once(|| {
+        std::thread::spawn(watch);
+    });
+}
+
+fn watch() {
+    {
         let Ok(rt) = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -159,10 +167,12 @@ fn watch_ctrl_c() {
                 std::process::exit(130);
             }
         });
-    });
+    }
 }
 
-fn check_interrupt() -> Result<()> {
+/// An error once Ctrl-C was pressed (after [`probe`] or a measurement installed the watch),
+/// so long loops unwind through their guards.
+pub fn check_interrupt() -> Result<()> {
     if INTERRUPTED.load(Ordering::SeqCst) {
         bail!("interrupted");
     }

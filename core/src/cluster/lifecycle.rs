@@ -294,11 +294,15 @@ pub struct Job {
 impl Job {
     /// How far the finish times predicted at 25%, 50% and 75% of its steps were off, each as
     /// a fraction of its run (first start to finish): what users were told against what
-    /// happened. `None` until it has finished, and for a quarter it never reported past.
+    /// happened. `None` unless it completed, and for a quarter it never reported past.
     pub fn eta_errors(&self) -> [Option<f64>; 3] {
         let (Some(started), Some(finished)) = (self.started_at, self.finished_at) else {
             return [None; 3];
         };
+        // A job that failed or was given up did not finish when predicted or otherwise.
+        if !matches!(self.phase, JobPhase::Completed) {
+            return [None; 3];
+        }
         let run = (finished - started).max(1e-9);
         self.predicted_at
             .map(|p| p.map(|p| (p - finished).abs() / run))

@@ -115,8 +115,9 @@ pub struct PriorityPolicy {
     next_rebalance: Option<Time>,
     /// Jobs moved once: never again (a move costs a save and a restore).
     moved: std::collections::BTreeSet<JobId>,
-    /// The CFS weight each running job was last given.
-    given: BTreeMap<JobId, u32>,
+    /// The CFS weight each running job was last given, with the incarnation it was sent to (a
+    /// new incarnation starts at the default weight and must be sent its own).
+    given: BTreeMap<JobId, (u64, u32)>,
 }
 
 /// What a move costs before the job trains again, in seconds, when no move was measured yet:
@@ -250,7 +251,7 @@ impl PriorityPolicy {
                 (
                     "why".into(),
                     format!(
-                        "it adds {here:.0} s to the sum of completion times on {from} and would add {there:.0} s on {}: moving it saves {gain:.0} s net of a {cost:.1} s move and {risk:.1} s of work since its last checkpoint",
+                        "it adds {here:.0} s to the sum of completion times on {from} and would add {there:.0} s on {}: moving it saves {gain:.0} s net of a {cost:.1} s move; {risk:.1} s of work since its last checkpoint (the least among equal moves)",
                         dst.id
                     ),
                 ),
@@ -313,11 +314,12 @@ impl PriorityPolicy {
                 continue;
             }
             let shares = shares_for(c, fair);
-            let changed = self.given.get(&j.id).is_none_or(|&old| {
-                (f64::from(shares) - f64::from(old)).abs() > SHARE_CHANGE * f64::from(old)
+            let changed = self.given.get(&j.id).is_none_or(|&(epoch, old)| {
+                epoch != j.epoch
+                    || (f64::from(shares) - f64::from(old)).abs() > SHARE_CHANGE * f64::from(old)
             });
             if changed {
-                self.given.insert(j.id.clone(), shares);
+                self.given.insert(j.id.clone(), (j.epoch, shares));
                 out.push(Decision::SetLimits {
                     job: j.id.clone(),
                     cpus: 0.0,
@@ -375,24 +377,32 @@ impl ClusterPolicy for PriorityPolicy {
         // A job whose value curve will be worth nothing by the time it is predicted to finish
         // is not worth its CPU (the value paper's admission, value-based-allocation.txt :104,
         // with converge's own prediction of the finish).
-        if let (Some(i), Some(curve), Key::Remaining) = (best, job.spec.value_curve, self.key)
-            && let Some(w) = view.workers.get(ids[i])
-        {
-            let x = if job.spec.estimated_runtime_s > 0.0 {
-                job.spec.estimated_runtime_s
-            } else {
-                new
-            };
-            let (ahead, _) = Self::queue(view, w, x, typical, None);
-            let finish = (ahead + x) / (w.cpu_capacity * w.calibration.max(1e-6));
-            let at = now - job.submitted_at + finish;
-            if curve.value_at(at) <= 0.0 {
-                return Admission::Reject {
-                    reason: format!(
-                        "rejected by converge: it would finish {at:.0} s after submission at best (on {}), and its value curve is worth nothing from {:.0} s",
-                        ids[i], curve.zero_value_at_s
-                    ),
-                };
+        // Checked at its first placement only: a job placed again (restored, drained) is not
+        // turned away.
+        if let (Some(curve), Key::Remaining, 0) = (job.spec.value_curve, self.key, job.epoch) {
+            let soonest = view
+                .workers
+                .values()
+                .zip(&snaps)
+                .filter(|(w, s)| s.schedulable && s.fits(&need) && w.cpu_capacity > 0.0)
+                .map(|(w, _)| {
+                    let (ahead, _) = Self::queue(view, w, new, typical, None);
+                    (
+                        (ahead + new) / (w.cpu_capacity * w.calibration.max(1e-6)),
+                        &w.id,
+                    )
+                })
+                .min_by(|a, b| a.0.total_cmp(&b.0));
+            if let Some((finish, on)) = soonest {
+                let at = now - job.submitted_at + finish;
+                if curve.value_at(at) <= 0.0 {
+                    return Admission::Reject {
+                        reason: format!(
+                            "rejected by converge: it would finish {at:.0} s after submission at best (on {on}), and its value curve is worth nothing from {:.0} s",
+                            curve.zero_value_at_s
+                        ),
+                    };
+                }
             }
         }
         match best {
@@ -441,7 +451,7 @@ impl ClusterPolicy for PriorityPolicy {
             .filter_map(|j| {
                 let curve = j.spec.value_curve?;
                 let since = now - j.submitted_at;
-                (since >= curve.zero_value_at_s).then(|| Decision::Drop {
+                (curve.value_at(since) <= 0.0).then(|| Decision::Drop {
                     job: j.id.clone(),
                     reason: format!(
                         "dropped by converge: its value curve reached zero {since:.0} s after submission"
