@@ -25,7 +25,7 @@ use converge_policy::baseline::Spread;
 
 use super::placing::Placing;
 use super::{Admission, ClusterPolicy, ClusterView, Decision, Report, request, scores_text};
-use crate::cluster::lifecycle::{Job, JobPhase};
+use crate::cluster::lifecycle::{Job, JobPhase, Worker};
 use crate::cluster::types::{JobId, Time, WorkerId, WorkerMode};
 
 /// The guard is `1/(β·n)` of the worker (FlowCon's lower bound, with its β). FlowCon's own
@@ -95,13 +95,63 @@ pub fn split(capacity: f64, claims: &[Claim], beta: f64) -> Vec<f64> {
     cores
 }
 
-/// What placement assumes of a job it knows nothing of.
-#[derive(Debug, Clone, Copy)]
-struct Typical {
-    /// Work: the median of the known estimates (1 when none is known, so that placement
-    /// counts jobs per core, as least-allocated does), never nothing: a worker of jobs that
-    /// have not reported yet is not empty.
-    work: f64,
+/// The work each live job will need (`PriorityPolicy::work`), estimated once per decision:
+/// placement and moves ask for every job of every worker, and an estimate reads the job's
+/// progress history.
+struct Works<'a> {
+    known: BTreeMap<&'a str, f64>,
+    /// What a job nothing is known of counts as: the median of the known (1 when none is
+    /// known, so that placement counts jobs per core, as least-allocated does), never nothing:
+    /// a worker of jobs that have not reported yet is not empty.
+    typical: f64,
+}
+
+impl<'a> Works<'a> {
+    fn of(view: ClusterView<'a>) -> Self {
+        let known: BTreeMap<&'a str, f64> = view
+            .jobs
+            .values()
+            .filter(|j| !j.is_terminal())
+            .filter_map(|j| Some((j.id.as_str(), PriorityPolicy::work(view, j)?)))
+            .collect();
+        let mut sorted: Vec<f64> = known.values().copied().collect();
+        sorted.sort_by(f64::total_cmp);
+        let typical = sorted.get(sorted.len() / 2).map_or(1.0, |m| m.max(1e-3));
+        Works { known, typical }
+    }
+
+    fn get(&self, job: &str) -> f64 {
+        self.known.get(job).copied().unwrap_or(self.typical)
+    }
+
+    /// The work of `w`'s jobs no longer than `x` (served before a job of work `x` under
+    /// shortest-remaining-first), and how many are longer. `skip` leaves one job out (the one
+    /// being moved).
+    fn queue(&self, w: &Worker, x: f64, skip: Option<&JobId>) -> (f64, usize) {
+        let (mut ahead, mut behind) = (0.0, 0usize);
+        for id in w.jobs.iter().filter(|id| Some(*id) != skip) {
+            let y = self.get(id);
+            if y <= x {
+                ahead += y;
+            } else {
+                behind += 1;
+            }
+        }
+        (ahead, behind)
+    }
+
+    /// What a job of work `x` adds to the sum of completion times on `w` under
+    /// shortest-remaining-first: its own completion, behind the jobs shorter than it, plus `x`
+    /// for each longer job it delays; in seconds at `w`'s capacity and speed.
+    fn marginal(&self, w: &Worker, x: f64, skip: Option<&JobId>) -> f64 {
+        let (ahead, behind) = self.queue(w, x, skip);
+        (ahead + x + behind as f64 * x) / speed(w)
+    }
+}
+
+/// Reference core-seconds a worker does per second.
+fn speed(w: &Worker) -> f64 {
+    w.cpu_capacity * w.calibration.max(1e-6)
 }
 
 /// A priority-split policy (module doc).
@@ -152,83 +202,42 @@ impl PriorityPolicy {
         }
     }
 
-    /// What a job of work `x` adds to the sum of completion times on `w` under
-    /// shortest-remaining-first (placement's rule, [`ClusterPolicy::place`] below): its own
-    /// completion, behind the jobs shorter than it, plus `x` for each longer job it delays; in
-    /// seconds at `w`'s capacity and speed. `skip` leaves one job out (the one being moved).
-    fn marginal(
-        view: ClusterView<'_>,
-        w: &crate::cluster::lifecycle::Worker,
-        x: f64,
-        typical: Typical,
-        skip: Option<&JobId>,
-    ) -> f64 {
-        let (ahead, behind) = Self::queue(view, w, x, typical, skip);
-        (ahead + x + behind as f64 * x) / (w.cpu_capacity * w.calibration.max(1e-6))
-    }
-
-    /// The work of `w`'s jobs no longer than `x` (served before a job of work `x` under
-    /// shortest-remaining-first), and how many are longer.
-    fn queue(
-        view: ClusterView<'_>,
-        w: &crate::cluster::lifecycle::Worker,
-        x: f64,
-        typical: Typical,
-        skip: Option<&JobId>,
-    ) -> (f64, usize) {
-        let (mut ahead, mut behind) = (0.0, 0usize);
-        for other in w
-            .jobs
-            .iter()
-            .filter(|id| Some(*id) != skip)
-            .filter_map(|id| view.jobs.get(id))
-        {
-            let y = Self::work(view, other).unwrap_or(typical.work);
-            if y <= x {
-                ahead += y;
-            } else {
-                behind += 1;
-            }
-        }
-        (ahead, behind)
-    }
-
     /// One move that lowers the sum of completion times by more than it costs, if there is
     /// one: for every running job and every other worker, what the job adds where it is
-    /// ([`Self::marginal`]) less what it would add there, less the move's downtime. The best
+    /// ([`Works::marginal`]) less what it would add there, less the move's downtime. The best
     /// such move is made; among equal gains, the one with the least work since its last
     /// checkpoint (what a move loses if its save fails and the job restarts from that
     /// checkpoint). That work is not charged as a cost: a move saves at the current step, and
     /// charging it held back every move of a job that had never checkpointed (most of the
     /// simulator's, and makespan suffered).
     fn even_out(&mut self, view: ClusterView<'_>) -> Option<Decision> {
-        let typical = Self::typical(view);
+        let works = Works::of(view);
         let measured = view
             .jobs
             .values()
             .filter_map(|j| j.last_migration_downtime)
             .fold(None, |m: Option<f64>, d| Some(m.map_or(d, |m| m.max(d))));
         let cost = measured.unwrap_or(MOVE_COST_S);
-        let live: Vec<&crate::cluster::lifecycle::Worker> = view
+        let live: Vec<&Worker> = view
             .workers
             .values()
             .filter(|w| w.schedulable() && w.cpu_capacity > 0.0)
             .collect();
         let snaps: Vec<_> = live.iter().map(|w| view.snapshot(w)).collect();
-        let mut best: Option<(f64, f64, &Job, &crate::cluster::lifecycle::Worker, f64, f64)> = None;
+        let mut best: Option<(f64, f64, &Job, &Worker, f64, f64)> = None;
         for src in &live {
             for j in src.jobs.iter().filter_map(|id| view.jobs.get(id)) {
                 if !matches!(j.phase, JobPhase::Running { .. }) || self.moved.contains(&j.id) {
                     continue;
                 }
-                let x = Self::work(view, j).unwrap_or(typical.work);
-                let here = Self::marginal(view, src, x, typical, Some(&j.id));
+                let x = works.get(&j.id);
+                let here = works.marginal(src, x, Some(&j.id));
                 let risk = view.work_at_risk(j);
                 for (dst, snap) in live.iter().zip(&snaps) {
                     if dst.id == src.id || !snap.fits(&request(&j.spec)) {
                         continue;
                     }
-                    let there = Self::marginal(view, dst, x, typical, None);
+                    let there = works.marginal(dst, x, None);
                     let gain = here - there - cost;
                     if gain > 0.0
                         && best.is_none_or(|(g, r, ..)| {
@@ -267,16 +276,6 @@ impl PriorityPolicy {
             .map(|e| e.work)
             .or((job.spec.estimated_runtime_s > 0.0).then_some(job.spec.estimated_runtime_s))
             .or_else(|| view.history.expected_remaining(0.0))
-    }
-
-    /// What placement assumes of a job it knows nothing of (module doc of [`Typical`]).
-    fn typical(view: ClusterView<'_>) -> Typical {
-        let live = || view.jobs.values().filter(|j| !j.is_terminal());
-        let mut known: Vec<f64> = live().filter_map(|j| Self::work(view, j)).collect();
-        known.sort_by(f64::total_cmp);
-        Typical {
-            work: known.get(known.len() / 2).map_or(1.0, |m| m.max(1e-3)),
-        }
     }
 
     /// The weights of `worker`'s jobs, as decisions for those that changed.
@@ -355,17 +354,26 @@ impl ClusterPolicy for PriorityPolicy {
         // workers count as such; a job whose work is unknown counts as a typical one.
         let (ids, snaps) = view.snapshots();
         let need = request(&job.spec);
-        let typical = Self::typical(view);
-        let new = Self::work(view, job).unwrap_or(typical.work);
-        let scores: Vec<f64> = view
+        let works = Works::of(view);
+        let new = works.get(&job.id);
+        // Per worker it fits on: the work served before the job there, and how many it delays.
+        let queues: Vec<Option<(f64, usize)>> = view
             .workers
             .values()
             .zip(&snaps)
             .map(|(w, s)| {
-                if !(s.schedulable && s.fits(&need)) || w.cpu_capacity <= 0.0 {
-                    return f64::INFINITY;
-                }
-                Self::marginal(view, w, new, typical, None)
+                (s.schedulable && s.fits(&need) && w.cpu_capacity > 0.0)
+                    .then(|| works.queue(w, new, None))
+            })
+            .collect();
+        let workers: Vec<&Worker> = view.workers.values().collect();
+        let scores: Vec<f64> = workers
+            .iter()
+            .zip(&queues)
+            .map(|(w, q)| {
+                q.map_or(f64::INFINITY, |(ahead, behind)| {
+                    (ahead + new + behind as f64 * new) / speed(w)
+                })
             })
             .collect();
         let best = scores
@@ -376,22 +384,14 @@ impl ClusterPolicy for PriorityPolicy {
             .map(|(i, _)| i);
         // A job whose value curve will be worth nothing by the time it is predicted to finish
         // is not worth its CPU (the value paper's admission, value-based-allocation.txt :104,
-        // with converge's own prediction of the finish).
+        // with converge's own prediction of the finish, on the worker where it comes soonest).
         // Checked at its first placement only: a job placed again (restored, drained) is not
         // turned away.
         if let (Some(curve), Key::Remaining, 0) = (job.spec.value_curve, self.key, job.epoch) {
-            let soonest = view
-                .workers
-                .values()
-                .zip(&snaps)
-                .filter(|(w, s)| s.schedulable && s.fits(&need) && w.cpu_capacity > 0.0)
-                .map(|(w, _)| {
-                    let (ahead, _) = Self::queue(view, w, new, typical, None);
-                    (
-                        (ahead + new) / (w.cpu_capacity * w.calibration.max(1e-6)),
-                        &w.id,
-                    )
-                })
+            let soonest = workers
+                .iter()
+                .zip(&queues)
+                .filter_map(|(w, q)| q.map(|(ahead, _)| ((ahead + new) / speed(w), &w.id)))
                 .min_by(|a, b| a.0.total_cmp(&b.0));
             if let Some((finish, on)) = soonest {
                 let at = now - job.submitted_at + finish;
