@@ -1356,37 +1356,32 @@ impl<'a> Simulation<'a> {
         };
         let mut next = f64::INFINITY;
         let (cpus, sharing) = (worker.cpus, worker.jobs.len());
-        // Beside exactly one other job, the measured cost of that pair of models, if any.
-        let pair: Vec<Option<String>> = worker
+        // Each job's factor, read before any job changes: the measured cost of sharing, under
+        // free competition or under a hard quota that holds it below the worker (FlowCon's
+        // limits), and beside exactly one other job the cost of that pair of models if measured.
+        let factors: Vec<f64> = worker
             .jobs
             .iter()
             .map(|&j| {
-                let other = *worker.jobs.iter().find(|&&o| o != j)?;
-                (sharing == 2)
-                    .then(|| {
-                        self.jobs[other]
-                            .spec
-                            .runtime
-                            .as_ref()
-                            .map(|r| r.model.clone())
-                    })
+                let job = &jobs[j];
+                let costs = match &job.spec.runtime {
+                    Some(r) => &r.sharing,
+                    None => &self.catalog.contention().sharing,
+                };
+                let limited = job.quota < cpus - 1e-9;
+                let other = (sharing == 2)
+                    .then(|| worker.jobs.iter().find(|&&o| o != j))
                     .flatten()
+                    .and_then(|&o| jobs[o].spec.runtime.as_ref());
+                match other {
+                    Some(r) => costs.beside(&r.model, limited),
+                    None => costs.factor(limited, sharing),
+                }
             })
             .collect();
-        for ((&j, a), other) in worker.jobs.iter().zip(alloc).zip(pair) {
+        for ((&j, a), shared) in worker.jobs.iter().zip(alloc).zip(factors) {
             let job = &mut self.jobs[j];
             job.alloc = a;
-            // The measured cost of sharing: under free competition, or under a hard quota
-            // that holds it below the worker (FlowCon's limits).
-            let costs = match &job.spec.runtime {
-                Some(r) => &r.sharing,
-                None => &self.catalog.contention().sharing,
-            };
-            let limited = job.quota < cpus - 1e-9;
-            let shared = match other {
-                Some(o) => costs.beside(&o, limited),
-                None => costs.factor(limited, sharing),
-            };
             let rate = a * worker.calibration * shared;
             job.rate = rate;
             if rate > 0.0 {

@@ -383,6 +383,28 @@ mod tests {
         for j in &run.jobs {
             assert!((j.jct - want).abs() < 1e-6, "{} vs {want}", j.jct);
         }
+        // A measured pair replaces the count's factor for a job beside exactly that model.
+        let mut paired = measured();
+        let half = |_| crate::measured::PairJob {
+            model: "mlp".into(),
+            size: 12,
+            rate: None,
+            efficiency: Some(0.5),
+        };
+        paired.pairs = Some(crate::measured::PairsFile {
+            header: paired.step_time.as_ref().unwrap().header.clone(),
+            budget: 1.0,
+            alone: Vec::new(),
+            pairs: vec![crate::measured::PairPoint {
+                jobs: (0..2).map(half).collect(),
+                error: None,
+            }],
+        });
+        let run = t.simulate("spread", &paired, false).unwrap();
+        let want = 0.5 + 8.0 / (0.5 * 0.5);
+        for j in &run.jobs {
+            assert!((j.jct - want).abs() < 1e-6, "{} vs {want}", j.jct);
+        }
         let mut free = measured();
         if let Some(c) = &mut free.colocation {
             c.points.clear();
