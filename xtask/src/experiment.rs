@@ -24,6 +24,8 @@ use anyhow::{Context, Result, bail};
 use converge_messenger::pb;
 use converge_sim::measured::{Measured, Probe, median};
 use converge_sim::trace::TraceFile;
+use plotters::coord::Shift;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -820,6 +822,45 @@ fn provenance(m: &Measured) -> String {
 // ---------------------------------------------------------------------------------------------
 // Plots.
 
+/// Every plot's canvas: white, 900 × 420, at `path`.
+fn canvas(path: &Path) -> Result<DrawingArea<SVGBackend<'_>, Shift>> {
+    let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
+    root.fill(&WHITE)?;
+    Ok(root)
+}
+
+/// A chart on `root` with every plot's caption style, margins and axis areas.
+fn chart<'a, 'b>(
+    root: &'a DrawingArea<SVGBackend<'b>, Shift>,
+    caption: String,
+    x: std::ops::Range<f64>,
+    y: std::ops::Range<f64>,
+    y_label_area: u32,
+) -> Result<ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>> {
+    Ok(ChartBuilder::on(root)
+        .caption(caption, ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(y_label_area)
+        .build_cartesian_2d(x, y)?)
+}
+
+/// Draws the chart's legend and writes the file.
+fn finish<'a, 'b: 'a>(
+    chart: &mut ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    root: &DrawingArea<SVGBackend<'b>, Shift>,
+    what: &str,
+) -> Result<()> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE)
+        .border_style(BLACK)
+        .draw()?;
+    root.present()
+        .with_context(|| format!("writing the {what} plot"))?;
+    Ok(())
+}
+
 fn plot_completion(path: &Path, trace: &TraceFile, policy: &str, report: &Report) -> Result<()> {
     let Some(row) = report.rows.iter().find(|r| r.policy == policy) else {
         return Ok(());
@@ -831,17 +872,14 @@ fn plot_completion(path: &Path, trace: &TraceFile, policy: &str, report: &Report
         .flat_map(|j| j.live.iter().flatten().copied().chain(j.sim))
         .fold(1.0, f64::max)
         * 1.1;
-    let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!("{}: completion time per job under {policy}", trace.name),
-            ("sans-serif", 18),
-        )
-        .margin(10)
-        .x_label_area_size(35)
-        .y_label_area_size(45)
-        .build_cartesian_2d(0.0..n as f64, 0.0..top)?;
+    let root = canvas(path)?;
+    let mut chart = chart(
+        &root,
+        format!("{}: completion time per job under {policy}", trace.name),
+        0.0..n as f64,
+        0.0..top,
+        45,
+    )?;
     let names: Vec<String> = row.jobs.iter().map(|j| j.job.clone()).collect();
     chart
         .configure_mesh()
@@ -890,13 +928,7 @@ fn plot_completion(path: &Path, trace: &TraceFile, policy: &str, report: &Report
         .draw_series(sim)?
         .label("simulated")
         .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], RED.mix(0.7).filled()));
-    chart
-        .configure_series_labels()
-        .background_style(WHITE)
-        .border_style(BLACK)
-        .draw()?;
-    root.present().context("writing the completion plot")?;
-    Ok(())
+    finish(&mut chart, &root, "completion")
 }
 
 /// Each job's predicted finish (time + ETA) over time, and its real finish as a dashed level.
@@ -908,20 +940,17 @@ fn plot_eta(path: &Path, trace: &TraceFile, r: &LiveRun) -> Result<()> {
         .chain(r.progress.iter().filter_map(|p| Some(p.0 + p.3?)))
         .fold(1.0, f64::max)
         * 1.05;
-    let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!(
-                "{}: predicted finish against real finish ({}, live run {})",
-                trace.name, r.policy, r.run
-            ),
-            ("sans-serif", 18),
-        )
-        .margin(10)
-        .x_label_area_size(35)
-        .y_label_area_size(55)
-        .build_cartesian_2d(0.0..end, 0.0..end)?;
+    let root = canvas(path)?;
+    let mut chart = chart(
+        &root,
+        format!(
+            "{}: predicted finish against real finish ({}, live run {})",
+            trace.name, r.policy, r.run
+        ),
+        0.0..end,
+        0.0..end,
+        55,
+    )?;
     chart
         .configure_mesh()
         .x_desc("time (s)")
@@ -951,31 +980,22 @@ fn plot_eta(path: &Path, trace: &TraceFile, r: &LiveRun) -> Result<()> {
             .label(job.name.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], color));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE)
-        .border_style(BLACK)
-        .draw()?;
-    root.present().context("writing the ETA plot")?;
-    Ok(())
+    finish(&mut chart, &root, "ETA")
 }
 
 fn plot_cpu(path: &Path, trace: &TraceFile, r: &LiveRun) -> Result<()> {
     let end = r.cpu.iter().map(|c| c.0).fold(1.0, f64::max);
-    let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!(
-                "{}: CPU use per job ({}, live run {})",
-                trace.name, r.policy, r.run
-            ),
-            ("sans-serif", 18),
-        )
-        .margin(10)
-        .x_label_area_size(35)
-        .y_label_area_size(45)
-        .build_cartesian_2d(0.0..end, 0.0..1.2)?;
+    let root = canvas(path)?;
+    let mut chart = chart(
+        &root,
+        format!(
+            "{}: CPU use per job ({}, live run {})",
+            trace.name, r.policy, r.run
+        ),
+        0.0..end,
+        0.0..1.2,
+        45,
+    )?;
     chart
         .configure_mesh()
         .x_desc("time (s)")
@@ -994,32 +1014,23 @@ fn plot_cpu(path: &Path, trace: &TraceFile, r: &LiveRun) -> Result<()> {
             .label(job.name.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], color));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE)
-        .border_style(BLACK)
-        .draw()?;
-    root.present().context("writing the CPU plot")?;
-    Ok(())
+    finish(&mut chart, &root, "CPU")
 }
 
 fn plot_workers(path: &Path, trace: &TraceFile, r: &LiveRun) -> Result<()> {
     let end = r.per_worker.iter().map(|c| c.0).fold(1.0, f64::max);
     let top = r.per_worker.iter().map(|c| c.2).max().unwrap_or(1) as f64 + 1.0;
-    let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!(
-                "{}: running jobs per worker ({}, live run {})",
-                trace.name, r.policy, r.run
-            ),
-            ("sans-serif", 18),
-        )
-        .margin(10)
-        .x_label_area_size(35)
-        .y_label_area_size(45)
-        .build_cartesian_2d(0.0..end, 0.0..top)?;
+    let root = canvas(path)?;
+    let mut chart = chart(
+        &root,
+        format!(
+            "{}: running jobs per worker ({}, live run {})",
+            trace.name, r.policy, r.run
+        ),
+        0.0..end,
+        0.0..top,
+        45,
+    )?;
     chart
         .configure_mesh()
         .x_desc("time (s)")
@@ -1046,13 +1057,7 @@ fn plot_workers(path: &Path, trace: &TraceFile, r: &LiveRun) -> Result<()> {
             + TriangleMarker::new((0, 0), 6, RED.filled())
             + Text::new(format!("{}->{}", m.job, m.to), (5, 5), ("sans-serif", 11))
     }))?;
-    chart
-        .configure_series_labels()
-        .background_style(WHITE)
-        .border_style(BLACK)
-        .draw()?;
-    root.present().context("writing the workers plot")?;
-    Ok(())
+    finish(&mut chart, &root, "workers")
 }
 
 #[cfg(test)]
