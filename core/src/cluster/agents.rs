@@ -15,6 +15,7 @@ impl Core {
             self.conns.remove(&old);
         }
         self.conns.insert(conn, id.clone());
+        self.changes.workers.insert(id.clone());
         let restarted = self
             .workers
             .get(&id)
@@ -94,7 +95,7 @@ impl Core {
             let id = c.job.clone();
             match (&job.phase, c.running) {
                 (JobPhase::Starting { .. } | JobPhase::Lost { .. }, true) => {
-                    if let Some(j) = self.jobs.get_mut(&id) {
+                    if let Some(j) = self.job_mut(&id) {
                         j.container_id = c.container_id.clone();
                         if let Some(s) = c.last_step {
                             j.step = j.step.max(s);
@@ -119,6 +120,25 @@ impl Core {
                     true,
                 ) => {
                     let cmd = self.save_command(command.clone(), &id, c.epoch);
+                    self.send(worker, cmd);
+                }
+                // The restore runs but its result may have been lost with the old stream (or
+                // the old manager): the same Start again, answered from the agent's cache.
+                (
+                    JobPhase::Migrating(Move {
+                        phase: MovePhase::Restoring { command },
+                        ..
+                    }),
+                    true,
+                ) => {
+                    let cmd = Command {
+                        id: command.clone(),
+                        job: id.clone(),
+                        epoch: c.epoch,
+                        action: Action::Start {
+                            cpu_shares: self.policy.start_shares(&id),
+                        },
+                    };
                     self.send(worker, cmd);
                 }
                 _ => {}
@@ -199,7 +219,7 @@ impl Core {
         let Some(worker) = self.conns.remove(&conn) else {
             return;
         };
-        let Some(w) = self.workers.get_mut(&worker) else {
+        let Some(w) = self.worker_mut(&worker) else {
             return;
         };
         if w.conn == Some(conn) {
@@ -242,10 +262,11 @@ impl Core {
     }
 
     pub(super) fn heartbeat(&mut self, worker: &str, hb: Heartbeat) {
-        let Some(w) = self.workers.get_mut(worker) else {
+        let now = self.now;
+        let Some(w) = self.worker_mut(worker) else {
             return;
         };
-        w.last_seen = self.now;
+        w.last_seen = now;
         w.alpha = hb.alpha;
         w.interval_s = hb.interval_s;
         if matches!(w.state, WorkerPhase::Lost { .. }) {
@@ -259,7 +280,7 @@ impl Core {
             if !self.may_speak(worker, &s.job, s.epoch) {
                 continue;
             }
-            let j = self.jobs.get_mut(&s.job).expect("checked by may_speak");
+            let j = self.job_mut(&s.job).expect("checked by may_speak");
             if s.epoch != j.epoch || j.worker().is_none_or(|w| w != worker) {
                 continue;
             }
@@ -303,7 +324,7 @@ impl Core {
             if !self.may_speak(worker, &s.job, s.epoch) {
                 continue;
             }
-            let j = self.jobs.get_mut(&s.job).expect("checked by may_speak");
+            let j = self.job_mut(&s.job).expect("checked by may_speak");
             if j.is_terminal() {
                 continue;
             }
@@ -339,7 +360,7 @@ impl Core {
                 let downtime = self.now - r.started;
                 // A move counts once the new incarnation has shown progress: until then it
                 // may still fail to train on its new worker.
-                let j = self.jobs.get_mut(&s.job).expect("exists");
+                let j = self.job_mut(&s.job).expect("exists");
                 j.migrations += 1;
                 j.last_migration_downtime = Some(downtime);
                 let ms = (downtime * 1000.0).round() as u64;
@@ -371,7 +392,7 @@ impl Core {
         }
         for m in batch.malformed {
             if self.may_speak(worker, &m.job, m.epoch)
-                && let Some(j) = self.jobs.get_mut(&m.job)
+                && let Some(j) = self.job_mut(&m.job)
             {
                 j.malformed += m.count;
             }
@@ -399,7 +420,7 @@ impl Core {
         let Some(eta) = self.eta(id, self.now) else {
             return;
         };
-        let j = self.jobs.get_mut(id).expect("exists");
+        let j = self.job_mut(id).expect("exists");
         for i in due {
             j.predicted_at[i] = Some(eta.finish_at);
         }
@@ -479,7 +500,7 @@ impl Core {
             },
             JobPhase::Stopping { command, why, .. } if command == r.command => {
                 if r.ok {
-                    let j = self.jobs.get_mut(&id).expect("exists");
+                    let j = self.job_mut(&id).expect("exists");
                     j.exit_code = Some(0);
                     // Its last steps may be reported after this result: the save's step is
                     // where its checkpoint is.
@@ -520,7 +541,7 @@ impl Core {
     }
 
     pub(super) fn started(&mut self, id: &str, worker: &str, detail: &ResultDetail) {
-        if let (Some(j), ResultDetail::Started { container_id }) = (self.jobs.get_mut(id), detail) {
+        if let (Some(j), ResultDetail::Started { container_id }) = (self.job_mut(id), detail) {
             j.container_id = container_id.clone();
         }
         self.transition(
@@ -549,7 +570,7 @@ impl Core {
                 ..
             }) | JobPhase::Stopping { .. }
         );
-        if let (Some(j), Some(s)) = (self.jobs.get_mut(&id), e.last_step) {
+        if let (Some(j), Some(s)) = (self.job_mut(&id), e.last_step) {
             j.step = j.step.max(s);
         }
         if saving {
@@ -565,7 +586,7 @@ impl Core {
                         attributes,
                     );
                 }
-                self.jobs.get_mut(&id).expect("exists").exit_code = Some(0);
+                self.job_mut(&id).expect("exists").exit_code = Some(0);
                 self.transition(&id, JobPhase::Completed, "completed while being saved");
             }
             // Otherwise the Saved result (which waits for this exit) drives the next step.
@@ -600,7 +621,7 @@ impl Core {
             );
             return;
         }
-        self.jobs.get_mut(&id).expect("exists").exit_code = Some(e.exit_code);
+        self.job_mut(&id).expect("exists").exit_code = Some(e.exit_code);
         let (to, reason) = if e.exit_code == 0 {
             (JobPhase::Completed, "exited 0".to_string())
         } else if e.oom_killed {

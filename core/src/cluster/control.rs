@@ -18,6 +18,7 @@ impl Core {
         }
         let seq = self.next_seq;
         self.next_seq += 1;
+        self.changes.jobs.insert(id.clone());
         self.jobs.insert(
             id.clone(),
             Job {
@@ -91,7 +92,7 @@ impl Core {
     }
 
     pub(super) fn drain(&mut self, worker: &str) -> Result<Reply, RequestError> {
-        let Some(w) = self.workers.get_mut(worker) else {
+        let Some(w) = self.worker_mut(worker) else {
             return Err(RequestError::Invalid {
                 field: "worker_id",
                 message: format!("no worker `{worker}` is registered"),
@@ -141,7 +142,7 @@ impl Core {
                     }
                     _ => {
                         let why = format!("{worker} is draining; waiting for a worker with room");
-                        if let Some(j) = self.jobs.get_mut(&id)
+                        if let Some(j) = self.job_mut(&id)
                             && j.reason != why
                         {
                             debug!(job = %id, %worker, "no worker can take the job; it stays while the worker drains");

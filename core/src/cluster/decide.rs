@@ -57,7 +57,7 @@ impl Core {
                     self.start(&id, &worker, cpu_shares, reason, attributes);
                 }
                 Admission::Wait { reason } => {
-                    let j = self.jobs.get_mut(&id).expect("exists");
+                    let j = self.job_mut(&id).expect("exists");
                     if j.reason != reason {
                         debug!(job = %id, %reason, "job waits");
                         j.reason = reason;
@@ -136,7 +136,7 @@ impl Core {
                     cpus,
                     cpu_shares,
                 } => {
-                    let Some(j) = self.jobs.get_mut(&job) else {
+                    let Some(j) = self.job_mut(&job) else {
                         continue;
                     };
                     let JobPhase::Running { worker } = &j.phase else {

@@ -14,11 +14,12 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use converge_policy::cluster::Category;
+use serde::{Deserialize, Serialize};
 
 use super::types::{CommandId, JobId, JobSpec, JobState, MoveReason, Time, WorkerId, WorkerState};
 
 /// A move between workers in flight.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Move {
     /// Source worker.
     pub from: WorkerId,
@@ -35,7 +36,7 @@ pub struct Move {
 }
 
 /// Where a move is: save on the source, then a new incarnation on the target.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum MovePhase {
     /// Save sent to `from`; no restore is sent before its result.
     Saving {
@@ -50,7 +51,7 @@ pub enum MovePhase {
 }
 
 /// A job's lifecycle phase.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum JobPhase {
     /// Waiting for a worker.
     Pending,
@@ -181,7 +182,7 @@ pub fn allowed(from: &JobPhase, to: &JobPhase) -> bool {
 }
 
 /// One progress point kept per job (bounded history).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProgressPoint {
     /// When the agent read it (Unix ms).
     pub unix_ms: i64,
@@ -196,7 +197,7 @@ pub struct ProgressPoint {
 }
 
 /// The worker's last policy view of a job (from heartbeats).
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct WorkerView {
     /// FlowCon/SpeCon category.
     pub category: Option<Category>,
@@ -209,7 +210,7 @@ pub struct WorkerView {
 }
 
 /// One incarnation: which worker an epoch was started on.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Incarnation {
     /// The epoch.
     pub epoch: u64,
@@ -218,7 +219,7 @@ pub struct Incarnation {
 }
 
 /// A finished move waiting for the first progress line on its target (for its downtime).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Resuming {
     /// The move.
     pub from: WorkerId,
@@ -231,7 +232,7 @@ pub struct Resuming {
 }
 
 /// One job.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Job {
     /// Its id.
     pub id: JobId,
@@ -342,7 +343,7 @@ impl Job {
 }
 
 /// One worker.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Worker {
     /// Its id.
     pub id: WorkerId,
@@ -356,7 +357,8 @@ pub struct Worker {
     pub calibration: f64,
     /// Labels.
     pub labels: BTreeMap<String, String>,
-    /// The live stream, if any.
+    /// The live stream, if any (not stored: a restarted manager has no streams yet).
+    #[serde(skip)]
     pub conn: Option<super::types::ConnId>,
     /// The agent process behind it.
     pub instance_id: String,
@@ -371,7 +373,7 @@ pub struct Worker {
 }
 
 /// A worker's lifecycle.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub enum WorkerPhase {
     /// Takes new work.
     Ready,

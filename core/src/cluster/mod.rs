@@ -27,6 +27,7 @@
 
 pub mod lifecycle;
 pub mod policy;
+pub mod saved;
 pub mod types;
 
 mod agents;
@@ -181,6 +182,16 @@ pub enum Effect {
     },
 }
 
+impl Effect {
+    /// Whether the effect leaves the manager (a command, an answer, an event a watcher sees):
+    /// a durable shell stores what the step changed before carrying out any such effect. A
+    /// step with none (most progress and heartbeats) may be stored later, with the next: losing
+    /// it in a crash is the same as losing its message in transit, which the protocol survives.
+    pub fn is_observable(&self) -> bool {
+        !matches!(self, Effect::Refused { .. })
+    }
+}
+
 /// When a job will finish, for users.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Eta {
@@ -271,6 +282,10 @@ pub struct Core {
     dirty: bool,
     /// Sizes of the jobs that completed (for estimates of jobs nothing else tells about).
     history: converge_policy::estimate::ServiceHistory,
+    /// Records changed since the shell last took them (for the store; `saved`).
+    changes: saved::Changes,
+    /// A restarted manager declares no worker lost before this (`saved`).
+    grace_until: Time,
 }
 
 impl Core {
@@ -290,6 +305,8 @@ impl Core {
             departures: VecDeque::new(),
             dirty: false,
             history: Default::default(),
+            changes: Default::default(),
+            grace_until: Time::NEG_INFINITY,
         }
     }
 
@@ -439,6 +456,7 @@ impl Core {
         let Some(job) = self.jobs.get_mut(id) else {
             return false;
         };
+        self.changes.jobs.insert(id.to_string());
         if !lifecycle::allowed(&job.phase, &to) {
             warn!(job = %id, from = job.state().label(), to = to.state().label(), "transition refused");
             self.out.push(Effect::Refused {
@@ -480,6 +498,7 @@ impl Core {
         }
         if to.state() == JobState::Completed {
             self.history.record(job.cpu_s);
+            self.changes.history = true;
         }
         job.phase = to;
         job.reason = reason.clone();
@@ -487,9 +506,11 @@ impl Core {
         if old_worker != new_worker {
             if let Some(w) = old_worker.as_ref().and_then(|w| self.workers.get_mut(w)) {
                 w.jobs.remove(id);
+                self.changes.workers.insert(w.id.clone());
             }
             if let Some(w) = new_worker.as_ref().and_then(|w| self.workers.get_mut(w)) {
                 w.jobs.insert(id.to_string());
+                self.changes.workers.insert(w.id.clone());
             }
             if let Some(w) = old_worker.clone() {
                 self.departures.push_back((w, id.to_string()));
@@ -516,6 +537,25 @@ impl Core {
             self.out.push(Effect::Event(e));
         }
         true
+    }
+
+    /// Job `id`, to change it: the one way the core writes a job outside [`Core::transition`],
+    /// so that the store hears of every change.
+    pub(super) fn job_mut(&mut self, id: &str) -> Option<&mut Job> {
+        let j = self.jobs.get_mut(id)?;
+        if !self.changes.jobs.contains(id) {
+            self.changes.jobs.insert(id.to_string());
+        }
+        Some(j)
+    }
+
+    /// Worker `id`, to change it (as [`Core::job_mut`]).
+    pub(super) fn worker_mut(&mut self, id: &str) -> Option<&mut Worker> {
+        let w = self.workers.get_mut(id)?;
+        if !self.changes.workers.contains(id) {
+            self.changes.workers.insert(id.to_string());
+        }
+        Some(w)
     }
 
     pub(super) fn next_command_id(&mut self) -> CommandId {

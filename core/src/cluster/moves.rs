@@ -102,7 +102,7 @@ impl Core {
         };
         if let ResultDetail::Saved { step, killed, .. } = &r.detail
             && !killed
-            && let Some(j) = self.jobs.get_mut(id)
+            && let Some(j) = self.job_mut(id)
         {
             j.checkpoint_step = j.checkpoint_step.max(Some(*step));
         }
@@ -175,7 +175,7 @@ impl Core {
 
     pub(super) fn restored(&mut self, id: &str, worker: &str, m: &Move, r: &CommandResult) {
         if r.ok {
-            if let Some(j) = self.jobs.get_mut(id) {
+            if let Some(j) = self.job_mut(id) {
                 j.resuming = Some(Resuming {
                     from: m.from.clone(),
                     to: worker.to_string(),

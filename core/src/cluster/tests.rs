@@ -11,6 +11,77 @@ struct Fixture {
     core: Core,
     now: Time,
     effects: Vec<Effect>,
+    /// Every change stored after every step, and checked against the core: a change the core
+    /// did not report to the store fails the test that makes it.
+    store: Shadow,
+}
+
+/// A store as the manager's shell keeps one (`saved`): what steps changed, written when a
+/// step's effects leave the manager.
+#[derive(Default)]
+struct Shadow {
+    jobs: BTreeMap<JobId, Job>,
+    workers: BTreeMap<WorkerId, Worker>,
+    counters: saved::Counters,
+    unsaved: saved::Changes,
+}
+
+impl Shadow {
+    /// What the shell does after a step.
+    fn after_step(&mut self, core: &mut Core, out: &[Effect]) {
+        self.unsaved.merge(core.take_changes());
+        if out.iter().any(Effect::is_observable) {
+            self.commit(core);
+        }
+    }
+
+    fn commit(&mut self, core: &Core) {
+        let changes = std::mem::take(&mut self.unsaved);
+        for id in changes.jobs {
+            if let Some(j) = core.job(&id) {
+                self.jobs.insert(id, j.clone());
+            }
+        }
+        for id in changes.workers {
+            if let Some(w) = core.worker(&id) {
+                self.workers.insert(id, w.clone());
+            }
+        }
+        self.counters = core.counters();
+    }
+
+    fn saved(&self) -> saved::Saved {
+        saved::Saved {
+            jobs: self.jobs.values().cloned().collect(),
+            workers: self.workers.values().cloned().collect(),
+            counters: self.counters.clone(),
+        }
+    }
+
+    /// Every stored record is the core's own: nothing changed unreported.
+    fn assert_complete(&self, core: &Core) {
+        let unlinked = |w: &Worker| {
+            let mut w = w.clone();
+            w.conn = None;
+            format!("{w:?}")
+        };
+        assert_eq!(self.jobs.len(), core.jobs().len(), "jobs stored");
+        for (id, j) in core.jobs() {
+            assert_eq!(
+                self.jobs.get(id).map(|s| format!("{s:?}")),
+                Some(format!("{j:?}")),
+                "job {id} changed without telling the store"
+            );
+        }
+        for (id, w) in core.workers() {
+            assert_eq!(
+                self.workers.get(id).map(unlinked),
+                Some(unlinked(w)),
+                "worker {id} changed without telling the store"
+            );
+        }
+        assert_eq!(self.counters, core.counters());
+    }
 }
 
 fn config() -> Config {
@@ -38,13 +109,24 @@ impl Fixture {
             core: Core::new(config(), p),
             now: 0.0,
             effects: Vec::new(),
+            store: Shadow::default(),
         }
     }
 
     fn step(&mut self, input: Input) -> Vec<Effect> {
         let out = self.core.step(self.now, input);
         self.effects.extend(out.iter().cloned());
+        self.store.after_step(&mut self.core, &out);
+        self.store.commit(&self.core);
+        self.store.assert_complete(&self.core);
         out
+    }
+
+    /// The manager restarts: a new core from what the store holds, `grace` seconds for the
+    /// agents to come back; every stream is gone.
+    fn restart(&mut self, policy: &str, grace: Time) {
+        let p = policy::by_name(policy, &PolicyConfig::default()).unwrap();
+        self.core = Core::from_saved(config(), p, self.store.saved(), self.now, grace).unwrap();
     }
 
     fn advance(&mut self, dt: Time) -> Vec<Effect> {
@@ -778,6 +860,47 @@ fn a_reregistering_agent_has_its_running_container_re_adopted() {
 }
 
 #[test]
+fn a_restarted_core_keeps_its_jobs_readopts_them_and_waits_out_the_grace() {
+    let (mut f, save) = Fixture::saving();
+    f.submit("b", 2.0);
+    f.submit("c", 2.0);
+    let before: Vec<_> = ["a", "b", "c"].map(|j| (f.state(j), f.epoch(j))).into();
+    f.restart("spread", 5.0);
+    let after: Vec<_> = ["a", "b", "c"].map(|j| (f.state(j), f.epoch(j))).into();
+    assert_eq!(before, after, "every job as it was, at its epoch");
+    assert!(f.core.workers().values().all(|w| w.conn.is_none()));
+
+    // w1 comes back still running the incarnation being saved: the same Save again (its
+    // agent answers from its cache), never a second Start.
+    let out = f.reregister(11, "w1", 2.0, &[("a", 1, 42)]);
+    let (_, again) = Fixture::sent(&out, "a", "save").expect("save re-sent");
+    assert_eq!(again.id, save.id);
+    assert!(Fixture::sent(&out, "a", "start").is_none());
+
+    // w2 stays silent: not lost within the grace period, lost after it.
+    for _ in 0..4 {
+        f.heartbeat(11);
+        f.advance(1.0);
+    }
+    assert_eq!(
+        f.core.worker("w2").unwrap().state.state(),
+        WorkerState::Ready
+    );
+    for _ in 0..5 {
+        f.heartbeat(11);
+        f.advance(1.0);
+    }
+    assert_eq!(
+        f.core.worker("w2").unwrap().state.state(),
+        WorkerState::Lost
+    );
+    assert_eq!(
+        f.core.worker("w1").unwrap().state.state(),
+        WorkerState::Draining
+    );
+}
+
+#[test]
 fn progress_exit_and_heartbeat_update_the_job() {
     let mut f = Fixture::running();
     f.progress(1, "a", 1, 7);
@@ -928,6 +1051,8 @@ mod model {
     const WORKERS: usize = 3;
     /// Shorter than the core's `recover_lost_after` (10 s): the agent's promise.
     const FENCE_AFTER: Time = 4.0;
+    /// How long a restarted manager waits for agents before declaring any lost.
+    const RESTART_GRACE: Time = 3.0;
 
     #[derive(Debug, Clone)]
     pub enum Op {
@@ -940,6 +1065,9 @@ mod model {
         Disconnect(usize),
         Reconnect(usize),
         Tick,
+        /// The manager is killed and starts again from its store; with a worker, that
+        /// worker's agent has just carried out a command whose answer dies with the manager.
+        Restart(Option<usize>),
     }
 
     pub fn op() -> impl Strategy<Value = Op> {
@@ -953,6 +1081,7 @@ mod model {
             1 => (0..WORKERS).prop_map(Op::Disconnect),
             2 => (0..WORKERS).prop_map(Op::Reconnect),
             4 => Just(Op::Tick),
+            1 => proptest::option::of(0..WORKERS).prop_map(Op::Restart),
         ]
     }
 
@@ -967,7 +1096,18 @@ mod model {
         outbox: Vec<AgentMessage>,
     }
 
-    pub fn run(ops: Vec<Op>, policy_name: &str) -> Result<(), TestCaseError> {
+    pub fn run(mut ops: Vec<Op>, policy_name: &str) -> Result<(), TestCaseError> {
+        // Then the faults stop: every agent comes back on a new stream (a command dropped
+        // from a live stream is only ever healed that way) and every command is delivered,
+        // so that nothing may be left half-way (checked at the end).
+        let random = ops.len();
+        ops.extend((0..WORKERS).flat_map(|w| [Op::Disconnect(w), Op::Reconnect(w)]));
+        for _ in 0..40 {
+            for w in 0..WORKERS {
+                ops.extend([Op::Deliver(w), Op::Deliver(w), Op::Deliver(w)]);
+            }
+            ops.push(Op::Tick);
+        }
         let mut core = Core::new(
             config(),
             policy::by_name(policy_name, &PolicyConfig::default()).unwrap(),
@@ -978,6 +1118,8 @@ mod model {
         let mut jobs = 0usize;
         let mut cancelled: BTreeSet<JobId> = BTreeSet::new();
         let mut terminal: BTreeMap<JobId, JobState> = BTreeMap::new();
+        let mut acknowledged: BTreeSet<JobId> = BTreeSet::new();
+        let mut store = super::Shadow::default();
         let mut effects = Vec::new();
         for (w, agent) in agents.iter_mut().enumerate() {
             next_conn += 1;
@@ -990,7 +1132,13 @@ mod model {
                 },
             ));
         }
-        for op in ops {
+        for (i, op) in ops.into_iter().enumerate() {
+            if i == random + 2 * WORKERS {
+                // Healing: reconnect even an agent whose drain emptied it.
+                for a in agents.iter_mut() {
+                    a.cut_since = None;
+                }
+            }
             let mut inputs = Vec::new();
             match op {
                 Op::Submit => {
@@ -1049,6 +1197,33 @@ mod model {
                         });
                     }
                 }
+                Op::Restart(deliver) => {
+                    if let Some(w) = deliver
+                        && let Some(c) = agents[w].inbox.pop_front()
+                    {
+                        execute(&mut agents[w], c);
+                    }
+                    // Every stream dies with the manager, and what was on them.
+                    for a in agents.iter_mut() {
+                        if a.conn.take().is_some() {
+                            a.cut_since = Some(now);
+                        }
+                        a.inbox.clear();
+                        a.outbox.clear();
+                    }
+                    core = Core::from_saved(
+                        config(),
+                        policy::by_name(policy_name, &PolicyConfig::default()).unwrap(),
+                        store.saved(),
+                        now,
+                        RESTART_GRACE,
+                    )
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    store.unsaved = Default::default();
+                    for id in &acknowledged {
+                        prop_assert!(core.job(id).is_some(), "job {} forgotten", id);
+                    }
+                }
                 Op::Tick => {
                     now += 1.0;
                     for a in agents.iter_mut() {
@@ -1091,7 +1266,15 @@ mod model {
                     Input::Cancel { id } => Some(id.clone()),
                     _ => None,
                 };
+                let submitted = match &input {
+                    Input::Submit { id, .. } => Some(id.clone()),
+                    _ => None,
+                };
                 let out = core.step(now, input);
+                store.after_step(&mut core, &out);
+                if let (Some(id), Some(Effect::Reply(Ok(_)))) = (submitted, out.last()) {
+                    acknowledged.insert(id);
+                }
                 for e in &out {
                     if let Effect::Send { conn, command, .. } = e {
                         // A Start for a job the user cancelled is the bug we guard against.
@@ -1131,6 +1314,19 @@ mod model {
                     prop_assert!(n <= 1, "job {} runs {} times", j, n);
                 }
             }
+        }
+        // Healed, nothing is stuck between two states.
+        for (id, j) in core.jobs() {
+            prop_assert!(
+                !matches!(
+                    j.state(),
+                    JobState::Starting | JobState::Migrating | JobState::Lost | JobState::Stopping
+                ),
+                "job {} stuck {:?} after every fault healed: {}",
+                id,
+                j.state(),
+                j.reason
+            );
         }
         Ok(())
     }
@@ -1208,7 +1404,7 @@ proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
 
     /// Random interleavings of submissions, cancels, drains, lost and reordered commands,
-    /// disconnects, reconnects and time never yield two running incarnations of a job, a
+    /// disconnects, reconnects, manager restarts from the store and time never yield two running incarnations of a job, a
     /// transition out of a terminal state, or a Start for a cancelled job.
     #[test]
     fn no_interleaving_breaks_the_lifecycle(ops in proptest::collection::vec(model::op(), 1..200)) {
@@ -1260,6 +1456,7 @@ mod value {
             ),
             now: T0,
             effects: Vec::new(),
+            store: Shadow::default(),
         };
         f.register(1, "w1", 1.0);
         f

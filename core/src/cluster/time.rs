@@ -7,17 +7,25 @@ impl Core {
     pub(super) fn tick(&mut self) {
         let now = self.now;
         let limit = self.config.heartbeat_interval * self.config.lost_after_missed as f64;
-        // Liveness applies in every state, draining included.
+        // Liveness applies in every state, draining included; a restarted manager first gives
+        // every worker its grace period to register again (`saved`).
+        let recovering = now < self.grace_until;
         let silent: Vec<WorkerId> = self
             .workers
             .values()
-            .filter(|w| !matches!(w.state, WorkerPhase::Lost { .. }) && now - w.last_seen > limit)
+            .filter(|w| {
+                !recovering
+                    && !matches!(w.state, WorkerPhase::Lost { .. })
+                    && now - w.last_seen > limit
+            })
             .map(|w| w.id.clone())
             .collect();
         for id in silent {
             self.lose_worker(&id);
         }
-        self.recover_lost();
+        if !recovering {
+            self.recover_lost();
+        }
         let view = ClusterView {
             workers: &self.workers,
             jobs: &self.jobs,
@@ -28,18 +36,15 @@ impl Core {
     }
 
     pub(super) fn lose_worker(&mut self, id: &str) {
-        let now = self.now;
-        let w = self.workers.get_mut(id).expect("exists");
+        let (now, missed) = (self.now, self.config.lost_after_missed);
+        let w = self.worker_mut(id).expect("exists");
         let silent = now - w.last_seen;
         w.state = WorkerPhase::Lost {
             since: now,
             draining: w.state.draining(),
         };
         warn!(worker = %id, silent, "worker lost");
-        let reason = format!(
-            "no heartbeat for {silent:.1}s ({} missed)",
-            self.config.lost_after_missed
-        );
+        let reason = format!("no heartbeat for {silent:.1}s ({missed} missed)");
         let jobs: Vec<JobId> = w.jobs.iter().cloned().collect();
         self.worker_event(id, WorkerState::Lost, reason.clone());
         for j in jobs {

@@ -1,0 +1,166 @@
+//! What a durable manager keeps of the core, and how a core is rebuilt from it.
+//!
+//! The store keeps the core's own records — every [`Job`] and [`Worker`] as the core holds
+//! them, and the [`Counters`] that make ids and order unique — not a second model of the state.
+//! After each step the shell asks [`Core::take_changes`] which records the step touched and
+//! writes those; a restarted manager reads them back into [`Core::from_saved`]. What is not kept:
+//! the streams (a new process has none; agents register again and [`Core::reconcile`] brings
+//! each worker in line) and the policy's own memory (it starts empty and learns again from
+//! the reports, as it does for a job that migrates).
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+use super::*;
+
+/// Which records a step (or several) changed.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Changes {
+    /// Jobs whose record changed.
+    pub jobs: BTreeSet<JobId>,
+    /// Workers whose record changed.
+    pub workers: BTreeSet<WorkerId>,
+    /// A job completed: the finished sizes ([`Counters::history`]) changed.
+    pub history: bool,
+}
+
+impl Changes {
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.jobs.is_empty() && self.workers.is_empty() && !self.history
+    }
+
+    /// Adds what `other` changed.
+    pub fn merge(&mut self, other: Changes) {
+        self.jobs.extend(other.jobs);
+        self.workers.extend(other.workers);
+        self.history |= other.history;
+    }
+}
+
+/// The core's counters: the next submission number and command number, and the sizes of the
+/// jobs that finished (what estimates of unknown jobs rest on).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Counters {
+    /// The next job's submission number.
+    pub next_seq: u64,
+    /// The last command number used.
+    pub next_command: u64,
+    /// Finished jobs' sizes.
+    pub history: converge_policy::estimate::ServiceHistory,
+}
+
+/// Everything a core is rebuilt from.
+#[derive(Debug, Clone, Default)]
+pub struct Saved {
+    /// Every job.
+    pub jobs: Vec<Job>,
+    /// Every worker.
+    pub workers: Vec<Worker>,
+    /// The counters.
+    pub counters: Counters,
+}
+
+/// Why saved records cannot make a core.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RestoreError {
+    /// Two jobs with one submission number, or one id twice.
+    #[error("saved job {0} is there twice or shares its submission number with another")]
+    Duplicate(JobId),
+    /// A job's incarnation is on a worker the records do not have.
+    #[error("saved job {job} is on worker {worker}, which is not saved")]
+    UnknownWorker {
+        /// The job.
+        job: JobId,
+        /// Its worker.
+        worker: WorkerId,
+    },
+    /// A counter is behind what the records use.
+    #[error(
+        "saved counters are behind the saved jobs (next submission {next_seq}, job {job} has {seq})"
+    )]
+    Counters {
+        /// The counter.
+        next_seq: u64,
+        /// The job.
+        job: JobId,
+        /// Its number.
+        seq: u64,
+    },
+}
+
+impl Core {
+    /// The records touched since the last call (the shell stores them).
+    pub fn take_changes(&mut self) -> Changes {
+        std::mem::take(&mut self.changes)
+    }
+
+    /// The counters as they are now.
+    pub fn counters(&self) -> Counters {
+        Counters {
+            next_seq: self.next_seq,
+            next_command: self.next_command,
+            history: self.history.clone(),
+        }
+    }
+
+    /// A core rebuilt from `saved` at `now`, deciding with `policy`. No worker has a stream
+    /// yet; none is declared lost before `now + grace`, so that agents have time to register
+    /// again (as Nomad gives clients after a leader change). The indices (pending queue, jobs
+    /// per worker) are rebuilt from the jobs' phases, not trusted from the records.
+    pub fn from_saved(
+        config: Config,
+        policy: Box<dyn ClusterPolicy>,
+        saved: Saved,
+        now: Time,
+        grace: Time,
+    ) -> Result<Core, RestoreError> {
+        let mut core = Core::new(config, policy);
+        core.now = now;
+        core.grace_until = now + grace;
+        for mut w in saved.workers {
+            w.conn = None;
+            w.jobs.clear();
+            // Silence while this manager was down says nothing about the worker.
+            w.last_seen = w.last_seen.max(now);
+            core.workers.insert(w.id.clone(), w);
+        }
+        let Counters {
+            next_seq,
+            next_command,
+            history,
+        } = saved.counters;
+        for j in saved.jobs {
+            if j.seq >= next_seq {
+                return Err(RestoreError::Counters {
+                    next_seq,
+                    job: j.id,
+                    seq: j.seq,
+                });
+            }
+            if let Some(w) = j.worker() {
+                let Some(worker) = core.workers.get_mut(w) else {
+                    return Err(RestoreError::UnknownWorker {
+                        job: j.id.clone(),
+                        worker: w.clone(),
+                    });
+                };
+                worker.jobs.insert(j.id.clone());
+            }
+            if j.state() == JobState::Pending && core.pending.insert(j.seq, j.id.clone()).is_some()
+            {
+                return Err(RestoreError::Duplicate(j.id));
+            }
+            let id = j.id.clone();
+            if core.jobs.insert(id.clone(), j).is_some() {
+                return Err(RestoreError::Duplicate(id));
+            }
+        }
+        core.next_seq = next_seq;
+        core.next_command = next_command;
+        core.history = history;
+        core.dirty = true;
+        Ok(core)
+    }
+}
