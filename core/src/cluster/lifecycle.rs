@@ -181,6 +181,20 @@ pub fn allowed(from: &JobPhase, to: &JobPhase) -> bool {
     }
 }
 
+/// Progress points a stored job keeps ([`Job::progress`]).
+pub const STORED_PROGRESS: usize = 32;
+
+fn recent_progress<S: serde::Serializer>(
+    points: &VecDeque<ProgressPoint>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_seq(
+        points
+            .iter()
+            .skip(points.len().saturating_sub(STORED_PROGRESS)),
+    )
+}
+
 /// One progress point kept per job (bounded history).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProgressPoint {
@@ -266,7 +280,10 @@ pub struct Job {
     pub samples: u64,
     /// Malformed progress lines reported.
     pub malformed: u64,
-    /// The most recent progress points.
+    /// The most recent progress points. A store keeps only the last [`STORED_PROGRESS`]:
+    /// enough for the estimates and the stopping rule to go on after a restart, and a record
+    /// of bounded size however long the history kept in memory.
+    #[serde(serialize_with = "recent_progress")]
     pub progress: VecDeque<ProgressPoint>,
     /// What its worker last reported of it.
     pub view: WorkerView,

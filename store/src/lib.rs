@@ -1,0 +1,167 @@
+//! `converge-store`: the manager's durable state.
+//!
+//! The manager's decision core (`converge_core::cluster::Core`) reports after each step which
+//! of its records changed; the manager writes those records here in one transaction before any
+//! effect of the step leaves the process (`converge_manager::actor`), and a restarted manager
+//! reads them back into `Core::from_saved`. The records are the core's own types, so there is
+//! no second model of the state to keep in line.
+//!
+//! Start at [`Store`], the interface a backend implements (a replicated one, such as etcd for a
+//! standby manager, would be a second implementation), then [`Sqlite`], the one there is: an
+//! embedded SQLite database (compiled in through `rusqlite`'s `bundled` feature) in WAL mode.
+//! SQLite rather than `redb`: a file every operator can open, check and back up with the
+//! `sqlite3` tool while the manager runs (`.backup`, `PRAGMA integrity_check`), row-level
+//! upserts for records that change often, and two decades of recovery from torn writes.
+//!
+//! What is kept: every job (spec as the decisions see it, phase with its worker, epoch, move
+//! and command in flight, reasons, the last [`converge_core::cluster::lifecycle::STORED_PROGRESS`]
+//! progress points), every worker with its drain state, the counters that keep submission
+//! order and command ids unique, the full job specs the Start commands carry, and the event
+//! log with its sequence numbers (the newest [`RETAINED_EVENTS`]).
+
+mod sqlite;
+
+use converge_core::cluster::lifecycle::{Job, Worker};
+use converge_core::cluster::saved::{Counters, Saved};
+use std::path::PathBuf;
+
+pub use sqlite::{FILE_NAME, SCHEMA_VERSION, Sqlite};
+
+/// Events kept in the store; older ones are deleted as new ones come (a watcher asking for
+/// them starts at the oldest kept).
+pub const RETAINED_EVENTS: u64 = 1_000_000;
+
+/// One numbered event, encoded by the shell (the store does not read it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredEvent {
+    /// Its sequence number.
+    pub seq: u64,
+    /// The job it is about, if any.
+    pub job: Option<String>,
+    /// The encoded event.
+    pub bytes: Vec<u8>,
+}
+
+/// What one step (or several) changed, written in one transaction.
+#[derive(Debug, Default)]
+pub struct Batch<'a> {
+    /// Jobs whose record changed.
+    pub jobs: Vec<&'a Job>,
+    /// Workers whose record changed.
+    pub workers: Vec<&'a Worker>,
+    /// The core's counters now.
+    pub counters: Option<&'a Counters>,
+    /// Whether the finished sizes in the counters changed (they are written only then).
+    pub history_changed: bool,
+    /// Full specs of jobs submitted since the last batch, encoded by the shell.
+    pub specs: Vec<(&'a str, &'a [u8])>,
+    /// Events numbered since the last batch.
+    pub events: &'a [StoredEvent],
+}
+
+impl Batch<'_> {
+    /// Whether there is nothing to write.
+    pub fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
+            && self.workers.is_empty()
+            && self.counters.is_none()
+            && self.specs.is_empty()
+            && self.events.is_empty()
+    }
+}
+
+/// What a store held when it was opened.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    /// The core's records.
+    pub saved: Saved,
+    /// Full job specs, encoded by the shell.
+    pub specs: Vec<(String, Vec<u8>)>,
+    /// The newest events, oldest first.
+    pub events: Vec<StoredEvent>,
+    /// The number the next event gets.
+    pub next_event_seq: u64,
+}
+
+impl Recovered {
+    /// Whether the store was empty (a first start).
+    pub fn is_empty(&self) -> bool {
+        self.saved.jobs.is_empty() && self.saved.workers.is_empty() && self.events.is_empty()
+    }
+}
+
+/// A backend for the manager's state.
+pub trait Store: Send {
+    /// Everything stored (read once, at start).
+    fn load(&mut self, newest_events: usize) -> Result<Recovered>;
+
+    /// Writes `batch` atomically: after it returns, a crash loses none of it.
+    fn commit(&mut self, batch: &Batch<'_>) -> Result<()>;
+
+    /// Where it is, for logs and errors.
+    fn location(&self) -> String;
+}
+
+/// What went wrong with the store. Each message says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The state directory cannot be made or opened.
+    #[error(
+        "cannot use the state directory {dir}: {source}; make it writable or pass another --state-dir"
+    )]
+    Dir {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not a readable Converge store (not SQLite, truncated, damaged, another
+    /// application's database).
+    #[error(
+        "the state store {path} cannot be used: {why}. The manager will not start on a store it cannot read \
+         (it would forget every job): restore the file from a backup, or move it away to start with an empty cluster"
+    )]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+    /// The store was written by a newer manager.
+    #[error(
+        "the state store {path} has schema version {found}, newer than this manager reads ({supported}): \
+         run the newer manager that wrote it, or move the file away to start with an empty cluster"
+    )]
+    Newer {
+        /// The file.
+        path: PathBuf,
+        /// Its version.
+        found: i64,
+        /// What this build reads.
+        supported: i64,
+    },
+    /// A record cannot be decoded.
+    #[error(
+        "the state store {path} holds a {what} record that cannot be read ({why}): restore the file from a \
+         backup, or move it away to start with an empty cluster"
+    )]
+    Record {
+        /// The file.
+        path: PathBuf,
+        /// Which record.
+        what: String,
+        /// Why.
+        why: String,
+    },
+    /// A read or write failed while running.
+    #[error("the state store {path} failed: {source}")]
+    Sql {
+        /// The file.
+        path: PathBuf,
+        /// SQLite's error.
+        source: rusqlite::Error,
+    },
+}
+
+/// The crate's result.
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,352 @@
+//! The store on SQLite: one file, `converge.db`, in the state directory.
+//!
+//! - WAL journal with `synchronous = NORMAL`: a commit is durable once the call returns against
+//!   a crash of the manager (kill -9 included: the WAL is in the kernel's page cache); an
+//!   operating-system crash or power loss may lose the newest commits, never corrupt the file.
+//! - `locking_mode = EXCLUSIVE`: the first manager holds the file until it exits, so a second
+//!   one pointed at the same directory is refused instead of writing beside it.
+//! - `application_id` marks the file as Converge's; `user_version` is the schema version,
+//!   migrated forward at open ([`MIGRATIONS`]) and refused when newer than this build.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use converge_core::cluster::lifecycle::{Job, Worker};
+use converge_core::cluster::saved::Saved;
+use rusqlite::{Connection, OptionalExtension, params};
+use tracing::info;
+
+use crate::{Batch, Error, RETAINED_EVENTS, Recovered, Result, Store, StoredEvent};
+
+/// The database file's name in the state directory.
+pub const FILE_NAME: &str = "converge.db";
+
+/// `PRAGMA application_id` of a Converge store ("CNVG").
+const APPLICATION_ID: i64 = 0x434E_5647;
+
+/// Each migration takes the schema from version `i` to `i + 1`.
+const MIGRATIONS: &[&str] = &[
+    // 0 -> 1: the first schema.
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+     CREATE TABLE jobs (id TEXT PRIMARY KEY, seq INTEGER NOT NULL, state TEXT NOT NULL,
+                        record TEXT NOT NULL);
+     CREATE TABLE specs (id TEXT PRIMARY KEY, spec BLOB NOT NULL);
+     CREATE TABLE workers (id TEXT PRIMARY KEY, record TEXT NOT NULL);
+     CREATE TABLE events (seq INTEGER PRIMARY KEY, job TEXT, event BLOB NOT NULL);",
+];
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Events inserted between two deletions of the oldest.
+const PRUNE_EVERY: u64 = 10_000;
+
+/// The SQLite store (module doc).
+pub struct Sqlite {
+    conn: Connection,
+    path: PathBuf,
+    unpruned: u64,
+}
+
+impl Sqlite {
+    /// Opens (creating when absent) the store in `dir`. Refuses a file that is not a
+    /// Converge store, is damaged, or has a newer schema, and one another manager holds.
+    pub fn open(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|source| Error::Dir {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
+        let path = dir.join(FILE_NAME);
+        let unreadable = |why: String| Error::Unreadable {
+            path: path.clone(),
+            why,
+        };
+        let sql = |e: rusqlite::Error| unreadable(sqlite_why(&e));
+        let existed = path.exists();
+        let conn = Connection::open(&path).map_err(sql)?;
+        // A manager that was just killed may still be releasing the file.
+        conn.busy_timeout(Duration::from_secs(2)).map_err(sql)?;
+        conn.pragma_update(None, "locking_mode", "EXCLUSIVE")
+            .map_err(sql)?;
+        let mode: String = conn
+            .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
+            .map_err(sql)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(unreadable(format!("journal mode {mode}, not WAL")));
+        }
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(sql)?;
+        let check: String = conn
+            .query_row("PRAGMA quick_check", [], |r| r.get(0))
+            .map_err(sql)?;
+        if check != "ok" {
+            return Err(unreadable(format!("integrity check failed: {check}")));
+        }
+        let app: i64 = conn
+            .query_row("PRAGMA application_id", [], |r| r.get(0))
+            .map_err(sql)?;
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(sql)?;
+        let tables: i64 = conn
+            .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+            .map_err(sql)?;
+        if tables > 0 && app != APPLICATION_ID {
+            return Err(unreadable(format!(
+                "it is an SQLite database of another application (application_id {app:#x})"
+            )));
+        }
+        if version > SCHEMA_VERSION {
+            return Err(Error::Newer {
+                path,
+                found: version,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        let mut store = Sqlite {
+            conn,
+            path,
+            unpruned: 0,
+        };
+        store.migrate(version)?;
+        info!(path = %store.path.display(), existed, schema = SCHEMA_VERSION, "state store open");
+        Ok(store)
+    }
+
+    /// Brings the schema from `from` to [`SCHEMA_VERSION`] in one transaction (a crash
+    /// mid-way leaves the old version, which the next start migrates again).
+    fn migrate(&mut self, from: i64) -> Result<()> {
+        let path = self.path.clone();
+        let sql = move |source| Error::Sql {
+            path: path.clone(),
+            source,
+        };
+        // Taking the write lock now also makes a second manager fail here, at start.
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(|e| Error::Unreadable {
+                path: self.path.clone(),
+                why: sqlite_why(&e),
+            })?;
+        for (i, m) in MIGRATIONS.iter().enumerate().skip(from as usize) {
+            info!(from = i, to = i + 1, "migrating the state store");
+            tx.execute_batch(m).map_err(&sql)?;
+        }
+        tx.pragma_update(None, "application_id", APPLICATION_ID)
+            .map_err(&sql)?;
+        tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+            .map_err(&sql)?;
+        tx.commit().map_err(&sql)
+    }
+
+    fn sql(&self) -> impl Fn(rusqlite::Error) -> Error + '_ {
+        |source| Error::Sql {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    fn record_error(&self, what: String, e: serde_json::Error) -> Error {
+        Error::Record {
+            path: self.path.clone(),
+            what,
+            why: e.to_string(),
+        }
+    }
+}
+
+/// SQLite's words for what is wrong with a file, made plain for the few that users meet.
+fn sqlite_why(e: &rusqlite::Error) -> String {
+    use rusqlite::ErrorCode as C;
+    match e.sqlite_error_code() {
+        Some(C::NotADatabase) => {
+            "it is not an SQLite database (wrong file, or its header is damaged)".into()
+        }
+        Some(C::DatabaseCorrupt) => format!("it is damaged or truncated ({e})"),
+        Some(C::DatabaseBusy | C::DatabaseLocked) => {
+            "another manager holds it (one manager per state directory)".into()
+        }
+        Some(C::CannotOpen | C::PermissionDenied | C::ReadOnly) => {
+            format!("it cannot be opened for writing ({e})")
+        }
+        _ => e.to_string(),
+    }
+}
+
+impl Store for Sqlite {
+    fn load(&mut self, newest_events: usize) -> Result<Recovered> {
+        let mut saved = Saved::default();
+        {
+            let mut q = self
+                .conn
+                .prepare("SELECT id, record FROM jobs ORDER BY seq")
+                .map_err(self.sql())?;
+            let rows = q
+                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+                .map_err(self.sql())?;
+            for row in rows {
+                let (id, record) = row.map_err(self.sql())?;
+                let job: Job = serde_json::from_str(&record)
+                    .map_err(|e| self.record_error(format!("job {id}"), e))?;
+                saved.jobs.push(job);
+            }
+            let mut q = self
+                .conn
+                .prepare("SELECT id, record FROM workers ORDER BY id")
+                .map_err(self.sql())?;
+            let rows = q
+                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+                .map_err(self.sql())?;
+            for row in rows {
+                let (id, record) = row.map_err(self.sql())?;
+                let worker: Worker = serde_json::from_str(&record)
+                    .map_err(|e| self.record_error(format!("worker {id}"), e))?;
+                saved.workers.push(worker);
+            }
+        }
+        let meta = |key: &str| -> Result<Option<String>> {
+            self.conn
+                .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+                .optional()
+                .map_err(self.sql())
+        };
+        if let Some(c) = meta("counters")? {
+            let (next_seq, next_command): (u64, u64) =
+                serde_json::from_str(&c).map_err(|e| self.record_error("counters".into(), e))?;
+            saved.counters.next_seq = next_seq;
+            saved.counters.next_command = next_command;
+        }
+        if let Some(h) = meta("history")? {
+            saved.counters.history = serde_json::from_str(&h)
+                .map_err(|e| self.record_error("finished sizes".into(), e))?;
+        }
+        let mut specs = Vec::new();
+        {
+            let mut q = self
+                .conn
+                .prepare("SELECT id, spec FROM specs")
+                .map_err(self.sql())?;
+            let rows = q
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                .map_err(self.sql())?;
+            for row in rows {
+                specs.push(row.map_err(self.sql())?);
+            }
+        }
+        let last: Option<i64> = self
+            .conn
+            .query_row("SELECT max(seq) FROM events", [], |r| r.get(0))
+            .map_err(self.sql())?;
+        let next_event_seq = last.map_or(1, |s| s as u64 + 1);
+        let mut events = Vec::new();
+        {
+            let from = next_event_seq.saturating_sub(newest_events as u64) as i64;
+            let mut q = self
+                .conn
+                .prepare("SELECT seq, job, event FROM events WHERE seq >= ?1 ORDER BY seq")
+                .map_err(self.sql())?;
+            let rows = q
+                .query_map([from], |r| {
+                    Ok(StoredEvent {
+                        seq: r.get::<_, i64>(0)? as u64,
+                        job: r.get(1)?,
+                        bytes: r.get(2)?,
+                    })
+                })
+                .map_err(self.sql())?;
+            for row in rows {
+                events.push(row.map_err(self.sql())?);
+            }
+        }
+        Ok(Recovered {
+            saved,
+            specs,
+            events,
+            next_event_seq,
+        })
+    }
+
+    fn commit(&mut self, batch: &Batch<'_>) -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let path = self.path.clone();
+        let sql = |source| Error::Sql {
+            path: path.clone(),
+            source,
+        };
+        let json = |what: &str, e: serde_json::Error| Error::Record {
+            path: path.clone(),
+            what: what.to_string(),
+            why: e.to_string(),
+        };
+        let tx = self.conn.transaction().map_err(sql)?;
+        {
+            let mut put = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO jobs (id, seq, state, record) VALUES (?1, ?2, ?3, ?4)",
+                )
+                .map_err(sql)?;
+            for j in &batch.jobs {
+                let record = serde_json::to_string(j).map_err(|e| json(&j.id, e))?;
+                put.execute(params![j.id, j.seq as i64, j.state().label(), record])
+                    .map_err(sql)?;
+            }
+            let mut put = tx
+                .prepare_cached("INSERT OR REPLACE INTO workers (id, record) VALUES (?1, ?2)")
+                .map_err(sql)?;
+            for w in &batch.workers {
+                let record = serde_json::to_string(w).map_err(|e| json(&w.id, e))?;
+                put.execute(params![w.id, record]).map_err(sql)?;
+            }
+            let mut put = tx
+                .prepare_cached("INSERT OR IGNORE INTO specs (id, spec) VALUES (?1, ?2)")
+                .map_err(sql)?;
+            for (id, spec) in &batch.specs {
+                put.execute(params![id, spec]).map_err(sql)?;
+            }
+            let mut put = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO events (seq, job, event) VALUES (?1, ?2, ?3)",
+                )
+                .map_err(sql)?;
+            for e in batch.events {
+                put.execute(params![e.seq as i64, e.job, e.bytes])
+                    .map_err(sql)?;
+            }
+            let mut meta = tx
+                .prepare_cached("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)")
+                .map_err(sql)?;
+            if let Some(c) = batch.counters {
+                meta.execute(params![
+                    "counters",
+                    serde_json::to_string(&(c.next_seq, c.next_command))
+                        .map_err(|e| json("counters", e))?
+                ])
+                .map_err(sql)?;
+                if batch.history_changed {
+                    meta.execute(params![
+                        "history",
+                        serde_json::to_string(&c.history).map_err(|e| json("history", e))?
+                    ])
+                    .map_err(sql)?;
+                }
+            }
+        }
+        self.unpruned += batch.events.len() as u64;
+        if self.unpruned >= PRUNE_EVERY
+            && let Some(last) = batch.events.last()
+        {
+            self.unpruned = 0;
+            let before = last.seq.saturating_sub(RETAINED_EVENTS) as i64;
+            tx.execute("DELETE FROM events WHERE seq <= ?1", [before])
+                .map_err(sql)?;
+        }
+        tx.commit().map_err(sql)
+    }
+
+    fn location(&self) -> String {
+        self.path.display().to_string()
+    }
+}

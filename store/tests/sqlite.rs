@@ -1,0 +1,296 @@
+//! The SQLite store against real files: what a core wrote comes back as the same core, and a
+//! file that is not a readable store of this version is refused with what to do.
+
+use converge_core::cluster::policy::{PolicyConfig, by_name};
+use converge_core::cluster::saved::Saved;
+use converge_core::cluster::types::*;
+use converge_core::cluster::{Config, Core, Effect, Input};
+use converge_store::{Batch, Error, FILE_NAME, SCHEMA_VERSION, Sqlite, Store, StoredEvent};
+
+fn core() -> Core {
+    Core::new(
+        Config {
+            id_prefix: "m1".into(),
+            ..Config::default()
+        },
+        by_name("spread", &PolicyConfig::default()).unwrap(),
+    )
+}
+
+/// Three workers, three jobs: one running with progress, one being moved by a drain, one
+/// pending; the records of every step written as the manager writes them.
+fn busy_core(store: &mut Sqlite) -> Core {
+    let mut core = core();
+    let mut now = 100.0;
+    let mut step = |core: &mut Core, input: Input| {
+        now += 1.0;
+        let out = core.step(now, input);
+        let changes = core.take_changes();
+        let counters = core.counters();
+        let batch = Batch {
+            jobs: changes.jobs.iter().filter_map(|j| core.job(j)).collect(),
+            workers: changes
+                .workers
+                .iter()
+                .filter_map(|w| core.worker(w))
+                .collect(),
+            counters: Some(&counters),
+            history_changed: changes.history,
+            ..Batch::default()
+        };
+        store.commit(&batch).unwrap();
+        out
+    };
+    for (conn, w) in [(1, "w1"), (2, "w2")] {
+        step(
+            &mut core,
+            Input::Connected {
+                conn,
+                register: Register {
+                    worker: w.into(),
+                    cpu_capacity: 1.0,
+                    ..Register::default()
+                },
+            },
+        );
+    }
+    let mut starts = Vec::new();
+    for id in ["a", "b", "c"] {
+        let out = step(
+            &mut core,
+            Input::Submit {
+                id: id.into(),
+                spec: JobSpec {
+                    // c fits nowhere: it stays pending.
+                    cpus: if id == "c" { 2.0 } else { 1.0 },
+                    ..JobSpec::default()
+                },
+            },
+        );
+        starts.extend(out.into_iter().filter_map(|e| match e {
+            Effect::Send { conn, command, .. } => Some((conn, command)),
+            _ => None,
+        }));
+    }
+    for (conn, c) in &starts {
+        step(
+            &mut core,
+            Input::Agent {
+                conn: *conn,
+                message: AgentMessage::Result(CommandResult {
+                    command: c.id.clone(),
+                    job: c.job.clone(),
+                    epoch: c.epoch,
+                    ok: true,
+                    error: String::new(),
+                    detail: ResultDetail::Started {
+                        container_id: format!("ctr-{}", c.job),
+                    },
+                }),
+            },
+        );
+        step(
+            &mut core,
+            Input::Agent {
+                conn: *conn,
+                message: AgentMessage::Progress(ProgressBatch {
+                    samples: (1..=40)
+                        .map(|s| ProgressSample {
+                            job: c.job.clone(),
+                            epoch: c.epoch,
+                            unix_ms: 1_000 * s,
+                            step: s as u64,
+                            total_steps: Some(1000),
+                            value: Some(1.0 / s as f64),
+                            checkpointed: s % 10 == 0,
+                        })
+                        .collect(),
+                    malformed: vec![],
+                }),
+            },
+        );
+    }
+    step(
+        &mut core,
+        Input::Drain {
+            worker: "w1".into(),
+        },
+    );
+    // Room appears: w1's job starts to move there.
+    step(
+        &mut core,
+        Input::Connected {
+            conn: 3,
+            register: Register {
+                worker: "w3".into(),
+                cpu_capacity: 1.0,
+                ..Register::default()
+            },
+        },
+    );
+    core
+}
+
+fn debug_jobs(saved: &Saved) -> Vec<String> {
+    saved.jobs.iter().map(|j| format!("{j:?}")).collect()
+}
+
+#[test]
+fn what_a_core_wrote_comes_back_as_the_same_core() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Sqlite::open(dir.path()).unwrap();
+    let before = busy_core(&mut store);
+    let states: Vec<_> = before.jobs().values().map(|j| j.state()).collect();
+    assert!(states.contains(&JobState::Migrating), "{states:?}");
+    assert!(states.contains(&JobState::Pending), "{states:?}");
+    drop(store);
+
+    let mut store = Sqlite::open(dir.path()).unwrap();
+    let got = store.load(10).unwrap();
+    let after = Core::from_saved(
+        Config::default(),
+        by_name("spread", &PolicyConfig::default()).unwrap(),
+        got.saved.clone(),
+        1_000.0,
+        10.0,
+    )
+    .unwrap();
+    assert_eq!(after.counters(), before.counters());
+    for (id, j) in before.jobs() {
+        let a = after.job(id).expect("every job comes back");
+        assert_eq!(
+            (a.state(), a.epoch, a.worker(), a.step, &a.reason, &a.phase),
+            (j.state(), j.epoch, j.worker(), j.step, &j.reason, &j.phase),
+            "job {id}"
+        );
+        // The history is kept down to its newest points.
+        let kept = converge_core::cluster::lifecycle::STORED_PROGRESS;
+        assert_eq!(a.progress.len(), kept.min(j.progress.len()));
+        assert_eq!(a.progress.back(), j.progress.back());
+        assert_eq!(a.checkpoint_step, j.checkpoint_step);
+    }
+    for (id, w) in before.workers() {
+        let a = after.worker(id).expect("every worker comes back");
+        assert_eq!(
+            (a.state, &a.jobs, a.conn),
+            (w.state, &w.jobs, None),
+            "worker {id}"
+        );
+    }
+    // Loading twice gives the same records.
+    let again = store.load(10).unwrap();
+    assert_eq!(debug_jobs(&again.saved), debug_jobs(&got.saved));
+}
+
+#[test]
+fn events_keep_their_numbers_and_specs_are_written_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Sqlite::open(dir.path()).unwrap();
+    let events: Vec<StoredEvent> = (1..=25)
+        .map(|seq| StoredEvent {
+            seq,
+            job: (seq % 2 == 0).then(|| "a".to_string()),
+            bytes: vec![seq as u8; 3],
+        })
+        .collect();
+    store
+        .commit(&Batch {
+            specs: vec![("a", b"first")],
+            events: &events[..20],
+            ..Batch::default()
+        })
+        .unwrap();
+    store
+        .commit(&Batch {
+            specs: vec![("a", b"second")],
+            events: &events[20..],
+            ..Batch::default()
+        })
+        .unwrap();
+    drop(store);
+    let got = Sqlite::open(dir.path()).unwrap().load(10).unwrap();
+    assert_eq!(got.next_event_seq, 26);
+    assert_eq!(got.events, events[15..].to_vec(), "the newest 10, in order");
+    assert_eq!(got.specs, vec![("a".to_string(), b"first".to_vec())]);
+}
+
+fn refusal(dir: &std::path::Path) -> String {
+    match Sqlite::open(dir) {
+        Ok(_) => panic!("a bad store was opened"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn a_file_that_is_not_a_database_is_refused_with_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(FILE_NAME), vec![0x5a; 8192]).unwrap();
+    let why = refusal(dir.path());
+    assert!(why.contains("not an SQLite database"), "{why}");
+    assert!(why.contains("restore the file from a backup"), "{why}");
+    assert!(
+        why.contains(&dir.path().join(FILE_NAME).display().to_string()),
+        "{why}"
+    );
+}
+
+#[test]
+fn a_truncated_store_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = Sqlite::open(dir.path()).unwrap();
+        busy_core(&mut store);
+    }
+    // Fold the WAL into the main file (as a clean shutdown does), then cut it.
+    let path = dir.path().join(FILE_NAME);
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);").unwrap();
+    }
+    let len = std::fs::metadata(&path).unwrap().len();
+    assert!(len > 4096 * 4, "a store of several pages ({len} bytes)");
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(len / 2 + 100).unwrap();
+    drop(f);
+    let why = refusal(dir.path());
+    assert!(
+        why.contains("damaged or truncated") || why.contains("integrity check failed"),
+        "{why}"
+    );
+}
+
+#[test]
+fn a_store_of_a_newer_schema_is_refused_and_names_both_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(Sqlite::open(dir.path()).unwrap());
+    {
+        let c = rusqlite::Connection::open(dir.path().join(FILE_NAME)).unwrap();
+        c.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+            .unwrap();
+    }
+    let err = Sqlite::open(dir.path()).err().expect("refused");
+    assert!(
+        matches!(err, Error::Newer { found, supported, .. } if found == SCHEMA_VERSION + 1 && supported == SCHEMA_VERSION)
+    );
+    assert!(err.to_string().contains("run the newer manager"), "{err}");
+}
+
+#[test]
+fn another_applications_database_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let c = rusqlite::Connection::open(dir.path().join(FILE_NAME)).unwrap();
+        c.execute_batch("CREATE TABLE notes (t TEXT); INSERT INTO notes VALUES ('mine');")
+            .unwrap();
+    }
+    let why = refusal(dir.path());
+    assert!(why.contains("another application"), "{why}");
+}
+
+#[test]
+fn a_second_manager_on_the_same_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let _first = Sqlite::open(dir.path()).unwrap();
+    let why = refusal(dir.path());
+    assert!(why.contains("another manager holds it"), "{why}");
+}
