@@ -215,7 +215,12 @@ impl ScriptedAgent {
         cpus: f64,
         heartbeat: Duration,
     ) -> Result<Self> {
-        let register = pb::Register {
+        Self::connect_with(endpoint, Self::register(worker_id, cpus), heartbeat).await
+    }
+
+    /// What [`ScriptedAgent::connect`] registers with (to add containers to).
+    pub fn register(worker_id: &str, cpus: f64) -> pb::Register {
+        pb::Register {
             worker_id: worker_id.into(),
             cpu_capacity: cpus,
             memory_bytes: 8 << 30,
@@ -223,7 +228,15 @@ impl ScriptedAgent {
             instance_id: uuid::Uuid::new_v4().to_string(),
             agent_version: "scripted".into(),
             ..Default::default()
-        };
+        }
+    }
+
+    /// Connects registering exactly `register`.
+    pub async fn connect_with(
+        endpoint: &str,
+        register: pb::Register,
+        heartbeat: Duration,
+    ) -> Result<Self> {
         let mut config = converge_messenger::agent::SessionConfig::new(endpoint);
         config.heartbeat_interval = heartbeat;
         let (cmd_tx, commands) = tokio::sync::mpsc::channel(64);

@@ -42,6 +42,14 @@ pub struct Cli {
     /// Address serving Prometheus metrics at `/metrics` (off when unset).
     #[arg(long, env = "CONVERGE_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Directory of the state store (`converge.db`, SQLite): every job, worker and event
+    /// survives a restart. `none` keeps the state in memory only (it is lost on exit).
+    #[arg(long, env = "CONVERGE_STATE_DIR", default_value = "converge-state")]
+    pub state_dir: String,
+    /// After a restart from the store, how long workers have to register again before any is
+    /// declared lost (their jobs run on meanwhile).
+    #[arg(long, env = "CONVERGE_RECOVERY_GRACE", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub recovery_grace: Duration,
     /// Log lines as `text` (for people) or `json` (one object per line, with span fields).
     /// Traces go to the OTLP endpoint in `OTEL_EXPORTER_OTLP_ENDPOINT`, when set.
     #[arg(long, env = "CONVERGE_LOG_FORMAT", default_value = "text")]
@@ -87,6 +95,10 @@ pub struct Config {
     pub recover_lost_after: Duration,
     /// Where `/metrics` is served, if anywhere.
     pub metrics_listen: Option<SocketAddr>,
+    /// The state store's directory (`None`: in memory only).
+    pub state_dir: Option<std::path::PathBuf>,
+    /// Time for workers to register again after a restart.
+    pub recovery_grace: Duration,
     /// λ of Eq. 2 (value-based allocation with preemption).
     pub value_lambda: f64,
     /// CPU-share stride of value-based allocation.
@@ -188,8 +200,21 @@ impl Cli {
             flag: "value-preempt",
             message: format!("`{}` is not pause or stop", self.value_preempt),
         })?;
+        let state_dir = match self.state_dir.trim() {
+            "" => {
+                return Err(ConfigError {
+                    flag: "state-dir",
+                    message: "is empty: give a directory, or `none` to keep state in memory only"
+                        .into(),
+                });
+            }
+            "none" => None,
+            dir => Some(std::path::PathBuf::from(dir)),
+        };
         Ok(Config {
             listen: self.listen,
+            state_dir,
+            recovery_grace: self.recovery_grace,
             policy: self.policy,
             heartbeat_interval: self.heartbeat_interval,
             lost_after: self.lost_after,
@@ -219,6 +244,8 @@ impl Config {
             rebalance_interval: Duration::from_secs(30),
             recover_lost_after: Duration::from_secs(60),
             metrics_listen: None,
+            state_dir: None,
+            recovery_grace: Duration::from_secs(15),
             value_lambda: 0.5,
             value_stride: 1,
             value_criterion: VictimCriterion::MinimalRemainingValue,

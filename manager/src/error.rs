@@ -31,6 +31,19 @@ pub enum Error {
     /// An I/O error (binding the listener).
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
+    /// The state store cannot be opened, read or written.
+    #[error(transparent)]
+    Store(#[from] converge_store::Error),
+    /// The stored state does not make a consistent cluster.
+    #[error(
+        "the state store {path} holds an inconsistent cluster: {why}; restore it from a backup, or move it away to start with an empty cluster"
+    )]
+    Recovery {
+        /// The store.
+        path: String,
+        /// What is inconsistent.
+        why: String,
+    },
 }
 
 /// Results of this crate.
@@ -54,6 +67,8 @@ impl From<Error> for Status {
             Error::FailedPrecondition(_) => Code::FailedPrecondition,
             Error::Unavailable => Code::Unavailable,
             Error::Serve(_) | Error::Reflection(_) | Error::Io(_) => Code::Internal,
+            // Nothing that was asked for was done: the caller may try again later.
+            Error::Store(_) | Error::Recovery { .. } => Code::Unavailable,
         };
         Status::new(code, e.to_string())
     }

@@ -9,7 +9,7 @@ use converge_messenger::pb::Event;
 use tokio::sync::broadcast;
 
 /// Events kept for replay; older ones are dropped (a watcher asking for them starts later).
-const HISTORY: usize = 100_000;
+pub const HISTORY: usize = 100_000;
 /// Events a live watcher may fall behind by before it is cut off (and told to resume).
 const LIVE_BUFFER: usize = 8192;
 
@@ -31,20 +31,35 @@ impl Default for EventLog {
 }
 
 impl EventLog {
-    /// Numbers, records and broadcasts `event`; returns its sequence number.
-    pub fn emit(&mut self, mut event: Event) -> u64 {
+    /// A log that goes on from a store: `history` (oldest first) and the next number.
+    pub fn recovered(history: Vec<Event>, next_seq: u64) -> Self {
+        let skip = history.len().saturating_sub(HISTORY);
+        Self {
+            next_seq: next_seq.max(1),
+            history: history.into_iter().skip(skip).collect(),
+            live: broadcast::channel(LIVE_BUFFER).0,
+        }
+    }
+
+    /// Gives `event` the next sequence number (and a time), without recording it yet: a
+    /// durable manager stores it before anyone sees it ([`EventLog::publish`]).
+    pub fn number(&mut self, mut event: Event) -> Event {
         event.seq = self.next_seq;
         self.next_seq += 1;
         if event.unix_ms == 0 {
             event.unix_ms = converge_messenger::unix_ms(std::time::SystemTime::now());
         }
+        event
+    }
+
+    /// Records and broadcasts a numbered event.
+    pub fn publish(&mut self, event: Event) {
         if self.history.len() == HISTORY {
             self.history.pop_front();
         }
         self.history.push_back(event.clone());
         // No receivers is fine: nobody is watching.
         let _ = self.live.send(event);
-        self.next_seq - 1
     }
 
     /// Recorded events with `seq >= from_seq` matching `job_id` (all when empty), and a

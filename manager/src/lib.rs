@@ -27,10 +27,13 @@ pub mod metrics;
 pub mod validate;
 pub mod wire;
 
+use converge_core::cluster::Core;
 use converge_messenger::manager::AgentStreams;
+use converge_messenger::pb;
 use converge_messenger::pb::FILE_DESCRIPTOR_SET;
 use converge_messenger::pb::agent_service_server::AgentServiceServer;
 use converge_messenger::pb::control_service_server::ControlServiceServer;
+use converge_store::{Sqlite, Store};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -81,8 +84,22 @@ pub async fn serve(
             }
         });
     }
-    let core = converge_core::cluster::Core::new(core_config, policy);
-    let actor = actor::Actor::new(actor_config, core, metrics);
+    let Started {
+        core,
+        store,
+        restored,
+    } = match &config.state_dir {
+        None => {
+            info!("no state store: the state is lost when the manager exits");
+            Started {
+                core: Core::new(core_config, policy),
+                store: None,
+                restored: None,
+            }
+        }
+        Some(dir) => recover(dir, core_config, policy, config.recovery_grace)?,
+    };
+    let actor = actor::Actor::new(actor_config, core, metrics, store, restored);
     let actor_task = tokio::spawn(actor.run(req_rx, stream_rx, shutdown.clone()));
 
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -110,6 +127,75 @@ pub async fn serve(
         .add_service(ControlServiceServer::new(ManagerHandle::new(req_tx)))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled())
         .await?;
-    let _ = actor_task.await;
-    Ok(())
+    match actor_task.await {
+        Ok(result) => result,
+        Err(e) => Err(Error::FailedPrecondition(format!(
+            "the manager actor panicked: {e}"
+        ))),
+    }
+}
+
+/// What the actor starts from.
+struct Started {
+    core: Core,
+    store: Option<Box<dyn Store>>,
+    restored: Option<actor::Restored>,
+}
+
+/// Opens the store in `dir` and rebuilds what it holds: the core (with `grace` for the
+/// workers to come back), the job specs and the event log. A store that cannot be read, or
+/// whose records do not make a consistent cluster, stops the manager (never an empty start).
+fn recover(
+    dir: &std::path::Path,
+    core_config: converge_core::cluster::Config,
+    policy: Box<dyn converge_core::cluster::policy::ClusterPolicy>,
+    grace: std::time::Duration,
+) -> Result<Started> {
+    use prost::Message;
+    let mut store = Sqlite::open(dir)?;
+    let path = store.location();
+    let got = store.load(events::HISTORY)?;
+    if got.is_empty() {
+        info!(%path, "state store is empty: a new cluster");
+        return Ok(Started {
+            core: Core::new(core_config, policy),
+            store: Some(Box::new(store)),
+            restored: None,
+        });
+    }
+    let bad = |why: String| Error::Recovery {
+        path: path.clone(),
+        why,
+    };
+    let mut specs = std::collections::HashMap::new();
+    for (id, bytes) in got.specs {
+        let spec = pb::JobSpec::decode(bytes.as_slice())
+            .map_err(|e| bad(format!("the spec of job {id} cannot be decoded: {e}")))?;
+        specs.insert(id, spec);
+    }
+    let mut history = Vec::with_capacity(got.events.len());
+    for e in got.events {
+        history.push(
+            pb::Event::decode(e.bytes.as_slice())
+                .map_err(|err| bad(format!("event {} cannot be decoded: {err}", e.seq)))?,
+        );
+    }
+    let (jobs, workers) = (got.saved.jobs.len(), got.saved.workers.len());
+    let live = got.saved.jobs.iter().filter(|j| !j.is_terminal()).count();
+    let now = actor::now();
+    let core = Core::from_saved(core_config, policy, got.saved, now, grace.as_secs_f64())
+        .map_err(|e| bad(e.to_string()))?;
+    info!(
+        %path, jobs, live, workers, next_event = got.next_event_seq, grace_s = grace.as_secs_f64(),
+        "recovered the cluster from the state store; waiting for the agents to register again"
+    );
+    let restored = actor::Restored {
+        specs,
+        events: events::EventLog::recovered(history, got.next_event_seq),
+    };
+    Ok(Started {
+        core,
+        store: Some(Box::new(store)),
+        restored: Some(restored),
+    })
 }

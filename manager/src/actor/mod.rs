@@ -8,18 +8,27 @@
 //! are numbered into the [`EventLog`], metrics and spans follow from what happened, and the
 //! reply goes back to the caller. Reads (GetJob, ListJobs, ListWorkers, WatchEvents) are
 //! answered from the core's state without a step. No decision is made here.
+//!
+//! With a store (`--state-dir`), what a step changed is written before any of its effects
+//! leaves the process: a submission is stored before it is acknowledged, a command before it is
+//! sent, an event before a watcher sees it. A step with no such effect (most progress and
+//! heartbeats) is written with the next one, or within [`FLUSH_EVERY`]. A store that fails
+//! stops the manager: it would otherwise act on decisions it could not keep.
 
 mod trace;
 
-use std::collections::HashMap;
-use std::time::{Duration, SystemTime};
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant, SystemTime};
 
+use converge_core::cluster::saved::Changes;
 use converge_core::cluster::types::{JobId, Time};
 use converge_core::cluster::{Core, Effect, Input, Refusal, Reply, RequestError};
 use converge_messenger::manager::{AgentLink, ConnectionId, StreamEvent};
 use converge_messenger::pb::{
     self, Event, JobSpec, JobState, manager_message::Kind as ManagerKind,
 };
+use converge_store::{Batch, Store, StoredEvent};
+use prost::Message;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{field, info, info_span, warn};
@@ -29,6 +38,9 @@ use crate::events::EventLog;
 use crate::metrics::{ManagerMetrics, Round};
 use crate::validate::{self, Limits};
 use crate::wire;
+
+/// Changes of steps with no outward effect are written at least this often.
+pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
 
 /// Settings the actor runs with.
 #[derive(Clone, Debug)]
@@ -110,10 +122,33 @@ pub struct Actor {
     events: EventLog,
     metrics: ManagerMetrics,
     traces: trace::JobTraces,
+    /// Where the state is kept, if anywhere.
+    store: Option<Box<dyn Store>>,
+    /// What steps changed that is not stored yet.
+    unsaved: Unsaved,
+    /// The store failed: the actor stops with this.
+    failed: Option<Error>,
+}
+
+/// Changes waiting for the store.
+struct Unsaved {
+    changes: Changes,
+    specs: Vec<JobId>,
+    events: Vec<StoredEvent>,
+    since: Instant,
+}
+
+/// What a restarted manager recovered besides the core: the specs the Starts carry and the
+/// event log.
+pub struct Restored {
+    /// Every job's full spec.
+    pub specs: HashMap<JobId, JobSpec>,
+    /// The event log, going on from the stored numbers.
+    pub events: EventLog,
 }
 
 /// Wall-clock time as the core counts it: Unix seconds.
-fn now() -> Time {
+pub(crate) fn now() -> Time {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
@@ -133,27 +168,47 @@ impl From<RequestError> for Error {
 }
 
 impl Actor {
-    /// A manager with no workers and no jobs, deciding with `core`, counting into `metrics`.
-    pub fn new(config: ActorConfig, core: Core, metrics: ManagerMetrics) -> Self {
+    /// A manager deciding with `core`, counting into `metrics`, keeping its state in `store`
+    /// (if any); `restored` is what a restart recovered besides the core.
+    pub fn new(
+        config: ActorConfig,
+        core: Core,
+        metrics: ManagerMetrics,
+        store: Option<Box<dyn Store>>,
+        restored: Option<Restored>,
+    ) -> Self {
+        let (specs, events) = restored.map_or_else(
+            || (HashMap::new(), EventLog::default()),
+            |r| (r.specs, r.events),
+        );
         Self {
             manager_id: config.manager_id,
             tick_every: Duration::from_secs_f64(config.core.heartbeat_interval / 2.0),
             core,
-            specs: HashMap::new(),
+            specs,
             links: HashMap::new(),
-            events: EventLog::default(),
+            events,
             metrics,
             traces: trace::JobTraces::default(),
+            store,
+            unsaved: Unsaved {
+                changes: Changes::default(),
+                specs: Vec::new(),
+                events: Vec::new(),
+                since: Instant::now(),
+            },
+            failed: None,
         }
     }
 
-    /// Runs until `shutdown` is cancelled or every input channel is closed.
+    /// Runs until `shutdown` is cancelled or every input channel is closed; fails when the
+    /// store does.
     pub async fn run(
         mut self,
         mut requests: mpsc::Receiver<Request>,
         mut streams: mpsc::Receiver<StreamEvent>,
         shutdown: CancellationToken,
-    ) {
+    ) -> Result<()> {
         let mut tick = tokio::time::interval(self.tick_every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -166,8 +221,18 @@ impl Actor {
                 }
                 else => break,
             }
+            if let Some(e) = self.failed.take() {
+                tracing::error!(error = %e, "the state store failed; the manager stops");
+                return Err(e);
+            }
+        }
+        // What the last steps changed quietly (progress) is kept too.
+        self.commit();
+        if let Some(e) = self.failed.take() {
+            return Err(e);
         }
         info!("manager actor stopped");
+        Ok(())
     }
 
     /// One step of the core, with its effects carried out; returns the step's reply, if any.
@@ -184,7 +249,25 @@ impl Actor {
         let mut pending = vec![input];
         let mut reply = None;
         while let Some(input) = pending.pop() {
+            if self.failed.is_some() {
+                return Some(Err(RequestError::FailedPrecondition(
+                    "the manager's state store failed; the manager is stopping".into(),
+                )));
+            }
             let effects = self.core.step(now(), input);
+            // Events are numbered first, so that they are stored with their numbers.
+            let mut events: VecDeque<Event> = effects
+                .iter()
+                .filter_map(|e| match e {
+                    Effect::Event(e) => Some(self.events.number(wire::event(e.clone()))),
+                    _ => None,
+                })
+                .collect();
+            if !self.persist(&effects, &events) {
+                return Some(Err(RequestError::FailedPrecondition(
+                    "the manager's state store failed; nothing was done".into(),
+                )));
+            }
             for effect in effects {
                 match effect {
                     Effect::Send {
@@ -204,7 +287,10 @@ impl Actor {
                             pending.push(self.lost_link(conn));
                         }
                     }
-                    Effect::Event(e) => self.record(e),
+                    Effect::Event(e) => {
+                        let numbered = events.pop_front().expect("every event was numbered");
+                        self.record(e, numbered);
+                    }
                     Effect::Reply(r) => reply = Some(r),
                     Effect::Refused { what, worker } => {
                         self.metrics.refused(what.as_str());
@@ -259,8 +345,74 @@ impl Actor {
         }
     }
 
-    /// Numbers an event into the log, and counts and traces what it says.
-    fn record(&mut self, e: converge_core::cluster::types::Event) {
+    /// Notes what a step changed and stores it when the step's effects are about to leave
+    /// the process (module doc); returns false when the store failed.
+    fn persist(&mut self, effects: &[Effect], events: &VecDeque<Event>) -> bool {
+        let changes = self.core.take_changes();
+        if self.store.is_none() {
+            return true;
+        }
+        self.unsaved.changes.merge(changes);
+        self.unsaved
+            .events
+            .extend(events.iter().map(|e| StoredEvent {
+                seq: e.seq,
+                job: (!e.job_id.is_empty()).then(|| e.job_id.clone()),
+                bytes: e.encode_to_vec(),
+            }));
+        if effects.iter().any(Effect::is_observable) || self.unsaved.since.elapsed() >= FLUSH_EVERY
+        {
+            self.commit();
+        }
+        self.failed.is_none()
+    }
+
+    /// Writes everything unsaved in one transaction.
+    fn commit(&mut self) {
+        let Some(store) = self.store.as_mut() else {
+            return;
+        };
+        let unsaved = &mut self.unsaved;
+        unsaved.since = Instant::now();
+        let specs: Vec<(JobId, Vec<u8>)> = unsaved
+            .specs
+            .drain(..)
+            .filter(|id| self.core.job(id).is_some())
+            .filter_map(|id| {
+                let bytes = self.specs.get(&id)?.encode_to_vec();
+                Some((id, bytes))
+            })
+            .collect();
+        let changes = std::mem::take(&mut unsaved.changes);
+        let counters = self.core.counters();
+        let batch = Batch {
+            jobs: changes
+                .jobs
+                .iter()
+                .filter_map(|j| self.core.job(j))
+                .collect(),
+            workers: changes
+                .workers
+                .iter()
+                .filter_map(|w| self.core.worker(w))
+                .collect(),
+            counters: Some(&counters),
+            history_changed: changes.history,
+            specs: specs
+                .iter()
+                .map(|(id, b)| (id.as_str(), b.as_slice()))
+                .collect(),
+            events: &unsaved.events,
+        };
+        let result = store.commit(&batch);
+        unsaved.events.clear();
+        if let Err(e) = result {
+            self.failed = Some(Error::Store(e));
+        }
+    }
+
+    /// Counts and traces what an event says, and records it (numbered) in the log.
+    fn record(&mut self, e: converge_core::cluster::types::Event, numbered: Event) {
         use converge_core::cluster::types::EventKind as K;
         let policy = self.core.policy_name();
         match e.kind {
@@ -293,7 +445,7 @@ impl Actor {
             K::WorkerState => {}
         }
         self.traces.on_event(&e);
-        self.events.emit(wire::event(e));
+        self.events.publish(numbered);
     }
 
     // ---- control requests ----
@@ -433,6 +585,9 @@ impl Actor {
         self.traces.submitted(&id, &span);
         let core_spec = wire::job_spec(&spec);
         self.specs.insert(id.clone(), spec);
+        if self.store.is_some() {
+            self.unsaved.specs.push(id.clone());
+        }
         match self.answer(Input::Submit {
             id: id.clone(),
             spec: core_spec,

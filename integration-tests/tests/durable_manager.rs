@@ -1,0 +1,222 @@
+//! The manager's state store over real gRPC and a real SQLite file, without Docker: a manager
+//! started again on the same `--state-dir` knows every job, re-adopts what its agents still
+//! run without starting it again, stops what belongs to a finished job, and numbers its events
+//! on from where the last one stopped. A store it cannot read stops it, saying what to do.
+//! (Killing the manager with SIGKILL at the moments that matter, against real containers, is
+//! `durable_docker.rs`.)
+
+use std::time::Duration;
+
+use converge_integration_tests::{ScriptedAgent, TestManager, eventually, job, tempfile_dir};
+use converge_messenger::pb::{self, agent_message::Kind};
+use tokio_stream::StreamExt;
+
+fn tweak(state: &std::path::Path) -> impl FnOnce(&mut converge_manager::Config) + use<> {
+    let state = state.to_path_buf();
+    move |c| {
+        c.heartbeat_interval = Duration::from_millis(200);
+        c.state_dir = Some(state);
+        c.recovery_grace = Duration::from_secs(5);
+    }
+}
+
+fn spec() -> pb::JobSpec {
+    pb::JobSpec {
+        image: "converge/trainer:dev".into(),
+        cpus: 1.0,
+        ..Default::default()
+    }
+}
+
+/// Every event from `from_seq` on, until none comes for a while.
+async fn events(
+    client: &mut pb::control_service_client::ControlServiceClient<tonic::transport::Channel>,
+) -> anyhow::Result<Vec<pb::Event>> {
+    let mut stream = client
+        .watch_events(pb::WatchEventsRequest {
+            from_seq: 1,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let mut out = Vec::new();
+    while let Ok(Some(e)) = tokio::time::timeout(Duration::from_millis(500), stream.next()).await {
+        out.push(e?);
+    }
+    Ok(out)
+}
+
+/// The next command the agent gets, within 10 s.
+async fn next_command(agent: &mut ScriptedAgent) -> anyhow::Result<pb::Command> {
+    Ok(
+        tokio::time::timeout(Duration::from_secs(10), agent.commands.recv())
+            .await?
+            .expect("the session is open"),
+    )
+}
+
+fn is_start(c: &pb::Command) -> bool {
+    matches!(c.action, Some(pb::command::Action::Start(_)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_manager_knows_every_job_readopts_what_runs_and_numbers_events_on()
+-> anyhow::Result<()> {
+    let state = tempfile_dir("durable")?;
+    let first = TestManager::start(tweak(state.path())).await?;
+    let addr = first.addr;
+    let mut agent =
+        ScriptedAgent::connect(&first.endpoint(), "w1", 2.0, Duration::from_millis(100)).await?;
+    let mut client = first.control().await?;
+
+    // One job runs and reports step 7; another is cancelled after it started.
+    let running = client
+        .submit_job(pb::SubmitJobRequest { spec: Some(spec()) })
+        .await?
+        .into_inner()
+        .job_id;
+    let start = next_command(&mut agent).await?;
+    assert!(is_start(&start) && start.job_id == running);
+    agent
+        .outbox
+        .send(Kind::Result(pb::CommandResult {
+            command_id: start.command_id.clone(),
+            job_id: running.clone(),
+            epoch: 1,
+            ok: true,
+            detail: Some(pb::command_result::Detail::Started(pb::Started {
+                container_id: "ctr-running".into(),
+                from_checkpoint: false,
+            })),
+            ..Default::default()
+        }))
+        .await;
+    agent
+        .outbox
+        .send(Kind::Progress(pb::ProgressBatch {
+            samples: vec![pb::ProgressSample {
+                job_id: running.clone(),
+                epoch: 1,
+                step: 7,
+                total_steps: Some(100),
+                ..Default::default()
+            }],
+            malformed: vec![],
+        }))
+        .await;
+    let cancelled = client
+        .submit_job(pb::SubmitJobRequest { spec: Some(spec()) })
+        .await?
+        .into_inner()
+        .job_id;
+    assert!(is_start(&next_command(&mut agent).await?));
+    client
+        .cancel_job(pb::CancelJobRequest {
+            job_id: cancelled.clone(),
+        })
+        .await?;
+    eventually(Duration::from_secs(10), "the job to report step 7", || {
+        let mut c = client.clone();
+        let id = running.clone();
+        async move {
+            let j = job(&mut c, &id, false).await?;
+            Ok((j.state == pb::JobState::Running as i32 && j.step == 7).then_some(()))
+        }
+    })
+    .await?;
+    let before = events(&mut client).await?;
+    assert!(!before.is_empty());
+    drop(client);
+    first.stop().await;
+    agent.disconnect();
+
+    // The same directory, a new manager process on the same address.
+    let second = TestManager::start_at(addr, tweak(state.path())).await?;
+    let mut client = second.control().await?;
+    let r = job(&mut client, &running, false).await?;
+    assert_eq!(
+        (r.state, r.epoch, r.worker_id.as_str(), r.step),
+        (pb::JobState::Running as i32, 1, "w1", 7),
+        "the running job as it was"
+    );
+    let c = job(&mut client, &cancelled, false).await?;
+    assert_eq!(
+        c.state,
+        pb::JobState::Cancelled as i32,
+        "cancelled stays cancelled"
+    );
+
+    // w1's agent comes back still running both containers.
+    let mut register = ScriptedAgent::register("w1", 2.0);
+    register.containers = [(&running, "ctr-running"), (&cancelled, "ctr-cancelled")]
+        .into_iter()
+        .map(|(job, ctr)| pb::ContainerReport {
+            job_id: job.clone(),
+            epoch: 1,
+            container_id: ctr.into(),
+            state: pb::ContainerState::Running as i32,
+            exit_code: None,
+            last_step: Some(7),
+        })
+        .collect();
+    let mut agent =
+        ScriptedAgent::connect_with(&second.endpoint(), register, Duration::from_millis(100))
+            .await?;
+    // The cancelled job's container is stopped; then a new job's Start is the next command:
+    // nothing was started again in between.
+    let stop = next_command(&mut agent).await?;
+    assert!(
+        matches!(stop.action, Some(pb::command::Action::Stop(_))) && stop.job_id == cancelled,
+        "{stop:?}"
+    );
+    let third = client
+        .submit_job(pb::SubmitJobRequest { spec: Some(spec()) })
+        .await?
+        .into_inner()
+        .job_id;
+    loop {
+        let c = next_command(&mut agent).await?;
+        assert!(
+            !(is_start(&c) && c.job_id == running),
+            "the running job was started again: {c:?}"
+        );
+        if is_start(&c) && c.job_id == third {
+            break;
+        }
+    }
+    let r = job(&mut client, &running, false).await?;
+    assert_eq!((r.state, r.epoch), (pb::JobState::Running as i32, 1));
+
+    // The event log goes on: the old events as they were, the new ones numbered after them,
+    // no gap and no number twice.
+    let after = events(&mut client).await?;
+    let seqs: Vec<u64> = after.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+    assert!(after.len() > before.len());
+    for (a, b) in before.iter().zip(&after) {
+        assert_eq!((a.seq, &a.job_id, &a.reason), (b.seq, &b.job_id, &b.reason));
+    }
+    second.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_is_not_a_database_stops_the_manager_saying_what_to_do() -> anyhow::Result<()>
+{
+    let state = tempfile_dir("corrupt")?;
+    std::fs::write(
+        state.path().join("converge.db"),
+        b"this is not a database at all, no no",
+    )?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let mut config = converge_manager::Config::for_listen(listener.local_addr()?);
+    config.state_dir = Some(state.path().to_path_buf());
+    let err = converge_manager::serve(config, listener, Default::default())
+        .await
+        .expect_err("the manager must not start on a store it cannot read");
+    let text = err.to_string();
+    assert!(text.contains("not an SQLite database"), "{text}");
+    assert!(text.contains("restore the file from a backup"), "{text}");
+    assert!(text.contains("converge.db"), "{text}");
+    Ok(())
+}
