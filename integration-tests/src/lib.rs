@@ -891,3 +891,130 @@ pub fn unix_nanos() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i64)
 }
+
+/// The manager image run as its own process, the way a user runs it: a container on the host
+/// network listening on loopback, its `--state-dir` a host directory. [`ManagerContainer::kill`]
+/// is SIGKILL from Docker (no destructor, no flush runs); [`ManagerContainer::restart`] starts
+/// the same container again on the same state. Removed on drop.
+pub struct ManagerContainer {
+    /// The container's name.
+    pub name: String,
+    /// Where it listens.
+    pub addr: SocketAddr,
+}
+
+/// The manager image `cargo xtask images manager` builds.
+pub const MANAGER_IMAGE: &str = "converge/manager:dev";
+
+impl ManagerContainer {
+    /// Starts `converge/manager:dev` with its state in `state` and the `CONVERGE_*` settings
+    /// in `env` (the listen address and state directory are set here).
+    pub fn start(state: &std::path::Path, env: &[(&str, &str)]) -> Result<Self> {
+        let addr = free_local_addr();
+        let name = unique("converge-it-manager");
+        let mut cmd = Command::new("docker");
+        cmd.args(["run", "-d", "--name", &name, "--network", "host"])
+            .args(["--label", "converge.test=durable"])
+            .args(["-v", &format!("{}:/state", state.display())])
+            .args(["-e", &format!("CONVERGE_LISTEN={addr}")])
+            .args(["-e", "CONVERGE_STATE_DIR=/state"])
+            .args(["-e", "RUST_LOG=info"]);
+        for (k, v) in env {
+            cmd.args(["-e", &format!("{k}={v}")]);
+        }
+        let out = cmd.arg(MANAGER_IMAGE).output()?;
+        if !out.status.success() {
+            bail!(
+                "docker run {MANAGER_IMAGE} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(Self { name, addr })
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A ControlService client, once the manager answers (it may be starting).
+    pub async fn control(&self) -> Result<ControlServiceClient<Channel>> {
+        let endpoint = self.endpoint();
+        eventually(Duration::from_secs(30), "the manager to answer", || {
+            let endpoint = endpoint.clone();
+            async move {
+                let Ok(channel) = tonic::transport::Endpoint::from_shared(endpoint)?
+                    .connect()
+                    .await
+                else {
+                    return Ok(None);
+                };
+                let mut c = ControlServiceClient::new(channel);
+                Ok(c.list_workers(pb::ListWorkersRequest {})
+                    .await
+                    .ok()
+                    .map(|_| c))
+            }
+        })
+        .await
+        .with_context(|| format!("manager logs:\n{}", self.logs()))
+    }
+
+    /// SIGKILL through the Engine API (milliseconds, where the `docker` CLI takes a few
+    /// hundred: a test can land it inside a short window), then waits until Docker has seen
+    /// the process go.
+    pub async fn kill(&self) -> Result<()> {
+        let docker = converge_agent::docker::connect(None).await?;
+        docker
+            .kill_container(
+                &self.name,
+                Some(
+                    bollard::query_parameters::KillContainerOptionsBuilder::new()
+                        .signal("SIGKILL")
+                        .build(),
+                ),
+            )
+            .await
+            .with_context(|| format!("killing {}; logs:\n{}", self.name, self.logs()))?;
+        Command::new("docker").args(["wait", &self.name]).output()?;
+        Ok(())
+    }
+
+    /// Starts the (killed) container again: the same binary, settings and state directory.
+    pub fn restart(&self) -> Result<()> {
+        let out = Command::new("docker")
+            .args(["start", &self.name])
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "docker start {} failed: {}",
+                self.name,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+
+    /// Everything it logged (every run of it), for failure messages.
+    pub fn logs(&self) -> String {
+        Command::new("docker")
+            .args(["logs", &self.name])
+            .output()
+            .map(|o| {
+                format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                )
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for ManagerContainer {
+    fn drop(&mut self) {
+        let _ = Command::new("docker")
+            .args(["rm", "-f", &self.name])
+            .output();
+    }
+}

@@ -161,6 +161,14 @@ impl Core {
         if !self.transition(id, JobPhase::Migrating(next), reason) {
             return;
         }
+        // The phase changes within Migrating, which a state event does not show.
+        let step = self.jobs[id].checkpoint_step.unwrap_or(0);
+        self.migration_event(
+            id,
+            to,
+            format!("restoring on {to} from its checkpoint (step {step})"),
+            BTreeMap::from([("phase".to_string(), "restoring".to_string())]),
+        );
         let epoch = self.jobs[id].epoch;
         let cmd = Command {
             id: command,

@@ -1,0 +1,204 @@
+//! What the state store costs (issue 14): submit throughput and progress-ingest throughput of
+//! a real manager over loopback gRPC with `--state-dir` against the same run in memory, runs
+//! alternating A/B so that drift hits both, and the store's size per job.
+//!
+//!     cargo run --release -p converge-integration-tests --example store_bench [-- ROUNDS]
+//!
+//! Submit: 2,000 jobs from 16 concurrent callers to a manager with one scripted worker large
+//! enough for all of them (each submission is stored, placed and its Start sent before it is
+//! answered). Ingest: those jobs running, 40,000 progress messages of one sample each, sent as
+//! fast as the agent stream takes them; timed until the manager shows every job's last step.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use converge_integration_tests::{ScriptedAgent, TestManager, eventually};
+use converge_messenger::pb::{self, agent_message::Kind};
+
+const JOBS: usize = 2_000;
+const CALLERS: usize = 16;
+const MESSAGES: usize = 40_000;
+
+struct Run {
+    submits_per_s: f64,
+    ingest_per_s: f64,
+    bytes_per_job: Option<f64>,
+}
+
+async fn run(stored: bool) -> anyhow::Result<Run> {
+    let state = tempfile::tempdir()?;
+    let dir = state.path().to_path_buf();
+    let manager = TestManager::start(move |c| {
+        c.state_dir = stored.then_some(dir);
+        c.heartbeat_interval = Duration::from_secs(1);
+    })
+    .await?;
+    let mut agent = ScriptedAgent::connect(
+        &manager.endpoint(),
+        "w1",
+        4_000.0,
+        Duration::from_millis(500),
+    )
+    .await?;
+    let client = manager.control().await?;
+    let spec = pb::JobSpec {
+        image: "converge/trainer:dev".into(),
+        cpus: 1.0,
+        ..Default::default()
+    };
+
+    let began = Instant::now();
+    let mut callers = Vec::new();
+    for _ in 0..CALLERS {
+        let mut c = client.clone();
+        let spec = spec.clone();
+        callers.push(tokio::spawn(async move {
+            for _ in 0..JOBS / CALLERS {
+                c.submit_job(pb::SubmitJobRequest {
+                    spec: Some(spec.clone()),
+                })
+                .await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for c in callers {
+        c.await??;
+    }
+    let submits_per_s = JOBS as f64 / began.elapsed().as_secs_f64();
+
+    // Every job told to start: answer each Start, so that all run.
+    let mut jobs = Vec::with_capacity(JOBS);
+    while jobs.len() < JOBS {
+        let c = tokio::time::timeout(Duration::from_secs(30), agent.commands.recv())
+            .await
+            .context("waiting for the Starts")?
+            .context("session closed")?;
+        if !matches!(c.action, Some(pb::command::Action::Start(_))) {
+            continue;
+        }
+        agent
+            .outbox
+            .send(Kind::Result(pb::CommandResult {
+                command_id: c.command_id.clone(),
+                job_id: c.job_id.clone(),
+                epoch: c.epoch,
+                ok: true,
+                detail: Some(pb::command_result::Detail::Started(pb::Started {
+                    container_id: format!("ctr-{}", c.job_id),
+                    from_checkpoint: false,
+                })),
+                ..Default::default()
+            }))
+            .await;
+        jobs.push(c.job_id);
+    }
+    let per_job = MESSAGES / JOBS;
+    let began = Instant::now();
+    for round in 1..=per_job {
+        for id in &jobs {
+            agent
+                .outbox
+                .send(Kind::Progress(pb::ProgressBatch {
+                    samples: vec![pb::ProgressSample {
+                        job_id: id.clone(),
+                        epoch: 1,
+                        step: round as u64 * 10,
+                        total_steps: Some(1_000_000),
+                        value: Some(1.0 / round as f64),
+                        ..Default::default()
+                    }],
+                    malformed: vec![],
+                }))
+                .await;
+        }
+    }
+    let last = jobs.last().cloned().expect("jobs");
+    let mut c = client.clone();
+    eventually(Duration::from_secs(120), "the last step to arrive", || {
+        let mut c = c.clone();
+        let last = last.clone();
+        async move {
+            let j = c
+                .get_job(pb::GetJobRequest {
+                    job_id: last,
+                    include_progress: false,
+                })
+                .await?
+                .into_inner();
+            Ok((j.step == per_job as u64 * 10).then_some(()))
+        }
+    })
+    .await?;
+    let ingest_per_s = MESSAGES as f64 / began.elapsed().as_secs_f64();
+    let listed = c
+        .list_jobs(pb::ListJobsRequest::default())
+        .await?
+        .into_inner()
+        .jobs
+        .len();
+    anyhow::ensure!(listed == JOBS, "{listed} jobs listed, {JOBS} submitted");
+    drop(agent);
+    manager.stop().await;
+    // Closing the store folds its write-ahead log into the file.
+    let bytes_per_job = stored.then(|| {
+        let size = |n: &str| std::fs::metadata(state.path().join(n)).map_or(0, |m| m.len());
+        (size("converge.db") + size("converge.db-wal")) as f64 / JOBS as f64
+    });
+    Ok(Run {
+        submits_per_s,
+        ingest_per_s,
+        bytes_per_job,
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let rounds: usize = std::env::args()
+        .nth(1)
+        .map(|a| a.parse())
+        .transpose()?
+        .unwrap_or(3);
+    println!(
+        "store cost: {JOBS} submissions from {CALLERS} callers, then {MESSAGES} progress messages; {rounds} A/B rounds"
+    );
+    println!(
+        "| round | memory submit/s | store submit/s | ratio | memory ingest/s | store ingest/s | ratio |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let (mut submit, mut ingest, mut size) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 1..=rounds {
+        // Alternate which goes first, so that warm-up and drift hit both.
+        let (m, s) = if round % 2 == 1 {
+            let m = run(false).await?;
+            (m, run(true).await?)
+        } else {
+            let s = run(true).await?;
+            (run(false).await?, s)
+        };
+        let (rs, ri) = (
+            s.submits_per_s / m.submits_per_s,
+            s.ingest_per_s / m.ingest_per_s,
+        );
+        println!(
+            "| {round} | {:.0} | {:.0} | {rs:.3} | {:.0} | {:.0} | {ri:.3} |",
+            m.submits_per_s, s.submits_per_s, m.ingest_per_s, s.ingest_per_s
+        );
+        submit.push(rs);
+        ingest.push(ri);
+        size.extend(s.bytes_per_job);
+    }
+    println!();
+    println!(
+        "median ratio store/memory: submit {:.3}, ingest {:.3} (goal: >= 0.80 each); store size {:.0} bytes per job",
+        median(submit),
+        median(ingest),
+        median(size)
+    );
+    Ok(())
+}

@@ -1,0 +1,335 @@
+//! The fault matrix of a durable manager (issue 14), on real Docker with real trainer
+//! containers: the manager image runs as its own process and is killed with SIGKILL (a) right
+//! after SubmitJob returns, (b) while the job runs, (c) during a Save, (d) during a Restore, (e)
+//! right after CancelJob returns, (f) during a value-based preemption, and started again on the
+//! same state directory each time. After each restart every job is known; a running job keeps
+//! its container and its steps; a move completes from its checkpoint; a cancelled job stays
+//! cancelled; event numbers go on. Docker's event stream, recorded throughout, must never show
+//! two containers of a job running at once.
+
+use std::time::Duration;
+
+use converge_integration_tests::{
+    DockerEvents, MANAGER_IMAGE, ManagerContainer, TRAINER_IMAGE, TestAgent, eventually, job,
+    require_docker, tempfile_dir, trainer_spec, unique, unix_nanos,
+};
+use converge_messenger::pb::{self, JobState, control_service_client::ControlServiceClient};
+use tokio_stream::StreamExt;
+use tonic::transport::Channel;
+
+type Client = ControlServiceClient<Channel>;
+
+async fn submit(c: &mut Client, spec: pb::JobSpec) -> anyhow::Result<String> {
+    Ok(c.submit_job(pb::SubmitJobRequest { spec: Some(spec) })
+        .await?
+        .into_inner()
+        .job_id)
+}
+
+/// Waits for job `id` to satisfy `pred`, showing its last state when it does not.
+async fn until(
+    c: &Client,
+    id: &str,
+    what: &str,
+    timeout: Duration,
+    pred: impl Fn(&pb::Job) -> bool,
+) -> anyhow::Result<pb::Job> {
+    let last = std::sync::Mutex::new(None);
+    let r = eventually(timeout, what, || {
+        let mut c = c.clone();
+        let id = id.to_string();
+        let (pred, last) = (&pred, &last);
+        async move {
+            let j = job(&mut c, &id, false).await?;
+            let ok = pred(&j);
+            *last.lock().unwrap() = Some(j.clone());
+            Ok(ok.then_some(j))
+        }
+    })
+    .await;
+    r.map_err(|e| anyhow::anyhow!("{e}; the job was {:#?}", last.lock().unwrap()))
+}
+
+/// Kills the manager with SIGKILL, starts it again, and returns a client of the new process.
+async fn kill_and_restart(m: &ManagerContainer, when: &str) -> anyhow::Result<Client> {
+    m.kill().await?;
+    m.restart()?;
+    let mut c = m.control().await?;
+    // What the new process found, for the log of a run (the assertions come after).
+    let jobs = c
+        .list_jobs(pb::ListJobsRequest::default())
+        .await?
+        .into_inner()
+        .jobs;
+    for j in jobs {
+        eprintln!(
+            "{when}: after the restart job {} is {:?} (epoch {}, step {}): {}",
+            &j.id[..8],
+            JobState::try_from(j.state).unwrap_or_default(),
+            j.epoch,
+            j.step,
+            j.reason
+        );
+    }
+    Ok(c)
+}
+
+/// All events from number 1 on: their numbers must run 1, 2, 3, … with no gap or repeat.
+async fn assert_events_continuous(c: &mut Client) -> anyhow::Result<u64> {
+    let mut stream = c
+        .watch_events(pb::WatchEventsRequest {
+            from_seq: 1,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let mut seqs = Vec::new();
+    while let Ok(Some(e)) = tokio::time::timeout(Duration::from_millis(500), stream.next()).await {
+        seqs.push(e?.seq);
+    }
+    assert!(!seqs.is_empty());
+    assert_eq!(
+        seqs,
+        (1..=seqs.len() as u64).collect::<Vec<_>>(),
+        "event numbers go on across restarts"
+    );
+    Ok(seqs.len() as u64)
+}
+
+/// A low- or high-value trainer job (the numbers of `value_docker.rs`).
+fn value_spec(size: u32, steps: u64, et: f64, (max, full, zero): (f64, f64, f64)) -> pb::JobSpec {
+    let mut spec = trainer_spec("mlp-digits", steps, 50);
+    spec.args.extend(["--size".into(), size.to_string()]);
+    spec.value_curve = Some(pb::ValueCurve {
+        max_value: max,
+        full_value_until_s: full,
+        zero_value_at_s: zero,
+    });
+    spec.estimated_runtime_s = et;
+    spec
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_at_any_moment_loses_no_job_and_never_runs_one_twice() -> anyhow::Result<()> {
+    require_docker(&[TRAINER_IMAGE, MANAGER_IMAGE]);
+    let state = tempfile_dir("durable-state")?;
+    let checkpoints = tempfile_dir("durable-ckpt")?;
+    let docker = DockerEvents::watch().await?;
+    let manager = ManagerContainer::start(
+        state.path(),
+        &[
+            ("CONVERGE_POLICY", "value"),
+            // As in value_docker.rs: a 1-CPU worker with one low-value job counts as
+            // overloaded early enough for a short test.
+            ("CONVERGE_VALUE_LAMBDA", "0.9"),
+            ("CONVERGE_HEARTBEAT_INTERVAL", "250ms"),
+            ("CONVERGE_RECOVERY_GRACE", "10s"),
+        ],
+    )?;
+    let mut client = manager.control().await?;
+    let workers: Vec<String> = (1..=3).map(|i| unique(&format!("it-d{i}"))).collect();
+    let _agents: Vec<TestAgent> = workers
+        .iter()
+        .map(|w| TestAgent::start(&manager.endpoint(), w, 1.0, checkpoints.path()))
+        .collect();
+    eventually(Duration::from_secs(20), "three workers", || {
+        let mut c = client.clone();
+        async move {
+            let n = c
+                .list_workers(pb::ListWorkersRequest {})
+                .await?
+                .into_inner();
+            Ok((n.workers.len() == 3).then_some(()))
+        }
+    })
+    .await?;
+
+    // (a) Killed right after SubmitJob returned: the job is known and runs, once.
+    // mlp-digits size 8 at ~3 ms a step: far longer than this test; it is cancelled in (e).
+    let mut spec = trainer_spec("mlp-digits", 1_000_000, 50);
+    spec.args.extend([
+        "--size".into(),
+        "8".into(),
+        "--checkpoint-every".into(),
+        "200".into(),
+    ]);
+    let a = submit(&mut client, spec).await?;
+    client = kill_and_restart(&manager, "(a) right after SubmitJob").await?;
+    let running = until(
+        &client,
+        &a,
+        "(a) the job to run",
+        Duration::from_secs(60),
+        |j| j.state == JobState::Running as i32 && j.step >= 300,
+    )
+    .await?;
+    assert_eq!(running.epoch, 1, "(a) started once");
+    assert_eq!(docker.starts_after(&a, 0).len(), 1, "(a) one container");
+
+    // (b) Killed while it runs: the same container goes on from where it was.
+    let before = job(&mut client, &a, false).await?;
+    let killed_at = unix_nanos();
+    client = kill_and_restart(&manager, "(b) while the job runs").await?;
+    let after = until(
+        &client,
+        &a,
+        "(b) the job to go on",
+        Duration::from_secs(60),
+        |j| j.state == JobState::Running as i32 && j.step >= before.step + 200,
+    )
+    .await?;
+    assert_eq!(
+        (after.epoch, &after.worker_id),
+        (1, &before.worker_id),
+        "(b)"
+    );
+    docker.assert_no_start_after(&a, killed_at)?;
+
+    // (c) Killed during a Save: its worker is drained and the manager killed as the Drain
+    // returns (the Save was stored and sent). The move completes from the checkpoint.
+    let from = after.worker_id.clone();
+    let step_before_move = job(&mut client, &a, false).await?.step;
+    client
+        .drain_worker(pb::DrainWorkerRequest {
+            worker_id: from.clone(),
+        })
+        .await?;
+    client = kill_and_restart(&manager, "(c) during a Save").await?;
+    let moved = until(
+        &client,
+        &a,
+        "(c) the move to complete",
+        Duration::from_secs(90),
+        |j| j.state == JobState::Running as i32 && j.worker_id != from && j.step > step_before_move,
+    )
+    .await?;
+    assert!(moved.epoch >= 2, "(c) a new incarnation: {moved:?}");
+    docker.assert_one_incarnation_at_a_time(&a)?;
+
+    // (d) Killed during a Restore: drain its new worker and kill the manager as soon as the
+    // job's restore is announced.
+    let from = moved.worker_id.clone();
+    let mut watch = client
+        .watch_events(pb::WatchEventsRequest {
+            job_id: a.clone(),
+            from_seq: 0,
+        })
+        .await?
+        .into_inner();
+    client
+        .drain_worker(pb::DrainWorkerRequest {
+            worker_id: from.clone(),
+        })
+        .await?;
+    let seen = tokio::time::timeout(Duration::from_secs(60), async {
+        let mut seen = Vec::new();
+        while let Some(e) = watch.next().await {
+            let e = e?;
+            seen.push(e.reason.clone());
+            if e.attributes.get("phase").is_some_and(|p| p == "restoring") {
+                return anyhow::Ok(seen);
+            }
+        }
+        anyhow::bail!("the event stream ended: {seen:?}")
+    })
+    .await;
+    if !matches!(seen, Ok(Ok(_))) {
+        let j = job(&mut client, &a, false).await?;
+        anyhow::bail!(
+            "(d) no restore announced ({seen:?}); the job: {j:#?}\nmanager logs:\n{}",
+            manager.logs()
+        );
+    }
+    drop(watch);
+    client = kill_and_restart(&manager, "(d) during a Restore").await?;
+    let last = workers
+        .iter()
+        .find(|w| **w != from && **w != running.worker_id)
+        .expect("a third worker")
+        .clone();
+    let restored = until(
+        &client,
+        &a,
+        "(d) the restore to finish",
+        Duration::from_secs(90),
+        |j| j.state == JobState::Running as i32 && j.worker_id == last && j.step > moved.step,
+    )
+    .await?;
+    assert!(restored.epoch > moved.epoch, "(d) {restored:?}");
+    docker.assert_one_incarnation_at_a_time(&a)?;
+
+    // (e) Killed right after CancelJob returned: cancelled it stays, and its container goes.
+    client
+        .cancel_job(pb::CancelJobRequest { job_id: a.clone() })
+        .await?;
+    let cancelled_at = unix_nanos();
+    client = kill_and_restart(&manager, "(e) right after CancelJob").await?;
+    let c = job(&mut client, &a, false).await?;
+    assert_eq!(c.state, JobState::Cancelled as i32, "(e) {c:?}");
+    eventually(
+        Duration::from_secs(30),
+        "(e) its container to stop",
+        || async { Ok(docker.running(&a).is_empty().then_some(())) },
+    )
+    .await?;
+    docker.assert_no_start_after(&a, cancelled_at)?;
+
+    // (f) Killed during a value-based preemption: on the last worker, a high-value arrival
+    // pauses a low-value job; the manager dies as SubmitJob returns (the Pause and the Start
+    // stored and sent). Both finish, each in one container, the low one paused and resumed.
+    let low = submit(&mut client, value_spec(8, 4000, 20.0, (10.0, 0.0, 50.0))).await?;
+    until(
+        &client,
+        &low,
+        "(f) L to run",
+        Duration::from_secs(30),
+        |j| j.state == JobState::Running as i32 && j.step >= 100,
+    )
+    .await?;
+    let high = submit(&mut client, value_spec(4, 1500, 60.0, (100.0, 0.0, 300.0))).await?;
+    client = kill_and_restart(&manager, "(f) during a preemption").await?;
+    let h = until(
+        &client,
+        &high,
+        "(f) H to complete",
+        Duration::from_secs(90),
+        |j| j.state == JobState::Completed as i32,
+    )
+    .await?;
+    assert_eq!((h.step, h.epoch), (1500, 1), "(f) H once, to the end");
+    let l = until(
+        &client,
+        &low,
+        "(f) L to complete",
+        Duration::from_secs(120),
+        |j| j.state == JobState::Completed as i32,
+    )
+    .await?;
+    assert_eq!(
+        (l.step, l.epoch),
+        (4000, 1),
+        "(f) L once, paused and resumed"
+    );
+    let paused = docker.of(&low).iter().any(|e| e.action == "pause");
+    assert!(paused, "(f) Docker paused L: {:#?}", docker.of(&low));
+    for j in [&low, &high] {
+        assert_eq!(
+            docker.starts_after(j, 0).len(),
+            1,
+            "(f) one container of {j}"
+        );
+    }
+
+    // Every job known, with its history; events numbered without a gap across six restarts.
+    let jobs = client
+        .list_jobs(pb::ListJobsRequest::default())
+        .await?
+        .into_inner()
+        .jobs;
+    assert_eq!(jobs.len(), 3);
+    assert!(assert_events_continuous(&mut client).await? > 20);
+    for j in [&a, &low, &high] {
+        docker.assert_one_incarnation_at_a_time(j)?;
+    }
+    Ok(())
+}
