@@ -386,6 +386,9 @@ pub struct Worker {
     /// FlowCon interval, when reported.
     pub interval_s: Option<f64>,
     /// Jobs whose current incarnation is here (kept by the core's one transition function).
+    /// Not stored: it follows from the jobs' phases, and a record that grew with every job
+    /// placed would be rewritten in full at every placement.
+    #[serde(skip)]
     pub jobs: BTreeSet<JobId>,
 }
 

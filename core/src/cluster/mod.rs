@@ -504,13 +504,12 @@ impl Core {
         job.reason = reason.clone();
         let (epoch, to_state) = (job.epoch, job.state());
         if old_worker != new_worker {
+            // The per-worker index is rebuilt from the phases on restore: no store write.
             if let Some(w) = old_worker.as_ref().and_then(|w| self.workers.get_mut(w)) {
                 w.jobs.remove(id);
-                self.changes.workers.insert(w.id.clone());
             }
             if let Some(w) = new_worker.as_ref().and_then(|w| self.workers.get_mut(w)) {
                 w.jobs.insert(id.to_string());
-                self.changes.workers.insert(w.id.clone());
             }
             if let Some(w) = old_worker.clone() {
                 self.departures.push_back((w, id.to_string()));
