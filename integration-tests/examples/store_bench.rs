@@ -6,8 +6,8 @@
 //!
 //! Submit: 2,000 jobs from 16 concurrent callers to a manager with one scripted worker large
 //! enough for all of them (each submission is stored, placed and its Start sent before it is
-//! answered). Ingest: those jobs running, 40,000 progress messages of one sample each, sent as
-//! fast as the agent stream takes them; timed until the manager shows every job's last step.
+//! answered). Ingest: once all those jobs run, 200,000 progress messages of one sample each,
+//! sent as fast as the agent stream takes them; timed until the manager shows the last one.
 
 use std::time::{Duration, Instant};
 
@@ -17,7 +17,7 @@ use converge_messenger::pb::{self, agent_message::Kind};
 
 const JOBS: usize = 2_000;
 const CALLERS: usize = 16;
-const MESSAGES: usize = 40_000;
+const MESSAGES: usize = 200_000;
 
 struct Run {
     submits_per_s: f64,
@@ -93,6 +93,24 @@ async fn run(stored: bool) -> anyhow::Result<Run> {
             .await;
         jobs.push(c.job_id);
     }
+    // The Starts' answers are in the manager's queue: wait until it has taken them all, so
+    // that the ingest time is the progress messages' alone.
+    eventually(Duration::from_secs(60), "every job to run", || {
+        let mut c = client.clone();
+        async move {
+            let n = c
+                .list_jobs(pb::ListJobsRequest {
+                    state: pb::JobState::Running as i32,
+                    ..Default::default()
+                })
+                .await?
+                .into_inner()
+                .jobs
+                .len();
+            Ok((n == JOBS).then_some(()))
+        }
+    })
+    .await?;
     let per_job = MESSAGES / JOBS;
     let began = Instant::now();
     for round in 1..=per_job {

@@ -34,6 +34,10 @@ pub enum Error {
     /// The state store cannot be opened, read or written.
     #[error(transparent)]
     Store(#[from] converge_store::Error),
+    /// The request was decided but could not be stored: nothing of it happened, and the
+    /// manager stops.
+    #[error("the manager's state store failed ({0}); nothing was done, and the manager stops")]
+    StoreFailed(String),
     /// The stored state does not make a consistent cluster.
     #[error(
         "the state store {path} holds an inconsistent cluster: {why}; restore it from a backup, or move it away to start with an empty cluster"
@@ -68,7 +72,9 @@ impl From<Error> for Status {
             Error::Unavailable => Code::Unavailable,
             Error::Serve(_) | Error::Reflection(_) | Error::Io(_) => Code::Internal,
             // Nothing that was asked for was done: the caller may try again later.
-            Error::Store(_) | Error::Recovery { .. } => Code::Unavailable,
+            Error::Store(_) | Error::StoreFailed(_) | Error::Recovery { .. } => {
+                Code::Unavailable
+            }
         };
         Status::new(code, e.to_string())
     }

@@ -11,9 +11,12 @@
 //!
 //! With a store (`--state-dir`), what a step changed is written before any of its effects
 //! leaves the process: a submission is stored before it is acknowledged, a command before it is
-//! sent, an event before a watcher sees it. A step with no such effect (most progress and
-//! heartbeats) is written with the next one, or within [`FLUSH_EVERY`]. A store that fails
-//! stops the manager: it would otherwise act on decisions it could not keep.
+//! sent, an event before a watcher sees it. Steps are taken as their inputs arrive, but their
+//! effects and answers are held; whatever is waiting in the channels when one arrives joins it,
+//! and the lot is written in one transaction before the held effects are carried out (group
+//! commit: one write per batch, not per request). A batch with no outward effect (most progress
+//! and heartbeats) is written with the next, or within [`FLUSH_EVERY`]. A store that fails stops
+//! the manager: it would otherwise act on decisions it could not keep.
 
 mod trace;
 
@@ -41,6 +44,9 @@ use crate::wire;
 
 /// Changes of steps with no outward effect are written at least this often.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
+
+/// Inputs already waiting that join one batch (one write), at most, per channel.
+const BATCH: usize = 256;
 
 /// Settings the actor runs with.
 #[derive(Clone, Debug)]
@@ -128,7 +134,24 @@ pub struct Actor {
     unsaved: Unsaved,
     /// The store failed: the actor stops with this.
     failed: Option<Error>,
+    /// Effects of the batch's steps, waiting for the store.
+    held: Vec<Held>,
+    /// Answers to the batch's requests, waiting for the store.
+    answers: Vec<Answer>,
 }
+
+/// One step's effects, held until what produced them is stored.
+struct Held {
+    effects: Vec<Effect>,
+    /// Its events, numbered.
+    events: VecDeque<Event>,
+    /// The span the step was taken in (a drain's, a submission's), entered again to carry
+    /// them out.
+    span: tracing::Span,
+}
+
+/// A request's answer, sent once the batch is stored: `None` when it was, or why not.
+type Answer = Box<dyn FnOnce(Option<&str>) + Send>;
 
 /// Changes waiting for the store.
 struct Unsaved {
@@ -136,6 +159,8 @@ struct Unsaved {
     specs: Vec<JobId>,
     events: Vec<StoredEvent>,
     since: Instant,
+    /// A held effect leaves the process: write before carrying it out.
+    observable: bool,
 }
 
 /// What a restarted manager recovered besides the core: the specs the Starts carry and the
@@ -196,8 +221,11 @@ impl Actor {
                 specs: Vec::new(),
                 events: Vec::new(),
                 since: Instant::now(),
+                observable: false,
             },
             failed: None,
+            held: Vec::new(),
+            answers: Vec::new(),
         }
     }
 
@@ -221,12 +249,27 @@ impl Actor {
                 }
                 else => break,
             }
+            // What is already waiting joins this batch and its one write.
+            for _ in 0..BATCH {
+                match requests.try_recv() {
+                    Ok(req) => self.on_request(req),
+                    Err(_) => break,
+                }
+            }
+            for _ in 0..BATCH {
+                match streams.try_recv() {
+                    Ok(ev) => self.on_stream(ev),
+                    Err(_) => break,
+                }
+            }
+            self.flush();
             if let Some(e) = self.failed.take() {
                 tracing::error!(error = %e, "the state store failed; the manager stops");
                 return Err(e);
             }
         }
         // What the last steps changed quietly (progress) is kept too.
+        self.flush();
         self.commit();
         if let Some(e) = self.failed.take() {
             return Err(e);
@@ -235,8 +278,14 @@ impl Actor {
         Ok(())
     }
 
-    /// One step of the core, with its effects carried out; returns the step's reply, if any.
+    /// One step of the core; its effects are held until the batch is stored ([`Actor::flush`]).
+    /// Returns the step's reply, if any.
     fn step(&mut self, input: Input) -> Option<std::result::Result<Reply, RequestError>> {
+        if self.failed.is_some() {
+            return Some(Err(RequestError::FailedPrecondition(
+                "the manager's state store failed; the manager is stopping".into(),
+            )));
+        }
         let round = match &input {
             Input::Submit { .. } => Some(Round::Placement),
             Input::Agent { message, .. } if message.name() == "migration_request" => {
@@ -246,70 +295,116 @@ impl Actor {
             _ => None,
         };
         let began = std::time::Instant::now();
-        let mut pending = vec![input];
-        let mut reply = None;
-        while let Some(input) = pending.pop() {
-            if self.failed.is_some() {
-                return Some(Err(RequestError::FailedPrecondition(
-                    "the manager's state store failed; the manager is stopping".into(),
-                )));
+        let effects = self.core.step(now(), input);
+        if let Some(round) = round {
+            self.metrics
+                .round(self.core.policy_name(), round, began.elapsed());
+        }
+        // Events are numbered now, so that they are stored with their numbers.
+        let events: VecDeque<Event> = effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Event(e) => Some(self.events.number(wire::event(e.clone()))),
+                _ => None,
+            })
+            .collect();
+        self.note(&effects, &events);
+        let reply = effects.iter().find_map(|e| match e {
+            Effect::Reply(r) => Some(r.clone()),
+            _ => None,
+        });
+        self.held.push(Held {
+            effects,
+            events,
+            span: tracing::Span::current(),
+        });
+        reply
+    }
+
+    /// Stores what the batch changed when any of its effects is about to leave the process
+    /// (module doc), then carries out the held effects and sends the held answers. A send
+    /// that finds its stream gone is one more step, with its own effects: until none is left.
+    fn flush(&mut self) {
+        while !self.held.is_empty() || !self.answers.is_empty() {
+            if self.unsaved.observable || self.unsaved.since.elapsed() >= FLUSH_EVERY {
+                self.commit();
             }
-            let effects = self.core.step(now(), input);
-            // Events are numbered first, so that they are stored with their numbers.
-            let mut events: VecDeque<Event> = effects
-                .iter()
-                .filter_map(|e| match e {
-                    Effect::Event(e) => Some(self.events.number(wire::event(e.clone()))),
-                    _ => None,
-                })
-                .collect();
-            if !self.persist(&effects, &events) {
-                return Some(Err(RequestError::FailedPrecondition(
-                    "the manager's state store failed; nothing was done".into(),
-                )));
+            if let Some(e) = &self.failed {
+                let why = e.to_string();
+                self.held.clear();
+                for answer in self.answers.drain(..) {
+                    answer(Some(&why));
+                }
+                return;
             }
-            for effect in effects {
-                match effect {
-                    Effect::Send {
-                        conn,
-                        worker,
-                        command,
-                    } => {
-                        if let Some(gone) = self.send(conn, &worker, command) {
-                            pending.push(gone);
-                        }
+            for held in std::mem::take(&mut self.held) {
+                self.carry_out(held);
+            }
+            for answer in std::mem::take(&mut self.answers) {
+                answer(None);
+            }
+        }
+    }
+
+    /// Carries out one step's effects.
+    fn carry_out(&mut self, held: Held) {
+        let Held {
+            effects,
+            mut events,
+            span,
+        } = held;
+        let _entered = span.enter();
+        let mut gone = Vec::new();
+        for effect in effects {
+            match effect {
+                Effect::Send {
+                    conn,
+                    worker,
+                    command,
+                } => gone.extend(self.send(conn, &worker, command)),
+                Effect::Registered { conn, registered } => {
+                    let msg = wire::registered(registered, &self.manager_id);
+                    if let Some(link) = self.links.get(&conn)
+                        && link.send(ManagerKind::Registered(msg)).is_err()
+                    {
+                        gone.push(self.lost_link(conn));
                     }
-                    Effect::Registered { conn, registered } => {
-                        let msg = wire::registered(registered, &self.manager_id);
-                        if let Some(link) = self.links.get(&conn)
-                            && link.send(ManagerKind::Registered(msg)).is_err()
-                        {
-                            pending.push(self.lost_link(conn));
-                        }
-                    }
-                    Effect::Event(e) => {
-                        let numbered = events.pop_front().expect("every event was numbered");
-                        self.record(e, numbered);
-                    }
-                    Effect::Reply(r) => reply = Some(r),
-                    Effect::Refused { what, worker } => {
-                        self.metrics.refused(what.as_str());
-                        if what == Refusal::ForeignJob {
-                            warn!(
-                                worker = worker.as_deref().unwrap_or_default(),
-                                "refused a message about another worker's job"
-                            );
-                        }
+                }
+                Effect::Event(e) => {
+                    let numbered = events.pop_front().expect("every event was numbered");
+                    self.record(e, numbered);
+                }
+                Effect::Reply(_) => {}
+                Effect::Refused { what, worker } => {
+                    self.metrics.refused(what.as_str());
+                    if what == Refusal::ForeignJob {
+                        warn!(
+                            worker = worker.as_deref().unwrap_or_default(),
+                            "refused a message about another worker's job"
+                        );
                     }
                 }
             }
         }
         self.traces.end_step();
-        if let Some(round) = round {
-            self.metrics
-                .round(self.core.policy_name(), round, began.elapsed());
+        for input in gone {
+            let _ = self.step(input);
         }
-        reply
+    }
+
+    /// Answers `reply` with `r` once the batch is stored, or with why it could not be.
+    fn answer_later<T: Send + 'static>(
+        &mut self,
+        reply: oneshot::Sender<Result<T>>,
+        r: Result<T>,
+    ) {
+        self.answers.push(Box::new(move |failed: Option<&str>| {
+            let r = match failed {
+                None => r,
+                Some(why) => Err(Error::StoreFailed(why.to_string())),
+            };
+            let _ = reply.send(r);
+        }));
     }
 
     /// Sends a core command on stream `conn`. A closed stream means the agent is gone: the
@@ -345,12 +440,11 @@ impl Actor {
         }
     }
 
-    /// Notes what a step changed and stores it when the step's effects are about to leave
-    /// the process (module doc); returns false when the store failed.
-    fn persist(&mut self, effects: &[Effect], events: &VecDeque<Event>) -> bool {
+    /// Notes what a step changed, for the batch's write.
+    fn note(&mut self, effects: &[Effect], events: &VecDeque<Event>) {
         let changes = self.core.take_changes();
         if self.store.is_none() {
-            return true;
+            return;
         }
         self.unsaved.changes.merge(changes);
         self.unsaved
@@ -360,11 +454,7 @@ impl Actor {
                 job: (!e.job_id.is_empty()).then(|| e.job_id.clone()),
                 bytes: e.encode_to_vec(),
             }));
-        if effects.iter().any(Effect::is_observable) || self.unsaved.since.elapsed() >= FLUSH_EVERY
-        {
-            self.commit();
-        }
-        self.failed.is_none()
+        self.unsaved.observable |= effects.iter().any(Effect::is_observable);
     }
 
     /// Writes everything unsaved in one transaction.
@@ -374,6 +464,7 @@ impl Actor {
         };
         let unsaved = &mut self.unsaved;
         unsaved.since = Instant::now();
+        unsaved.observable = false;
         let specs: Vec<(JobId, Vec<u8>)> = unsaved
             .specs
             .drain(..)
@@ -453,7 +544,8 @@ impl Actor {
     fn on_request(&mut self, req: Request) {
         match req {
             Request::Submit { spec, reply } => {
-                let _ = reply.send(self.submit(spec));
+                let r = self.submit(spec);
+                self.answer_later(reply, r);
             }
             Request::GetJob {
                 id,
@@ -493,7 +585,8 @@ impl Actor {
                     .job_span(&id, info_span!(parent: None, "cancel", job = %id));
                 let _entered = span.enter();
                 let r = self.answer(Input::Cancel { id: id.clone() });
-                let _ = reply.send(r.and_then(|_| self.job_pb(&id, false)));
+                let r = r.and_then(|_| self.job_pb(&id, false));
+                self.answer_later(reply, r);
             }
             Request::ListWorkers { reply } => {
                 let policy = self.core.policy_name();
@@ -511,10 +604,11 @@ impl Actor {
                 let r = self.answer(Input::Drain {
                     worker: worker_id.clone(),
                 });
-                let _ = reply.send(r.map(|_| {
+                let r = r.map(|_| {
                     let w = self.core.worker(&worker_id).expect("drained worker exists");
                     wire::worker(w, self.core.jobs(), self.core.policy_name())
-                }));
+                });
+                self.answer_later(reply, r);
             }
             Request::Watch {
                 job_id,
