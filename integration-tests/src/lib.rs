@@ -910,10 +910,14 @@ impl ManagerContainer {
     /// Starts `converge/manager:dev` with its state in `state` and the `CONVERGE_*` settings
     /// in `env` (the listen address and state directory are set here).
     pub fn start(state: &std::path::Path, env: &[(&str, &str)]) -> Result<Self> {
+        use std::os::unix::fs::MetadataExt;
         let addr = free_local_addr();
         let name = unique("converge-it-manager");
+        // As the owner of the state directory, so that the test can remove what it wrote.
+        let owner = std::fs::metadata(state)?;
         let mut cmd = Command::new("docker");
         cmd.args(["run", "-d", "--name", &name, "--network", "host"])
+            .args(["--user", &format!("{}:{}", owner.uid(), owner.gid())])
             .args(["--label", "converge.test=durable"])
             .args(["-v", &format!("{}:/state", state.display())])
             .args(["-e", &format!("CONVERGE_LISTEN={addr}")])

@@ -72,9 +72,7 @@ impl From<Error> for Status {
             Error::Unavailable => Code::Unavailable,
             Error::Serve(_) | Error::Reflection(_) | Error::Io(_) => Code::Internal,
             // Nothing that was asked for was done: the caller may try again later.
-            Error::Store(_) | Error::StoreFailed(_) | Error::Recovery { .. } => {
-                Code::Unavailable
-            }
+            Error::Store(_) | Error::StoreFailed(_) | Error::Recovery { .. } => Code::Unavailable,
         };
         Status::new(code, e.to_string())
     }

@@ -184,6 +184,11 @@ pub fn allowed(from: &JobPhase, to: &JobPhase) -> bool {
 /// Progress points a stored job keeps ([`Job::progress`]).
 pub const STORED_PROGRESS: usize = 32;
 
+/// A stored progress point: a tuple `[unix_ms, step, value, epoch, cpu_s]`, not an object
+/// with its field names (half the bytes of a record are its points).
+#[derive(Serialize, Deserialize)]
+struct StoredPoint(i64, u64, Option<f64>, u64, f64);
+
 fn recent_progress<S: serde::Serializer>(
     points: &VecDeque<ProgressPoint>,
     s: S,
@@ -191,8 +196,27 @@ fn recent_progress<S: serde::Serializer>(
     s.collect_seq(
         points
             .iter()
-            .skip(points.len().saturating_sub(STORED_PROGRESS)),
+            .skip(points.len().saturating_sub(STORED_PROGRESS))
+            .map(|p| StoredPoint(p.unix_ms, p.step, p.value, p.epoch, p.cpu_s)),
     )
+}
+
+fn stored_progress<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<VecDeque<ProgressPoint>, D::Error> {
+    let points = Vec::<StoredPoint>::deserialize(d)?;
+    Ok(points
+        .into_iter()
+        .map(
+            |StoredPoint(unix_ms, step, value, epoch, cpu_s)| ProgressPoint {
+                unix_ms,
+                step,
+                value,
+                epoch,
+                cpu_s,
+            },
+        )
+        .collect())
 }
 
 /// One progress point kept per job (bounded history).
@@ -283,7 +307,10 @@ pub struct Job {
     /// The most recent progress points. A store keeps only the last [`STORED_PROGRESS`]:
     /// enough for the estimates and the stopping rule to go on after a restart, and a record
     /// of bounded size however long the history kept in memory.
-    #[serde(serialize_with = "recent_progress")]
+    #[serde(
+        serialize_with = "recent_progress",
+        deserialize_with = "stored_progress"
+    )]
     pub progress: VecDeque<ProgressPoint>,
     /// What its worker last reported of it.
     pub view: WorkerView,

@@ -393,11 +393,7 @@ impl Actor {
     }
 
     /// Answers `reply` with `r` once the batch is stored, or with why it could not be.
-    fn answer_later<T: Send + 'static>(
-        &mut self,
-        reply: oneshot::Sender<Result<T>>,
-        r: Result<T>,
-    ) {
+    fn answer_later<T: Send + 'static>(&mut self, reply: oneshot::Sender<Result<T>>, r: Result<T>) {
         self.answers.push(Box::new(move |failed: Option<&str>| {
             let r = match failed {
                 None => r,
