@@ -91,6 +91,9 @@ pub struct Cli {
     /// silent network takes to be noticed, so a job restarted elsewhere never runs twice.
     #[arg(long, env = "CONVERGE_FENCE_AFTER", default_value = "30s")]
     pub fence_after: String,
+    /// Most processes (threads included) one job container may have.
+    #[arg(long, env = "CONVERGE_JOB_PIDS_LIMIT", default_value_t = 1024)]
+    pub job_pids_limit: i64,
     /// Address serving Prometheus metrics at `/metrics` (off when unset).
     #[arg(long, env = "CONVERGE_METRICS_LISTEN")]
     pub metrics_listen: Option<std::net::SocketAddr>,
@@ -170,6 +173,8 @@ pub struct Config {
     /// most ~15 s (HTTP/2 keep-alive: ping every 10 s, 5 s timeout) when the network goes
     /// silent. The defaults give 30 + 15 + 10 = 55 s < 60 s.
     pub fence_after: Duration,
+    /// Most processes (threads included) one job container may have.
+    pub job_pids_limit: i64,
     /// Where the executor reports each FlowCon round it ran (for tests and benchmarks that
     /// measure the time from a container event to the applied limits). Reports are dropped,
     /// never waited for, when the channel is full.
@@ -205,6 +210,7 @@ impl Config {
             specon_interval: Duration::from_secs(30),
             specon_alpha: 0.01,
             fence_after: Duration::from_secs(30),
+            job_pids_limit: 1024,
             round_reports: None,
             metrics_listen: None,
         }
@@ -418,6 +424,13 @@ impl Cli {
             why,
         })?;
         c.specon_alpha = self.specon_alpha;
+        if !(16..=1_000_000).contains(&self.job_pids_limit) {
+            return Err(Error::Config {
+                setting: "job-pids-limit",
+                why: format!("must be in 16..=1000000, got {}", self.job_pids_limit),
+            });
+        }
+        c.job_pids_limit = self.job_pids_limit;
         c.fence_after = parse_duration(&self.fence_after).map_err(|why| Error::Config {
             setting: "fence-after",
             why,

@@ -85,7 +85,14 @@ pub struct PlanContext<'a> {
     pub cgroup_parent: &'a str,
     /// Host checkpoint root.
     pub checkpoint_root: &'a std::path::Path,
+    /// Most processes (and threads) a job container may have.
+    pub pids_limit: i64,
 }
+
+/// The tmpfs's options: private, no executables or set-uid, bounded.
+const JOB_TMPFS_OPTIONS: &str = "rw,noexec,nosuid,nodev,size=256m";
+
+pub use converge_contract::{JOB_TMPFS, parse_user};
 
 /// Turns a `Start` command into a container definition, or says what is wrong with it.
 pub fn plan_container(
@@ -154,10 +161,22 @@ pub fn plan_container(
             "{}:{container_path}",
             host_checkpoint_dir.display()
         )]),
+        // No privileges: a training job needs none, and a job that escapes its process should
+        // find nothing to use (issue 15).
+        cap_drop: Some(vec!["ALL".into()]),
+        security_opt: Some(vec!["no-new-privileges:true".into()]),
+        readonly_rootfs: Some(true),
+        tmpfs: Some(HashMap::from([(
+            JOB_TMPFS.to_string(),
+            JOB_TMPFS_OPTIONS.to_string(),
+        )])),
+        pids_limit: Some(ctx.pids_limit),
         ..Default::default()
     };
+    parse_user(&spec.user).map_err(|e| format!("Start.spec.user {e}"))?;
     let body = ContainerCreateBody {
         image: Some(spec.image.clone()),
+        user: (!spec.user.is_empty()).then(|| spec.user.clone()),
         cmd: (!spec.args.is_empty()).then(|| spec.args.clone()),
         env: Some(env),
         labels: Some(labels),
@@ -266,6 +285,7 @@ mod tests {
             capacity: 2.0,
             cgroup_parent: "/converge/w1",
             checkpoint_root: std::path::Path::new("/ckpt"),
+            pids_limit: 512,
         }
     }
 
@@ -301,6 +321,14 @@ mod tests {
             hc.binds.as_ref().unwrap(),
             &vec!["/ckpt/jobs/j1:/checkpoint".to_string()]
         );
+        assert_eq!(hc.cap_drop.as_deref(), Some(&["ALL".to_string()][..]));
+        assert_eq!(
+            hc.security_opt.as_deref(),
+            Some(&["no-new-privileges:true".to_string()][..])
+        );
+        assert_eq!((hc.readonly_rootfs, hc.pids_limit), (Some(true), Some(512)));
+        assert!(hc.tmpfs.as_ref().unwrap().contains_key("/tmp"));
+        assert_eq!(p.body.user, None);
         let env = p.body.env.as_ref().unwrap();
         assert!(env.contains(&"A=1".to_string()));
         assert!(env.contains(&"CONVERGE_CHECKPOINT_DIR=/checkpoint".to_string()));
@@ -312,6 +340,20 @@ mod tests {
         assert_eq!(p.cpus, 2.0);
         let p = plan_container(&ctx(), "j1", 1, &start(0.0)).unwrap();
         assert_eq!(p.cpus, 2.0);
+    }
+
+    #[test]
+    fn a_user_is_numeric_uid_or_uid_gid() {
+        assert_eq!(parse_user(""), Ok(None));
+        assert_eq!(parse_user("1000"), Ok(Some((1000, None))));
+        assert_eq!(parse_user("1000:50"), Ok(Some((1000, Some(50)))));
+        for bad in ["root", "1000:", ":1", "-1", "1:2:3"] {
+            assert!(parse_user(bad).is_err(), "{bad}");
+        }
+        let mut s = start(1.0);
+        s.spec.as_mut().unwrap().user = "1000:1000".into();
+        let p = plan_container(&ctx(), "j1", 1, &s).unwrap();
+        assert_eq!(p.body.user.as_deref(), Some("1000:1000"));
     }
 
     #[test]

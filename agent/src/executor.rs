@@ -826,6 +826,7 @@ impl Executor {
                 capacity: self.cfg.cpus,
                 cgroup_parent: &parent,
                 checkpoint_root: &self.cfg.checkpoint_root,
+                pids_limit: self.cfg.job_pids_limit,
             },
             &cmd.job_id,
             cmd.epoch,
@@ -837,6 +838,16 @@ impl Executor {
                 plan.host_checkpoint_dir.display()
             )
         })?;
+        // A job running as its own user must be able to write its checkpoints.
+        let user = start.spec.as_ref().map_or("", |s| s.user.as_str());
+        if let Some((uid, gid)) = docker::parse_user(user)? {
+            std::os::unix::fs::chown(&plan.host_checkpoint_dir, Some(uid), gid).map_err(|e| {
+                format!(
+                    "cannot give checkpoint directory {} to user {user}: {e}",
+                    plan.host_checkpoint_dir.display()
+                )
+            })?;
+        }
         let from_checkpoint = std::fs::read_dir(&plan.host_checkpoint_dir)
             .map(|mut d| d.next().is_some())
             .unwrap_or(false);

@@ -18,6 +18,31 @@ pub const PROGRESS_PREFIX: &str = "CONVERGE_PROGRESS";
 /// The environment variable naming the directory a job checkpoints into and resumes from.
 pub const CHECKPOINT_DIR_ENV: &str = "CONVERGE_CHECKPOINT_DIR";
 
+/// What a job's container may count on: its checkpoint directory (at [`CHECKPOINT_DIR_ENV`])
+/// and a tmpfs at `/tmp` are writable; the rest of its root is read-only; it has no
+/// capabilities, cannot gain privileges (set-uid binaries do nothing) and has a bounded number
+/// of processes. A job image must not expect to write elsewhere, bind ports below 1024 or
+/// change users.
+pub const JOB_TMPFS: &str = "/tmp";
+
+/// A job's `user` as Docker's `User`: "UID" or "UID:GID", numeric (a scratch image has no
+/// /etc/passwd to look a name up in). `Ok(None)` for empty (the image's user).
+pub fn parse_user(user: &str) -> Result<Option<(u32, Option<u32>)>, String> {
+    if user.is_empty() {
+        return Ok(None);
+    }
+    let bad = || format!("`{user}` is not a numeric user id, UID or UID:GID (e.g. 1000:1000)");
+    let (uid, gid) = match user.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (user, None),
+    };
+    let uid: u32 = uid.parse().map_err(|_| bad())?;
+    let gid = gid
+        .map(|g| g.parse::<u32>().map_err(|_| bad()))
+        .transpose()?;
+    Ok(Some((uid, gid)))
+}
+
 /// Longest line the parser looks at; a longer one is malformed (a runaway print, not progress).
 pub const MAX_LINE_BYTES: usize = 16 * 1024;
 

@@ -480,6 +480,31 @@ pub fn running_container_of(job_id: &str) -> Option<String> {
     (running.len() == 1).then(|| running[0].clone())
 }
 
+/// How Docker runs container `id`: `(capabilities dropped, read-only root, security options,
+/// pids limit, tmpfs mounts)`, as `docker inspect` shows them.
+pub fn inspect_privileges(id: &str) -> Result<(String, String, String, String, String)> {
+    let out = Command::new("docker")
+        .args([
+            "inspect",
+            "-f",
+            "{{json .HostConfig.CapDrop}}|{{.HostConfig.ReadonlyRootfs}}|{{json .HostConfig.SecurityOpt}}|{{.HostConfig.PidsLimit}}|{{json .HostConfig.Tmpfs}}",
+            id,
+        ])
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "docker inspect {id}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let text = String::from_utf8(out.stdout)?;
+    let f: Vec<String> = text.trim().split('|').map(str::to_string).collect();
+    match f.as_slice() {
+        [a, b, c, d, e] => Ok((a.clone(), b.clone(), c.clone(), d.clone(), e.clone())),
+        _ => bail!("unexpected docker inspect output: {text}"),
+    }
+}
+
 /// A loopback address with a port that was free a moment ago, for a server that binds its own
 /// listener from an address (`--metrics-listen`).
 pub fn free_local_addr() -> SocketAddr {

@@ -62,6 +62,15 @@ async fn drain_while_running(
         }
     })
     .await?;
+    // The job runs without privileges (and, below, still checkpoints and resumes).
+    let container = converge_integration_tests::running_container_of(&id).expect("one container");
+    let (caps, readonly, security, pids, tmpfs) =
+        converge_integration_tests::inspect_privileges(&container)?;
+    assert_eq!(caps, r#"["ALL"]"#);
+    assert_eq!(readonly, "true");
+    assert_eq!(security, r#"["no-new-privileges:true"]"#);
+    assert_eq!(pids, "1024");
+    assert!(tmpfs.contains("\"/tmp\""), "{tmpfs}");
     let a2 = TestAgent::start(&manager.endpoint(), &w2, 1.0, checkpoints.path());
     wait_for_workers(&client, 2).await?;
     let drained = client

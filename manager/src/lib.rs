@@ -44,6 +44,9 @@ pub use config::Config;
 pub use control::ManagerHandle;
 pub use error::{Error, Result};
 
+/// Largest agent message decoded (a progress batch of thousands of samples fits).
+pub const MAX_AGENT_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
 /// Serves the manager on `listener` until `shutdown` is cancelled.
 pub async fn serve(
     config: Config,
@@ -123,8 +126,17 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection().build_v1()?)
         .add_service(reflection().build_v1alpha()?)
-        .add_service(AgentServiceServer::new(AgentStreams::new(stream_tx)))
-        .add_service(ControlServiceServer::new(ManagerHandle::new(req_tx)))
+        // Explicit bounds on what is decoded: an agent's batches are far smaller than this; a
+        // control request's fields are limited by validation, well below its bound, so that
+        // an oversized field is refused naming the field.
+        .add_service(
+            AgentServiceServer::new(AgentStreams::new(stream_tx))
+                .max_decoding_message_size(MAX_AGENT_MESSAGE_BYTES),
+        )
+        .add_service(
+            ControlServiceServer::new(ManagerHandle::new(req_tx))
+                .max_decoding_message_size(validate::MAX_REQUEST_BYTES),
+        )
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled())
         .await?;
     match actor_task.await {

@@ -15,6 +15,11 @@ pub const MAX_METRIC: usize = 64;
 pub const MAX_ENTRIES: usize = 256;
 /// Longest single argument, env or label key/value accepted.
 pub const MAX_VALUE: usize = 4096;
+/// Most bytes of all arguments, of all env entries, or of all labels together.
+pub const MAX_TOTAL: usize = 64 * 1024;
+/// Largest request the control API decodes; the field limits above keep a valid one far
+/// below it, so an oversized field is refused by validation, naming it, not by the decoder.
+pub const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
 
 /// What validation needs to know about the cluster.
 #[derive(Clone, Copy, Debug, Default)]
@@ -118,6 +123,9 @@ pub fn validate(spec: Option<JobSpec>, limits: Limits) -> Result<JobSpec> {
             format!("`{k}` is not a valid variable name"),
         ));
     }
+    if let Err(e) = converge_contract::parse_user(&spec.user) {
+        return Err(Error::invalid("spec.user", e));
+    }
     if let Some(vc) = &spec.value_curve {
         let ok = vc.max_value.is_finite()
             && vc.max_value > 0.0
@@ -177,13 +185,29 @@ fn entries<'a>(
             format!("has {count} entries, over the {MAX_ENTRIES}-entry limit"),
         ));
     }
+    let mut total = 0;
     for (k, v) in items {
         if k.len() > MAX_VALUE || v.len() > MAX_VALUE {
+            let which = if k.is_empty() {
+                String::new()
+            } else {
+                format!(" `{}`", k.chars().take(64).collect::<String>())
+            };
             return Err(Error::invalid(
                 field,
-                format!("an entry is over the {MAX_VALUE}-byte limit"),
+                format!(
+                    "entry{which} is {} bytes, over the {MAX_VALUE}-byte limit",
+                    k.len() + v.len()
+                ),
             ));
         }
+        total += k.len() + v.len();
+    }
+    if total > MAX_TOTAL {
+        return Err(Error::invalid(
+            field,
+            format!("is {total} bytes in all, over the {MAX_TOTAL}-byte limit"),
+        ));
     }
     Ok(())
 }
@@ -205,6 +229,36 @@ mod tests {
             Err(Error::InvalidArgument { field, .. }) => field,
             other => panic!("expected InvalidArgument, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn oversized_and_malformed_fields_are_named() {
+        let mut s = spec();
+        s.env.insert("BIG".into(), "x".repeat(10 << 20));
+        let err = validate(Some(s), Limits::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("spec.env: entry `BIG` is 10485763 bytes"),
+            "{err}"
+        );
+        let mut s = spec();
+        for i in 0..40 {
+            s.labels.insert(format!("k{i}"), "v".repeat(2000));
+        }
+        let err = validate(Some(s), Limits::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("spec.labels: is 80110 bytes in all, over the 65536-byte limit"),
+            "{err}"
+        );
+        let mut s = spec();
+        s.user = "root".into();
+        assert_eq!(field_of(validate(Some(s), Limits::default())), "spec.user");
+        let mut s = spec();
+        s.user = "1000:1000".into();
+        assert!(validate(Some(s), Limits::default()).is_ok());
     }
 
     #[test]
