@@ -20,6 +20,9 @@ struct Cli {
         global = true
     )]
     manager: String,
+    /// Bearer token for the control API (when the manager runs with --tokens).
+    #[arg(long, env = "CONVERGE_TOKEN", global = true, hide_env_values = true)]
+    token: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -102,7 +105,19 @@ async fn main() -> Result<()> {
         .connect()
         .await
         .with_context(|| format!("cannot reach the manager at {}", cli.manager))?;
-    let mut client = ControlServiceClient::new(channel);
+    let authorization = cli
+        .token
+        .as_deref()
+        .map(|t| tonic::metadata::MetadataValue::try_from(format!("Bearer {}", t.trim())))
+        .transpose()
+        .context("--token must be printable ASCII")?;
+    let mut client =
+        ControlServiceClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
+            if let Some(v) = &authorization {
+                req.metadata_mut().insert("authorization", v.clone());
+            }
+            Ok(req)
+        });
     match cli.cmd {
         Cmd::Submit {
             image,

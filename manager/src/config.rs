@@ -50,6 +50,10 @@ pub struct Cli {
     /// declared lost (their jobs run on meanwhile).
     #[arg(long, env = "CONVERGE_RECOVERY_GRACE", default_value = "15s", value_parser = humantime::parse_duration)]
     pub recovery_grace: Duration,
+    /// Bearer tokens of the control API, one `TOKEN ROLE NAME` per line (ROLE: `viewer` or
+    /// `operator`). Unset: the control API is open to anyone who reaches it.
+    #[arg(long, env = "CONVERGE_TOKENS")]
+    pub tokens: Option<std::path::PathBuf>,
     /// Log lines as `text` (for people) or `json` (one object per line, with span fields).
     /// Traces go to the OTLP endpoint in `OTEL_EXPORTER_OTLP_ENDPOINT`, when set.
     #[arg(long, env = "CONVERGE_LOG_FORMAT", default_value = "text")]
@@ -99,6 +103,8 @@ pub struct Config {
     pub state_dir: Option<std::path::PathBuf>,
     /// Time for workers to register again after a restart.
     pub recovery_grace: Duration,
+    /// The control API's token file (`None`: open).
+    pub tokens: Option<std::path::PathBuf>,
     /// λ of Eq. 2 (value-based allocation with preemption).
     pub value_lambda: f64,
     /// CPU-share stride of value-based allocation.
@@ -215,6 +221,7 @@ impl Cli {
             listen: self.listen,
             state_dir,
             recovery_grace: self.recovery_grace,
+            tokens: self.tokens,
             policy: self.policy,
             heartbeat_interval: self.heartbeat_interval,
             lost_after: self.lost_after,
@@ -246,6 +253,7 @@ impl Config {
             metrics_listen: None,
             state_dir: None,
             recovery_grace: Duration::from_secs(15),
+            tokens: None,
             value_lambda: 0.5,
             value_stride: 1,
             value_criterion: VictimCriterion::MinimalRemainingValue,

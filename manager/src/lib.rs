@@ -19,6 +19,7 @@
 //! control API, gRPC reflection (v1 and v1alpha, so grpcurl 1.8 works) and health.
 
 pub mod actor;
+pub mod auth;
 pub mod config;
 pub mod control;
 pub mod error;
@@ -119,7 +120,21 @@ pub async fn serve(
     };
     let addr = listener.local_addr()?;
     info!(%addr, policy = %config.policy, "manager listening");
+    let auth = match &config.tokens {
+        Some(path) => {
+            let tokens = auth::Tokens::load(path).map_err(|e| Error::invalid("tokens", e))?;
+            info!(path = %path.display(), "control API requires bearer tokens");
+            Some(auth::AuthLayer::new(tokens))
+        }
+        None => {
+            tracing::warn!(
+                "no --tokens: anyone who reaches the control API may submit, cancel and drain"
+            );
+            None
+        }
+    };
     tonic::transport::Server::builder()
+        .layer(tower::util::option_layer(auth))
         // Find dead agent connections even when no heartbeat would fail to send.
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(5)))
