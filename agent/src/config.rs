@@ -494,6 +494,18 @@ pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
     }
 }
 
+/// A duration setting within `[min, max]`, or a [`Error::Config`] naming the setting and the
+/// allowed range.
+fn within(setting: &'static str, value: Duration, min: Duration, max: Duration) -> Result<()> {
+    if value < min || value > max {
+        return Err(Error::Config {
+            setting,
+            why: format!("must be between {min:?} and {max:?}, got {value:?}"),
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -662,16 +674,4 @@ mod tests {
         assert_eq!(parse_bytes("100"), Ok(100));
         assert!(parse_bytes("x").is_err());
     }
-}
-
-/// A duration setting within `[min, max]`, or a [`Error::Config`] naming the setting and the
-/// allowed range.
-fn within(setting: &'static str, value: Duration, min: Duration, max: Duration) -> Result<()> {
-    if value < min || value > max {
-        return Err(Error::Config {
-            setting,
-            why: format!("must be between {min:?} and {max:?}, got {value:?}"),
-        });
-    }
-    Ok(())
 }
