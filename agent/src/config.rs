@@ -94,6 +94,19 @@ pub struct Cli {
     /// Most processes (threads included) one job container may have.
     #[arg(long, env = "CONVERGE_JOB_PIDS_LIMIT", default_value_t = 1024)]
     pub job_pids_limit: i64,
+    /// This worker's TLS certificate (PEM, naming the worker id; `cargo xtask certs`). With
+    /// --tls-key and --tls-ca the agent speaks mutual TLS to an `https://` manager.
+    #[arg(long, env = "CONVERGE_TLS_CERT")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// This worker's TLS key (PEM).
+    #[arg(long, env = "CONVERGE_TLS_KEY")]
+    pub tls_key: Option<std::path::PathBuf>,
+    /// The cluster CA (PEM) the manager's certificate must come from.
+    #[arg(long, env = "CONVERGE_TLS_CA")]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// The name the manager's certificate must carry (default: the manager URL's host).
+    #[arg(long, env = "CONVERGE_TLS_DOMAIN")]
+    pub tls_domain: Option<String>,
     /// Address serving Prometheus metrics at `/metrics` (off when unset).
     #[arg(long, env = "CONVERGE_METRICS_LISTEN")]
     pub metrics_listen: Option<std::net::SocketAddr>,
@@ -175,6 +188,8 @@ pub struct Config {
     pub fence_after: Duration,
     /// Most processes (threads included) one job container may have.
     pub job_pids_limit: i64,
+    /// Mutual TLS with the manager: the files and the name its certificate must carry.
+    pub tls: Option<(converge_messenger::tls::TlsFiles, String)>,
     /// Where the executor reports each FlowCon round it ran (for tests and benchmarks that
     /// measure the time from a container event to the applied limits). Reports are dropped,
     /// never waited for, when the channel is full.
@@ -211,6 +226,7 @@ impl Config {
             specon_alpha: 0.01,
             fence_after: Duration::from_secs(30),
             job_pids_limit: 1024,
+            tls: None,
             round_reports: None,
             metrics_listen: None,
         }
@@ -431,6 +447,27 @@ impl Cli {
             });
         }
         c.job_pids_limit = self.job_pids_limit;
+        c.tls = match (self.tls_cert, self.tls_key, self.tls_ca) {
+            (None, None, None) => None,
+            (Some(cert), Some(key), Some(ca)) => {
+                let host = c
+                    .manager
+                    .split("://")
+                    .nth(1)
+                    .and_then(|rest| rest.split([':', '/']).next())
+                    .unwrap_or_default()
+                    .to_string();
+                let domain = self.tls_domain.clone().unwrap_or(host);
+                Some((converge_messenger::tls::TlsFiles { ca, cert, key }, domain))
+            }
+            _ => {
+                return Err(Error::Config {
+                    setting: "tls-cert",
+                    why: "--tls-cert, --tls-key and --tls-ca go together: give all three, or none"
+                        .into(),
+                });
+            }
+        };
         c.fence_after = parse_duration(&self.fence_after).map_err(|why| Error::Config {
             setting: "fence-after",
             why,

@@ -151,6 +151,12 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
     let (cmd_tx, cmd_rx) = mpsc::channel(256);
     let mut session_config = SessionConfig::new(config.manager.clone());
     session_config.heartbeat_interval = config.heartbeat_interval;
+    if let Some((files, domain)) = &config.tls {
+        session_config.tls = Some(files.client(domain).map_err(|e| Error::Config {
+            setting: "tls-cert",
+            why: e.to_string(),
+        })?);
+    }
     let metrics = metrics::AgentMetrics::new();
     session_config.metrics = metrics.session();
     if let Some(addr) = config.metrics_listen {

@@ -54,6 +54,17 @@ pub struct Cli {
     /// `operator`). Unset: the control API is open to anyone who reaches it.
     #[arg(long, env = "CONVERGE_TOKENS")]
     pub tokens: Option<std::path::PathBuf>,
+    /// The manager's TLS certificate (PEM). With --tls-key and --tls-ca, the port speaks TLS
+    /// and agents must present a client certificate of that CA naming their worker
+    /// (`cargo xtask certs` makes a set).
+    #[arg(long, env = "CONVERGE_TLS_CERT")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The manager's TLS key (PEM).
+    #[arg(long, env = "CONVERGE_TLS_KEY")]
+    pub tls_key: Option<std::path::PathBuf>,
+    /// The cluster CA (PEM) that signs agents' certificates.
+    #[arg(long, env = "CONVERGE_TLS_CA")]
+    pub tls_ca: Option<std::path::PathBuf>,
     /// Log lines as `text` (for people) or `json` (one object per line, with span fields).
     /// Traces go to the OTLP endpoint in `OTEL_EXPORTER_OTLP_ENDPOINT`, when set.
     #[arg(long, env = "CONVERGE_LOG_FORMAT", default_value = "text")]
@@ -105,6 +116,8 @@ pub struct Config {
     pub recovery_grace: Duration,
     /// The control API's token file (`None`: open).
     pub tokens: Option<std::path::PathBuf>,
+    /// TLS with client certificates for agents (`None`: plaintext).
+    pub tls: Option<converge_messenger::tls::TlsFiles>,
     /// λ of Eq. 2 (value-based allocation with preemption).
     pub value_lambda: f64,
     /// CPU-share stride of value-based allocation.
@@ -206,6 +219,18 @@ impl Cli {
             flag: "value-preempt",
             message: format!("`{}` is not pause or stop", self.value_preempt),
         })?;
+        let tls = match (self.tls_cert, self.tls_key, self.tls_ca) {
+            (None, None, None) => None,
+            (Some(cert), Some(key), Some(ca)) => {
+                Some(converge_messenger::tls::TlsFiles { ca, cert, key })
+            }
+            _ => {
+                return Err(ConfigError {
+                    flag: "tls-cert",
+                    message: "--tls-cert, --tls-key and --tls-ca go together: give all three, or none for plaintext".into(),
+                });
+            }
+        };
         let state_dir = match self.state_dir.trim() {
             "" => {
                 return Err(ConfigError {
@@ -222,6 +247,7 @@ impl Cli {
             state_dir,
             recovery_grace: self.recovery_grace,
             tokens: self.tokens,
+            tls,
             policy: self.policy,
             heartbeat_interval: self.heartbeat_interval,
             lost_after: self.lost_after,
@@ -254,6 +280,7 @@ impl Config {
             state_dir: None,
             recovery_grace: Duration::from_secs(15),
             tokens: None,
+            tls: None,
             value_lambda: 0.5,
             value_stride: 1,
             value_criterion: VictimCriterion::MinimalRemainingValue,

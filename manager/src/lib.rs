@@ -133,7 +133,17 @@ pub async fn serve(
             None
         }
     };
-    tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    let mut agents = AgentStreams::new(stream_tx);
+    if let Some(files) = &config.tls {
+        let tls = files
+            .server()
+            .map_err(|e| Error::invalid("tls-cert", e.to_string()))?;
+        builder = builder.tls_config(tls)?;
+        agents = agents.require_certificates();
+        info!("TLS on; agents need a client certificate naming their worker");
+    }
+    builder
         .layer(tower::util::option_layer(auth))
         // Find dead agent connections even when no heartbeat would fail to send.
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
@@ -145,8 +155,7 @@ pub async fn serve(
         // control request's fields are limited by validation, well below its bound, so that
         // an oversized field is refused naming the field.
         .add_service(
-            AgentServiceServer::new(AgentStreams::new(stream_tx))
-                .max_decoding_message_size(MAX_AGENT_MESSAGE_BYTES),
+            AgentServiceServer::new(agents).max_decoding_message_size(MAX_AGENT_MESSAGE_BYTES),
         )
         .add_service(
             ControlServiceServer::new(ManagerHandle::new(req_tx))

@@ -110,6 +110,8 @@ pub struct SessionConfig {
     pub register_timeout: Duration,
     /// Counters the session keeps (unregistered by default: counted, never shown).
     pub metrics: SessionMetrics,
+    /// Mutual TLS with the manager (`crate::tls`), when the endpoint is `https://`.
+    pub tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 impl SessionConfig {
@@ -121,6 +123,7 @@ impl SessionConfig {
             backoff: Backoff::default(),
             register_timeout: Duration::from_secs(10),
             metrics: SessionMetrics::default(),
+            tls: None,
         }
     }
 }
@@ -258,6 +261,12 @@ async fn connect_and_serve<S: AgentState>(
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(5));
+    let endpoint = match &config.tls {
+        Some(tls) => endpoint
+            .tls_config(tls.clone())
+            .map_err(SessionError::Connect)?,
+        None => endpoint,
+    };
     let channel = endpoint.connect().await.map_err(SessionError::Connect)?;
     let mut client = AgentServiceClient::new(channel);
 

@@ -19,6 +19,7 @@ pub mod agent;
 pub mod backoff;
 pub mod manager;
 pub mod telemetry;
+pub mod tls;
 pub mod trace;
 
 /// Generated protocol types (`package converge.v1`).

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
-use tracing::{Instrument, debug, info_span};
+use tracing::{Instrument, debug, info_span, warn};
 
 use crate::pb::agent_message::Kind as AgentKind;
 use crate::pb::agent_service_server::AgentService;
@@ -100,6 +100,9 @@ impl AgentLink {
 pub struct AgentStreams {
     events: mpsc::Sender<StreamEvent>,
     next_conn: Arc<AtomicU64>,
+    /// Refuse streams without a client certificate, and `Register`s for a worker the
+    /// certificate does not name (`crate::tls`).
+    require_certificate: bool,
 }
 
 impl AgentStreams {
@@ -108,7 +111,14 @@ impl AgentStreams {
         Self {
             events,
             next_conn: Arc::new(AtomicU64::new(1)),
+            require_certificate: false,
         }
+    }
+
+    /// Only agents with a client certificate of the cluster CA, each for the worker it names.
+    pub fn require_certificates(mut self) -> Self {
+        self.require_certificate = true;
+        self
     }
 }
 
@@ -124,6 +134,23 @@ impl AgentService for AgentStreams {
             .remote_addr()
             .map(|a| a.to_string())
             .unwrap_or_default();
+        // Before any message is read: who the TLS handshake says this is.
+        let names = if self.require_certificate {
+            let leaf = request
+                .peer_certs()
+                .and_then(|certs| certs.first().map(|c| crate::tls::names(c.as_ref())));
+            match leaf {
+                Some(names) if !names.is_empty() => Some(names),
+                _ => {
+                    warn!(%peer, "agent stream refused: no client certificate");
+                    return Err(Status::unauthenticated(
+                        "agents must present a client certificate of the cluster CA naming their worker",
+                    ));
+                }
+            }
+        } else {
+            None
+        };
         let mut inbound = request.into_inner();
         let register = match tokio::time::timeout(REGISTER_TIMEOUT, inbound.message()).await {
             Err(_) => {
@@ -146,6 +173,15 @@ impl AgentService for AgentStreams {
             return Err(Status::invalid_argument(
                 "Register.worker_id must not be empty",
             ));
+        }
+        if let Some(names) = &names
+            && !names.contains(&register.worker_id)
+        {
+            warn!(%peer, worker = %register.worker_id, certificate = ?names, "agent stream refused: registering as a worker its certificate does not name");
+            return Err(Status::permission_denied(format!(
+                "this certificate is for worker {}; it may not register as {}",
+                names[0], register.worker_id
+            )));
         }
         let conn = self.next_conn.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(OUTBOUND_CAPACITY);

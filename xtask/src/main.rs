@@ -55,6 +55,23 @@ enum Cmd {
     /// save/restore/start times, curves); writes `sim/measured/*.json` and the measured tables
     /// in `sim/README.md`.
     Measure(measure::Args),
+    /// A cluster CA, a manager certificate and one client certificate per worker (mTLS
+    /// between agents and manager); writing over existing files rotates them.
+    Certs {
+        /// Where the PEM files go.
+        #[arg(long, default_value = "target/certs")]
+        dir: std::path::PathBuf,
+        /// Worker ids, one certificate each (its name is the worker id).
+        #[arg(long, value_delimiter = ',', default_value = "worker-1,worker-2")]
+        workers: Vec<String>,
+        /// Names (or IP addresses) the manager is reached by.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "manager,localhost,127.0.0.1"
+        )]
+        manager_names: Vec<String>,
+    },
     /// Install the test tools, build the images, run every test (what CI runs).
     Test {
         /// Extra arguments passed to `cargo test`, after `--workspace`.
@@ -71,6 +88,21 @@ fn main() -> Result<()> {
         Cmd::Demo { policy, port } => demo::run(&root, &policy, port),
         Cmd::Experiment(args) => experiment::run(&root, &args),
         Cmd::Measure(args) => measure::run(&root, &args),
+        Cmd::Certs {
+            dir,
+            workers,
+            manager_names,
+        } => {
+            let dir = root.join(dir);
+            converge_messenger::tls::generate(&dir, &manager_names, &workers)?;
+            println!(
+                "xtask: CA, manager ({}) and worker ({}) certificates in {}",
+                manager_names.join(", "),
+                workers.join(", "),
+                dir.display()
+            );
+            Ok(())
+        }
         Cmd::Test { args } => test(&root, &args),
     }
 }
