@@ -35,3 +35,84 @@ async fn a_ten_megabyte_env_value_is_refused_naming_spec_env() -> anyhow::Result
     manager.stop().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_streams_are_capped_and_freed_when_a_watcher_goes() -> anyhow::Result<()> {
+    let manager = TestManager::start(|c| c.max_watchers = 2).await?;
+    let mut client = manager.control().await?;
+    let watch = |mut c: pb::control_service_client::ControlServiceClient<
+        tonic::transport::Channel,
+    >| async move { c.watch_events(pb::WatchEventsRequest::default()).await };
+    let first = watch(client.clone()).await?;
+    let _second = watch(client.clone()).await?;
+    let e = watch(client.clone())
+        .await
+        .expect_err("a third is over the cap");
+    assert_eq!(e.code(), Code::ResourceExhausted);
+    assert!(e.message().contains("--max-watchers"), "{}", e.message());
+    // The first watcher leaves: its slot comes back.
+    drop(first);
+    converge_integration_tests::eventually(
+        std::time::Duration::from_secs(10),
+        "a slot to be free again",
+        || {
+            let c = client.clone();
+            async move { Ok(watch(c).await.ok().map(|_| ())) }
+        },
+    )
+    .await?;
+    client.list_jobs(pb::ListJobsRequest::default()).await?;
+    manager.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_caller_has_its_own_request_rate() -> anyhow::Result<()> {
+    let dir = converge_integration_tests::tempfile_dir("rate")?;
+    let file = dir.path().join("tokens");
+    std::fs::write(
+        &file,
+        "busy-caller-0123456789 viewer busy\nquiet-caller-0123456789 viewer quiet\n",
+    )?;
+    let manager = TestManager::start(|c| {
+        c.tokens = Some(file.clone());
+        c.rate_limit = std::num::NonZeroU32::new(5);
+    })
+    .await?;
+    let channel = tonic::transport::Endpoint::from_shared(manager.endpoint())?
+        .connect()
+        .await?;
+    let client = |token: &'static str| {
+        pb::control_service_client::ControlServiceClient::with_interceptor(
+            channel.clone(),
+            move |mut r: tonic::Request<()>| {
+                r.metadata_mut()
+                    .insert("authorization", format!("Bearer {token}").parse().unwrap());
+                Ok(r)
+            },
+        )
+    };
+    let mut busy = client("busy-caller-0123456789");
+    // 5 a second with bursts of 10: a quick run of calls is cut off within a dozen.
+    let mut refused = None;
+    for i in 0..20 {
+        if let Err(e) = busy.list_jobs(pb::ListJobsRequest::default()).await {
+            refused = Some((i, e));
+            break;
+        }
+    }
+    let (i, e) = refused.expect("the busy caller is held back");
+    assert!((10..=12).contains(&i), "refused after {i} calls");
+    assert_eq!(e.code(), Code::ResourceExhausted);
+    assert!(
+        e.message().starts_with("busy is over its request rate"),
+        "{}",
+        e.message()
+    );
+    // Another caller is not.
+    client("quiet-caller-0123456789")
+        .list_jobs(pb::ListJobsRequest::default())
+        .await?;
+    manager.stop().await;
+    Ok(())
+}

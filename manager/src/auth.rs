@@ -65,6 +65,10 @@ pub struct Caller {
     pub role: Role,
 }
 
+/// The authenticated caller's name, in a request's extensions.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CallerName(pub String);
+
 /// The tokens the manager accepts.
 #[derive(Debug, Clone, Default)]
 pub struct Tokens(HashMap<String, Caller>);
@@ -207,6 +211,9 @@ where
                 if need == Role::Operator {
                     info!(%method, %caller, "operator call accepted");
                 }
+                let mut req = req;
+                // The handlers count requests per caller (`control`).
+                req.extensions_mut().insert(CallerName(caller));
                 Box::pin(self.inner.call(req))
             }
             Err((status, caller)) => {

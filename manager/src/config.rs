@@ -65,6 +65,17 @@ pub struct Cli {
     /// The cluster CA (PEM) that signs agents' certificates.
     #[arg(long, env = "CONVERGE_TLS_CA")]
     pub tls_ca: Option<std::path::PathBuf>,
+    /// Control requests per second one caller (token name, or address without tokens) may
+    /// make; bursts of twice that pass. 0 = no limit.
+    #[arg(long, env = "CONVERGE_RATE_LIMIT", default_value_t = 1000)]
+    pub rate_limit: u32,
+    /// WatchEvents streams open at once, over all callers.
+    #[arg(long, env = "CONVERGE_MAX_WATCHERS", default_value_t = 256)]
+    pub max_watchers: usize,
+    /// Messages per second read from one agent's stream (a flood is held back on its own
+    /// stream). 0 = no limit.
+    #[arg(long, env = "CONVERGE_AGENT_MESSAGE_RATE", default_value_t = 20_000)]
+    pub agent_message_rate: u32,
     /// Log lines as `text` (for people) or `json` (one object per line, with span fields).
     /// Traces go to the OTLP endpoint in `OTEL_EXPORTER_OTLP_ENDPOINT`, when set.
     #[arg(long, env = "CONVERGE_LOG_FORMAT", default_value = "text")]
@@ -118,6 +129,12 @@ pub struct Config {
     pub tokens: Option<std::path::PathBuf>,
     /// TLS with client certificates for agents (`None`: plaintext).
     pub tls: Option<converge_messenger::tls::TlsFiles>,
+    /// Control requests per second per caller (`None`: no limit).
+    pub rate_limit: Option<std::num::NonZeroU32>,
+    /// WatchEvents streams open at once.
+    pub max_watchers: usize,
+    /// Messages per second per agent stream (`None`: no limit).
+    pub agent_message_rate: Option<std::num::NonZeroU32>,
     /// λ of Eq. 2 (value-based allocation with preemption).
     pub value_lambda: f64,
     /// CPU-share stride of value-based allocation.
@@ -248,6 +265,9 @@ impl Cli {
             recovery_grace: self.recovery_grace,
             tokens: self.tokens,
             tls,
+            rate_limit: std::num::NonZeroU32::new(self.rate_limit),
+            max_watchers: self.max_watchers.max(1),
+            agent_message_rate: std::num::NonZeroU32::new(self.agent_message_rate),
             policy: self.policy,
             heartbeat_interval: self.heartbeat_interval,
             lost_after: self.lost_after,
@@ -281,6 +301,11 @@ impl Config {
             recovery_grace: Duration::from_secs(15),
             tokens: None,
             tls: None,
+            // Tests and embedders drive the manager hard from one address: no rate limit
+            // unless they ask for one.
+            rate_limit: None,
+            max_watchers: 256,
+            agent_message_rate: None,
             value_lambda: 0.5,
             value_stride: 1,
             value_criterion: VictimCriterion::MinimalRemainingValue,

@@ -5,7 +5,9 @@ use std::pin::Pin;
 
 use converge_messenger::pb::{self, control_service_server::ControlService};
 use futures::{Stream, StreamExt, stream};
-use tokio::sync::{mpsc, oneshot};
+use std::sync::Arc;
+
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tonic::{Request, Response, Status};
@@ -13,16 +15,56 @@ use tonic::{Request, Response, Status};
 use crate::actor::Request as ActorRequest;
 use crate::error::Error;
 
+/// Requests per caller, keyed by token name (or address when there are no tokens).
+type PerCaller = governor::DefaultKeyedRateLimiter<String>;
+
 /// A cloneable handle on the manager actor.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ManagerHandle {
     tx: mpsc::Sender<ActorRequest>,
+    rate: Option<Arc<PerCaller>>,
+    watchers: Arc<Semaphore>,
+    max_watchers: usize,
 }
 
 impl ManagerHandle {
-    /// A handle sending on `tx`.
-    pub fn new(tx: mpsc::Sender<ActorRequest>) -> Self {
-        Self { tx }
+    /// A handle sending on `tx`, admitting `rate` requests a second per caller (bursts of
+    /// twice that) and `max_watchers` WatchEvents streams at once.
+    pub fn new(
+        tx: mpsc::Sender<ActorRequest>,
+        rate: Option<std::num::NonZeroU32>,
+        max_watchers: usize,
+    ) -> Self {
+        let rate = rate.map(|r| {
+            let burst = r.saturating_mul(std::num::NonZeroU32::new(2).expect("2 > 0"));
+            Arc::new(governor::RateLimiter::keyed(
+                governor::Quota::per_second(r).allow_burst(burst),
+            ))
+        });
+        Self {
+            tx,
+            rate,
+            watchers: Arc::new(Semaphore::new(max_watchers)),
+            max_watchers,
+        }
+    }
+
+    /// Refuses a caller over its request rate.
+    fn admit<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let Some(rate) = &self.rate else {
+            return Ok(());
+        };
+        let caller = match request.extensions().get::<crate::auth::CallerName>() {
+            Some(c) => c.0.clone(),
+            None => request
+                .remote_addr()
+                .map_or_else(|| "unknown".into(), |a| a.ip().to_string()),
+        };
+        rate.check_key(&caller).map_err(|_| {
+            Status::resource_exhausted(format!(
+                "{caller} is over its request rate (--rate-limit); slow down and retry"
+            ))
+        })
     }
 
     /// Sends a request built around a fresh reply channel and waits for the answer.
@@ -45,6 +87,7 @@ impl ControlService for ManagerHandle {
         &self,
         request: Request<pb::SubmitJobRequest>,
     ) -> Result<Response<pb::SubmitJobResponse>, Status> {
+        self.admit(&request)?;
         let spec = request.into_inner().spec.map(Box::new);
         let job = self
             .ask(|reply| ActorRequest::Submit { spec, reply })
@@ -59,6 +102,7 @@ impl ControlService for ManagerHandle {
         &self,
         request: Request<pb::GetJobRequest>,
     ) -> Result<Response<pb::Job>, Status> {
+        self.admit(&request)?;
         let r = request.into_inner();
         if r.job_id.is_empty() {
             return Err(Error::invalid("job_id", "required").into());
@@ -77,6 +121,7 @@ impl ControlService for ManagerHandle {
         &self,
         request: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
+        self.admit(&request)?;
         let r = request.into_inner();
         let state = pb::JobState::try_from(r.state)
             .map_err(|_| Error::invalid("state", format!("unknown job state {}", r.state)))?;
@@ -94,6 +139,7 @@ impl ControlService for ManagerHandle {
         &self,
         request: Request<pb::CancelJobRequest>,
     ) -> Result<Response<pb::Job>, Status> {
+        self.admit(&request)?;
         let id = request.into_inner().job_id;
         if id.is_empty() {
             return Err(Error::invalid("job_id", "required").into());
@@ -106,8 +152,9 @@ impl ControlService for ManagerHandle {
 
     async fn list_workers(
         &self,
-        _request: Request<pb::ListWorkersRequest>,
+        request: Request<pb::ListWorkersRequest>,
     ) -> Result<Response<pb::ListWorkersResponse>, Status> {
+        self.admit(&request)?;
         let workers = self
             .ask(|reply| ActorRequest::ListWorkers { reply })
             .await?;
@@ -118,6 +165,7 @@ impl ControlService for ManagerHandle {
         &self,
         request: Request<pb::DrainWorkerRequest>,
     ) -> Result<Response<pb::Worker>, Status> {
+        self.admit(&request)?;
         let worker_id = request.into_inner().worker_id;
         if worker_id.is_empty() {
             return Err(Error::invalid("worker_id", "required").into());
@@ -134,6 +182,13 @@ impl ControlService for ManagerHandle {
         &self,
         request: Request<pb::WatchEventsRequest>,
     ) -> Result<Response<Self::WatchEventsStream>, Status> {
+        self.admit(&request)?;
+        let permit = self.watchers.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(format!(
+                "{} event streams are open, the most this manager serves (--max-watchers); close one and retry",
+                self.max_watchers
+            ))
+        })?;
         let r = request.into_inner();
         let job_id = r.job_id.clone();
         let (history, live) = self
@@ -167,6 +222,11 @@ impl ControlService for ManagerHandle {
                 }
                 futures::future::ready(out)
             });
+        // The stream holds its slot until the watcher goes.
+        let live = live.map(move |item| {
+            let _slot = &permit;
+            item
+        });
         let all = stream::iter(history.into_iter().map(Ok)).chain(live);
         Ok(Response::new(Box::pin(all)))
     }

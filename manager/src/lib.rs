@@ -135,6 +135,9 @@ pub async fn serve(
     };
     let mut builder = tonic::transport::Server::builder();
     let mut agents = AgentStreams::new(stream_tx);
+    if let Some(rate) = config.agent_message_rate {
+        agents = agents.per_agent_rate(rate);
+    }
     if let Some(files) = &config.tls {
         let tls = files
             .server()
@@ -158,8 +161,12 @@ pub async fn serve(
             AgentServiceServer::new(agents).max_decoding_message_size(MAX_AGENT_MESSAGE_BYTES),
         )
         .add_service(
-            ControlServiceServer::new(ManagerHandle::new(req_tx))
-                .max_decoding_message_size(validate::MAX_REQUEST_BYTES),
+            ControlServiceServer::new(ManagerHandle::new(
+                req_tx,
+                config.rate_limit,
+                config.max_watchers,
+            ))
+            .max_decoding_message_size(validate::MAX_REQUEST_BYTES),
         )
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled())
         .await?;

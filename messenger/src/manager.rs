@@ -103,6 +103,10 @@ pub struct AgentStreams {
     /// Refuse streams without a client certificate, and `Register`s for a worker the
     /// certificate does not name (`crate::tls`).
     require_certificate: bool,
+    /// Most messages per second taken from one agent's stream: past it the stream is read
+    /// more slowly (HTTP/2 flow control holds that agent back), so that one agent's flood
+    /// cannot fill the queue every agent shares.
+    per_agent_rate: Option<std::num::NonZeroU32>,
 }
 
 impl AgentStreams {
@@ -112,7 +116,14 @@ impl AgentStreams {
             events,
             next_conn: Arc::new(AtomicU64::new(1)),
             require_certificate: false,
+            per_agent_rate: None,
         }
+    }
+
+    /// Reads at most `per_second` messages a second from each agent (burst: one second's).
+    pub fn per_agent_rate(mut self, per_second: std::num::NonZeroU32) -> Self {
+        self.per_agent_rate = Some(per_second);
+        self
     }
 
     /// Only agents with a client certificate of the cluster CA, each for the worker it names.
@@ -195,9 +206,15 @@ impl AgentService for AgentStreams {
             })
             .await
             .map_err(|_| Status::unavailable("manager is shutting down"))?;
+        let limiter = self
+            .per_agent_rate
+            .map(|r| governor::RateLimiter::direct(governor::Quota::per_second(r)));
         tokio::spawn(
             async move {
                 let reason = loop {
+                    if let Some(l) = &limiter {
+                        l.until_ready().await;
+                    }
                     match inbound.message().await {
                         Ok(Some(AgentMessage { kind: Some(kind) })) => {
                             if events
