@@ -237,7 +237,18 @@ impl ScriptedAgent {
         register: pb::Register,
         heartbeat: Duration,
     ) -> Result<Self> {
+        Self::connect_tls(endpoint, register, heartbeat, None).await
+    }
+
+    /// Connects registering exactly `register`, over mutual TLS when `tls` is given.
+    pub async fn connect_tls(
+        endpoint: &str,
+        register: pb::Register,
+        heartbeat: Duration,
+        tls: Option<tonic::transport::ClientTlsConfig>,
+    ) -> Result<Self> {
         let mut config = converge_messenger::agent::SessionConfig::new(endpoint);
+        config.tls = tls;
         config.heartbeat_interval = heartbeat;
         let (cmd_tx, commands) = tokio::sync::mpsc::channel(64);
         let shutdown = CancellationToken::new();
