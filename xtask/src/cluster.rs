@@ -4,17 +4,39 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use converge_messenger::pb::{self, control_service_client::ControlServiceClient};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-/// A control client, retrying for 30 s while the manager's container starts.
-pub async fn connect(endpoint: &str) -> Result<ControlServiceClient<Channel>> {
+/// A control client of the testbed: TLS with the testbed's CA, the operator's bearer token.
+pub type Client = ControlServiceClient<InterceptedService<Channel, Bearer>>;
+
+/// Adds `authorization: Bearer TOKEN` to every call.
+#[derive(Clone)]
+pub struct Bearer(tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        req.metadata_mut().insert("authorization", self.0.clone());
+        Ok(req)
+    }
+}
+
+/// A control client of the testbed manager on 127.0.0.1:`port`, with the credentials
+/// [`crate::testbed::Testbed::up`] wrote, retrying for 30 s while its container starts.
+pub async fn connect(port: u16) -> Result<Client> {
+    let dir = crate::testbed::credentials_dir(&crate::workspace_root());
+    let token = crate::testbed::operator_token(&dir)?;
+    let bearer = Bearer(format!("Bearer {token}").parse()?);
+    let tls = converge_messenger::tls::control_client(&dir.join("ca.pem"), "localhost")?;
+    let endpoint = format!("https://127.0.0.1:{port}");
     let start = Instant::now();
     loop {
-        match tonic::transport::Endpoint::from_shared(endpoint.to_string())?
+        match tonic::transport::Endpoint::from_shared(endpoint.clone())?
+            .tls_config(tls.clone())?
             .connect()
             .await
         {
-            Ok(ch) => return Ok(ControlServiceClient::new(ch)),
+            Ok(ch) => return Ok(ControlServiceClient::with_interceptor(ch, bearer)),
             Err(e) if start.elapsed() > Duration::from_secs(30) => {
                 return Err(e).context(format!("manager at {endpoint} did not come up"));
             }
@@ -24,7 +46,7 @@ pub async fn connect(endpoint: &str) -> Result<ControlServiceClient<Channel>> {
 }
 
 /// Waits up to 60 s for `n` workers to be ready.
-pub async fn wait_for_workers(client: &mut ControlServiceClient<Channel>, n: usize) -> Result<()> {
+pub async fn wait_for_workers(client: &mut Client, n: usize) -> Result<()> {
     let start = Instant::now();
     loop {
         let ready = client

@@ -41,8 +41,7 @@ pub fn run(root: &Path, policy: &str, port: u16) -> Result<()> {
 }
 
 async fn drive(port: u16) -> Result<()> {
-    let endpoint = format!("http://127.0.0.1:{port}");
-    let mut client = connect(&endpoint).await?;
+    let mut client = connect(port).await?;
     wait_for_workers(&mut client, 2).await?;
 
     let mut ids = Vec::new();

@@ -296,8 +296,7 @@ fn load_runs(runs_dir: &Path, trace: &TraceFile) -> Result<BTreeMap<String, Vec<
 }
 
 async fn drive(trace: &TraceFile, policy: &str, k: usize, port: u16) -> Result<LiveRun> {
-    let endpoint = format!("http://127.0.0.1:{port}");
-    let mut client = connect(&endpoint).await?;
+    let mut client = connect(port).await?;
     wait_for_workers(&mut client, trace.workers).await?;
     let mut run = LiveRun {
         policy: policy.to_string(),

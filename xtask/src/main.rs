@@ -56,7 +56,8 @@ enum Cmd {
     /// in `sim/README.md`.
     Measure(measure::Args),
     /// A cluster CA, a manager certificate and one client certificate per worker (mTLS
-    /// between agents and manager); writing over existing files rotates them.
+    /// between agents and manager), and a tokens file with an operator and a viewer token;
+    /// writing over existing files rotates them.
     Certs {
         /// Where the PEM files go.
         #[arg(long, default_value = "target/certs")]
@@ -94,9 +95,9 @@ fn main() -> Result<()> {
             manager_names,
         } => {
             let dir = root.join(dir);
-            converge_messenger::tls::generate(&dir, &manager_names, &workers)?;
+            testbed::write_credentials(&dir, &manager_names, &workers)?;
             println!(
-                "xtask: CA, manager ({}) and worker ({}) certificates in {}",
+                "xtask: CA, manager ({}) and worker ({}) certificates, and a tokens file, in {}",
                 manager_names.join(", "),
                 workers.join(", "),
                 dir.display()

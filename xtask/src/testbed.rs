@@ -14,6 +14,41 @@ pub const PROJECT: &str = "converge";
 /// The workers the compose file defines.
 pub const WORKERS: &[&str] = &["worker-1", "worker-2"];
 
+/// Where [`Testbed::up`] writes the testbed's CA, certificates and tokens (new ones at every
+/// start: a rotation each time).
+pub fn credentials_dir(root: &Path) -> PathBuf {
+    root.join("target/testbed/certs")
+}
+
+/// Names the manager's certificate carries: its compose service, and the host's loopback.
+pub const MANAGER_NAMES: &[&str] = &["manager", "localhost", "127.0.0.1"];
+
+/// Writes a cluster CA, the manager's and each worker's certificates, and a tokens file with
+/// one operator and one viewer token (`TOKEN ROLE NAME`, what `--tokens` reads) into `dir`.
+pub fn write_credentials(dir: &Path, manager_names: &[String], workers: &[String]) -> Result<()> {
+    converge_messenger::tls::generate(dir, manager_names, workers)?;
+    let token = || uuid::Uuid::new_v4().simple().to_string();
+    std::fs::write(
+        dir.join(TOKENS),
+        format!("{} operator xtask\n{} viewer viewer\n", token(), token()),
+    )?;
+    Ok(())
+}
+
+/// The tokens file's name in a credentials directory.
+pub const TOKENS: &str = "tokens";
+
+/// The operator token in a credentials directory's tokens file.
+pub fn operator_token(dir: &Path) -> Result<String> {
+    let text = std::fs::read_to_string(dir.join(TOKENS))?;
+    text.lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(1) == Some(&"operator")).then(|| f[0].to_string())
+        })
+        .ok_or_else(|| anyhow::anyhow!("no operator token in {}", dir.join(TOKENS).display()))
+}
+
 /// A running testbed; tears itself down on drop, even after a failure or panic.
 pub struct Testbed {
     root: PathBuf,
@@ -45,6 +80,10 @@ impl Testbed {
         };
         // Leftovers of an earlier run that was killed before it could clean up.
         tb.down_quietly();
+        // TLS and tokens by default: fresh credentials for every start.
+        let workers: Vec<String> = WORKERS.iter().map(|w| w.to_string()).collect();
+        let names: Vec<String> = MANAGER_NAMES.iter().map(|s| s.to_string()).collect();
+        write_credentials(&credentials_dir(root), &names, &workers)?;
         let mut cmd = tb.command();
         cmd.args(["up", "-d"])
             .args(services)
@@ -63,6 +102,7 @@ impl Testbed {
             .args(["-p", PROJECT, "-f"])
             .arg(self.root.join("docker-compose.yml"))
             .env("CONVERGE_CHECKPOINT_ROOT", &self.checkpoints)
+            .env("CONVERGE_CERTS", credentials_dir(&self.root))
             .current_dir(&self.root);
         cmd
     }
