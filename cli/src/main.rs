@@ -20,6 +20,10 @@ struct Cli {
         global = true
     )]
     manager: String,
+    /// The cluster CA (PEM) to check an `https://` manager against (`cargo xtask certs`
+    /// writes target/certs/ca.pem).
+    #[arg(long, env = "CONVERGE_CA", global = true)]
+    ca: Option<std::path::PathBuf>,
     /// Bearer token for the control API (when the manager runs with --tokens).
     #[arg(long, env = "CONVERGE_TOKEN", global = true, hide_env_values = true)]
     token: Option<String>,
@@ -100,7 +104,15 @@ fn key_value(s: &str) -> Result<(String, String), String> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
-    let channel = tonic::transport::Endpoint::from_shared(cli.manager.clone())?
+    let mut endpoint = tonic::transport::Endpoint::from_shared(cli.manager.clone())?;
+    if cli.manager.starts_with("https://") {
+        let host = endpoint.uri().host().unwrap_or("localhost").to_string();
+        let ca = cli.ca.as_deref().context(
+            "an https:// manager needs --ca (or CONVERGE_CA): the cluster CA's PEM file",
+        )?;
+        endpoint = endpoint.tls_config(converge_messenger::tls::control_client(ca, &host)?)?;
+    }
+    let channel = endpoint
         .connect_timeout(Duration::from_secs(5))
         .connect()
         .await

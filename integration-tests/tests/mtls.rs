@@ -65,7 +65,7 @@ fn pem(path: std::path::PathBuf) -> String {
 async fn only_an_agent_with_its_own_workers_certificate_may_register() -> anyhow::Result<()> {
     let ours = tempfile_dir("certs")?;
     let theirs = tempfile_dir("other-ca")?;
-    let names = vec!["localhost".to_string()];
+    let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
     tls::generate(ours.path(), &names, &["w1".into()])?;
     tls::generate(theirs.path(), &names, &["w1".into()])?;
     let files = TlsFiles {
@@ -128,6 +128,16 @@ async fn only_an_agent_with_its_own_workers_certificate_may_register() -> anyhow
         workers.iter().map(|w| w.id.as_str()).collect::<Vec<_>>(),
         ["w1"]
     );
+
+    // Users' tools come with the CA only (the README's grpcurl line).
+    let ca = ours.path().join("ca.pem");
+    let out = converge_integration_tests::run_grpcurl(&[
+        "-cacert",
+        ca.to_str().expect("utf-8 path"),
+        &manager.addr.to_string(),
+        "converge.v1.ControlService/ListWorkers",
+    ])?;
+    assert!(out.contains("\"w1\""), "{out}");
     manager.stop().await;
     Ok(())
 }
