@@ -447,27 +447,26 @@ impl Cli {
             });
         }
         c.job_pids_limit = self.job_pids_limit;
-        c.tls = match (self.tls_cert, self.tls_key, self.tls_ca) {
-            (None, None, None) => None,
-            (Some(cert), Some(key), Some(ca)) => {
-                let host = c
-                    .manager
-                    .split("://")
-                    .nth(1)
-                    .and_then(|rest| rest.split([':', '/']).next())
-                    .unwrap_or_default()
-                    .to_string();
-                let domain = self.tls_domain.clone().unwrap_or(host);
-                Some((converge_messenger::tls::TlsFiles { ca, cert, key }, domain))
-            }
-            _ => {
-                return Err(Error::Config {
-                    setting: "tls-cert",
-                    why: "--tls-cert, --tls-key and --tls-ca go together: give all three, or none"
-                        .into(),
-                });
-            }
-        };
+        let files = converge_messenger::tls::TlsFiles::from_settings(
+            self.tls_cert,
+            self.tls_key,
+            self.tls_ca,
+        )
+        .map_err(|why| Error::Config {
+            setting: "tls-cert",
+            why: why.into(),
+        })?;
+        c.tls = files.map(|files| {
+            // The manager's certificate must carry the name the agent reaches it by.
+            let host = c
+                .manager
+                .split("://")
+                .nth(1)
+                .and_then(|rest| rest.split([':', '/']).next())
+                .unwrap_or_default()
+                .to_string();
+            (files, self.tls_domain.clone().unwrap_or(host))
+        });
         c.fence_after = parse_duration(&self.fence_after).map_err(|why| Error::Config {
             setting: "fence-after",
             why,

@@ -106,6 +106,26 @@ pub fn trainer_spec(model: &str, steps: u64, report_every: u64) -> pb::JobSpec {
     }
 }
 
+/// A trainer job of `model` at `size` with a value curve worth `max` until `full` s after
+/// submission and nothing from `zero` s, estimated at `et` s alone on the reference worker.
+pub fn value_spec(
+    model: &str,
+    size: u32,
+    steps: u64,
+    et: f64,
+    (max, full, zero): (f64, f64, f64),
+) -> pb::JobSpec {
+    let mut spec = trainer_spec(model, steps, 50);
+    spec.args.extend(["--size".into(), size.to_string()]);
+    spec.value_curve = Some(pb::ValueCurve {
+        max_value: max,
+        full_value_until_s: full,
+        zero_value_at_s: zero,
+    });
+    spec.estimated_runtime_s = et;
+    spec
+}
+
 /// The reference workload image (`cargo xtask images trainer` builds it).
 pub const TRAINER_IMAGE: &str = "converge/trainer:dev";
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use converge_integration_tests::{
     DockerEvents, MANAGER_IMAGE, ManagerContainer, TRAINER_IMAGE, TestAgent, eventually, job,
-    require_docker, tempfile_dir, trainer_spec, unique, unix_nanos,
+    require_docker, tempfile_dir, trainer_spec, unique, unix_nanos, value_spec,
 };
 use converge_messenger::pb::{self, JobState, control_service_client::ControlServiceClient};
 use tokio_stream::StreamExt;
@@ -94,19 +94,6 @@ async fn assert_events_continuous(c: &mut Client) -> anyhow::Result<u64> {
         "event numbers go on across restarts"
     );
     Ok(seqs.len() as u64)
-}
-
-/// A low- or high-value trainer job (the numbers of `value_docker.rs`).
-fn value_spec(size: u32, steps: u64, et: f64, (max, full, zero): (f64, f64, f64)) -> pb::JobSpec {
-    let mut spec = trainer_spec("mlp-digits", steps, 50);
-    spec.args.extend(["--size".into(), size.to_string()]);
-    spec.value_curve = Some(pb::ValueCurve {
-        max_value: max,
-        full_value_until_s: full,
-        zero_value_at_s: zero,
-    });
-    spec.estimated_runtime_s = et;
-    spec
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -277,7 +264,11 @@ async fn kill_9_at_any_moment_loses_no_job_and_never_runs_one_twice() -> anyhow:
     // (f) Killed during a value-based preemption: on the last worker, a high-value arrival
     // pauses a low-value job; the manager dies as SubmitJob returns (the Pause and the Start
     // stored and sent). Both finish, each in one container, the low one paused and resumed.
-    let low = submit(&mut client, value_spec(8, 4000, 20.0, (10.0, 0.0, 50.0))).await?;
+    let low = submit(
+        &mut client,
+        value_spec("mlp-digits", 8, 4000, 20.0, (10.0, 0.0, 50.0)),
+    )
+    .await?;
     until(
         &client,
         &low,
@@ -286,7 +277,11 @@ async fn kill_9_at_any_moment_loses_no_job_and_never_runs_one_twice() -> anyhow:
         |j| j.state == JobState::Running as i32 && j.step >= 100,
     )
     .await?;
-    let high = submit(&mut client, value_spec(4, 1500, 60.0, (100.0, 0.0, 300.0))).await?;
+    let high = submit(
+        &mut client,
+        value_spec("mlp-digits", 4, 1500, 60.0, (100.0, 0.0, 300.0)),
+    )
+    .await?;
     client = kill_and_restart(&manager, "(f) during a preemption").await?;
     let h = until(
         &client,

@@ -9,30 +9,10 @@ use std::time::Duration;
 
 use converge_integration_tests::{
     TRAINER_IMAGE, TestAgent, TestManager, cgroup_cpu_weight, containers_of, events_of, eventually,
-    job, require_docker, tempfile_dir, trainer_spec, unique,
+    job, require_docker, tempfile_dir, trainer_spec, unique, value_spec,
 };
 use converge_messenger::pb::{self, JobState, control_service_client::ControlServiceClient};
 use tonic::transport::Channel;
-
-/// A trainer job with a value curve worth `max` until `full` s after submission, nothing from
-/// `zero` s, estimated at `et` s alone on the reference worker.
-fn value_spec(
-    model: &str,
-    size: u32,
-    steps: u64,
-    et: f64,
-    (max, full, zero): (f64, f64, f64),
-) -> pb::JobSpec {
-    let mut spec = trainer_spec(model, steps, 50);
-    spec.args.extend(["--size".into(), size.to_string()]);
-    spec.value_curve = Some(pb::ValueCurve {
-        max_value: max,
-        full_value_until_s: full,
-        zero_value_at_s: zero,
-    });
-    spec.estimated_runtime_s = et;
-    spec
-}
 
 async fn submit(
     c: &mut ControlServiceClient<Channel>,

@@ -236,18 +236,15 @@ impl Cli {
             flag: "value-preempt",
             message: format!("`{}` is not pause or stop", self.value_preempt),
         })?;
-        let tls = match (self.tls_cert, self.tls_key, self.tls_ca) {
-            (None, None, None) => None,
-            (Some(cert), Some(key), Some(ca)) => {
-                Some(converge_messenger::tls::TlsFiles { ca, cert, key })
-            }
-            _ => {
-                return Err(ConfigError {
-                    flag: "tls-cert",
-                    message: "--tls-cert, --tls-key and --tls-ca go together: give all three, or none for plaintext".into(),
-                });
-            }
-        };
+        let tls = converge_messenger::tls::TlsFiles::from_settings(
+            self.tls_cert,
+            self.tls_key,
+            self.tls_ca,
+        )
+        .map_err(|message| ConfigError {
+            flag: "tls-cert",
+            message: message.into(),
+        })?;
         let state_dir = match self.state_dir.trim() {
             "" => {
                 return Err(ConfigError {

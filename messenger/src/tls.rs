@@ -73,6 +73,21 @@ pub struct TlsFiles {
 }
 
 impl TlsFiles {
+    /// The three `--tls-*` settings of a binary: all three, or none (plaintext).
+    pub fn from_settings(
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+        ca: Option<PathBuf>,
+    ) -> Result<Option<TlsFiles>, &'static str> {
+        match (cert, key, ca) {
+            (None, None, None) => Ok(None),
+            (Some(cert), Some(key), Some(ca)) => Ok(Some(TlsFiles { ca, cert, key })),
+            _ => Err(
+                "--tls-cert, --tls-key and --tls-ca go together: give all three, or none for plaintext",
+            ),
+        }
+    }
+
     /// The manager's TLS: its identity; client certificates asked for, from the CA.
     pub fn server(&self) -> Result<ServerTlsConfig, TlsError> {
         Ok(ServerTlsConfig::new()

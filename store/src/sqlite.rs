@@ -11,7 +11,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use converge_core::cluster::lifecycle::{Job, Worker};
 use converge_core::cluster::saved::Saved;
 use rusqlite::{Connection, OptionalExtension, params};
 use tracing::info;
@@ -147,6 +146,24 @@ impl Sqlite {
         }
     }
 
+    /// Every `(id, record)` row `sql` selects, decoded; a record that cannot be read is named
+    /// (`what` and its id).
+    fn records<T: serde::de::DeserializeOwned>(&self, sql: &str, what: &str) -> Result<Vec<T>> {
+        let mut q = self.conn.prepare(sql).map_err(self.sql())?;
+        let rows = q
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+            .map_err(self.sql())?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, record) = row.map_err(self.sql())?;
+            out.push(
+                serde_json::from_str(&record)
+                    .map_err(|e| self.record_error(format!("{what} {id}"), e))?,
+            );
+        }
+        Ok(out)
+    }
+
     fn record_error(&self, what: String, e: serde_json::Error) -> Error {
         Error::Record {
             path: self.path.clone(),
@@ -176,35 +193,11 @@ fn sqlite_why(e: &rusqlite::Error) -> String {
 
 impl Store for Sqlite {
     fn load(&mut self, newest_events: usize) -> Result<Recovered> {
-        let mut saved = Saved::default();
-        {
-            let mut q = self
-                .conn
-                .prepare("SELECT id, record FROM jobs ORDER BY seq")
-                .map_err(self.sql())?;
-            let rows = q
-                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
-                .map_err(self.sql())?;
-            for row in rows {
-                let (id, record) = row.map_err(self.sql())?;
-                let job: Job = serde_json::from_str(&record)
-                    .map_err(|e| self.record_error(format!("job {id}"), e))?;
-                saved.jobs.push(job);
-            }
-            let mut q = self
-                .conn
-                .prepare("SELECT id, record FROM workers ORDER BY id")
-                .map_err(self.sql())?;
-            let rows = q
-                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
-                .map_err(self.sql())?;
-            for row in rows {
-                let (id, record) = row.map_err(self.sql())?;
-                let worker: Worker = serde_json::from_str(&record)
-                    .map_err(|e| self.record_error(format!("worker {id}"), e))?;
-                saved.workers.push(worker);
-            }
-        }
+        let mut saved = Saved {
+            jobs: self.records("SELECT id, record FROM jobs ORDER BY seq", "job")?,
+            workers: self.records("SELECT id, record FROM workers ORDER BY id", "worker")?,
+            ..Saved::default()
+        };
         let meta = |key: &str| -> Result<Option<String>> {
             self.conn
                 .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
