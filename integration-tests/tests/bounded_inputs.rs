@@ -116,3 +116,37 @@ async fn each_caller_has_its_own_request_rate() -> anyhow::Result<()> {
     manager.stop().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_id_that_is_not_a_uuid_is_invalid_and_an_unknown_one_not_found() -> anyhow::Result<()>
+{
+    let manager = TestManager::start(|_| {}).await?;
+    let mut client = manager.control().await?;
+    for id in ["not-a-job", "../etc/passwd"] {
+        let e = client
+            .get_job(pb::GetJobRequest {
+                job_id: id.into(),
+                include_progress: false,
+            })
+            .await
+            .expect_err("refused");
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.message().starts_with("job_id: `"), "{}", e.message());
+        let e = client
+            .cancel_job(pb::CancelJobRequest { job_id: id.into() })
+            .await
+            .expect_err("refused");
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.message().contains("is not a job id"), "{}", e.message());
+    }
+    let e = client
+        .get_job(pb::GetJobRequest {
+            job_id: "3f2b8a2e-8f1c-4c1e-9a43-2d1f0c9b7e11".into(),
+            include_progress: false,
+        })
+        .await
+        .expect_err("no such job");
+    assert_eq!(e.code(), Code::NotFound);
+    manager.stop().await;
+    Ok(())
+}

@@ -15,6 +15,23 @@ use tonic::{Request, Response, Status};
 use crate::actor::Request as ActorRequest;
 use crate::error::Error;
 
+/// Checks a request's `job_id`: job ids are UUIDs, so anything else is a mistake to name, not
+/// a job to look for.
+fn job_id(id: &str) -> Result<(), Status> {
+    if id.is_empty() {
+        return Err(Error::invalid("job_id", "required").into());
+    }
+    if uuid::Uuid::try_parse(id).is_err() {
+        let shown: String = id.chars().take(64).collect();
+        return Err(Error::invalid(
+            "job_id",
+            format!("`{shown}` is not a job id (job ids are UUIDs, as SubmitJob returns them)"),
+        )
+        .into());
+    }
+    Ok(())
+}
+
 /// Requests per caller, keyed by token name (or address when there are no tokens).
 type PerCaller = governor::DefaultKeyedRateLimiter<String>;
 
@@ -104,9 +121,7 @@ impl ControlService for ManagerHandle {
     ) -> Result<Response<pb::Job>, Status> {
         self.admit(&request)?;
         let r = request.into_inner();
-        if r.job_id.is_empty() {
-            return Err(Error::invalid("job_id", "required").into());
-        }
+        job_id(&r.job_id)?;
         let job = self
             .ask(|reply| ActorRequest::GetJob {
                 id: r.job_id,
@@ -141,9 +156,7 @@ impl ControlService for ManagerHandle {
     ) -> Result<Response<pb::Job>, Status> {
         self.admit(&request)?;
         let id = request.into_inner().job_id;
-        if id.is_empty() {
-            return Err(Error::invalid("job_id", "required").into());
-        }
+        job_id(&id)?;
         let job = self
             .ask(|reply| ActorRequest::Cancel { id, reply })
             .await??;
