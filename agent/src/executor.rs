@@ -1327,6 +1327,13 @@ impl Executor {
                     .map(|v| (v.done, v.last_step))
                     .unwrap_or((false, None));
                 info!(%job_id, epoch, exit_code, oom_killed, done, requested, "container exited");
+                // A failure's reason should say why: its last stderr lines, read before the
+                // container (and its log) is removed.
+                let stderr_tail = if exit_code != 0 && !requested {
+                    stderr_tail(&docker, &id).await
+                } else {
+                    String::new()
+                };
                 outbox
                     .send(Kind::Exited(pb::ContainerExited {
                         job_id,
@@ -1337,6 +1344,7 @@ impl Executor {
                         done,
                         last_step,
                         requested,
+                        stderr_tail,
                     }))
                     .await;
                 if remove {
@@ -1653,5 +1661,61 @@ mod tests {
             Some(Detail::Saved(s)) => assert_eq!((s.step, s.checkpoint_bytes), (120, 7)),
             other => panic!("{other:?}"),
         }
+    }
+}
+
+/// Lines of a failed container's stderr kept in its job's reason.
+const STDERR_TAIL_LINES: usize = 20;
+/// Bytes of them kept (the end, where the error is).
+const STDERR_TAIL_BYTES: usize = 2048;
+
+/// The last [`STDERR_TAIL_LINES`] lines of container `id`'s stderr, at most
+/// [`STDERR_TAIL_BYTES`] (cut at the start, on a character boundary), joined by " | ".
+async fn stderr_tail(docker: &bollard::Docker, id: &str) -> String {
+    let opts = LogsOptionsBuilder::new()
+        .stderr(true)
+        .stdout(false)
+        .follow(false)
+        .tail(&STDERR_TAIL_LINES.to_string())
+        .build();
+    let mut s = docker.logs(id, Some(opts));
+    let mut buf = Vec::new();
+    while let Some(Ok(chunk)) = s.next().await {
+        buf.extend_from_slice(&chunk.into_bytes());
+    }
+    bound_tail(&String::from_utf8_lossy(&buf))
+}
+
+fn bound_tail(text: &str) -> String {
+    let joined = text
+        .lines()
+        .map(str::trim_end)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" | ");
+    if joined.len() <= STDERR_TAIL_BYTES {
+        return joined;
+    }
+    let mut start = joined.len() - STDERR_TAIL_BYTES;
+    while !joined.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("…{}", &joined[start..])
+}
+
+#[cfg(test)]
+mod stderr_tests {
+    use super::*;
+
+    #[test]
+    fn a_stderr_tail_is_bounded_and_keeps_the_end() {
+        assert_eq!(
+            bound_tail("error: bad\n\n  hint: x  \n"),
+            "error: bad |   hint: x"
+        );
+        let long = "é".repeat(3000);
+        let t = bound_tail(&format!("{long}\nlast line"));
+        assert!(t.len() <= STDERR_TAIL_BYTES + "…".len(), "{}", t.len());
+        assert!(t.starts_with('…') && t.ends_with("last line"));
     }
 }

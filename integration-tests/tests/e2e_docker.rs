@@ -252,3 +252,40 @@ async fn restarted_agent_readopts_its_running_container() -> anyhow::Result<()> 
     manager.stop().await;
     Ok(())
 }
+
+/// A job that fails says why: the last lines of its stderr are in its reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_job_carries_the_end_of_its_stderr_in_its_reason() -> anyhow::Result<()> {
+    require_docker(&[TRAINER_IMAGE]);
+    let checkpoints = tempfile_dir("e2e-fail")?;
+    let manager = TestManager::start(|c| c.heartbeat_interval = Duration::from_millis(250)).await?;
+    let w = unique("it-f");
+    let _agent = TestAgent::start(&manager.endpoint(), &w, 1.0, checkpoints.path());
+    let mut client = manager.control().await?;
+    wait_for_workers(&client, 1).await?;
+    let spec = trainer_spec("no-such-model", 10, 10);
+    let id = client
+        .submit_job(pb::SubmitJobRequest { spec: Some(spec) })
+        .await?
+        .into_inner()
+        .job_id;
+    let failed = eventually(Duration::from_secs(60), "the job to fail", || {
+        let mut c = client.clone();
+        let id = id.clone();
+        async move {
+            let j = job(&mut c, &id, false).await?;
+            Ok((j.state == JobState::Failed as i32).then_some(j))
+        }
+    })
+    .await?;
+    assert!(
+        failed
+            .reason
+            .starts_with("exited with code 64; its stderr ends: ")
+            && failed.reason.contains("unknown model `no-such-model`"),
+        "{}",
+        failed.reason
+    );
+    manager.stop().await;
+    Ok(())
+}

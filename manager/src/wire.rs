@@ -129,6 +129,7 @@ pub fn agent_message(kind: AgentKind) -> Option<core::AgentMessage> {
             done: e.done,
             last_step: e.last_step,
             requested: e.requested,
+            stderr_tail: e.stderr_tail,
         }),
         AgentKind::MigrationRequest(m) => core::AgentMessage::MigrationRequest {
             job: m.job_id,

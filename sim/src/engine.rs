@@ -810,6 +810,8 @@ impl<'a> Simulation<'a> {
                         done,
                         last_step,
                         requested: x.requested,
+                        // Modelled containers print nothing.
+                        stderr_tail: String::new(),
                     }),
                 }));
                 self.queue.push_back(Msg::Node(

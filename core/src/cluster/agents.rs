@@ -626,10 +626,19 @@ impl Core {
             (JobPhase::Completed, "exited 0".to_string())
         } else if e.oom_killed {
             (JobPhase::Failed, "killed: out of memory".to_string())
-        } else {
+        } else if e.stderr_tail.trim().is_empty() {
             (
                 JobPhase::Failed,
                 format!("exited with code {}", e.exit_code),
+            )
+        } else {
+            (
+                JobPhase::Failed,
+                format!(
+                    "exited with code {}; its stderr ends: {}",
+                    e.exit_code,
+                    e.stderr_tail.trim_end()
+                ),
             )
         };
         self.transition(&id, to, reason);

@@ -341,6 +341,8 @@ pub struct ContainerExited {
     pub last_step: Option<u64>,
     /// The exit was asked for (save, stop, the agent's self-fencing).
     pub requested: bool,
+    /// When it failed: the last lines of its stderr (bounded by the agent).
+    pub stderr_tail: String,
 }
 
 // ---- what is recorded ----
