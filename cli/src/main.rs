@@ -27,8 +27,32 @@ struct Cli {
     /// Bearer token for the control API (when the manager runs with --tokens).
     #[arg(long, env = "CONVERGE_TOKEN", global = true, hide_env_values = true)]
     token: Option<String>,
+    /// `table` for people, `json` (one object, or one per line for `watch`) for scripts.
+    #[arg(short, long, global = true, default_value = "table")]
+    output: Output,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// How results are printed.
+#[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+/// Exit codes a script can tell apart (clap itself exits 2 for a wrong command line).
+mod exit {
+    /// The manager cannot be reached, or another failure.
+    pub const FAILED: i32 = 1;
+    /// No such job or worker.
+    pub const NOT_FOUND: i32 = 3;
+    /// The request is wrong (the message names the field).
+    pub const INVALID: i32 = 4;
+    /// No token, a token that is not accepted, or a role that may not.
+    pub const DENIED: i32 = 5;
+    /// The manager is busy (a rate limit) or shutting down: try again.
+    pub const UNAVAILABLE: i32 = 6;
 }
 
 #[derive(Subcommand)]
@@ -84,6 +108,12 @@ enum Cmd {
     },
     /// List workers.
     Workers,
+    /// Why a job is where it is: every decision recorded about it (placement and its scores,
+    /// moves and their trigger, preemption, pending and failure reasons), oldest first.
+    Why {
+        /// Job id.
+        job: String,
+    },
     /// Print events as they happen.
     Watch {
         /// Only this job's events.
@@ -102,8 +132,30 @@ fn key_value(s: &str) -> Result<(String, String), String> {
 }
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<()> {
+async fn main() {
     let cli = Cli::parse();
+    if let Err(e) = run(cli).await {
+        let code = e.downcast_ref::<tonic::Status>().map(tonic::Status::code);
+        // A refused call is said in one line (its code and message); anything else with its
+        // causes.
+        if code.is_some() {
+            eprintln!("convergectl: {e}");
+        } else {
+            eprintln!("convergectl: {e:#}");
+        }
+        let code = match code {
+            Some(tonic::Code::NotFound) => exit::NOT_FOUND,
+            Some(tonic::Code::InvalidArgument | tonic::Code::FailedPrecondition) => exit::INVALID,
+            Some(tonic::Code::Unauthenticated | tonic::Code::PermissionDenied) => exit::DENIED,
+            Some(tonic::Code::Unavailable | tonic::Code::ResourceExhausted) => exit::UNAVAILABLE,
+            _ => exit::FAILED,
+        };
+        std::process::exit(code);
+    }
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    let json = cli.output == Output::Json;
     let mut endpoint = tonic::transport::Endpoint::from_shared(cli.manager.clone())?;
     if cli.manager.starts_with("https://") {
         let host = endpoint.uri().host().unwrap_or("localhost").to_string();
@@ -162,7 +214,11 @@ async fn main() -> Result<()> {
                 .await
                 .map_err(status)?
                 .into_inner();
-            println!("{}", r.job_id);
+            if json {
+                println!("{}", serde_json::json!({ "job_id": r.job_id }));
+            } else {
+                println!("{}", r.job_id);
+            }
         }
         Cmd::Get { job, progress } => {
             let j = client
@@ -173,6 +229,10 @@ async fn main() -> Result<()> {
                 .await
                 .map_err(status)?
                 .into_inner();
+            if json {
+                println!("{}", job_json(&j));
+                return Ok(());
+            }
             print_job(&j);
             for p in &j.progress {
                 println!(
@@ -198,6 +258,11 @@ async fn main() -> Result<()> {
                 .map_err(status)?
                 .into_inner()
                 .jobs;
+            if json {
+                let all: Vec<_> = jobs.iter().map(job_json).collect();
+                println!("{}", serde_json::Value::Array(all));
+                return Ok(());
+            }
             println!(
                 "{:<36}  {:<18}  {:<10}  {:<10}  {:>13}  {:>10}  {:>9}",
                 "ID", "NAME", "STATE", "WORKER", "STEP", "METRIC", "ETA"
@@ -226,7 +291,11 @@ async fn main() -> Result<()> {
                 .await
                 .map_err(status)?
                 .into_inner();
-            print_job(&j);
+            if json {
+                println!("{}", job_json(&j));
+            } else {
+                print_job(&j);
+            }
         }
         Cmd::Workers => {
             let ws = client
@@ -235,6 +304,23 @@ async fn main() -> Result<()> {
                 .map_err(status)?
                 .into_inner()
                 .workers;
+            if json {
+                let all: Vec<_> = ws
+                    .iter()
+                    .map(|w| {
+                        serde_json::json!({
+                            "id": w.id,
+                            "state": label(pb::WorkerState::try_from(w.state).map(|s| s.as_str_name()).unwrap_or(""), "WORKER_STATE_"),
+                            "cpu_capacity": w.cpu_capacity,
+                            "cpu_requested": w.cpu_requested,
+                            "jobs": w.job_ids,
+                            "policy": w.policy,
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::Value::Array(all));
+                return Ok(());
+            }
             println!(
                 "{:<12}  {:<8}  {:>6}  {:>9}  {:>5}  POLICY",
                 "ID", "STATE", "CPUS", "REQUESTED", "JOBS"
@@ -268,15 +354,149 @@ async fn main() -> Result<()> {
                 .map_err(status)?
                 .into_inner();
             while let Some(e) = events.message().await.map_err(status)? {
-                println!("{}", describe_event(&e));
+                if json {
+                    println!("{}", event_json(&e));
+                } else {
+                    println!("{}", describe_event(&e));
+                }
+            }
+        }
+        Cmd::Why { job } => {
+            // Its state first: a job that does not exist is NotFound, not an empty story.
+            let j = client
+                .get_job(pb::GetJobRequest {
+                    job_id: job.clone(),
+                    include_progress: false,
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            let mut events = client
+                .watch_events(pb::WatchEventsRequest {
+                    job_id: job,
+                    from_seq: 1,
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            // The recorded events come at once, then the stream waits for new ones: stop when
+            // it goes quiet.
+            let mut recorded = Vec::new();
+            while let Ok(next) =
+                tokio::time::timeout(Duration::from_millis(500), events.message()).await
+            {
+                match next.map_err(status)? {
+                    Some(e) => recorded.push(e),
+                    None => break,
+                }
+            }
+            if json {
+                let all: Vec<_> = recorded.iter().map(event_json).collect();
+                println!(
+                    "{}",
+                    serde_json::json!({ "job": job_json(&j), "decisions": all })
+                );
+                return Ok(());
+            }
+            println!(
+                "{} is {}: {}",
+                j.id,
+                pb::JobState::label_of(j.state),
+                j.reason
+            );
+            for e in &recorded {
+                println!("  {}", why_line(e));
             }
         }
     }
     Ok(())
 }
 
+/// A failed call, kept as the status so that `main` can pick the exit code.
 fn status(s: tonic::Status) -> anyhow::Error {
-    anyhow::anyhow!("{:?}: {}", s.code(), s.message())
+    let text = format!("{:?}: {}", s.code(), s.message());
+    anyhow::Error::new(s).context(text)
+}
+
+/// `JOB_STATE_RUNNING` → `running`.
+fn label(name: &str, prefix: &str) -> String {
+    name.trim_start_matches(prefix).to_lowercase()
+}
+
+fn job_json(j: &pb::Job) -> serde_json::Value {
+    serde_json::json!({
+        "id": j.id,
+        "name": j.spec.as_ref().map(|s| s.name.clone()).unwrap_or_default(),
+        "image": j.spec.as_ref().map(|s| s.image.clone()).unwrap_or_default(),
+        "state": pb::JobState::label_of(j.state),
+        "reason": j.reason,
+        "worker": j.worker_id,
+        "epoch": j.epoch,
+        "step": j.step,
+        "total_steps": j.total_steps,
+        "metric": j.metric_value,
+        "migrations": j.migrations,
+        "exit_code": j.exit_code,
+        "eta": j.eta.as_ref().map(|e| serde_json::json!({
+            "remaining_s": e.remaining_s,
+            "finish_unix_ms": e.finish_unix_ms,
+            "start_unix_ms": e.start_unix_ms,
+            "basis": e.basis,
+            "confidence": e.confidence,
+        })),
+        "progress": j.progress.iter().map(|p| serde_json::json!({
+            "step": p.step, "value": p.value, "epoch": p.epoch,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn event_json(e: &pb::Event) -> serde_json::Value {
+    serde_json::json!({
+        "seq": e.seq,
+        "unix_ms": e.unix_ms,
+        "kind": label(pb::EventKind::try_from(e.kind).map(|k| k.as_str_name()).unwrap_or(""), "EVENT_KIND_"),
+        "job": e.job_id,
+        "worker": e.worker_id,
+        "epoch": e.epoch,
+        "from": (e.kind == pb::EventKind::JobState as i32).then(|| pb::JobState::label_of(e.from_state)),
+        "to": (e.kind == pb::EventKind::JobState as i32).then(|| pb::JobState::label_of(e.to_state)),
+        "reason": e.reason,
+        "attributes": e.attributes,
+    })
+}
+
+/// One decision about a job, in words: when, what, why, and the numbers behind it.
+fn why_line(e: &pb::Event) -> String {
+    let what = match pb::EventKind::try_from(e.kind) {
+        Ok(pb::EventKind::JobState) => format!(
+            "{} -> {}",
+            pb::JobState::label_of(e.from_state),
+            pb::JobState::label_of(e.to_state)
+        ),
+        Ok(pb::EventKind::JobPlaced) => format!("placed on {}", e.worker_id),
+        Ok(pb::EventKind::Migration) => "move".to_string(),
+        _ => "event".to_string(),
+    };
+    let mut details: Vec<String> = e
+        .attributes
+        .iter()
+        .filter(|(k, _)| !k.starts_with("eta_error"))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    details.sort();
+    let details = if details.is_empty() {
+        String::new()
+    } else {
+        format!(" [{}]", details.join(", "))
+    };
+    format!(
+        "{} #{:<4} {:<22} {}{}",
+        clock(e.unix_ms),
+        e.seq,
+        what,
+        e.reason,
+        details
+    )
 }
 
 fn print_job(j: &pb::Job) {

@@ -1,0 +1,155 @@
+//! Every convergectl command against a real manager over real gRPC (a scripted agent plays
+//! the worker): what it prints as a table and as JSON, and the exit codes scripts rely on.
+
+use std::time::Duration;
+
+use converge_integration_tests::{ScriptedAgent, TestManager, tempfile_dir};
+
+/// Runs convergectl against `manager` with `args`: (exit code, stdout, stderr).
+async fn ctl(manager: &str, args: &[&str]) -> (i32, String, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_convergectl"))
+        .arg("--manager")
+        .arg(manager)
+        .args(args)
+        .env_remove("CONVERGE_TOKEN")
+        .output()
+        .await
+        .expect("convergectl runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_command_prints_tables_and_json_and_exits_with_a_code_scripts_can_use() {
+    let manager = TestManager::start(|_| {}).await.expect("manager");
+    let m = manager.endpoint();
+    let _w1 = ScriptedAgent::connect(&m, "w1", 2.0, Duration::from_millis(100))
+        .await
+        .expect("agent");
+
+    let (code, out, err) = ctl(
+        &m,
+        &[
+            "submit",
+            "--image",
+            "converge/trainer:dev",
+            "--cpus",
+            "1",
+            "--name",
+            "cli-job",
+            "--",
+            "--model",
+            "mlp-digits",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let id = out.trim().to_string();
+    assert_eq!(id.len(), 36, "a UUID: {out}");
+
+    let (code, out, _) = ctl(&m, &["get", &id, "-o", "json"]).await;
+    assert_eq!(code, 0);
+    let j = json(&out);
+    assert_eq!(
+        (j["id"].as_str(), j["name"].as_str()),
+        (Some(id.as_str()), Some("cli-job"))
+    );
+    assert_eq!(j["worker"], "w1");
+    assert_eq!(j["state"], "starting");
+
+    let (_, out, _) = ctl(&m, &["get", &id]).await;
+    assert!(out.contains("state:    starting (starting on w1)"), "{out}");
+
+    let (_, out, _) = ctl(&m, &["list", "-o", "json"]).await;
+    assert_eq!(json(&out).as_array().map(Vec::len), Some(1));
+    let (_, out, _) = ctl(&m, &["list"]).await;
+    assert!(out.starts_with("ID") && out.contains("cli-job"), "{out}");
+
+    let (_, out, _) = ctl(&m, &["workers", "-o", "json"]).await;
+    let w = json(&out);
+    assert_eq!(w[0]["id"], "w1");
+    assert_eq!(w[0]["jobs"][0], id.as_str());
+
+    // why: the decisions recorded about it, in words and as JSON.
+    let (code, out, _) = ctl(&m, &["why", &id]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("pending -> starting"), "{out}");
+    assert!(out.contains("placed on w1"), "{out}");
+    assert!(out.contains("scores="), "the placement's scores: {out}");
+    let (_, out, _) = ctl(&m, &["why", &id, "-o", "json"]).await;
+    let why = json(&out);
+    assert_eq!(why["job"]["id"], id.as_str());
+    assert!(
+        why["decisions"].as_array().is_some_and(|d| d.len() >= 2),
+        "{why}"
+    );
+
+    // watch: one JSON object per line, from the first event.
+    let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_convergectl"))
+        .args(["--manager", &m, "watch", "--from-seq", "1", "-o", "json"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("watch runs");
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(
+        watch.stdout.take().expect("stdout"),
+    ));
+    let first = lines.next_line().await.expect("read").expect("a line");
+    assert_eq!(json(&first)["seq"], 1);
+    drop(watch);
+
+    let (code, out, _) = ctl(&m, &["cancel", &id, "-o", "json"]).await;
+    assert_eq!(code, 0);
+    assert_eq!(json(&out)["state"], "cancelled");
+
+    // Exit codes: 4 for a wrong request (naming the field), 3 for no such job.
+    let (code, _, err) = ctl(&m, &["get", "not-a-job"]).await;
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("job_id"), "{err}");
+    let (code, _, err) = ctl(&m, &["get", "3f2b8a2e-8f1c-4c1e-9a43-2d1f0c9b7e11"]).await;
+    assert_eq!(code, 3, "{err}");
+    let (code, _, err) = ctl(&m, &["submit", "--image", "x", "--cpus=-1"]).await;
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("spec.cpus"), "{err}");
+    // 1 when the manager cannot be reached.
+    let (code, _, err) = ctl("http://127.0.0.1:9", &["list"]).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("cannot reach the manager"), "{err}");
+    manager.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_viewer_token_may_list_but_not_submit() {
+    let dir = tempfile_dir("cli-tokens").expect("dir");
+    let file = dir.path().join("tokens");
+    std::fs::write(&file, "viewer-token-0123456789 viewer ana\n").expect("write");
+    let manager = TestManager::start(|c| c.tokens = Some(file.clone()))
+        .await
+        .expect("manager");
+    let m = manager.endpoint();
+    let (code, _, err) = ctl(&m, &["list"]).await;
+    assert_eq!(code, 5, "no token: {err}");
+    let (code, _, err) = ctl(&m, &["--token", "viewer-token-0123456789", "list"]).await;
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = ctl(
+        &m,
+        &[
+            "--token",
+            "viewer-token-0123456789",
+            "submit",
+            "--image",
+            "x",
+        ],
+    )
+    .await;
+    assert_eq!(code, 5, "{err}");
+    assert!(err.contains("needs the operator role"), "{err}");
+    manager.stop().await;
+}
