@@ -37,6 +37,11 @@ pub fn parse_user(user: &str) -> Result<Option<(u32, Option<u32>)>, String> {
         None => (user, None),
     };
     let uid: u32 = uid.parse().map_err(|_| bad())?;
+    if uid == 0 {
+        return Err(format!(
+            "`{user}` is root: leave it empty for the image's user, or give another id"
+        ));
+    }
     let gid = gid
         .map(|g| g.parse::<u32>().map_err(|_| bad()))
         .transpose()?;

@@ -31,10 +31,12 @@ fn tls_for(dir: &std::path::Path, worker: &str) -> ClientTlsConfig {
         .domain_name("localhost")
 }
 
-/// A job id: one of the bystanders' (foreign to w1), one w1 made up, or garbage.
-fn job_id(rng: &mut ChaCha8Rng, bystanders: &[String]) -> String {
-    match rng.random_range(0..5) {
+/// A job id: one of the bystanders' (foreign to w1), one the fuzzer submitted (some of them
+/// placed on w1, so w1 may speak of them), one w1 made up, or garbage.
+fn job_id(rng: &mut ChaCha8Rng, bystanders: &[String], own: &[String]) -> String {
+    match rng.random_range(0..6) {
         0 | 1 => bystanders.choose(rng).cloned().unwrap_or_default(),
+        5 => own.choose(rng).cloned().unwrap_or_default(),
         2 => uuid::Uuid::new_v4().to_string(),
         3 => String::new(),
         _ => "x".repeat(rng.random_range(1..2000)),
@@ -54,14 +56,14 @@ fn number(rng: &mut ChaCha8Rng) -> f64 {
     .expect("non-empty")
 }
 
-fn agent_message(rng: &mut ChaCha8Rng, bystanders: &[String]) -> AgentMessage {
+fn agent_message(rng: &mut ChaCha8Rng, bystanders: &[String], own: &[String]) -> AgentMessage {
     let epoch = *[0, 1, 2, u64::MAX].choose(rng).expect("non-empty");
     let kind = match rng.random_range(0..7) {
         0 => Kind::Heartbeat(pb::Heartbeat {
             seq: rng.random(),
             jobs: (0..rng.random_range(0..5))
                 .map(|_| pb::JobStatus {
-                    job_id: job_id(rng, bystanders),
+                    job_id: job_id(rng, bystanders, own),
                     epoch,
                     category: rng.random_range(-1..5),
                     growth_efficiency: Some(number(rng)),
@@ -76,7 +78,7 @@ fn agent_message(rng: &mut ChaCha8Rng, bystanders: &[String]) -> AgentMessage {
         1 => Kind::Progress(pb::ProgressBatch {
             samples: (0..rng.random_range(0..8))
                 .map(|_| pb::ProgressSample {
-                    job_id: job_id(rng, bystanders),
+                    job_id: job_id(rng, bystanders, own),
                     epoch,
                     step: rng.random(),
                     total_steps: Some(rng.random()),
@@ -86,7 +88,7 @@ fn agent_message(rng: &mut ChaCha8Rng, bystanders: &[String]) -> AgentMessage {
                 })
                 .collect(),
             malformed: vec![pb::MalformedLines {
-                job_id: job_id(rng, bystanders),
+                job_id: job_id(rng, bystanders, own),
                 epoch,
                 count: rng.random(),
                 last_error: "fuzz".into(),
@@ -94,7 +96,7 @@ fn agent_message(rng: &mut ChaCha8Rng, bystanders: &[String]) -> AgentMessage {
         }),
         2 => Kind::Result(pb::CommandResult {
             command_id: format!("cmd-{}", rng.random::<u8>()),
-            job_id: job_id(rng, bystanders),
+            job_id: job_id(rng, bystanders, own),
             epoch,
             ok: rng.random(),
             error: "fuzz".into(),
@@ -105,7 +107,7 @@ fn agent_message(rng: &mut ChaCha8Rng, bystanders: &[String]) -> AgentMessage {
             ..Default::default()
         }),
         3 => Kind::Exited(pb::ContainerExited {
-            job_id: job_id(rng, bystanders),
+            job_id: job_id(rng, bystanders, own),
             epoch,
             exit_code: rng.random(),
             done: rng.random(),
@@ -114,13 +116,13 @@ fn agent_message(rng: &mut ChaCha8Rng, bystanders: &[String]) -> AgentMessage {
             ..Default::default()
         }),
         4 => Kind::MigrationRequest(pb::MigrationRequest {
-            job_id: job_id(rng, bystanders),
+            job_id: job_id(rng, bystanders, own),
             epoch,
             reason: "fuzz".into(),
         }),
         5 => Kind::Usage(pb::UsageBatch {
             samples: vec![pb::UsageSample {
-                job_id: job_id(rng, bystanders),
+                job_id: job_id(rng, bystanders, own),
                 epoch,
                 cpu_cores: number(rng),
                 ..Default::default()
@@ -256,7 +258,7 @@ async fn control_request(
         _ => {
             let _ = c
                 .watch_events(pb::WatchEventsRequest {
-                    job_id: job_id(rng, &[]),
+                    job_id: job_id(rng, &[], &[]),
                     from_seq: rng.random(),
                 })
                 .await?;
@@ -292,15 +294,17 @@ async fn ten_thousand_random_inputs_break_nothing_and_touch_no_other_workers_job
         &["localhost".into()],
         &["w1".into(), "w2".into()],
     )?;
-    let manager = TestManager::start(|c| {
+    let state = tempfile_dir("fuzz-state")?;
+    let settings = |c: &mut converge_manager::Config| {
         c.tls = Some(TlsFiles {
             ca: certs.path().join("ca.pem"),
             cert: certs.path().join("manager.pem"),
             key: certs.path().join("manager.key"),
         });
         c.heartbeat_interval = Duration::from_millis(200);
-    })
-    .await?;
+        c.state_dir = Some(state.path().to_path_buf());
+    };
+    let manager = TestManager::start(settings).await?;
     let https = format!("https://{}", manager.addr);
     let control_tls = tls::control_client(&certs.path().join("ca.pem"), "localhost")?;
     let mut control = ControlServiceClient::new(
@@ -351,7 +355,23 @@ async fn ten_thousand_random_inputs_break_nothing_and_touch_no_other_workers_job
     // The fuzzing agent: w1, with w1's own valid certificate.
     let w1_tls = tls_for(certs.path(), "w1");
     let mut w1 = open_w1(manager.addr, w1_tls.clone()).await?;
+    // A few jobs of the fuzzer's own that land on w1, so that some of what w1 says is about
+    // jobs it may speak of.
     let mut submitted = Vec::new();
+    for _ in 0..2 {
+        let id = control
+            .submit_job(pb::SubmitJobRequest {
+                spec: Some(pb::JobSpec {
+                    image: "converge/trainer:dev".into(),
+                    cpus: 1.0,
+                    ..Default::default()
+                }),
+            })
+            .await?
+            .into_inner();
+        assert_eq!(id.job.as_ref().map(|j| j.worker_id.as_str()), Some("w1"));
+        submitted.push(id.job_id);
+    }
     let (mut sent, mut asked, mut reopened) = (0, 0, 0);
     while sent < MESSAGES || asked < REQUESTS {
         if asked < REQUESTS && (sent >= MESSAGES || rng.random_bool(0.2)) {
@@ -372,9 +392,9 @@ async fn ten_thousand_random_inputs_break_nothing_and_touch_no_other_workers_job
             }
         } else {
             sent += 1;
-            let m = agent_message(&mut rng, &bystanders);
+            let m = agent_message(&mut rng, &bystanders, &submitted);
             if w1.send(m).await.is_err() {
-                // The manager ended the stream (say, at a second Register): open another.
+                // The manager ended the stream: open another.
                 reopened += 1;
                 w1 = open_w1(manager.addr, w1_tls.clone()).await?;
             }
@@ -397,6 +417,30 @@ async fn ten_thousand_random_inputs_break_nothing_and_touch_no_other_workers_job
     })
     .await?;
     assert_eq!(snapshot(&jobs), before, "bystanders changed (seed {seed})");
+
+    // What the fuzz left in the store reads back: the manager starts again on it.
+    let addr = manager.addr;
+    manager.stop().await;
+    let manager = TestManager::start_at(addr, settings).await?;
+    let mut control = ControlServiceClient::new(
+        Endpoint::from_shared(https)?
+            .tls_config(tls::control_client(
+                &certs.path().join("ca.pem"),
+                "localhost",
+            )?)?
+            .connect()
+            .await?,
+    );
+    let jobs = control
+        .list_jobs(pb::ListJobsRequest::default())
+        .await?
+        .into_inner()
+        .jobs;
+    assert_eq!(
+        snapshot(&jobs),
+        before,
+        "bystanders after a restart (seed {seed})"
+    );
     manager.stop().await;
     Ok(())
 }

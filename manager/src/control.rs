@@ -77,6 +77,10 @@ impl ManagerHandle {
                 .remote_addr()
                 .map_or_else(|| "unknown".into(), |a| a.ip().to_string()),
         };
+        // Forget callers idle for a while now and then, so the map stays bounded.
+        if rate.len() > 1024 {
+            rate.retain_recent();
+        }
         rate.check_key(&caller).map_err(|_| {
             Status::resource_exhausted(format!(
                 "{caller} is over its request rate (--rate-limit); slow down and retry"

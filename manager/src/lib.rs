@@ -104,7 +104,18 @@ pub async fn serve(
         Some(dir) => recover(dir, core_config, policy, config.recovery_grace)?,
     };
     let actor = actor::Actor::new(actor_config, core, metrics, store, restored);
-    let actor_task = tokio::spawn(actor.run(req_rx, stream_rx, shutdown.clone()));
+    let actor_task = {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let r = actor.run(req_rx, stream_rx, shutdown.clone()).await;
+            // A manager whose store failed must not keep serving (health would say SERVING
+            // while every call fails): stop the server too, so that a supervisor restarts it.
+            if r.is_err() {
+                shutdown.cancel();
+            }
+            r
+        })
+    };
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -120,6 +131,12 @@ pub async fn serve(
     };
     let addr = listener.local_addr()?;
     info!(%addr, policy = %config.policy, "manager listening");
+    if config.tokens.is_some() && config.tls.is_none() {
+        tracing::warn!(
+            "--tokens without TLS: tokens travel in clear text, and agents are not authenticated \
+             (anyone who reaches the port can register as a worker); add --tls-cert, --tls-key and --tls-ca"
+        );
+    }
     let auth = match &config.tokens {
         Some(path) => {
             let tokens = auth::Tokens::load(path).map_err(|e| Error::invalid("tokens", e))?;

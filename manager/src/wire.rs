@@ -34,13 +34,35 @@ pub fn job_spec(spec: &pb::JobSpec) -> core::JobSpec {
     }
 }
 
+/// A number from an agent that is not finite (NaN, ±∞) is taken as 0: nothing the decisions
+/// could use, and a stored record must stay readable (JSON has no NaN).
+fn finite(v: f64) -> f64 {
+    if v.is_finite() { v } else { 0.0 }
+}
+
+/// Bytes of a failed container's stderr kept in its reason (the agent sends at most this).
+const MAX_STDERR_TAIL: usize = 2048;
+
+/// `text` cut to its last `max` bytes (on a character boundary): the manager bounds what an
+/// agent sends rather than trusting it.
+fn bounded(text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let mut start = text.len() - max;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    text[start..].to_string()
+}
+
 /// An agent's registration.
 pub fn register(r: pb::Register) -> core::Register {
     core::Register {
         worker: r.worker_id,
-        cpu_capacity: r.cpu_capacity,
+        cpu_capacity: finite(r.cpu_capacity),
         memory_bytes: r.memory_bytes,
-        calibration: r.calibration,
+        calibration: finite(r.calibration),
         labels: r.labels.into_iter().collect(),
         instance_id: r.instance_id,
         containers: r
@@ -70,13 +92,13 @@ pub fn agent_message(kind: AgentKind) -> Option<core::AgentMessage> {
                     category: category(s.category()),
                     job: s.job_id,
                     epoch: s.epoch,
-                    growth_efficiency: s.growth_efficiency,
-                    cpu_limit: s.cpu_limit,
-                    cpu_usage: s.cpu_usage,
+                    growth_efficiency: s.growth_efficiency.filter(|v| v.is_finite()),
+                    cpu_limit: s.cpu_limit.filter(|v| v.is_finite()),
+                    cpu_usage: finite(s.cpu_usage).max(0.0),
                 })
                 .collect(),
-            alpha: hb.alpha,
-            interval_s: hb.interval_s,
+            alpha: hb.alpha.filter(|v| v.is_finite()),
+            interval_s: hb.interval_s.filter(|v| v.is_finite()),
         }),
         AgentKind::Progress(b) => core::AgentMessage::Progress(core::ProgressBatch {
             samples: b
@@ -129,7 +151,7 @@ pub fn agent_message(kind: AgentKind) -> Option<core::AgentMessage> {
             done: e.done,
             last_step: e.last_step,
             requested: e.requested,
-            stderr_tail: e.stderr_tail,
+            stderr_tail: bounded(e.stderr_tail, MAX_STDERR_TAIL),
         }),
         AgentKind::MigrationRequest(m) => core::AgentMessage::MigrationRequest {
             job: m.job_id,

@@ -394,7 +394,7 @@ impl Core {
             if self.may_speak(worker, &m.job, m.epoch)
                 && let Some(j) = self.job_mut(&m.job)
             {
-                j.malformed += m.count;
+                j.malformed = j.malformed.saturating_add(m.count);
             }
         }
     }

@@ -392,6 +392,16 @@ impl Actor {
         }
     }
 
+    /// Answers `reply` with `value` once the batch is stored; drops it (the caller gets
+    /// Unavailable) when the store failed.
+    fn later<T: Send + 'static>(&mut self, reply: oneshot::Sender<T>, value: T) {
+        self.answers.push(Box::new(move |failed: Option<&str>| {
+            if failed.is_none() {
+                let _ = reply.send(value);
+            }
+        }));
+    }
+
     /// Answers `reply` with `r` once the batch is stored, or with why it could not be.
     fn answer_later<T: Send + 'static>(&mut self, reply: oneshot::Sender<Result<T>>, r: Result<T>) {
         self.answers.push(Box::new(move |failed: Option<&str>| {
@@ -548,7 +558,9 @@ impl Actor {
                 include_progress,
                 reply,
             } => {
-                let _ = reply.send(self.job_pb(&id, include_progress));
+                // Reads too wait for the batch's write: nobody sees state a crash could undo.
+                let r = self.job_pb(&id, include_progress);
+                self.answer_later(reply, r);
             }
             Request::ListJobs {
                 state,
@@ -573,7 +585,7 @@ impl Actor {
                         wire::job(j, self.specs.get(&j.id), policy, false, eta)
                     })
                     .collect();
-                let _ = reply.send(out);
+                self.later(reply, out);
             }
             Request::Cancel { id, reply } => {
                 let span = self
@@ -592,7 +604,7 @@ impl Actor {
                     .values()
                     .map(|w| wire::worker(w, self.core.jobs(), policy))
                     .collect();
-                let _ = reply.send(ws);
+                self.later(reply, ws);
             }
             Request::Drain { worker_id, reply } => {
                 let span = info_span!(parent: None, "drain", worker = %worker_id);
@@ -611,7 +623,8 @@ impl Actor {
                 from_seq,
                 reply,
             } => {
-                let _ = reply.send(self.events.watch(&job_id, from_seq));
+                let w = self.events.watch(&job_id, from_seq);
+                self.later(reply, w);
             }
         }
     }
