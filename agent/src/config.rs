@@ -15,8 +15,19 @@ use crate::error::{Error, Result};
 
 /// `converge-agent`: runs one worker's training containers and reports to the manager.
 #[derive(Debug, Parser)]
-#[command(name = "converge-agent", version, about, long_about = None)]
+#[command(
+    name = "converge-agent",
+    version,
+    about,
+    long_about = None,
+    // A flag given again wins: settings from --config come first, the command line after.
+    args_override_self = true
+)]
 pub struct Cli {
+    /// A TOML file of settings, keys named as the flags (`cpus = 2`); the command line and
+    /// `CONVERGE_*` variables win over it.
+    #[arg(long, env = "CONVERGE_CONFIG")]
+    pub config: Option<std::path::PathBuf>,
     /// The manager's agent endpoint, e.g. http://127.0.0.1:7070.
     #[arg(long, env = "CONVERGE_MANAGER")]
     pub manager: String,

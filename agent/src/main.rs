@@ -11,7 +11,14 @@ const EXIT_CONFIG: u8 = 64;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = match converge_agent::Cli::try_parse() {
+    let args = match converge_messenger::config_file::with_file(std::env::args_os().collect()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("converge-agent: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let cli = match converge_agent::Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {
             // Help and version are not errors; anything else is a usage error (exit 64).

@@ -8,8 +8,18 @@ use converge_policy::value::{PreemptAction, VictimCriterion};
 
 /// `converge-manager` settings; every flag has a `CONVERGE_*` environment fallback.
 #[derive(Parser, Debug, Clone)]
-#[command(name = "converge-manager", version, about = "The Converge manager")]
+#[command(
+    name = "converge-manager",
+    version,
+    about = "The Converge manager",
+    // A flag given again wins: settings from --config come first, the command line after.
+    args_override_self = true
+)]
 pub struct Cli {
+    /// A TOML file of settings, keys named as the flags (`policy = "converge"`); the command
+    /// line and `CONVERGE_*` variables win over it.
+    #[arg(long, env = "CONVERGE_CONFIG")]
+    pub config: Option<std::path::PathBuf>,
     /// Address serving the agent streams, the control API, reflection and health.
     #[arg(long, env = "CONVERGE_LISTEN", default_value = "0.0.0.0:7070")]
     pub listen: SocketAddr,
@@ -332,6 +342,43 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `converge-manager ARGS` with the settings file `toml`.
+    fn with_toml(toml: &str, args: &[&str]) -> Result<Config, String> {
+        let dir = std::env::temp_dir().join(format!("converge-cfg-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("manager.toml");
+        std::fs::write(&file, toml).unwrap();
+        let mut line: Vec<std::ffi::OsString> = vec![
+            "converge-manager".into(),
+            "--config".into(),
+            file.clone().into(),
+        ];
+        line.extend(args.iter().map(Into::into));
+        let r = converge_messenger::config_file::with_file(line)
+            .map_err(|e| e.to_string())
+            .and_then(|a| Cli::try_parse_from(a).map_err(|e| e.to_string()))
+            .and_then(|c| c.validate().map_err(|e| e.to_string()));
+        std::fs::remove_dir_all(dir).unwrap();
+        r
+    }
+
+    #[test]
+    fn a_settings_file_is_read_with_the_flags_rules_and_the_command_line_wins() {
+        let c = with_toml("policy = \"converge\"\nlost-after = 5\n", &[]).unwrap();
+        assert_eq!((c.policy.as_str(), c.lost_after), ("converge", 5));
+        let c = with_toml("policy = \"converge\"\n", &["--policy", "spread"]).unwrap();
+        assert_eq!(c.policy, "spread");
+        // The same message as the flag's.
+        let from_file = with_toml("lost-after = 0\n", &[]).unwrap_err();
+        let from_flag = Cli::parse_from(["converge-manager", "--lost-after", "0"])
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert_eq!(from_file, from_flag);
+        let unknown = with_toml("polcy = \"converge\"\n", &[]).unwrap_err();
+        assert!(unknown.contains("--polcy"), "{unknown}");
+    }
 
     #[test]
     fn every_accepted_policy_is_runnable_and_others_are_refused() {

@@ -10,7 +10,14 @@ const EX_USAGE: i32 = 64;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let args = match converge_messenger::config_file::with_file(std::env::args_os().collect()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("converge-manager: {e}");
+            std::process::exit(EX_USAGE);
+        }
+    };
+    let cli = Cli::parse_from(args);
     // Traces go wherever the standard OTEL_* variables say; nowhere when they are unset.
     let telemetry = Telemetry::new(cli.log_format)
         .export(SpanExport::from_env("converge-manager"))

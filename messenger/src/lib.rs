@@ -17,6 +17,7 @@
 
 pub mod agent;
 pub mod backoff;
+pub mod config_file;
 pub mod manager;
 pub mod telemetry;
 pub mod tls;

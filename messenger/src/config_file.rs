@@ -1,0 +1,150 @@
+//! An optional TOML file of settings for the manager and the agent, beside flags and
+//! `CONVERGE_*` variables (issue 16).
+//!
+//! The file's keys are the flags' names (`heartbeat-interval = "500ms"`, `policy =
+//! "converge"`, `label = ["zone=a", "gpu=no"]` for a repeated flag). Rather than a second way
+//! to read settings, each key becomes the flag it names, placed before the command line, so
+//! that the binary's one parser checks it with the same rules and the same error messages. The
+//! order of precedence is: the command line, then a `CONVERGE_*` variable, then the file, then
+//! the default (a key whose variable is set is left out; a flag given on the command line comes
+//! later and wins, as the parsers let a flag override an earlier one).
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+/// The flag naming the file, and its variable.
+pub const FLAG: &str = "--config";
+/// The variable naming the file when the flag is not given.
+pub const ENV: &str = "CONVERGE_CONFIG";
+
+/// What is wrong with a settings file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigFileError {
+    /// It cannot be read.
+    #[error("cannot read the settings file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// It is not TOML, or a value is not a string, number, boolean or list of them.
+    #[error("the settings file {path}: {why}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What to fix.
+        why: String,
+    },
+}
+
+/// The command line `args` (the binary's name first) with the settings of the file named by
+/// `--config FILE` (or `CONVERGE_CONFIG`) placed before the given flags.
+pub fn with_file(args: Vec<OsString>) -> Result<Vec<OsString>, ConfigFileError> {
+    let named = args
+        .iter()
+        .enumerate()
+        .find_map(|(i, a)| {
+            let a = a.to_str()?;
+            if a == FLAG {
+                args.get(i + 1).map(PathBuf::from)
+            } else {
+                a.strip_prefix("--config=").map(PathBuf::from)
+            }
+        })
+        .or_else(|| std::env::var_os(ENV).map(PathBuf::from));
+    let Some(path) = named else {
+        return Ok(args);
+    };
+    let text = std::fs::read_to_string(&path).map_err(|source| ConfigFileError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    let from_file =
+        flags(&text, |key| std::env::var_os(env_name(key)).is_some()).map_err(|why| {
+            ConfigFileError::Invalid {
+                path: path.clone(),
+                why,
+            }
+        })?;
+    let mut out = Vec::with_capacity(args.len() + from_file.len());
+    let mut given = args.into_iter();
+    out.extend(given.next());
+    out.extend(from_file.into_iter().map(OsString::from));
+    out.extend(given);
+    Ok(out)
+}
+
+/// `CONVERGE_HEARTBEAT_INTERVAL` for `heartbeat-interval`.
+pub fn env_name(key: &str) -> String {
+    format!("CONVERGE_{}", key.to_uppercase().replace('-', "_"))
+}
+
+/// The flags the TOML `text` stands for, leaving out keys `skip` says are set elsewhere.
+pub fn flags(text: &str, skip: impl Fn(&str) -> bool) -> Result<Vec<String>, String> {
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
+    let mut out = Vec::new();
+    for (key, value) in table {
+        if key == "config" {
+            return Err("`config` cannot name another settings file".into());
+        }
+        if skip(&key) {
+            continue;
+        }
+        let values = match value {
+            toml::Value::Array(items) => items,
+            one => vec![one],
+        };
+        for v in values {
+            let text = match v {
+                toml::Value::String(s) => s,
+                toml::Value::Integer(i) => i.to_string(),
+                toml::Value::Float(f) => f.to_string(),
+                toml::Value::Boolean(b) => b.to_string(),
+                other => {
+                    return Err(format!(
+                        "`{key}` is a {}; give a string, number, boolean or a list of them",
+                        other.type_str()
+                    ));
+                }
+            };
+            out.push(format!("--{key}={text}"));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_become_flags_and_set_variables_win() {
+        let text = "policy = \"converge\"\nlost-after = 5\nlabel = [\"zone=a\", \"gpu=no\"]\n";
+        let f = flags(text, |_| false).unwrap();
+        assert_eq!(
+            f,
+            [
+                "--label=zone=a",
+                "--label=gpu=no",
+                "--lost-after=5",
+                "--policy=converge"
+            ]
+        );
+        let f = flags(text, |k| k == "policy").unwrap();
+        assert!(!f.iter().any(|a| a.starts_with("--policy")), "{f:?}");
+        assert_eq!(
+            env_name("heartbeat-interval"),
+            "CONVERGE_HEARTBEAT_INTERVAL"
+        );
+    }
+
+    #[test]
+    fn a_bad_file_says_what_to_fix() {
+        assert!(flags("policy = ", |_| false).is_err());
+        let e = flags("[section]\nx = 1\n", |_| false).unwrap_err();
+        assert!(e.contains("`section` is a table"), "{e}");
+        let e = flags("config = \"other.toml\"", |_| false).unwrap_err();
+        assert!(e.contains("cannot name another"), "{e}");
+    }
+}
