@@ -150,3 +150,69 @@ async fn a_job_id_that_is_not_a_uuid_is_invalid_and_an_unknown_one_not_found() -
     manager.stop().await;
     Ok(())
 }
+
+/// Opens an agent stream registering as `worker`; returns its sender (kept open) and replies.
+async fn agent_stream(
+    endpoint: &str,
+    worker: &str,
+) -> anyhow::Result<(
+    tokio::sync::mpsc::Sender<pb::AgentMessage>,
+    tonic::Streaming<pb::ManagerMessage>,
+)> {
+    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())?
+        .connect()
+        .await?;
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(pb::AgentMessage {
+        kind: Some(pb::agent_message::Kind::Register(pb::Register {
+            worker_id: worker.into(),
+            cpu_capacity: 1.0,
+            instance_id: uuid_like(),
+            ..Default::default()
+        })),
+    })
+    .await?;
+    let mut replies = pb::agent_service_client::AgentServiceClient::new(channel)
+        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    let first = replies.message().await?;
+    assert!(
+        matches!(
+            first.and_then(|m| m.kind),
+            Some(pb::manager_message::Kind::Registered(_))
+        ),
+        "registered"
+    );
+    Ok((tx, replies))
+}
+
+fn uuid_like() -> String {
+    format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_stream_of_a_worker_closes_the_older_one() -> anyhow::Result<()> {
+    let manager = TestManager::start(|_| {}).await?;
+    let (old_tx, mut old) = agent_stream(&manager.endpoint(), "w1").await?;
+    let (new_tx, new) = agent_stream(&manager.endpoint(), "w1").await?;
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(10), old.message())
+        .await?
+        .expect_err("the old stream ends with a status");
+    assert_eq!(ended.code(), Code::Aborted);
+    assert!(
+        ended.message().contains("replaced by a newer stream"),
+        "{}",
+        ended.message()
+    );
+    // Streams left open would hold the server's graceful stop.
+    drop((old_tx, old, new_tx, new));
+    manager.stop().await;
+    Ok(())
+}

@@ -721,11 +721,24 @@ impl Actor {
                 self.metrics.received("register");
                 self.metrics
                     .registered(self.core.worker(&register.worker_id).is_some());
+                // The worker's stream until now, if it still has one: the new one replaces it.
+                let replaced = self
+                    .core
+                    .worker(&register.worker_id)
+                    .and_then(|w| w.conn)
+                    .filter(|old| *old != conn);
                 self.links.insert(conn, link);
                 let _ = self.step(Input::Connected {
                     conn,
                     register: wire::register(register),
                 });
+                // Close it rather than keep reading it (the core refuses what still comes on
+                // it): one stream, and one message budget, per worker.
+                if let Some(link) = replaced.and_then(|old| self.links.remove(&old)) {
+                    link.close_with(tonic::Status::aborted(
+                        "replaced by a newer stream of the same worker",
+                    ));
+                }
             }
             StreamEvent::Message { conn, kind } => {
                 self.metrics.received(kind.name());
