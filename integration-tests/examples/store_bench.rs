@@ -41,11 +41,7 @@ async fn run(stored: bool) -> anyhow::Result<Run> {
     )
     .await?;
     let client = manager.control().await?;
-    let spec = pb::JobSpec {
-        image: "converge/trainer:dev".into(),
-        cpus: 1.0,
-        ..Default::default()
-    };
+    let spec = converge_integration_tests::one_core_spec();
 
     let began = Instant::now();
     let mut callers = Vec::new();

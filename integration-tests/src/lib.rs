@@ -106,6 +106,16 @@ pub fn trainer_spec(model: &str, steps: u64, report_every: u64) -> pb::JobSpec {
     }
 }
 
+/// The smallest valid submission: the trainer image on one core, nothing else (for tests of
+/// the manager's handling, where what the job runs does not matter).
+pub fn one_core_spec() -> pb::JobSpec {
+    pb::JobSpec {
+        image: TRAINER_IMAGE.into(),
+        cpus: 1.0,
+        ..Default::default()
+    }
+}
+
 /// A trainer job of `model` at `size` with a value curve worth `max` until `full` s after
 /// submission and nothing from `zero` s, estimated at `et` s alone on the reference worker.
 pub fn value_spec(

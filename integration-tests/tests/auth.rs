@@ -17,14 +17,6 @@ fn bearer(token: &'static str) -> impl Interceptor {
     }
 }
 
-fn spec() -> pb::JobSpec {
-    pb::JobSpec {
-        image: "converge/trainer:dev".into(),
-        cpus: 1.0,
-        ..Default::default()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn roles_decide_who_may_read_and_who_may_change() -> anyhow::Result<()> {
     let dir = tempfile_dir("tokens")?;
@@ -49,7 +41,9 @@ async fn roles_decide_who_may_read_and_who_may_change() -> anyhow::Result<()> {
     let mut viewer = ControlServiceClient::with_interceptor(channel.clone(), bearer(VIEWER));
     viewer.list_jobs(pb::ListJobsRequest::default()).await?;
     let e = viewer
-        .submit_job(pb::SubmitJobRequest { spec: Some(spec()) })
+        .submit_job(pb::SubmitJobRequest {
+            spec: Some(converge_integration_tests::one_core_spec()),
+        })
         .await
         .expect_err("a viewer may not submit");
     assert_eq!(e.code(), Code::PermissionDenied);
@@ -60,7 +54,9 @@ async fn roles_decide_who_may_read_and_who_may_change() -> anyhow::Result<()> {
 
     let mut operator = ControlServiceClient::with_interceptor(channel, bearer(OPERATOR));
     let id = operator
-        .submit_job(pb::SubmitJobRequest { spec: Some(spec()) })
+        .submit_job(pb::SubmitJobRequest {
+            spec: Some(converge_integration_tests::one_core_spec()),
+        })
         .await?
         .into_inner()
         .job_id;

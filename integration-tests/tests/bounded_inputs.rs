@@ -10,11 +10,7 @@ use tonic::Code;
 async fn a_ten_megabyte_env_value_is_refused_naming_spec_env() -> anyhow::Result<()> {
     let manager = TestManager::start(|_| {}).await?;
     let mut client = manager.control().await?.max_encoding_message_size(64 << 20);
-    let mut spec = pb::JobSpec {
-        image: "converge/trainer:dev".into(),
-        cpus: 1.0,
-        ..Default::default()
-    };
+    let mut spec = converge_integration_tests::one_core_spec();
     spec.env.insert("DATA".into(), "x".repeat(10 << 20));
     let err = client
         .submit_job(pb::SubmitJobRequest { spec: Some(spec) })

@@ -20,14 +20,6 @@ fn tweak(state: &std::path::Path) -> impl FnOnce(&mut converge_manager::Config) 
     }
 }
 
-fn spec() -> pb::JobSpec {
-    pb::JobSpec {
-        image: "converge/trainer:dev".into(),
-        cpus: 1.0,
-        ..Default::default()
-    }
-}
-
 /// Every event from `from_seq` on, until none comes for a while.
 async fn events(
     client: &mut pb::control_service_client::ControlServiceClient<tonic::transport::Channel>,
@@ -71,7 +63,9 @@ async fn a_restarted_manager_knows_every_job_readopts_what_runs_and_numbers_even
 
     // One job runs and reports step 7; another is cancelled after it started.
     let running = client
-        .submit_job(pb::SubmitJobRequest { spec: Some(spec()) })
+        .submit_job(pb::SubmitJobRequest {
+            spec: Some(converge_integration_tests::one_core_spec()),
+        })
         .await?
         .into_inner()
         .job_id;
@@ -105,7 +99,9 @@ async fn a_restarted_manager_knows_every_job_readopts_what_runs_and_numbers_even
         }))
         .await;
     let cancelled = client
-        .submit_job(pb::SubmitJobRequest { spec: Some(spec()) })
+        .submit_job(pb::SubmitJobRequest {
+            spec: Some(converge_integration_tests::one_core_spec()),
+        })
         .await?
         .into_inner()
         .job_id;
@@ -170,7 +166,9 @@ async fn a_restarted_manager_knows_every_job_readopts_what_runs_and_numbers_even
         "{stop:?}"
     );
     let third = client
-        .submit_job(pb::SubmitJobRequest { spec: Some(spec()) })
+        .submit_job(pb::SubmitJobRequest {
+            spec: Some(converge_integration_tests::one_core_spec()),
+        })
         .await?
         .into_inner()
         .job_id;

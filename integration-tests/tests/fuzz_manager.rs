@@ -326,11 +326,7 @@ async fn ten_thousand_random_inputs_break_nothing_and_touch_no_other_workers_job
     for _ in 0..3 {
         let id = control
             .submit_job(pb::SubmitJobRequest {
-                spec: Some(pb::JobSpec {
-                    image: "converge/trainer:dev".into(),
-                    cpus: 1.0,
-                    ..Default::default()
-                }),
+                spec: Some(converge_integration_tests::one_core_spec()),
             })
             .await?
             .into_inner()
@@ -361,11 +357,7 @@ async fn ten_thousand_random_inputs_break_nothing_and_touch_no_other_workers_job
     for _ in 0..2 {
         let id = control
             .submit_job(pb::SubmitJobRequest {
-                spec: Some(pb::JobSpec {
-                    image: "converge/trainer:dev".into(),
-                    cpus: 1.0,
-                    ..Default::default()
-                }),
+                spec: Some(converge_integration_tests::one_core_spec()),
             })
             .await?
             .into_inner();

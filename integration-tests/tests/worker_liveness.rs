@@ -25,11 +25,7 @@ async fn silent_agent_is_marked_lost_after_missed_heartbeats() -> anyhow::Result
     // A job lands on the silent worker (the only one so far) and is told to start.
     let job = client
         .submit_job(pb::SubmitJobRequest {
-            spec: Some(pb::JobSpec {
-                image: "converge/trainer:dev".into(),
-                cpus: 1.0,
-                ..Default::default()
-            }),
+            spec: Some(converge_integration_tests::one_core_spec()),
         })
         .await?
         .into_inner()

@@ -27,7 +27,10 @@ pub async fn connect(port: u16) -> Result<Client> {
     let dir = crate::testbed::credentials_dir(&crate::workspace_root());
     let token = crate::testbed::operator_token(&dir)?;
     let bearer = Bearer(format!("Bearer {token}").parse()?);
-    let tls = converge_messenger::tls::control_client(&dir.join("ca.pem"), "localhost")?;
+    let tls = converge_messenger::tls::control_client(
+        &dir.join(converge_messenger::tls::files::CA),
+        "localhost",
+    )?;
     let endpoint = format!("https://127.0.0.1:{port}");
     let start = Instant::now();
     loop {

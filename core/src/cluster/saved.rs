@@ -26,11 +26,6 @@ pub struct Changes {
 }
 
 impl Changes {
-    /// Whether nothing changed.
-    pub fn is_empty(&self) -> bool {
-        self.jobs.is_empty() && self.workers.is_empty() && !self.history
-    }
-
     /// Adds what `other` changed.
     pub fn merge(&mut self, other: Changes) {
         self.jobs.extend(other.jobs);
