@@ -70,9 +70,8 @@ enum Command {
         #[arg(long, value_delimiter = ',')]
         interval: Vec<f64>,
     },
-    /// One large run per policy (default 1,000 workers, 10,000 jobs): events and events/s.
-    /// (10,000 workers and 100,000 jobs take hours under SpeCon until the cluster core is
-    /// optimised: its SpeCon policy scans every running job on each heartbeat.)
+    /// One large run per policy (default 1,000 workers, 10,000 jobs): events/s, core steps/s,
+    /// and a digest of every job's result (equal digests = the same results, byte for byte).
     Scale {
         /// Workers (16 cores each).
         #[arg(long, default_value_t = 1_000)]
@@ -83,6 +82,10 @@ enum Command {
         /// Arrival window, seconds.
         #[arg(long, default_value_t = 3_000.0)]
         window: f64,
+        /// Which policies to run (`ds`, `flowcon`, `specon` as the papers run them; `converge`,
+        /// `las` as the manager runs them).
+        #[arg(long, value_delimiter = ',', default_values = ["ds", "flowcon", "specon", "converge", "las"])]
+        policies: Vec<String>,
     },
     /// Run one value-based allocation study (`sim/experiments/value/*.json`) and print its
     /// table.
@@ -240,29 +243,51 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             workers,
             jobs,
             window,
-        } => scale(&catalog, workers, jobs, window)?,
+            policies,
+        } => scale(&catalog, workers, jobs, window, &policies)?,
     }
     Ok(())
 }
 
-fn scale(catalog: &Catalog, workers: usize, jobs: usize, window: f64) -> anyhow::Result<()> {
+fn scale(
+    catalog: &Catalog,
+    workers: usize,
+    jobs: usize,
+    window: f64,
+    names: &[String],
+) -> anyhow::Result<()> {
     use converge_sim::engine::Simulation;
-    use converge_sim::experiment::{PolicySpec, WorkerGroup, Workload};
-    let policies = [
-        PolicySpec::DockerSwarm,
-        PolicySpec::Flowcon {
-            alpha: 0.05,
-            itval: 20.0,
-            beta: 2.0,
-            adaptive: true,
-            placement: true,
-        },
-        PolicySpec::Specon {
-            alpha: 0.01,
-            interval: 30.0,
-            rebalance: true,
-        },
-    ];
+    use converge_sim::experiment::{PolicyName, PolicySpec, WorkerGroup, Workload};
+    let named = |policy: &str| -> anyhow::Result<PolicySpec> {
+        Ok(PolicySpec::Named {
+            policy: PolicyName::new(policy)?,
+            flowcon_interval: 20.0,
+            specon_interval: 30.0,
+            rebalance_interval: 30.0,
+        })
+    };
+    let mut policies = Vec::new();
+    for name in names {
+        policies.push(match name.as_str() {
+            "ds" => PolicySpec::DockerSwarm,
+            "flowcon" => PolicySpec::Flowcon {
+                alpha: 0.05,
+                itval: 20.0,
+                beta: 2.0,
+                adaptive: true,
+                placement: true,
+            },
+            "specon" => PolicySpec::Specon {
+                alpha: 0.01,
+                interval: 30.0,
+                rebalance: true,
+            },
+            "converge" | "las" => named(name)?,
+            other => anyhow::bail!(
+                "unknown --policies entry `{other}`; use ds, flowcon, specon, converge or las"
+            ),
+        });
+    }
     for policy in policies {
         let e = Experiment {
             name: "scale".into(),
@@ -294,17 +319,27 @@ fn scale(catalog: &Catalog, workers: usize, jobs: usize, window: f64) -> anyhow:
         let run = Simulation::new(&e, catalog, &trace, policy, false)?.run()?;
         let secs = started.elapsed().as_secs_f64();
         println!(
-            "{:<45} {:>10} events, {:>10} core steps in {:>7.2} s = {:>9.0} events/s, {:>9.0} steps/s (simulated makespan {:.0} s)",
+            "{:<45} {:>10} events, {:>10} core steps in {:>7.2} s = {:>9.0} events/s, {:>9.0} steps/s (simulated makespan {:.0} s, results {:016x})",
             policy.label(),
             run.events,
             run.steps,
             secs,
             run.events as f64 / secs,
             run.steps as f64 / secs,
-            run.makespan
+            run.makespan,
+            digest(&run)?
         );
     }
     Ok(())
+}
+
+/// FNV-1a over every job's result, the migrations and the refusals as JSON: two runs with the
+/// same digest produced the same results, byte for byte.
+fn digest(run: &converge_sim::engine::Run) -> anyhow::Result<u64> {
+    let bytes = serde_json::to_vec(&(&run.jobs, run.migrations, run.refusals, run.makespan))?;
+    Ok(bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    }))
 }
 
 fn default_parameters(e: &Experiment) -> (f64, f64) {
