@@ -418,6 +418,11 @@ impl SpeCon {
         }
     }
 
+    /// Forgets job `job_id` (it stopped running).
+    pub fn forget(&mut self, job_id: &str) {
+        self.jobs.remove(job_id);
+    }
+
     /// Forgets every job for which `keep` is false (they finished).
     pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
         self.jobs.retain(|id, _| keep(id));

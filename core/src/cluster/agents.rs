@@ -16,6 +16,7 @@ impl Core {
         }
         self.conns.insert(conn, id.clone());
         self.changes.workers.insert(id.clone());
+        self.index.touch(&id);
         let restarted = self
             .workers
             .get(&id)
@@ -307,11 +308,7 @@ impl Core {
             }
         }
         let worker = worker.to_string();
-        let view = ClusterView {
-            workers: &self.workers,
-            jobs: &self.jobs,
-            history: &self.history,
-        };
+        let view = policy_view!(self);
         let decisions =
             self.policy
                 .on_report(self.now, Report::Heartbeat { worker: &worker }, view);
@@ -655,11 +652,7 @@ impl Core {
             return;
         }
         let (worker, job) = (worker.to_string(), job.to_string());
-        let view = ClusterView {
-            workers: &self.workers,
-            jobs: &self.jobs,
-            history: &self.history,
-        };
+        let view = policy_view!(self);
         let decisions = self.policy.on_report(
             self.now,
             Report::MigrationRequest {

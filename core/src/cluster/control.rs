@@ -131,11 +131,7 @@ impl Core {
                 .cloned()
                 .collect();
             for id in jobs {
-                let view = ClusterView {
-                    workers: &self.workers,
-                    jobs: &self.jobs,
-                    history: &self.history,
-                };
+                let view = policy_view!(self);
                 match self.policy.place_move(self.now, &self.jobs[&id], view) {
                     Some(to) if to != worker => {
                         self.begin_move(&id, &to, MoveReason::Drain, BTreeMap::new());

@@ -9,11 +9,7 @@ impl Core {
     pub(super) fn settle(&mut self) {
         for _ in 0..MAX_SETTLE_ROUNDS {
             while let Some((worker, job)) = self.departures.pop_front() {
-                let view = ClusterView {
-                    workers: &self.workers,
-                    jobs: &self.jobs,
-                    history: &self.history,
-                };
+                let view = policy_view!(self);
                 let decisions = self.policy.on_departure(self.now, &worker, &job, view);
                 self.apply(decisions);
             }
@@ -37,11 +33,7 @@ impl Core {
             if !matches!(self.jobs[&id].phase, JobPhase::Pending) {
                 continue;
             }
-            let view = ClusterView {
-                workers: &self.workers,
-                jobs: &self.jobs,
-                history: &self.history,
-            };
+            let view = policy_view!(self);
             match self.policy.place(self.now, &self.jobs[&id], view) {
                 Admission::Place {
                     worker,

@@ -25,6 +25,7 @@
 //! requests; `agents` what agents say; `moves` checkpoint moves; `time` liveness and recovery;
 //! `decide` placement and carrying out the policy's decisions.
 
+pub mod index;
 pub mod lifecycle;
 pub mod policy;
 pub mod saved;
@@ -286,7 +287,25 @@ pub struct Core {
     changes: saved::Changes,
     /// A restarted manager declares no worker lost before this (`saved`).
     grace_until: Time,
+    /// Every worker's placement snapshot, refreshed where the core wrote (`index`).
+    index: index::PlacementIndex,
 }
+
+/// The policies' view of core `$core`, with its placement index brought up to date first.
+/// (A macro, not a method: the view borrows some fields while the policy, another field, is
+/// called mutably.)
+macro_rules! policy_view {
+    ($core:expr) => {{
+        $core.index.refresh(&$core.workers, &$core.jobs);
+        ClusterView {
+            workers: &$core.workers,
+            jobs: &$core.jobs,
+            history: &$core.history,
+            index: &$core.index,
+        }
+    }};
+}
+pub(crate) use policy_view;
 
 impl Core {
     /// An empty cluster run by `policy`.
@@ -307,6 +326,7 @@ impl Core {
             history: Default::default(),
             changes: Default::default(),
             grace_until: Time::NEG_INFINITY,
+            index: Default::default(),
         }
     }
 
@@ -411,12 +431,21 @@ impl Core {
         }
     }
 
-    /// A read-only view for policies and shells.
+    /// Whether every placement snapshot equals one built afresh from the workers and jobs
+    /// (tests check it after every step: a write that bypassed the core's three doors would
+    /// leave a stale snapshot).
+    pub fn index_is_fresh(&self) -> bool {
+        self.index.is_fresh(&self.workers, &self.jobs)
+    }
+
+    /// A read-only view for policies and shells (between steps its placement index is up to
+    /// date: every step ends by refreshing it).
     pub fn view(&self) -> ClusterView<'_> {
         ClusterView {
             workers: &self.workers,
             jobs: &self.jobs,
             history: &self.history,
+            index: &self.index,
         }
     }
 
@@ -445,6 +474,7 @@ impl Core {
             Input::Tick => self.tick(),
         }
         self.settle();
+        self.index.refresh(&self.workers, &self.jobs);
         std::mem::take(&mut self.out)
     }
 
@@ -503,6 +533,9 @@ impl Core {
         job.phase = to;
         job.reason = reason.clone();
         let (epoch, to_state) = (job.epoch, job.state());
+        for w in old_worker.iter().chain(&new_worker) {
+            self.index.touch(w);
+        }
         if old_worker != new_worker {
             // The per-worker index is rebuilt from the phases on restore: no store write.
             if let Some(w) = old_worker.as_ref().and_then(|w| self.workers.get_mut(w)) {
@@ -545,6 +578,9 @@ impl Core {
         if !self.changes.jobs.contains(id) {
             self.changes.jobs.insert(id.to_string());
         }
+        if let Some(w) = j.phase.worker() {
+            self.index.touch(w);
+        }
         Some(j)
     }
 
@@ -554,6 +590,7 @@ impl Core {
         if !self.changes.workers.contains(id) {
             self.changes.workers.insert(id.to_string());
         }
+        self.index.touch(id);
         Some(w)
     }
 

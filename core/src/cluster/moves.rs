@@ -121,11 +121,7 @@ impl Core {
         let target = if target_ok {
             Some(to)
         } else {
-            let view = ClusterView {
-                workers: &self.workers,
-                jobs: &self.jobs,
-                history: &self.history,
-            };
+            let view = policy_view!(self);
             self.policy.place_move(self.now, &self.jobs[id], view)
         };
         match target {
@@ -233,11 +229,7 @@ impl Core {
         let next = if source_ok {
             Some(m.from.clone())
         } else {
-            let view = ClusterView {
-                workers: &self.workers,
-                jobs: &self.jobs,
-                history: &self.history,
-            };
+            let view = policy_view!(self);
             self.policy
                 .place_move(self.now, &self.jobs[id], view)
                 .filter(|w| w != worker)

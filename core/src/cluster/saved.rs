@@ -156,6 +156,8 @@ impl Core {
         core.next_command = next_command;
         core.history = history;
         core.dirty = true;
+        core.index.reshape();
+        core.index.refresh(&core.workers, &core.jobs);
         Ok(core)
     }
 }

@@ -121,6 +121,10 @@ impl Fixture {
         self.store.after_step(&mut self.core, &out);
         self.store.commit(&self.core);
         self.store.assert_complete(&self.core);
+        assert!(
+            self.core.index_is_fresh(),
+            "a placement snapshot is out of date"
+        );
         out
     }
 
@@ -1274,6 +1278,7 @@ mod model {
                 };
                 let out = core.step(now, input);
                 store.after_step(&mut core, &out);
+                prop_assert!(core.index_is_fresh(), "a placement snapshot is out of date");
                 if let (Some(id), Some(Effect::Reply(Ok(_)))) = (submitted, out.last()) {
                     acknowledged.insert(id);
                 }

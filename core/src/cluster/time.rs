@@ -26,11 +26,7 @@ impl Core {
         if !recovering {
             self.recover_lost();
         }
-        let view = ClusterView {
-            workers: &self.workers,
-            jobs: &self.jobs,
-            history: &self.history,
-        };
+        let view = policy_view!(self);
         let decisions = self.policy.on_tick(now, view);
         self.apply(decisions);
     }

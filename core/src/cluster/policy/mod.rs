@@ -30,6 +30,7 @@ use std::collections::BTreeMap;
 use converge_policy::cluster::{JobRequest, JobSnapshot, WorkerSnapshot};
 use converge_policy::estimate::{self, Estimate, Known, Point, ServiceHistory};
 
+use super::index::PlacementIndex;
 use super::lifecycle::{Job, JobPhase, Worker};
 use super::types::{JobId, JobSpec, MoveReason, Time, WorkerId, WorkerMode};
 
@@ -42,55 +43,57 @@ pub struct ClusterView<'a> {
     pub jobs: &'a BTreeMap<JobId, Job>,
     /// Sizes of completed jobs.
     pub history: &'a ServiceHistory,
+    /// Every worker's placement snapshot (`index`).
+    pub index: &'a PlacementIndex,
+}
+
+/// What a placer sees of worker `w`: its reservations and its jobs' last reports.
+pub fn snapshot(w: &Worker, jobs: &BTreeMap<JobId, Job>) -> WorkerSnapshot {
+    let jobs: Vec<&Job> = w.jobs.iter().filter_map(|id| jobs.get(id)).collect();
+    WorkerSnapshot {
+        id: w.id.clone(),
+        cpu_capacity: w.cpu_capacity,
+        cpu_requested: jobs.iter().map(|j| j.spec.cpus).sum(),
+        memory_capacity: if w.memory_bytes == 0 {
+            u64::MAX
+        } else {
+            w.memory_bytes
+        },
+        memory_requested: jobs.iter().map(|j| j.spec.memory_bytes).sum(),
+        cpu_requested_nonzero: jobs.iter().map(|j| request(&j.spec).nonzero().0).sum(),
+        memory_requested_nonzero: jobs.iter().map(|j| request(&j.spec).nonzero().1).sum(),
+        running: jobs.len(),
+        calibration: w.calibration,
+        schedulable: w.schedulable(),
+        jobs: jobs
+            .iter()
+            .filter_map(|j| {
+                Some(JobSnapshot {
+                    job_id: j.id.clone(),
+                    category: j.view.category?,
+                    growth_efficiency: j.view.growth_efficiency,
+                    cpu_limit: j.view.cpu_limit,
+                })
+            })
+            .collect(),
+    }
 }
 
 impl<'a> ClusterView<'a> {
-    /// One snapshot per worker, in id order, with the worker ids.
-    pub fn snapshots(&self) -> (Vec<&'a WorkerId>, Vec<WorkerSnapshot>) {
-        let mut ids = Vec::with_capacity(self.workers.len());
-        let mut snaps = Vec::with_capacity(self.workers.len());
-        for (id, w) in self.workers {
-            ids.push(id);
-            snaps.push(self.snapshot(w));
-        }
-        (ids, snaps)
+    /// One snapshot per worker, in id order, with the worker ids (from the core's placement
+    /// index: up to date, built only where something changed).
+    pub fn snapshots(&self) -> (&'a [WorkerId], &'a [WorkerSnapshot]) {
+        (self.index.ids(), self.index.snapshots())
     }
 
-    /// What a placer sees of worker `w`: its reservations and its jobs' last reports.
+    /// What a placer sees of worker `w`, built afresh.
     pub fn snapshot(&self, w: &Worker) -> WorkerSnapshot {
-        let jobs: Vec<&Job> = w.jobs.iter().filter_map(|id| self.jobs.get(id)).collect();
-        WorkerSnapshot {
-            id: w.id.clone(),
-            cpu_capacity: w.cpu_capacity,
-            cpu_requested: jobs.iter().map(|j| j.spec.cpus).sum(),
-            memory_capacity: if w.memory_bytes == 0 {
-                u64::MAX
-            } else {
-                w.memory_bytes
-            },
-            memory_requested: jobs.iter().map(|j| j.spec.memory_bytes).sum(),
-            cpu_requested_nonzero: jobs.iter().map(|j| request(&j.spec).nonzero().0).sum(),
-            memory_requested_nonzero: jobs.iter().map(|j| request(&j.spec).nonzero().1).sum(),
-            running: jobs.len(),
-            calibration: w.calibration,
-            schedulable: w.schedulable(),
-            jobs: jobs
-                .iter()
-                .filter_map(|j| {
-                    Some(JobSnapshot {
-                        job_id: j.id.clone(),
-                        category: j.view.category?,
-                        growth_efficiency: j.view.growth_efficiency,
-                        cpu_limit: j.view.cpu_limit,
-                    })
-                })
-                .collect(),
-        }
+        snapshot(w, self.jobs)
     }
 
     /// Index of `worker` in [`ClusterView::snapshots`] order.
     pub fn index_of(&self, worker: &str) -> Option<usize> {
-        self.workers.keys().position(|w| w == worker)
+        self.index.position(worker)
     }
 
     /// The work `job` has left, from what it reported ([`converge_policy::estimate`]).
@@ -149,13 +152,35 @@ pub fn request(spec: &JobSpec) -> JobRequest {
     }
 }
 
-/// `w1=0.5 w2=0.25`: the scores a placer compared, for events.
-pub fn scores_text(ids: &[&WorkerId], scores: &[f64]) -> String {
-    ids.iter()
-        .zip(scores)
-        .map(|(w, s)| format!("{w}={s}"))
-        .collect::<Vec<_>>()
-        .join(" ")
+/// Scores an event lists at most: a placement over 10,000 workers would otherwise write
+/// 10,000 scores into every event (and the store, and the trace), which no one reads.
+pub const SCORES_SHOWN: usize = 16;
+
+/// `w1=0.5 w2=0.25`: the scores a placer compared, for events. Over [`SCORES_SHOWN`] workers,
+/// the chosen one's and those of the eligible workers scored closest to it (its nearest rivals),
+/// in worker order, then how many were left out.
+pub fn scores_text(ids: &[WorkerId], scores: &[f64], chosen: usize) -> String {
+    let entry = |i: usize| format!("{}={}", ids[i], scores[i]);
+    if ids.len() <= SCORES_SHOWN {
+        return (0..ids.len()).map(entry).collect::<Vec<_>>().join(" ");
+    }
+    let c = scores[chosen];
+    let mut rivals: Vec<usize> = (0..ids.len())
+        .filter(|&i| i != chosen && scores[i].is_finite())
+        .collect();
+    let distance = |i: &usize| (scores[*i] - c).abs();
+    if rivals.len() >= SCORES_SHOWN {
+        rivals.select_nth_unstable_by(SCORES_SHOWN - 1, |a, b| {
+            distance(a).total_cmp(&distance(b)).then(a.cmp(b))
+        });
+        rivals.truncate(SCORES_SHOWN - 1);
+    }
+    rivals.push(chosen);
+    rivals.sort_unstable();
+    let shown = rivals.len();
+    let mut text = rivals.into_iter().map(entry).collect::<Vec<_>>().join(" ");
+    text.push_str(&format!(" (+{} more)", ids.len() - shown));
+    text
 }
 
 /// A policy's answer for a pending job.
@@ -450,4 +475,39 @@ pub fn by_name(name: &str, config: &PolicyConfig) -> Result<Box<dyn ClusterPolic
             ));
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn few_workers_show_every_score() {
+        let ids: Vec<WorkerId> = ["a", "b", "c"].map(String::from).to_vec();
+        assert_eq!(
+            scores_text(&ids, &[1.0, f64::INFINITY, 0.5], 2),
+            "a=1 b=inf c=0.5"
+        );
+    }
+
+    #[test]
+    fn many_workers_show_the_chosen_one_and_its_nearest_rivals() {
+        let n = 1000;
+        let ids: Vec<WorkerId> = (0..n).map(|i| format!("w{i:04}")).collect();
+        // Worker i scores i; odd workers are ineligible; w0500 is chosen.
+        let scores: Vec<f64> = (0..n)
+            .map(|i| if i % 2 == 1 { f64::INFINITY } else { i as f64 })
+            .collect();
+        let text = scores_text(&ids, &scores, 500);
+        let shown: Vec<&str> = text.split(' ').collect();
+        assert_eq!(shown.len(), SCORES_SHOWN + 2, "{text}");
+        assert!(text.contains("w0500=500"), "{text}");
+        assert!(text.ends_with(&format!("(+{} more)", n - SCORES_SHOWN)), "{text}");
+        // The rivals are the eligible scores closest to 500, none of the ineligible ones.
+        assert!(!text.contains("inf"), "{text}");
+        for far in ["w0000=", "w0998=", "w0470="] {
+            assert!(!text.contains(far), "{far} is not a near rival: {text}");
+        }
+        assert!(text.contains("w0486=") && text.contains("w0514="), "{text}");
+    }
 }

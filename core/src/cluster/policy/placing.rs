@@ -34,7 +34,7 @@ impl Placing {
                     victims: Vec::new(),
                     attributes: BTreeMap::from([(
                         "scores".to_string(),
-                        scores_text(&ids, &scores),
+                        scores_text(ids, &scores, index),
                     )]),
                 }
             }

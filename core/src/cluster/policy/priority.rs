@@ -360,7 +360,7 @@ impl ClusterPolicy for PriorityPolicy {
         let queues: Vec<Option<(f64, usize)>> = view
             .workers
             .values()
-            .zip(&snaps)
+            .zip(snaps)
             .map(|(w, s)| {
                 (s.schedulable && s.fits(&need) && w.cpu_capacity > 0.0)
                     .then(|| works.queue(w, new, None))
@@ -414,7 +414,7 @@ impl ClusterPolicy for PriorityPolicy {
                     "placed on {} by converge: it adds the least to the sum of completion times there ({:.1} s)",
                     ids[i], scores[i]
                 ),
-                attributes: BTreeMap::from([("scores".into(), scores_text(&ids, &scores))]),
+                attributes: BTreeMap::from([("scores".into(), scores_text(ids, &scores, i))]),
             },
             None => Admission::Wait {
                 reason: converge_policy::cluster::unschedulable_reason(&need, &snaps),

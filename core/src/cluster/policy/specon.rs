@@ -11,7 +11,7 @@
 //! The simulator drives the same policy with the same calls, in the same order, through the
 //! core. Placement is a plain placer (round-robin for `specon`, FlowCon's Alg. 4 for `converge`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use converge_policy::cluster::Placer;
 use converge_policy::specon::{SpeCon, SpeConConfig, WorkerLoad};
@@ -28,6 +28,10 @@ pub struct SpeConPolicy {
     specon: SpeCon,
     interval: Time,
     next_rebalance: Option<Time>,
+    /// Jobs observed running, by the worker that reported them (`heartbeat`).
+    seen: BTreeMap<WorkerId, BTreeSet<JobId>>,
+    /// Jobs that left a worker since the last heartbeat (`heartbeat`).
+    departed: BTreeSet<JobId>,
 }
 
 impl SpeConPolicy {
@@ -45,6 +49,8 @@ impl SpeConPolicy {
             specon: SpeCon::new(SpeConConfig::default()).expect("default SpeCon config is valid"),
             interval,
             next_rebalance: None,
+            seen: BTreeMap::new(),
+            departed: BTreeSet::new(),
         }
     }
 
@@ -71,9 +77,47 @@ impl SpeConPolicy {
                     .get(id)
                     .is_some_and(|j| matches!(j.phase, JobPhase::Migrating(_)))
         });
+        self.seen.clear();
         for (j, w) in running {
             self.specon.observe(now, &j.id, w, j.view.category);
+            if let Some(on) = j.worker() {
+                self.seen.entry(on.clone()).or_default().insert(j.id.clone());
+            }
         }
+    }
+
+    /// What [`SpeConPolicy::sync`] would change at a heartbeat from `worker`, without looking
+    /// at every job: only the reporting worker's jobs have new reports, and a job can have
+    /// stopped running only if it left a worker since the last heartbeat or was running on
+    /// this one. Alg. 2 and 3 still run a full `sync` first, so what they read is the same;
+    /// this keeps the marks SpeCon forgets (a job that stopped running starts afresh) and the
+    /// times it records (`t_c`, the first Converged report) as `sync` at every heartbeat did,
+    /// at a cost that grows with one worker's jobs rather than the cluster's. (One case is
+    /// recorded later than `sync` recorded it: a job that stayed Converged through its
+    /// worker's loss and return gets its new `t_c` at that worker's next heartbeat rather than
+    /// at the next heartbeat of any worker.)
+    fn heartbeat(&mut self, now: Time, worker: &WorkerId, view: ClusterView<'_>) {
+        let mut suspects = std::mem::take(&mut self.departed);
+        suspects.extend(self.seen.remove(worker).unwrap_or_default());
+        for id in suspects {
+            let keep = view.jobs.get(&id).is_some_and(|j| {
+                matches!(j.phase, JobPhase::Running { .. } | JobPhase::Migrating(_))
+            });
+            if !keep {
+                self.specon.forget(&id);
+            }
+        }
+        let (Some(index), Some(w)) = (view.index_of(worker), view.workers.get(worker)) else {
+            return;
+        };
+        let mut here = BTreeSet::new();
+        for j in w.jobs.iter().filter_map(|id| view.jobs.get(id)) {
+            if matches!(j.phase, JobPhase::Running { .. }) {
+                self.specon.observe(now, &j.id, index, j.view.category);
+                here.insert(j.id.clone());
+            }
+        }
+        self.seen.insert(worker.clone(), here);
     }
 
     /// `R(w, t)` of every worker: cores in use over capacity, from heartbeats.
@@ -106,10 +150,10 @@ impl SpeConPolicy {
         let Some(j) = view.jobs.get(job) else {
             return false;
         };
-        let Some(w) = view.workers.values().nth(to) else {
-            return false;
-        };
-        view.snapshot(w).fits(&request(&j.spec))
+        view.snapshots()
+            .1
+            .get(to)
+            .is_some_and(|w| w.fits(&request(&j.spec)))
     }
 }
 
@@ -136,8 +180,8 @@ impl ClusterPolicy for SpeConPolicy {
 
     fn on_report(&mut self, now: Time, report: Report<'_>, view: ClusterView<'_>) -> Vec<Decision> {
         match report {
-            Report::Heartbeat { .. } => {
-                self.sync(now, view);
+            Report::Heartbeat { worker } => {
+                self.heartbeat(now, worker, view);
                 Vec::new()
             }
             Report::MigrationRequest {
@@ -215,6 +259,17 @@ impl ClusterPolicy for SpeConPolicy {
 
     fn next_due(&self) -> Option<Time> {
         self.next_rebalance
+    }
+
+    fn on_departure(
+        &mut self,
+        _now: Time,
+        _worker: &WorkerId,
+        job: &JobId,
+        _view: ClusterView<'_>,
+    ) -> Vec<Decision> {
+        self.departed.insert(job.clone());
+        Vec::new()
     }
 }
 
