@@ -115,6 +115,7 @@ pub struct ManagerMetrics {
     commands: Family<ActionLabel, Counter>,
     rounds: Family<RoundLabel, Histogram>,
     refused: Family<KindLabel, Counter>,
+    tasks: Gauge,
 }
 
 impl Default for ManagerMetrics {
@@ -219,6 +220,13 @@ impl ManagerMetrics {
              (foreign_job), about unknown jobs, on replaced streams, and disallowed transitions",
             refused.clone(),
         );
+        let tasks = Gauge::default();
+        r.register(
+            "tasks",
+            "Tokio tasks alive in the manager (one per agent stream and per call in flight, \
+             plus a fixed few): flat under a steady load, or something leaks",
+            tasks.clone(),
+        );
         Self {
             registry: Arc::new(root),
             jobs,
@@ -234,6 +242,7 @@ impl ManagerMetrics {
             commands,
             rounds,
             refused,
+            tasks,
         }
     }
 
@@ -293,6 +302,10 @@ impl ManagerMetrics {
 
     pub(crate) fn disconnected(&self) {
         self.disconnects.inc();
+    }
+
+    pub(crate) fn tasks(&self, alive: usize) {
+        self.tasks.set(alive as i64);
     }
 
     pub(crate) fn received(&self, kind: &'static str) {

@@ -31,6 +31,7 @@ impl Core {
             conn: None,
             instance_id: String::new(),
             last_seen: now,
+            last_heard: now,
             alpha: None,
             interval_s: None,
             jobs: Default::default(),
@@ -232,6 +233,10 @@ impl Core {
     }
 
     pub(super) fn agent_message(&mut self, worker: &str, message: AgentMessage) {
+        if let Some(w) = self.workers.get_mut(worker) {
+            // Liveness only (`Worker::last_heard`): not a change the store or placement sees.
+            w.last_heard = self.now;
+        }
         match message {
             AgentMessage::Heartbeat(hb) => self.heartbeat(worker, hb),
             AgentMessage::Progress(batch) => self.progress(worker, batch),

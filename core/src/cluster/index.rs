@@ -4,10 +4,11 @@
 //! A placer reads one snapshot per worker. Building them afresh for every placement walked every
 //! job on every worker and allocated each worker's id and job list again: at 10,000 workers
 //! that was most of the simulator's time and grew with the cluster, not with the change. Here a
-//! worker's snapshot is rebuilt only after the core wrote to it or to one of its jobs, which the
-//! core already notes for the store ([`super::Core::job_mut`], [`super::Core::worker_mut`],
-//! [`super::Core::transition`]), so the index follows from the same three doors and cannot miss
-//! a write that the store would see.
+//! worker's snapshot is rebuilt only after the core changed what it shows: the worker's jobs
+//! ([`super::Core::transition`]), the worker itself ([`super::Core::worker_mut`]), or its jobs'
+//! views, which only the worker's own heartbeat writes (and that step goes through
+//! `worker_mut`). Progress lines, the bulk of the traffic, touch nothing here. Tests check after
+//! every step that each snapshot equals one built afresh ([`super::Core::index_is_fresh`]).
 //!
 //! Placers still compare every worker (a contiguous array of plain structs, no allocation per
 //! worker); an ordered index per placer would have to reproduce each placer's tie rules and

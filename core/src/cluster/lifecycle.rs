@@ -408,6 +408,12 @@ pub struct Worker {
     pub instance_id: String,
     /// Last registration or heartbeat.
     pub last_seen: Time,
+    /// Last message of any kind: under load a heartbeat can wait behind progress in the same
+    /// stream, and a manager slow to read must not declare a worker that keeps talking lost.
+    /// Not stored (it changes with every message; a restarted manager gives every worker a
+    /// grace period instead).
+    #[serde(skip)]
+    pub last_heard: Time,
     /// FlowCon threshold, when reported.
     pub alpha: Option<f64>,
     /// FlowCon interval, when reported.
@@ -465,6 +471,11 @@ impl WorkerPhase {
 }
 
 impl Worker {
+    /// When the worker last showed it is alive.
+    pub fn alive_at(&self) -> Time {
+        self.last_seen.max(self.last_heard)
+    }
+
     /// Whether new work may be placed here now.
     pub fn schedulable(&self) -> bool {
         self.state == WorkerPhase::Ready && self.conn.is_some()

@@ -578,9 +578,9 @@ impl Core {
         if !self.changes.jobs.contains(id) {
             self.changes.jobs.insert(id.to_string());
         }
-        if let Some(w) = j.phase.worker() {
-            self.index.touch(w);
-        }
+        // No placement snapshot reads what a progress line changes; the job fields one does
+        // read (its view) are written only in its worker's heartbeat, which touches the
+        // worker, or by `transition` (`index`).
         Some(j)
     }
 

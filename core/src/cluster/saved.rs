@@ -119,6 +119,7 @@ impl Core {
             w.jobs.clear();
             // Silence while this manager was down says nothing about the worker.
             w.last_seen = w.last_seen.max(now);
+            w.last_heard = now;
             core.workers.insert(w.id.clone(), w);
         }
         let Counters {

@@ -65,6 +65,7 @@ impl Shadow {
             let mut w = w.clone();
             w.conn = None;
             w.jobs.clear();
+            w.last_heard = 0.0;
             format!("{w:?}")
         };
         assert_eq!(self.jobs.len(), core.jobs().len(), "jobs stored");
@@ -476,6 +477,29 @@ fn cancel_while_restoring_stops_the_new_incarnation() {
 
 /// The user's second bug: a draining worker whose agent dies is declared lost, and its job
 /// restarts from the checkpoint elsewhere after the grace period.
+#[test]
+fn a_worker_whose_heartbeats_are_late_but_that_keeps_talking_is_not_lost() {
+    // Under load a heartbeat can wait behind progress on the same stream: any message shows
+    // the worker is alive; silence of every kind still loses it.
+    let mut f = Fixture::running();
+    let e = f.epoch("a");
+    for step in 1..=6 {
+        f.heartbeat(2);
+        f.progress(1, "a", e, step);
+        f.advance(1.0);
+    }
+    assert_eq!(f.core.worker("w1").unwrap().state, WorkerPhase::Ready);
+    assert_eq!(f.state("a"), JobState::Running);
+    for _ in 0..4 {
+        f.heartbeat(2);
+        f.advance(1.0);
+    }
+    assert!(matches!(
+        f.core.worker("w1").unwrap().state,
+        WorkerPhase::Lost { .. }
+    ));
+}
+
 #[test]
 fn draining_worker_that_goes_silent_is_lost_and_its_job_recovered() {
     let mut f = Fixture::running();

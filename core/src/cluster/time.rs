@@ -16,7 +16,7 @@ impl Core {
             .filter(|w| {
                 !recovering
                     && !matches!(w.state, WorkerPhase::Lost { .. })
-                    && now - w.last_seen > limit
+                    && now - w.alive_at() > limit
             })
             .map(|w| w.id.clone())
             .collect();
@@ -34,7 +34,7 @@ impl Core {
     pub(super) fn lose_worker(&mut self, id: &str) {
         let (now, missed) = (self.now, self.config.lost_after_missed);
         let w = self.worker_mut(id).expect("exists");
-        let silent = now - w.last_seen;
+        let silent = now - w.alive_at();
         w.state = WorkerPhase::Lost {
             since: now,
             draining: w.state.draining(),

@@ -246,6 +246,9 @@ impl Actor {
                 Some(ev) = streams.recv() => self.on_stream(ev),
                 _ = tick.tick() => {
                     let _ = self.step(Input::Tick);
+                    // For soaks: a task leak shows as a count that keeps climbing.
+                    self.metrics
+                        .tasks(tokio::runtime::Handle::current().metrics().num_alive_tasks());
                 }
                 else => break,
             }

@@ -502,7 +502,10 @@ mod tests {
         let shown: Vec<&str> = text.split(' ').collect();
         assert_eq!(shown.len(), SCORES_SHOWN + 2, "{text}");
         assert!(text.contains("w0500=500"), "{text}");
-        assert!(text.ends_with(&format!("(+{} more)", n - SCORES_SHOWN)), "{text}");
+        assert!(
+            text.ends_with(&format!("(+{} more)", n - SCORES_SHOWN)),
+            "{text}"
+        );
         // The rivals are the eligible scores closest to 500, none of the ineligible ones.
         assert!(!text.contains("inf"), "{text}");
         for far in ["w0000=", "w0998=", "w0470="] {

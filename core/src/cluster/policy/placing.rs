@@ -24,7 +24,7 @@ impl Placing {
     /// The placer's answer for `job` as an admission (shared by every policy that places).
     pub fn admit(&mut self, job: &Job, view: ClusterView<'_>) -> Admission {
         let (ids, snaps) = view.snapshots();
-        match self.placer.place(&request(&job.spec), &snaps) {
+        match self.placer.place(&request(&job.spec), snaps) {
             Placement::Worker { index, scores } => {
                 let worker = ids[index].clone();
                 Admission::Place {
@@ -46,7 +46,7 @@ impl Placing {
     pub fn target(&mut self, job: &Job, view: ClusterView<'_>) -> Option<WorkerId> {
         let (ids, snaps) = view.snapshots();
         self.placer
-            .place(&request(&job.spec), &snaps)
+            .place(&request(&job.spec), snaps)
             .index()
             .map(|i| ids[i].clone())
     }

@@ -417,7 +417,7 @@ impl ClusterPolicy for PriorityPolicy {
                 attributes: BTreeMap::from([("scores".into(), scores_text(ids, &scores, i))]),
             },
             None => Admission::Wait {
-                reason: converge_policy::cluster::unschedulable_reason(&need, &snaps),
+                reason: converge_policy::cluster::unschedulable_reason(&need, snaps),
             },
         }
     }

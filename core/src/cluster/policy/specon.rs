@@ -81,7 +81,10 @@ impl SpeConPolicy {
         for (j, w) in running {
             self.specon.observe(now, &j.id, w, j.view.category);
             if let Some(on) = j.worker() {
-                self.seen.entry(on.clone()).or_default().insert(j.id.clone());
+                self.seen
+                    .entry(on.clone())
+                    .or_default()
+                    .insert(j.id.clone());
             }
         }
     }

@@ -1,0 +1,598 @@
+//! Control-plane load harness (issue 17): a real manager (the release binary, store on) and
+//! synthetic agents as real tonic clients over loopback, against a bare tonic `AgentService`
+//! with a no-op handler in the same run, so that every figure is also a ratio to what this
+//! machine's gRPC stack can carry at all.
+//!
+//!     cargo build --release -p converge-manager
+//!     cargo run --release -p converge-integration-tests --example load -- table
+//!     cargo run --release -p converge-integration-tests --example load -- memory
+//!     cargo run --release -p converge-integration-tests --example load -- soak --svg docs/soak.svg
+//!
+//! - `throughput` / `table`: agents × containers × rate → messages/s the server handled (the
+//!   manager's own counter, taken after its decision core consumed each message; the bare
+//!   handler's count), the latency from a progress message to the manager's state (a probe
+//!   sends its job's next step and polls `GetJob` until it shows; against the bare server the
+//!   echo's round trip), and the server process's CPU and RSS from `/proc`.
+//! - `memory`: RSS of the manager with 1k, 10k and 100k live jobs, each with a full progress
+//!   history, over the RSS with none: bytes per live job.
+//! - `soak`: agents for minutes with jobs starting and finishing and agents reconnecting at
+//!   random; RSS, tokio tasks, threads and open files every 10 s, drawn as an SVG; at the end,
+//!   every job's final state is checked.
+
+mod fleet;
+mod target;
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use clap::{Parser, Subcommand};
+use converge_messenger::pb;
+use converge_messenger::pb::control_service_client::ControlServiceClient;
+use fleet::{Fleet, FleetConfig, Probe};
+use target::{Kind, Target};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+#[derive(Parser)]
+struct Args {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// One load shape against the bare stream, then against the manager.
+    Throughput {
+        #[arg(long, default_value_t = 100)]
+        agents: usize,
+        #[arg(long, default_value_t = 10)]
+        containers: usize,
+        /// Progress messages per second per container; 0 = as fast as the streams take them.
+        #[arg(long, default_value_t = 0.0)]
+        rate: f64,
+        /// Seconds measured (after 3 s of warm-up).
+        #[arg(long, default_value_t = 15)]
+        seconds: u64,
+    },
+    /// The shapes of `docs/performance.md`, as a markdown table.
+    Table {
+        #[arg(long, default_value_t = 15)]
+        seconds: u64,
+    },
+    /// Manager RSS per live job at each number of live jobs.
+    Memory {
+        #[arg(long, value_delimiter = ',', default_values_t = [1_000usize, 10_000, 100_000])]
+        levels: Vec<usize>,
+        /// Progress messages each job sends (enough to fill the kept history).
+        #[arg(long, default_value_t = 40)]
+        points: u64,
+    },
+    /// Agents for minutes with jobs coming and going and agents reconnecting.
+    Soak {
+        #[arg(long, default_value_t = 1_000)]
+        agents: usize,
+        #[arg(long, default_value_t = 10)]
+        minutes: u64,
+        /// Seconds between samples.
+        #[arg(long, default_value_t = 10)]
+        every: u64,
+        /// Agent reconnects per minute, at random agents.
+        #[arg(long, default_value_t = 60)]
+        reconnects: u64,
+        /// Where to draw the memory curve.
+        #[arg(long)]
+        svg: Option<std::path::PathBuf>,
+    },
+    /// (Internal) the bare server.
+    #[command(hide = true)]
+    BareServer {
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if let Cmd::BareServer { listen } = args.command {
+        // The server under test gets the runtime the manager gets: tokio's default, all cores.
+        return tokio::runtime::Runtime::new()?.block_on(target::bare::serve(listen));
+    }
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        match args.command {
+            Cmd::Throughput {
+                agents,
+                containers,
+                rate,
+                seconds,
+            } => {
+                let shape = Shape {
+                    agents,
+                    containers,
+                    rate,
+                };
+                print_header();
+                print_row(&shape, &compare(&shape, seconds).await?);
+            }
+            Cmd::Table { seconds } => {
+                print_header();
+                for shape in SHAPES {
+                    print_row(&shape, &compare(&shape, seconds).await?);
+                }
+            }
+            Cmd::Memory { levels, points } => memory(&levels, points).await?,
+            Cmd::Soak {
+                agents,
+                minutes,
+                every,
+                reconnects,
+                svg,
+            } => soak(agents, minutes, every, reconnects, svg.as_deref()).await?,
+            Cmd::BareServer { .. } => unreachable!(),
+        }
+        anyhow::Ok(())
+    })
+}
+
+/// A load shape.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    agents: usize,
+    containers: usize,
+    rate: f64,
+}
+
+/// Saturating shapes (rate 0) find the ceiling; paced ones show latency under a load a cluster
+/// of that size would put on the manager (a progress line per container per second).
+const SHAPES: [Shape; 4] = [
+    Shape {
+        agents: 10,
+        containers: 10,
+        rate: 0.0,
+    },
+    Shape {
+        agents: 100,
+        containers: 10,
+        rate: 0.0,
+    },
+    Shape {
+        agents: 1_000,
+        containers: 4,
+        rate: 0.0,
+    },
+    Shape {
+        agents: 1_000,
+        containers: 10,
+        rate: 1.0,
+    },
+];
+
+/// One server's figures.
+struct Measured {
+    handled_per_s: f64,
+    p50: Duration,
+    p99: Duration,
+    cpu_cores: f64,
+    rss_bytes: u64,
+}
+
+async fn compare(shape: &Shape, seconds: u64) -> anyhow::Result<(Measured, Measured)> {
+    // Bare first, then the manager: each alone on the machine.
+    let bare = measure(Kind::Bare, shape, seconds).await?;
+    let manager = measure(Kind::Manager, shape, seconds).await?;
+    Ok((bare, manager))
+}
+
+fn print_header() {
+    println!(
+        "| agents × containers × rate | manager msgs/s | bare msgs/s | ratio | manager p50 / p99 | bare p50 / p99 | manager CPU | bare CPU | manager RSS | bare RSS |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+}
+
+fn print_row(shape: &Shape, (bare, manager): &(Measured, Measured)) {
+    let rate = if shape.rate > 0.0 {
+        format!("{}/s", shape.rate)
+    } else {
+        "max".into()
+    };
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "| {} × {} × {rate} | {:.0} | {:.0} | {:.2} | {:.1} / {:.1} ms | {:.1} / {:.1} ms | {:.2} cores | {:.2} cores | {:.0} MiB | {:.0} MiB |",
+        shape.agents,
+        shape.containers,
+        manager.handled_per_s,
+        bare.handled_per_s,
+        manager.handled_per_s / bare.handled_per_s.max(1.0),
+        ms(manager.p50),
+        ms(manager.p99),
+        ms(bare.p50),
+        ms(bare.p99),
+        manager.cpu_cores,
+        bare.cpu_cores,
+        manager.rss_bytes as f64 / (1 << 20) as f64,
+        bare.rss_bytes as f64 / (1 << 20) as f64,
+    );
+}
+
+async fn control(target: &Target) -> anyhow::Result<ControlServiceClient<Channel>> {
+    let channel = tonic::transport::Endpoint::from_shared(target.endpoint())?
+        .connect()
+        .await
+        .context("connecting to the manager's control API")?;
+    Ok(ControlServiceClient::new(channel).max_decoding_message_size(1 << 30))
+}
+
+/// Submits `n` one-core jobs from 32 concurrent callers.
+async fn submit(client: &ControlServiceClient<Channel>, n: usize) -> anyhow::Result<Vec<String>> {
+    const CALLERS: usize = 32;
+    let mut tasks = Vec::new();
+    for k in 0..CALLERS {
+        let mut c = client.clone();
+        let count = n / CALLERS + usize::from(k < n % CALLERS);
+        tasks.push(tokio::spawn(async move {
+            let mut ids = Vec::with_capacity(count);
+            for _ in 0..count {
+                let r = c
+                    .submit_job(pb::SubmitJobRequest {
+                        spec: Some(converge_integration_tests::one_core_spec()),
+                    })
+                    .await?
+                    .into_inner();
+                ids.push(r.job_id);
+            }
+            anyhow::Ok(ids)
+        }));
+    }
+    let mut ids = Vec::with_capacity(n);
+    for t in tasks {
+        ids.extend(t.await??);
+    }
+    Ok(ids)
+}
+
+/// Waits until the manager shows `n` jobs running.
+async fn running(target: &Target, n: u64, within: Duration) -> anyhow::Result<()> {
+    let began = Instant::now();
+    loop {
+        let r = target.jobs_in("running").await?;
+        if r >= n {
+            return Ok(());
+        }
+        if began.elapsed() > within {
+            bail!("{r} of {n} jobs running after {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn measure(kind: Kind, shape: &Shape, seconds: u64) -> anyhow::Result<Measured> {
+    let target = Target::start(kind, &[]).await?;
+    let shutdown = CancellationToken::new();
+    let mut probe = Probe::connect(&target.endpoint(), &shutdown).await?;
+    let client = match kind {
+        Kind::Manager => {
+            let c = control(&target).await?;
+            // The probe's worker is the only one yet: its job lands there, and it is full.
+            submit(&c, 1).await?;
+            probe.take_start().await?;
+            Some(c)
+        }
+        Kind::Bare => None,
+    };
+    let fleet = Fleet::start(
+        &target.endpoint(),
+        &FleetConfig {
+            agents: shape.agents,
+            cpus: shape.containers as f64,
+            rate: shape.rate,
+            fake_containers: if kind == Kind::Bare {
+                shape.containers
+            } else {
+                0
+            },
+            quiet_after: None,
+            finish_after: None,
+            prefix: "load-".into(),
+        },
+    )
+    .await?;
+    if let Some(c) = &client {
+        let n = shape.agents * shape.containers;
+        submit(c, n).await?;
+        running(&target, n as u64 + 1, Duration::from_secs(300)).await?;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (h0, p0) = (target.handled().await?, target.sample()?);
+    let mut lat = probe
+        .measure(
+            client,
+            Duration::from_millis(20),
+            Duration::from_secs(seconds),
+        )
+        .await?;
+    let (h1, p1) = (target.handled().await?, target.sample()?);
+    fleet.stop().await;
+    shutdown.cancel();
+    let dt = (p1.at - p0.at).as_secs_f64();
+    lat.sort();
+    ensure!(!lat.is_empty(), "no latency samples");
+    let q = |f: f64| lat[((lat.len() - 1) as f64 * f).round() as usize];
+    Ok(Measured {
+        handled_per_s: (h1 - h0) as f64 / dt,
+        p50: q(0.5),
+        p99: q(0.99),
+        cpu_cores: (p1.cpu_s - p0.cpu_s) / dt,
+        rss_bytes: p1.rss_bytes,
+    })
+}
+
+async fn memory(levels: &[usize], points: u64) -> anyhow::Result<()> {
+    let target = Target::start(Kind::Manager, &[]).await?;
+    let client = control(&target).await?;
+    let most = levels.iter().copied().max().unwrap_or(0);
+    let agents = 100;
+    let fleet = Fleet::start(
+        &target.endpoint(),
+        &FleetConfig {
+            agents,
+            cpus: most.div_ceil(agents) as f64,
+            rate: 0.0,
+            fake_containers: 0,
+            quiet_after: Some(points),
+            finish_after: None,
+            prefix: "mem-".into(),
+        },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let empty = target.sample()?.rss_bytes;
+    println!(
+        "manager RSS with {agents} agents and no jobs: {:.1} MiB; each job sends {points} progress messages",
+        empty as f64 / (1 << 20) as f64
+    );
+    println!("| live jobs | manager RSS | over no jobs | per live job |");
+    println!("|---:|---:|---:|---:|");
+    let mut live = 0;
+    for &level in levels {
+        submit(&client, level - live).await?;
+        live = level;
+        running(&target, live as u64, Duration::from_secs(900)).await?;
+        // Settled: every job has sent its points and the manager took them all.
+        let mut last = target.handled().await?;
+        loop {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let now = target.handled().await?;
+            if now == last
+                && fleet.counts.sent.load(std::sync::atomic::Ordering::Relaxed)
+                    >= live as u64 * points
+            {
+                break;
+            }
+            last = now;
+        }
+        let rss = target.sample()?.rss_bytes;
+        let over = rss.saturating_sub(empty);
+        println!(
+            "| {live} | {:.1} MiB | {:.1} MiB | {:.0} B |",
+            rss as f64 / (1 << 20) as f64,
+            over as f64 / (1 << 20) as f64,
+            over as f64 / live as f64
+        );
+    }
+    fleet.stop().await;
+    Ok(())
+}
+
+/// One soak sample.
+struct Sample {
+    t: f64,
+    rss: u64,
+    tasks: u64,
+    threads: u64,
+    fds: u64,
+    live: u64,
+    finished: u64,
+}
+
+async fn soak(
+    agents: usize,
+    minutes: u64,
+    every: u64,
+    reconnects: u64,
+    svg: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    use std::sync::atomic::Ordering;
+    let target = Target::start(Kind::Manager, &[]).await?;
+    let client = control(&target).await?;
+    let cpus = 4.0;
+    let fleet = Fleet::start(
+        &target.endpoint(),
+        &FleetConfig {
+            agents,
+            cpus,
+            rate: 1.0,
+            fake_containers: 0,
+            quiet_after: None,
+            // 20 s to 2 min at a step a second.
+            finish_after: Some((20, 120)),
+            prefix: "soak-".into(),
+        },
+    )
+    .await?;
+    let want_live = (agents as f64 * cpus * 0.8) as u64;
+    println!(
+        "soak: {agents} agents × {cpus} cores for {minutes} min, ~{want_live} live jobs of 20-120 steps at 1 step/s, {reconnects} reconnects/min"
+    );
+    let began = Instant::now();
+    let length = Duration::from_secs(minutes * 60);
+    let mut submitted: Vec<String> = Vec::new();
+    let mut samples: Vec<Sample> = Vec::new();
+    let mut next_sample = Duration::ZERO;
+    let mut rng_state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rand = move || {
+        rng_state ^= rng_state << 13;
+        rng_state ^= rng_state >> 7;
+        rng_state ^= rng_state << 17;
+        rng_state
+    };
+    let mut owed = 0.0;
+    while began.elapsed() < length {
+        let live = target.jobs_in("running").await?
+            + target.jobs_in("starting").await?
+            + target.jobs_in("pending").await?;
+        if live < want_live {
+            // At most 500 a second: a feed, not a burst.
+            let n = (want_live - live).min(500) as usize;
+            submitted.extend(submit(&client, n).await?);
+        }
+        owed += reconnects as f64 / 60.0;
+        while owed >= 1.0 {
+            fleet.reconnect(rand() as usize);
+            owed -= 1.0;
+        }
+        if began.elapsed() >= next_sample {
+            let p = target.sample()?;
+            let s = Sample {
+                t: began.elapsed().as_secs_f64(),
+                rss: p.rss_bytes,
+                tasks: target.tasks().await?,
+                threads: p.threads,
+                fds: p.fds,
+                live,
+                finished: fleet.counts.finished.load(Ordering::Relaxed),
+            };
+            println!(
+                "t={:>5.0}s rss={:>7.1} MiB tasks={:>6} threads={:>3} fds={:>5} live={:>5} finished={:>7} reconnects={}",
+                s.t,
+                s.rss as f64 / (1 << 20) as f64,
+                s.tasks,
+                s.threads,
+                s.fds,
+                s.live,
+                s.finished,
+                fleet.counts.reconnects.load(Ordering::Relaxed)
+            );
+            samples.push(s);
+            next_sample += Duration::from_secs(every);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    // Let every job finish, then check each one's final state.
+    let drain = Instant::now();
+    loop {
+        let live = target.jobs_in("running").await?
+            + target.jobs_in("starting").await?
+            + target.jobs_in("pending").await?;
+        if live == 0 {
+            break;
+        }
+        if drain.elapsed() > Duration::from_secs(600) {
+            bail!("{live} jobs still live 10 min after the soak stopped submitting");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let jobs = client
+        .clone()
+        .list_jobs(pb::ListJobsRequest::default())
+        .await?
+        .into_inner()
+        .jobs;
+    let exits = fleet.exits.lock().expect("exits").clone();
+    let mut wrong = Vec::new();
+    let by_id: std::collections::BTreeMap<&str, &pb::Job> =
+        jobs.iter().map(|j| (j.id.as_str(), j)).collect();
+    for id in &submitted {
+        match by_id.get(id.as_str()) {
+            None => wrong.push(format!("{id}: missing")),
+            Some(j) if j.state != pb::JobState::Completed as i32 => {
+                wrong.push(format!("{id}: {:?} ({})", j.state(), j.reason))
+            }
+            Some(_) if exits.get(id) != Some(&0) => wrong.push(format!(
+                "{id}: completed but its agent never ran it to the end"
+            )),
+            Some(_) => {}
+        }
+    }
+    fleet.stop().await;
+    let verdict = verdict(&samples);
+    println!(
+        "{} jobs submitted, {} listed, {} not as they should be; {}",
+        submitted.len(),
+        jobs.len(),
+        wrong.len(),
+        verdict
+    );
+    for w in wrong.iter().take(20) {
+        println!("  {w}");
+    }
+    if let Some(path) = svg {
+        std::fs::write(path, draw(&samples, &verdict))
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    ensure!(wrong.is_empty(), "{} jobs ended wrong", wrong.len());
+    Ok(())
+}
+
+/// Flat after warm-up: the last third's mean RSS and tasks within 10% of the middle third's.
+fn verdict(samples: &[Sample]) -> String {
+    let n = samples.len();
+    if n < 6 {
+        return "too few samples for a verdict".into();
+    }
+    let mean =
+        |s: &[Sample], f: &dyn Fn(&Sample) -> f64| s.iter().map(f).sum::<f64>() / s.len() as f64;
+    let (mid, last) = (&samples[n / 3..2 * n / 3], &samples[2 * n / 3..]);
+    let growth = |f: &dyn Fn(&Sample) -> f64| mean(last, f) / mean(mid, f).max(1.0) - 1.0;
+    let rss = growth(&|s| s.rss as f64);
+    let tasks = growth(&|s| s.tasks as f64);
+    let flat = rss.abs() <= 0.10 && tasks.abs() <= 0.10;
+    format!(
+        "{}: last third over middle third: RSS {:+.1}%, tasks {:+.1}%",
+        if flat { "flat" } else { "NOT flat" },
+        rss * 100.0,
+        tasks * 100.0
+    )
+}
+
+/// RSS (MiB) and tokio tasks over time, one SVG.
+fn draw(samples: &[Sample], verdict: &str) -> String {
+    let (w, h, pad) = (720.0, 360.0, 50.0);
+    let t_max = samples.last().map_or(1.0, |s| s.t).max(1.0);
+    let rss_max = samples.iter().map(|s| s.rss).max().unwrap_or(1) as f64 / (1 << 20) as f64 * 1.1;
+    let tasks_max = samples.iter().map(|s| s.tasks).max().unwrap_or(1) as f64 * 1.1;
+    let x = |t: f64| pad + t / t_max * (w - 2.0 * pad);
+    let y = |v: f64, max: f64| h - pad - v / max.max(1e-9) * (h - 2.0 * pad);
+    let line = |f: &dyn Fn(&Sample) -> f64, max: f64| {
+        samples
+            .iter()
+            .map(|s| format!("{:.1},{:.1}", x(s.t), y(f(s), max)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let rss = line(&|s| s.rss as f64 / (1 << 20) as f64, rss_max);
+    let tasks = line(&|s| s.tasks as f64, tasks_max);
+    format!(
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="white"/>
+<text x="{pad}" y="20">Manager under a soak: RSS (MiB, blue, left) and tokio tasks (orange, right)</text>
+<text x="{pad}" y="36" fill="#555">{verdict}</text>
+<line x1="{pad}" y1="{b}" x2="{r}" y2="{b}" stroke="black"/>
+<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{b}" stroke="black"/>
+<line x1="{r}" y1="{pad}" x2="{r}" y2="{b}" stroke="black"/>
+<text x="{pad}" y="{lb}">0 s</text><text x="{r}" y="{lb}" text-anchor="end">{t_max:.0} s</text>
+<text x="{lx}" y="{pad}" text-anchor="end" fill="#1f77b4">{rss_max:.0}</text>
+<text x="{rx}" y="{pad}" fill="#ff7f0e">{tasks_max:.0}</text>
+<text x="{lx}" y="{b}" text-anchor="end">0</text>
+<polyline fill="none" stroke="#1f77b4" stroke-width="2" points="{rss}"/>
+<polyline fill="none" stroke="#ff7f0e" stroke-width="2" points="{tasks}"/>
+</svg>
+"##,
+        b = h - pad,
+        r = w - pad,
+        lb = h - pad + 16.0,
+        lx = pad - 4.0,
+        rx = w - pad + 4.0,
+    )
+}
