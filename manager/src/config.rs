@@ -34,8 +34,9 @@ pub struct Cli {
     /// Missed heartbeats after which a worker is marked lost.
     #[arg(long, env = "CONVERGE_LOST_AFTER", default_value_t = 3)]
     pub lost_after: u32,
-    /// Progress points kept per job.
-    #[arg(long, env = "CONVERGE_PROGRESS_HISTORY", default_value_t = 256)]
+    /// Progress points kept per job (the estimators read the last 30 core-seconds and fit the
+    /// curve through what is kept).
+    #[arg(long, env = "CONVERGE_PROGRESS_HISTORY", default_value_t = converge_core::cluster::PROGRESS_HISTORY)]
     pub progress_history: usize,
     /// How long a job may take to checkpoint and exit when it is moved before it is killed
     /// (it then resumes from its last periodic checkpoint).
@@ -299,7 +300,7 @@ impl Config {
             policy: "spread".into(),
             heartbeat_interval: Duration::from_secs(1),
             lost_after: 3,
-            progress_history: 256,
+            progress_history: converge_core::cluster::PROGRESS_HISTORY,
             save_deadline: Duration::from_secs(10),
             rebalance_interval: Duration::from_secs(30),
             recover_lost_after: Duration::from_secs(60),

@@ -168,6 +168,9 @@ pub async fn serve(
         // Find dead agent connections even when no heartbeat would fail to send.
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(5)))
+        // Backpressure: a manager behind on its agents holds a bounded window per connection.
+        .initial_stream_window_size(converge_messenger::manager::WINDOW_BYTES)
+        .initial_connection_window_size(converge_messenger::manager::WINDOW_BYTES)
         .add_service(health_service)
         .add_service(reflection().build_v1()?)
         .add_service(reflection().build_v1alpha()?)

@@ -28,6 +28,13 @@ pub type ConnectionId = u64;
 /// How long a new stream may take to send its `Register`.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// HTTP/2 flow-control window of each agent connection and stream, in bytes: what one agent
+/// may have in flight to a manager that is not reading yet. hyper's default (1 MiB each) let a
+/// manager behind on 1,000 saturating agents buffer 1.9 GB; 64 KiB holds ~1,000 progress
+/// messages per agent, keeps loopback throughput (measured in `docs/performance.md`), and
+/// makes a busy manager slow its agents down instead of growing.
+pub const WINDOW_BYTES: u32 = 64 * 1024;
+
 /// Outbound messages per stream that may wait for a slow agent before sends fail.
 const OUTBOUND_CAPACITY: usize = 1024;
 

@@ -62,10 +62,6 @@ const MAX_EVENTS: u64 = 500_000_000;
 /// Docker's default `--cpu-shares`: every container has it unless a value policy sets another.
 const DEFAULT_SHARES: u32 = 1024;
 
-/// Progress points the cluster core keeps per job: enough for its estimators' window (the
-/// manager's default of 256 would hold gigabytes at 100,000 jobs).
-const PROGRESS_HISTORY: usize = 32;
-
 /// How a job ended.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -455,7 +451,7 @@ impl<'a> Simulation<'a> {
         let cluster_policy = policies::cluster_policy(policy, experiment.baseline, plan)?;
         let config = Config {
             heartbeat_interval: experiment.system.heartbeat,
-            progress_history: PROGRESS_HISTORY,
+            progress_history: converge_core::cluster::PROGRESS_HISTORY,
             id_prefix: "sim".into(),
             ..Config::default()
         };

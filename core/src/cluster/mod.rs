@@ -52,6 +52,11 @@ use lifecycle::{
 use policy::{Admission, ClusterPolicy, ClusterView, Decision, Preempt, Report, Victim};
 use types::*;
 
+/// Progress points a job keeps by default: what its estimators read (the throughput over the
+/// last 30 core-seconds and the curve fit of `converge_policy::estimate`) at a report a second,
+/// and about 1.5 KB of a live job's memory. The manager and the simulator keep the same.
+pub const PROGRESS_HISTORY: usize = 32;
+
 /// Restores tried (source first, then elsewhere) before a job is declared failed.
 pub const MAX_RESTORE_ATTEMPTS: u32 = 3;
 
@@ -85,7 +90,7 @@ impl Default for Config {
             lost_after_missed: 3,
             recover_lost_after: 30.0,
             save_deadline: 30.0,
-            progress_history: 256,
+            progress_history: PROGRESS_HISTORY,
             id_prefix: "cmd".into(),
         }
     }

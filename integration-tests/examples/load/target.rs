@@ -305,7 +305,10 @@ pub mod bare {
                 println!("handled {}", h.load(Ordering::Relaxed));
             }
         });
+        // The manager's transport settings, so that only the handler differs.
         tonic::transport::Server::builder()
+            .initial_stream_window_size(converge_messenger::manager::WINDOW_BYTES)
+            .initial_connection_window_size(converge_messenger::manager::WINDOW_BYTES)
             .add_service(
                 AgentServiceServer::new(Bare { handled }).max_decoding_message_size(4 << 20),
             )

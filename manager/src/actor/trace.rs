@@ -101,6 +101,7 @@ impl JobTraces {
             EventKind::JobState if e.to.is_some_and(|s| s.is_terminal()) => {
                 self.moves.remove(&job);
                 self.roots.remove(&job);
+                self.current.remove(&job);
             }
             _ => {}
         }
