@@ -38,6 +38,10 @@ pub struct Cli {
     /// curve through what is kept).
     #[arg(long, env = "CONVERGE_PROGRESS_HISTORY", default_value_t = converge_core::cluster::PROGRESS_HISTORY)]
     pub progress_history: usize,
+    /// Finished jobs kept in memory; older ones are answered for from the state store (all
+    /// are kept with `--state-dir none`).
+    #[arg(long, env = "CONVERGE_KEEP_FINISHED", default_value_t = converge_core::cluster::KEEP_FINISHED)]
+    pub keep_finished: usize,
     /// How long a job may take to checkpoint and exit when it is moved before it is killed
     /// (it then resumes from its last periodic checkpoint).
     #[arg(long, env = "CONVERGE_SAVE_DEADLINE", default_value = "10s", value_parser = humantime::parse_duration)]
@@ -124,6 +128,8 @@ pub struct Config {
     pub lost_after: u32,
     /// Progress points kept per job.
     pub progress_history: usize,
+    /// Finished jobs kept in memory (with a store).
+    pub keep_finished: usize,
     /// Save deadline for moves.
     pub save_deadline: Duration,
     /// Rebalancing period.
@@ -280,6 +286,7 @@ impl Cli {
             heartbeat_interval: self.heartbeat_interval,
             lost_after: self.lost_after,
             progress_history: self.progress_history,
+            keep_finished: self.keep_finished,
             save_deadline: self.save_deadline,
             rebalance_interval: self.rebalance_interval,
             recover_lost_after: self.recover_lost_after,
@@ -301,6 +308,7 @@ impl Config {
             heartbeat_interval: Duration::from_secs(1),
             lost_after: 3,
             progress_history: converge_core::cluster::PROGRESS_HISTORY,
+            keep_finished: converge_core::cluster::KEEP_FINISHED,
             save_deadline: Duration::from_secs(10),
             rebalance_interval: Duration::from_secs(30),
             recover_lost_after: Duration::from_secs(60),

@@ -67,6 +67,12 @@ pub async fn serve(
         recover_lost_after: config.recover_lost_after.as_secs_f64(),
         save_deadline: config.save_deadline.as_secs_f64(),
         progress_history: config.progress_history,
+        // Archived jobs are answered for from the store: without one, every job stays.
+        keep_finished: if config.state_dir.is_some() {
+            config.keep_finished
+        } else {
+            usize::MAX
+        },
         id_prefix: manager_id.clone(),
     };
     let actor_config = actor::ActorConfig {

@@ -452,6 +452,8 @@ impl<'a> Simulation<'a> {
         let config = Config {
             heartbeat_interval: experiment.system.heartbeat,
             progress_history: converge_core::cluster::PROGRESS_HISTORY,
+            // The report reads every job's end from the core, and there is no store to archive to.
+            keep_finished: usize::MAX,
             id_prefix: "sim".into(),
             ..Config::default()
         };
@@ -658,6 +660,8 @@ impl<'a> Simulation<'a> {
             match m {
                 Msg::Core(input) => {
                     let out = self.core.step(self.now, input);
+                    // No store: what changed is of no use here, and would pile up.
+                    let _ = self.core.take_changes();
                     for e in out {
                         self.core_effect(e);
                     }
@@ -1096,6 +1100,7 @@ impl<'a> Simulation<'a> {
         let started = self.timer.as_ref().map(|t| t());
         self.steps += 1;
         let out = self.core.step(self.now, input);
+        let _ = self.core.take_changes();
         if let (Some(t), Some(t0)) = (self.timer.as_ref(), started) {
             *self.value_stats.decision_seconds.get_or_insert(0.0) += t() - t0;
         }

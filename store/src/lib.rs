@@ -100,6 +100,20 @@ pub trait Store: Send {
 
     /// Where it is, for logs and errors.
     fn location(&self) -> String;
+
+    /// Stored jobs, by submission order, with their full specs: job `id` only when given, and
+    /// only those in `state` (a [`converge_core::cluster::types::JobState::label`]) when given.
+    /// How the manager answers for jobs its core archived.
+    fn jobs(&mut self, id: Option<&str>, state: Option<&str>) -> Result<Vec<StoredJob>>;
+}
+
+/// A job as stored: the core's record and the full spec it was submitted with.
+#[derive(Debug, Clone)]
+pub struct StoredJob {
+    /// The core's record.
+    pub job: Job,
+    /// The spec's protobuf bytes, as submitted.
+    pub spec: Option<Vec<u8>>,
 }
 
 /// What went wrong with the store. Each message says what to do.

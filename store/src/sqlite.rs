@@ -15,7 +15,7 @@ use converge_core::cluster::saved::Saved;
 use rusqlite::{Connection, OptionalExtension, params};
 use tracing::info;
 
-use crate::{Batch, Error, RETAINED_EVENTS, Recovered, Result, Store, StoredEvent};
+use crate::{Batch, Error, RETAINED_EVENTS, Recovered, Result, Store, StoredEvent, StoredJob};
 
 /// The database file's name in the state directory.
 pub const FILE_NAME: &str = "converge.db";
@@ -192,6 +192,34 @@ fn sqlite_why(e: &rusqlite::Error) -> String {
 }
 
 impl Store for Sqlite {
+    fn jobs(&mut self, id: Option<&str>, state: Option<&str>) -> Result<Vec<StoredJob>> {
+        let mut q = self
+            .conn
+            .prepare_cached(
+                "SELECT j.id, j.record, s.spec FROM jobs j LEFT JOIN specs s ON s.id = j.id
+                 WHERE (?1 IS NULL OR j.id = ?1) AND (?2 IS NULL OR j.state = ?2)
+                 ORDER BY j.seq",
+            )
+            .map_err(self.sql())?;
+        let rows = q
+            .query_map(params![id, state], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, Option<Vec<u8>>>(2)?,
+                ))
+            })
+            .map_err(self.sql())?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, record, spec) = row.map_err(self.sql())?;
+            let job = serde_json::from_str(&record)
+                .map_err(|e| self.record_error(format!("job {id}"), e))?;
+            out.push(StoredJob { job, spec });
+        }
+        Ok(out)
+    }
+
     fn load(&mut self, newest_events: usize) -> Result<Recovered> {
         let mut saved = Saved {
             jobs: self.records("SELECT id, record FROM jobs ORDER BY seq", "job")?,

@@ -57,6 +57,10 @@ use types::*;
 /// and about 1.5 KB of a live job's memory. The manager and the simulator keep the same.
 pub const PROGRESS_HISTORY: usize = 32;
 
+/// Finished jobs a core keeps in memory by default ([`Config::keep_finished`]): enough for late
+/// messages about recent jobs to be recognised, and a few hundred KB.
+pub const KEEP_FINISHED: usize = 1_000;
+
 /// Restores tried (source first, then elsewhere) before a job is declared failed.
 pub const MAX_RESTORE_ATTEMPTS: u32 = 3;
 
@@ -78,6 +82,11 @@ pub struct Config {
     pub save_deadline: Time,
     /// Progress points kept per job.
     pub progress_history: usize,
+    /// Finished jobs kept in memory (the most recently finished); older ones are archived:
+    /// dropped from the core once stored ([`Core::archive`]), and the shell answers for them
+    /// from its store. `usize::MAX` keeps every job (the simulator,
+    /// which reports on every job at the end, and a manager without a store).
+    pub keep_finished: usize,
     /// Command ids are `{id_prefix}-{n}`: unique per manager process (the shell passes its
     /// manager id), deterministic in the simulator.
     pub id_prefix: String,
@@ -91,6 +100,7 @@ impl Default for Config {
             recover_lost_after: 30.0,
             save_deadline: 30.0,
             progress_history: PROGRESS_HISTORY,
+            keep_finished: KEEP_FINISHED,
             id_prefix: "cmd".into(),
         }
     }
@@ -294,6 +304,19 @@ pub struct Core {
     grace_until: Time,
     /// Every worker's placement snapshot, refreshed where the core wrote (`index`).
     index: index::PlacementIndex,
+    /// Jobs in memory that finished, oldest first (for archiving).
+    finished: VecDeque<JobId>,
+    /// The longest migration downtime of the archived jobs (what `last_migration_downtime`
+    /// of every job still says, when some are no longer in memory).
+    archived_downtime: Option<f64>,
+}
+
+/// The longer of two migration downtimes, either of which may be unknown.
+pub(crate) fn max_downtime(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// The policies' view of core `$core`, with its placement index brought up to date first.
@@ -307,6 +330,7 @@ macro_rules! policy_view {
             jobs: &$core.jobs,
             history: &$core.history,
             index: &$core.index,
+            archived_downtime: $core.archived_downtime,
         }
     }};
 }
@@ -332,6 +356,8 @@ impl Core {
             changes: Default::default(),
             grace_until: Time::NEG_INFINITY,
             index: Default::default(),
+            finished: VecDeque::new(),
+            archived_downtime: None,
         }
     }
 
@@ -451,6 +477,7 @@ impl Core {
             jobs: &self.jobs,
             history: &self.history,
             index: &self.index,
+            archived_downtime: self.archived_downtime,
         }
     }
 
@@ -481,6 +508,26 @@ impl Core {
         self.settle();
         self.index.refresh(&self.workers, &self.jobs);
         std::mem::take(&mut self.out)
+    }
+
+    /// Drops the oldest finished jobs beyond [`Config::keep_finished`] from memory and returns
+    /// their ids. The shell calls it once everything it took with [`Core::take_changes`] is
+    /// stored: a job changed since then (its final record not yet taken) stays. Archived jobs'
+    /// records stay in the store, which answers for them from then on.
+    pub fn archive(&mut self) -> Vec<JobId> {
+        let mut archived = Vec::new();
+        while self.finished.len() > self.config.keep_finished {
+            if self.changes.jobs.contains(&self.finished[0]) {
+                break;
+            }
+            let id = self.finished.pop_front().expect("non-empty");
+            if let Some(j) = self.jobs.remove(&id) {
+                self.archived_downtime =
+                    max_downtime(self.archived_downtime, j.last_migration_downtime);
+                archived.push(id);
+            }
+        }
+        archived
     }
 
     /// Moves job `id` to `to`, if the lifecycle allows it; returns whether it did. Keeps the
@@ -530,6 +577,9 @@ impl Core {
         if to.state().is_terminal() {
             job.finished_at = Some(now);
             job.resuming = None;
+            if !from_state.is_terminal() {
+                self.finished.push_back(id.to_string());
+            }
         }
         if to.state() == JobState::Completed {
             self.history.record(job.cpu_s);

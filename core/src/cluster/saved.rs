@@ -100,7 +100,8 @@ impl Core {
         }
     }
 
-    /// A core rebuilt from `saved` at `now`, deciding with `policy`. No worker has a stream
+    /// A core rebuilt from `saved` at `now`, deciding with `policy` (finished jobs beyond
+    /// [`Config::keep_finished`] stay archived). No worker has a stream
     /// yet; none is declared lost before `now + grace`, so that agents have time to register
     /// again (as Nomad gives clients after a leader change). The indices (pending queue, jobs
     /// per worker) are rebuilt from the jobs' phases, not trusted from the records.
@@ -157,6 +158,17 @@ impl Core {
         core.next_command = next_command;
         core.history = history;
         core.dirty = true;
+        // Finished jobs in the order they finished; all but the newest are archived again.
+        let mut finished: Vec<(&Job, Time)> = core
+            .jobs
+            .values()
+            .filter(|j| j.is_terminal())
+            .map(|j| (j, j.finished_at.unwrap_or(Time::NEG_INFINITY)))
+            .collect();
+        finished.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.seq.cmp(&b.0.seq)));
+        core.finished = finished.into_iter().map(|(j, _)| j.id.clone()).collect();
+        // Everything here came from the store.
+        core.archive();
         core.index.reshape();
         core.index.refresh(&core.workers, &core.jobs);
         Ok(core)

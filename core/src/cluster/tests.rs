@@ -24,6 +24,8 @@ struct Shadow {
     workers: BTreeMap<WorkerId, Worker>,
     counters: saved::Counters,
     unsaved: saved::Changes,
+    /// Jobs the core archived: their records stay here, as in the manager's store.
+    archived: std::collections::BTreeSet<JobId>,
 }
 
 impl Shadow {
@@ -32,6 +34,22 @@ impl Shadow {
         self.unsaved.merge(core.take_changes());
         if out.iter().any(Effect::is_observable) {
             self.commit(core);
+            self.archive(core);
+        }
+    }
+
+    /// What the shell does after a write: the core may now drop finished jobs.
+    fn archive(&mut self, core: &mut Core) {
+        for id in core.archive() {
+            assert!(
+                !self.unsaved.jobs.contains(&id),
+                "job {id} archived with a change not yet stored"
+            );
+            assert!(
+                self.jobs.get(&id).is_some_and(Job::is_terminal),
+                "job {id} archived before its final record was stored"
+            );
+            self.archived.insert(id);
         }
     }
 
@@ -68,7 +86,11 @@ impl Shadow {
             w.last_heard = 0.0;
             format!("{w:?}")
         };
-        assert_eq!(self.jobs.len(), core.jobs().len(), "jobs stored");
+        assert_eq!(
+            self.jobs.len(),
+            core.jobs().len() + self.archived.len(),
+            "jobs stored: those in memory and those archived"
+        );
         for (id, j) in core.jobs() {
             assert_eq!(
                 self.jobs.get(id).map(|s| format!("{s:?}")),
@@ -94,6 +116,8 @@ fn config() -> Config {
         recover_lost_after: 10.0,
         save_deadline: 5.0,
         progress_history: 8,
+        // Small, so that archiving runs in every test and every interleaving.
+        keep_finished: 2,
         id_prefix: "t".into(),
     }
 }
@@ -121,6 +145,7 @@ impl Fixture {
         self.effects.extend(out.iter().cloned());
         self.store.after_step(&mut self.core, &out);
         self.store.commit(&self.core);
+        self.store.archive(&mut self.core);
         self.store.assert_complete(&self.core);
         assert!(
             self.core.index_is_fresh(),
@@ -194,8 +219,19 @@ impl Fixture {
         self.step(Input::Agent { conn, message })
     }
 
+    /// A job's state as the manager answers for it: from the core, or from the store once
+    /// archived.
     fn state(&self, id: &str) -> JobState {
-        self.core.job(id).unwrap().state()
+        self.core
+            .job(id)
+            .or_else(|| {
+                self.store
+                    .jobs
+                    .get(id)
+                    .filter(|_| self.store.archived.contains(id))
+            })
+            .unwrap()
+            .state()
     }
 
     fn epoch(&self, id: &str) -> u64 {
@@ -759,6 +795,44 @@ fn an_agent_may_not_speak_of_another_workers_job() {
 // ---- every input kind ----
 
 #[test]
+fn finished_jobs_beyond_the_kept_number_are_archived_once_stored() {
+    // keep_finished is 2 here: of four finished jobs the two that finished first leave memory,
+    // their final records stay in the store, and a restarted core keeps the same two.
+    let mut f = Fixture::new("spread");
+    f.register(1, "w1", 8.0);
+    for id in ["a", "b", "c", "d"] {
+        let out = f.submit(id, 1.0);
+        let (_, start) = Fixture::sent(&out, id, "start").expect("started");
+        f.ok(1, &start, Fixture::started(1));
+    }
+    for id in ["a", "b", "c", "d"] {
+        f.advance(1.0);
+        let e = f.epoch(id);
+        f.exited(1, id, e, 0, false);
+        assert_eq!(f.state(id), JobState::Completed);
+        // Its final record is written after the step: it cannot leave memory in that step.
+        assert!(
+            f.core.job(id).is_some(),
+            "{id} archived before it was stored"
+        );
+        assert!(f.core.jobs().values().filter(|j| j.is_terminal()).count() <= 3);
+    }
+    f.advance(1.0);
+    assert!(f.core.job("a").is_none() && f.core.job("b").is_none());
+    assert!(f.core.job("c").is_some() && f.core.job("d").is_some());
+    for id in ["a", "b"] {
+        assert_eq!(
+            f.state(id),
+            JobState::Completed,
+            "{id} answered from the store"
+        );
+    }
+    f.restart("spread", 5.0);
+    assert!(f.core.job("a").is_none() && f.core.job("b").is_none());
+    assert_eq!(f.core.job("d").unwrap().state(), JobState::Completed);
+}
+
+#[test]
 fn submit_validates_through_the_policy_and_places() {
     let mut f = Fixture::new("spread");
     let out = f.submit("a", 1.0);
@@ -1251,7 +1325,8 @@ mod model {
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
                     store.unsaved = Default::default();
                     for id in &acknowledged {
-                        prop_assert!(core.job(id).is_some(), "job {} forgotten", id);
+                        let archived = store.jobs.get(id).is_some_and(Job::is_terminal);
+                        prop_assert!(core.job(id).is_some() || archived, "job {} forgotten", id);
                     }
                 }
                 Op::Tick => {
@@ -1332,7 +1407,9 @@ mod model {
                     }
                 }
                 for id in &cancelled {
-                    prop_assert_eq!(core.job(id).unwrap().state(), JobState::Cancelled);
+                    // In memory, or archived with its final record in the store.
+                    let j = core.job(id).or_else(|| store.jobs.get(id)).unwrap();
+                    prop_assert_eq!(j.state(), JobState::Cancelled);
                 }
                 // Never two running incarnations of one job, anywhere.
                 let mut seen: BTreeMap<&JobId, usize> = BTreeMap::new();

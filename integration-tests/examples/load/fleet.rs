@@ -236,7 +236,15 @@ async fn run_agent(
         let _ = registered.send(());
     }
     let period = (config.rate > 0.0).then(|| Duration::from_secs_f64(1.0 / config.rate));
-    let mut tick = tokio::time::interval(period.unwrap_or(Duration::from_millis(1)));
+    // Agents that started together would otherwise report in lockstep: each starts at its own
+    // phase of the period, as independent workers do.
+    let phase = period.map_or(Duration::ZERO, |p| {
+        p.mul_f64(steps_for(&worker.register.instance_id, (0, 1_000_000)) as f64 / 1e6)
+    });
+    let mut tick = tokio::time::interval_at(
+        tokio::time::Instant::now() + phase,
+        period.unwrap_or(Duration::from_millis(1)),
+    );
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {

@@ -53,6 +53,9 @@ enum Cmd {
         /// Seconds measured (after 3 s of warm-up).
         #[arg(long, default_value_t = 15)]
         seconds: u64,
+        /// Extra arguments for the manager (e.g. `--manager-arg=--state-dir=none`).
+        #[arg(long = "manager-arg", allow_hyphen_values = true)]
+        manager_args: Vec<String>,
     },
     /// The shapes of `docs/performance.md`, as a markdown table.
     Table {
@@ -105,6 +108,7 @@ fn main() -> anyhow::Result<()> {
                 containers,
                 rate,
                 seconds,
+                manager_args,
             } => {
                 let shape = Shape {
                     agents,
@@ -112,12 +116,12 @@ fn main() -> anyhow::Result<()> {
                     rate,
                 };
                 print_header();
-                print_row(&shape, &compare(&shape, seconds).await?);
+                print_row(&shape, &compare(&shape, seconds, &manager_args).await?);
             }
             Cmd::Table { seconds } => {
                 print_header();
                 for shape in SHAPES {
-                    print_row(&shape, &compare(&shape, seconds).await?);
+                    print_row(&shape, &compare(&shape, seconds, &[]).await?);
                 }
             }
             Cmd::Memory { levels, points } => memory(&levels, points).await?,
@@ -176,10 +180,14 @@ struct Measured {
     rss_bytes: u64,
 }
 
-async fn compare(shape: &Shape, seconds: u64) -> anyhow::Result<(Measured, Measured)> {
+async fn compare(
+    shape: &Shape,
+    seconds: u64,
+    manager_args: &[String],
+) -> anyhow::Result<(Measured, Measured)> {
     // Bare first, then the manager: each alone on the machine.
-    let bare = measure(Kind::Bare, shape, seconds).await?;
-    let manager = measure(Kind::Manager, shape, seconds).await?;
+    let bare = measure(Kind::Bare, shape, seconds, &[]).await?;
+    let manager = measure(Kind::Manager, shape, seconds, manager_args).await?;
     Ok((bare, manager))
 }
 
@@ -266,8 +274,14 @@ async fn running(target: &Target, n: u64, within: Duration) -> anyhow::Result<()
     }
 }
 
-async fn measure(kind: Kind, shape: &Shape, seconds: u64) -> anyhow::Result<Measured> {
-    let target = Target::start(kind, &[]).await?;
+async fn measure(
+    kind: Kind,
+    shape: &Shape,
+    seconds: u64,
+    extra: &[String],
+) -> anyhow::Result<Measured> {
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let target = Target::start(kind, &extra).await?;
     let shutdown = CancellationToken::new();
     let mut probe = Probe::connect(&target.endpoint(), &shutdown).await?;
     let client = match kind {

@@ -52,11 +52,12 @@ impl Target {
                 let bin = sibling("converge-manager")?;
                 let state = tempfile::tempdir()?;
                 let metrics = free_local_addr();
-                let child = Command::new(&bin)
-                    .args(["--listen", &addr.to_string()])
-                    .args(["--metrics-listen", &metrics.to_string()])
-                    .arg("--state-dir")
-                    .arg(state.path())
+                let mut cmd = Command::new(&bin);
+                cmd.args(["--listen", &addr.to_string()])
+                    .args(["--metrics-listen", &metrics.to_string()]);
+                // A `--state-dir` among the extra arguments wins (clap takes the last).
+                cmd.arg("--state-dir").arg(state.path());
+                let child = cmd
                     .args(["--policy", "spread"])
                     // The harness is the only caller: no per-caller limits in the way.
                     .args(["--rate-limit", "100000000"])

@@ -506,9 +506,47 @@ impl Actor {
         };
         let result = store.commit(&batch);
         unsaved.events.clear();
-        if let Err(e) = result {
-            self.failed = Some(Error::Store(e));
+        match result {
+            // Stored: finished jobs beyond what is kept leave memory, the store answers for them.
+            Ok(()) => {
+                for id in self.core.archive() {
+                    self.specs.remove(&id);
+                }
+            }
+            Err(e) => self.failed = Some(Error::Store(e)),
         }
+    }
+
+    /// Jobs the core archived, from the store, with their specs: job `id` when given, in
+    /// `state` when given.
+    fn archived(
+        &mut self,
+        id: Option<&str>,
+        state: Option<converge_core::cluster::types::JobState>,
+    ) -> Result<Vec<(converge_core::cluster::lifecycle::Job, Option<JobSpec>)>> {
+        let Some(store) = self.store.as_mut() else {
+            return Ok(Vec::new());
+        };
+        let stored = store
+            .jobs(id, state.map(|s| s.label()))
+            .map_err(Error::Store)?;
+        Ok(stored
+            .into_iter()
+            // Those in memory are the core's to answer for (their stored record may lag).
+            .filter(|s| s.job.is_terminal() && self.core.job(&s.job.id).is_none())
+            .map(|s| {
+                let spec = s.spec.and_then(|b| JobSpec::decode(b.as_slice()).ok());
+                (s.job, spec)
+            })
+            .collect())
+    }
+
+    /// An archived job as the control API shows it.
+    fn archived_pb(
+        &self,
+        (job, spec): &(converge_core::cluster::lifecycle::Job, Option<JobSpec>),
+    ) -> pb::Job {
+        wire::job(job, spec.as_ref(), self.core.policy_name(), false, None)
     }
 
     /// Counts and traces what an event says, and records it (numbered) in the log.
@@ -581,13 +619,30 @@ impl Actor {
                 jobs.sort_by_key(|j| j.seq);
                 let policy = self.core.policy_name();
                 let now = now();
-                let out = jobs
+                let mut out: Vec<pb::Job> = jobs
                     .into_iter()
                     .map(|j| {
                         let eta = self.core.eta(&j.id, now);
                         wire::job(j, self.specs.get(&j.id), policy, false, eta)
                     })
                     .collect();
+                if want.is_none_or(|s| s.is_terminal()) {
+                    match self.archived(None, want) {
+                        Ok(archived) => {
+                            out.extend(
+                                archived
+                                    .iter()
+                                    .filter(|(j, _)| {
+                                        worker_id.is_empty() || j.shown_worker() == Some(&worker_id)
+                                    })
+                                    .map(|a| self.archived_pb(a)),
+                            );
+                            // Submission order, as the in-memory jobs are listed.
+                            out.sort_by_key(|j| j.submitted_unix_ms);
+                        }
+                        Err(e) => tracing::warn!(error = %e, "archived jobs not listed"),
+                    }
+                }
                 self.later(reply, out);
             }
             Request::Cancel { id, reply } => {
@@ -595,7 +650,18 @@ impl Actor {
                     .traces
                     .job_span(&id, info_span!(parent: None, "cancel", job = %id));
                 let _entered = span.enter();
-                let r = self.answer(Input::Cancel { id: id.clone() });
+                let r = match self.answer(Input::Cancel { id: id.clone() }) {
+                    // Archived: finished long ago, as the core would say of a finished job.
+                    Err(Error::JobNotFound(_)) => match self.archived(Some(&id), None) {
+                        Ok(a) if !a.is_empty() => Err(Error::FailedPrecondition(format!(
+                            "job {id} is already {}",
+                            a[0].0.state().label()
+                        ))),
+                        Ok(_) => Err(Error::JobNotFound(id.clone())),
+                        Err(e) => Err(e),
+                    },
+                    r => r,
+                };
                 let r = r.and_then(|_| self.job_pb(&id, false));
                 self.answer_later(reply, r);
             }
@@ -642,19 +708,21 @@ impl Actor {
         }
     }
 
-    fn job_pb(&self, id: &str, include_progress: bool) -> Result<pb::Job> {
-        self.core
-            .job(id)
-            .map(|j| {
-                let eta = self.core.eta(id, now());
-                wire::job(
-                    j,
-                    self.specs.get(id),
-                    self.core.policy_name(),
-                    include_progress,
-                    eta,
-                )
-            })
+    fn job_pb(&mut self, id: &str, include_progress: bool) -> Result<pb::Job> {
+        if let Some(j) = self.core.job(id) {
+            let eta = self.core.eta(id, now());
+            return Ok(wire::job(
+                j,
+                self.specs.get(id),
+                self.core.policy_name(),
+                include_progress,
+                eta,
+            ));
+        }
+        let archived = self.archived(Some(id), None)?;
+        archived
+            .first()
+            .map(|a| self.archived_pb(a))
             .ok_or_else(|| Error::JobNotFound(id.to_string()))
     }
 

@@ -45,6 +45,8 @@ pub struct ClusterView<'a> {
     pub history: &'a ServiceHistory,
     /// Every worker's placement snapshot (`index`).
     pub index: &'a PlacementIndex,
+    /// The longest migration downtime among archived jobs (no longer in `jobs`).
+    pub archived_downtime: Option<f64>,
 }
 
 /// What a placer sees of worker `w`: its reservations and its jobs' last reports.
@@ -89,6 +91,13 @@ impl<'a> ClusterView<'a> {
     /// What a placer sees of worker `w`, built afresh.
     pub fn snapshot(&self, w: &Worker) -> WorkerSnapshot {
         snapshot(w, self.jobs)
+    }
+
+    /// The longest migration downtime any job ever had (its last move's), archived or not.
+    pub fn longest_downtime(&self) -> Option<f64> {
+        self.jobs.values().fold(self.archived_downtime, |m, j| {
+            crate::cluster::max_downtime(m, j.last_migration_downtime)
+        })
     }
 
     /// Index of `worker` in [`ClusterView::snapshots`] order.

@@ -212,12 +212,7 @@ impl PriorityPolicy {
     /// simulator's, and makespan suffered).
     fn even_out(&mut self, view: ClusterView<'_>) -> Option<Decision> {
         let works = Works::of(view);
-        let measured = view
-            .jobs
-            .values()
-            .filter_map(|j| j.last_migration_downtime)
-            .fold(None, |m: Option<f64>, d| Some(m.map_or(d, |m| m.max(d))));
-        let cost = measured.unwrap_or(MOVE_COST_S);
+        let cost = view.longest_downtime().unwrap_or(MOVE_COST_S);
         let live: Vec<&Worker> = view
             .workers
             .values()
