@@ -218,3 +218,129 @@ async fn a_store_that_is_not_a_database_stops_the_manager_saying_what_to_do() ->
     assert!(text.contains("converge.db"), "{text}");
     Ok(())
 }
+
+/// A manager keeps `--keep-finished` finished jobs in memory and answers for older ones from
+/// its store, before and after a restart: GetJob, ListJobs and CancelJob say the same of an
+/// archived job as of one in memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_jobs_beyond_those_kept_are_answered_for_from_the_store() -> anyhow::Result<()> {
+    let state = tempfile_dir("archive")?;
+    let metrics = converge_integration_tests::free_local_addr();
+    let keep = move |c: &mut converge_manager::Config| {
+        c.keep_finished = 2;
+        c.metrics_listen = Some(metrics);
+    };
+    let first = TestManager::start(|c| {
+        tweak(state.path())(c);
+        keep(c);
+    })
+    .await?;
+    let addr = first.addr;
+    let mut agent =
+        ScriptedAgent::connect(&first.endpoint(), "w1", 8.0, Duration::from_millis(100)).await?;
+    let mut client = first.control().await?;
+    let mut ids = Vec::new();
+    for k in 0..5 {
+        let id = client
+            .submit_job(pb::SubmitJobRequest {
+                spec: Some(converge_integration_tests::one_core_spec()),
+            })
+            .await?
+            .into_inner()
+            .job_id;
+        let start = next_command(&mut agent).await?;
+        assert!(is_start(&start) && start.job_id == id);
+        agent
+            .outbox
+            .send(Kind::Result(pb::CommandResult {
+                command_id: start.command_id.clone(),
+                job_id: id.clone(),
+                epoch: 1,
+                ok: true,
+                detail: Some(pb::command_result::Detail::Started(pb::Started {
+                    container_id: format!("ctr-{k}"),
+                    from_checkpoint: false,
+                })),
+                ..Default::default()
+            }))
+            .await;
+        agent
+            .outbox
+            .send(Kind::Exited(pb::ContainerExited {
+                job_id: id.clone(),
+                epoch: 1,
+                container_id: format!("ctr-{k}"),
+                exit_code: 0,
+                done: true,
+                last_step: Some(10 + k),
+                ..Default::default()
+            }))
+            .await;
+        let want = id.clone();
+        eventually(Duration::from_secs(10), "the job to complete", || {
+            let mut c = client.clone();
+            let id = want.clone();
+            async move {
+                let j = job(&mut c, &id, false).await?;
+                Ok((j.state == pb::JobState::Completed as i32).then_some(()))
+            }
+        })
+        .await?;
+        ids.push(id);
+    }
+    let check = |mut client: pb::control_service_client::ControlServiceClient<
+        tonic::transport::Channel,
+    >,
+                 ids: Vec<String>| async move {
+        // The oldest is long archived: the same answers as for a job in memory.
+        let oldest = job(&mut client, &ids[0], false).await?;
+        assert_eq!(oldest.state, pb::JobState::Completed as i32);
+        assert_eq!(oldest.step, 10, "its last step, from the store");
+        assert_eq!(oldest.spec.as_ref().map(|s| s.cpus), Some(1.0), "its spec");
+        let listed = client
+            .list_jobs(pb::ListJobsRequest {
+                state: pb::JobState::Completed as i32,
+                ..Default::default()
+            })
+            .await?
+            .into_inner()
+            .jobs;
+        let listed: Vec<&str> = listed.iter().map(|j| j.id.as_str()).collect();
+        assert_eq!(listed, ids.iter().map(String::as_str).collect::<Vec<_>>());
+        let refused = client
+            .cancel_job(pb::CancelJobRequest {
+                job_id: ids[0].clone(),
+            })
+            .await
+            .expect_err("a finished job cannot be cancelled");
+        assert_eq!(
+            refused.code(),
+            tonic::Code::FailedPrecondition,
+            "{refused:?}"
+        );
+        assert!(
+            refused.message().contains("already completed"),
+            "{refused:?}"
+        );
+        anyhow::Ok(())
+    };
+    // Three of the five left memory (the answers above came from the store).
+    let text = converge_integration_tests::scrape_metrics(metrics, false).await?;
+    assert_eq!(
+        converge_integration_tests::metric_value(&text, "converge_manager_jobs_archived_total", ""),
+        Some(3.0),
+        "{text}"
+    );
+    check(client.clone(), ids.clone()).await?;
+    drop(agent);
+    first.stop().await;
+
+    let second = TestManager::start_at(addr, |c| {
+        tweak(state.path())(c);
+        c.keep_finished = 2;
+    })
+    .await?;
+    check(second.control().await?, ids).await?;
+    second.stop().await;
+    Ok(())
+}

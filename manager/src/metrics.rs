@@ -116,6 +116,7 @@ pub struct ManagerMetrics {
     rounds: Family<RoundLabel, Histogram>,
     refused: Family<KindLabel, Counter>,
     tasks: Gauge,
+    archived: Counter,
 }
 
 impl Default for ManagerMetrics {
@@ -227,6 +228,12 @@ impl ManagerMetrics {
              plus a fixed few): flat under a steady load, or something leaks",
             tasks.clone(),
         );
+        let archived = Counter::default();
+        r.register(
+            "jobs_archived",
+            "Finished jobs dropped from memory beyond --keep-finished (the store answers for them)",
+            archived.clone(),
+        );
         Self {
             registry: Arc::new(root),
             jobs,
@@ -243,6 +250,7 @@ impl ManagerMetrics {
             rounds,
             refused,
             tasks,
+            archived,
         }
     }
 
@@ -302,6 +310,10 @@ impl ManagerMetrics {
 
     pub(crate) fn disconnected(&self) {
         self.disconnects.inc();
+    }
+
+    pub(crate) fn archived(&self, jobs: usize) {
+        self.archived.inc_by(jobs as u64);
     }
 
     pub(crate) fn tasks(&self, alive: usize) {

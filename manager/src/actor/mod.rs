@@ -509,7 +509,9 @@ impl Actor {
         match result {
             // Stored: finished jobs beyond what is kept leave memory, the store answers for them.
             Ok(()) => {
-                for id in self.core.archive() {
+                let archived = self.core.archive();
+                self.metrics.archived(archived.len());
+                for id in archived {
                     self.specs.remove(&id);
                 }
             }
