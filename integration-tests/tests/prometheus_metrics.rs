@@ -109,6 +109,11 @@ async fn both_endpoints_pass_promtool_and_their_values_move_as_a_job_runs() -> R
         0.0
     );
     assert_eq!(value(&m1, "converge_manager_jobs_submitted_total", ""), 1.0);
+    // The job left Pending when it was placed: nothing shows pending (each job counted once).
+    assert_eq!(
+        value(&m1, "converge_manager_jobs", r#"state="pending""#),
+        0.0
+    );
     assert_eq!(
         value(
             &m1,

@@ -259,9 +259,10 @@ impl ManagerMetrics {
         self.registry.clone()
     }
 
+    /// A submission accepted (its job's state gauge follows its `submitted` event, as every
+    /// other change of state does: counting it here too showed every job pending forever).
     pub(crate) fn job_submitted(&self) {
         self.submitted.inc();
-        self.job_state(None, JobState::Pending);
     }
 
     pub(crate) fn job_state(&self, from: Option<JobState>, to: JobState) {
@@ -355,6 +356,7 @@ mod tests {
             "{text}"
         );
         m.job_submitted();
+        m.job_state(None, JobState::Pending);
         m.job_state(Some(JobState::Pending), JobState::Starting);
         let text = converge_messenger::telemetry::encode_metrics(&m.registry());
         assert!(

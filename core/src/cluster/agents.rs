@@ -286,7 +286,7 @@ impl Core {
             if !self.may_speak(worker, &s.job, s.epoch) {
                 continue;
             }
-            let j = self.job_mut(&s.job).expect("checked by may_speak");
+            let j = self.job_soft(&s.job).expect("checked by may_speak");
             if s.epoch != j.epoch || j.worker().is_none_or(|w| w != worker) {
                 continue;
             }
@@ -326,7 +326,7 @@ impl Core {
             if !self.may_speak(worker, &s.job, s.epoch) {
                 continue;
             }
-            let j = self.job_mut(&s.job).expect("checked by may_speak");
+            let j = self.job_soft(&s.job).expect("checked by may_speak");
             if j.is_terminal() {
                 continue;
             }

@@ -639,6 +639,17 @@ impl Core {
         Some(j)
     }
 
+    /// Job `id`, to change what its agent reports (progress, usage, the worker's view): a
+    /// [soft](saved::Changes::soft) change. Anything the decisions stand on goes through
+    /// [`Core::job_mut`] or [`Core::transition`].
+    pub(super) fn job_soft(&mut self, id: &str) -> Option<&mut Job> {
+        let j = self.jobs.get_mut(id)?;
+        if !self.changes.jobs.contains(id) && !self.changes.soft.contains(id) {
+            self.changes.soft.insert(id.to_string());
+        }
+        Some(j)
+    }
+
     /// Worker `id`, to change it (as [`Core::job_mut`]).
     pub(super) fn worker_mut(&mut self, id: &str) -> Option<&mut Worker> {
         let w = self.workers.get_mut(id)?;

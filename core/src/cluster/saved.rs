@@ -23,6 +23,11 @@ pub struct Changes {
     pub workers: BTreeSet<WorkerId>,
     /// A job completed: the finished sizes ([`Counters::history`]) changed.
     pub history: bool,
+    /// Jobs whose record changed only in what agents report again anyway (progress points,
+    /// steps, CPU used, the worker's view): a shell may write these later than `jobs` (a
+    /// crash then loses a few seconds of reports, never a decision). Every running job changes
+    /// so every second; writing them all at once was most of a large manager's work.
+    pub soft: BTreeSet<JobId>,
 }
 
 impl Changes {
@@ -31,6 +36,7 @@ impl Changes {
         self.jobs.extend(other.jobs);
         self.workers.extend(other.workers);
         self.history |= other.history;
+        self.soft.extend(other.soft);
     }
 }
 

@@ -55,7 +55,9 @@ impl Shadow {
 
     fn commit(&mut self, core: &Core) {
         let changes = std::mem::take(&mut self.unsaved);
-        for id in changes.jobs {
+        // A shell may write soft changes later; this one writes them at once, so that every
+        // record is checked.
+        for id in changes.jobs.into_iter().chain(changes.soft) {
             if let Some(j) = core.job(&id) {
                 self.jobs.insert(id, j.clone());
             }

@@ -372,19 +372,11 @@ async fn memory(levels: &[usize], points: u64) -> anyhow::Result<()> {
         submit(&client, level - live).await?;
         live = level;
         running(&target, live as u64, Duration::from_secs(900)).await?;
-        // Settled: every job has sent its points and the manager took them all.
-        let mut last = target.handled().await?;
-        loop {
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            let now = target.handled().await?;
-            if now == last
-                && fleet.counts.sent.load(std::sync::atomic::Ordering::Relaxed)
-                    >= live as u64 * points
-            {
-                break;
-            }
-            last = now;
+        // Settled: the manager took every job's points (heartbeats go on; they add nothing).
+        while target.progress_handled().await? < live as u64 * points {
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
+        tokio::time::sleep(Duration::from_secs(2)).await;
         let rss = target.sample()?.rss_bytes;
         let over = rss.saturating_sub(empty);
         println!(

@@ -135,6 +135,21 @@ impl Target {
         }
     }
 
+    /// Progress messages the manager has handled.
+    pub async fn progress_handled(&self) -> anyhow::Result<u64> {
+        let m = self.metrics.context("only the manager counts by kind")?;
+        let text = scrape_metrics(m, false).await?;
+        Ok(text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("converge_manager_messages_received_total{kind=\"progress\"} ")?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .unwrap_or(0.0) as u64)
+    }
+
     /// The manager's `converge_manager_jobs{state=...}` gauge.
     pub async fn jobs_in(&self, state: &str) -> anyhow::Result<u64> {
         let m = self.metrics.context("only the manager counts jobs")?;
