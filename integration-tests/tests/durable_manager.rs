@@ -219,15 +219,17 @@ async fn a_store_that_is_not_a_database_stops_the_manager_saying_what_to_do() ->
     Ok(())
 }
 
-/// A manager keeps `--keep-finished` finished jobs in memory and answers for older ones from
-/// its store, before and after a restart: GetJob, ListJobs and CancelJob say the same of an
-/// archived job as of one in memory.
+/// A manager keeps `--keep-finished` finished jobs and `--events-in-memory` events in memory
+/// and answers for older ones from its store, before and after a restart: GetJob, ListJobs and
+/// CancelJob say the same of an archived job as of one in memory, and a watcher replays every
+/// event from the first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finished_jobs_beyond_those_kept_are_answered_for_from_the_store() -> anyhow::Result<()> {
     let state = tempfile_dir("archive")?;
     let metrics = converge_integration_tests::free_local_addr();
     let keep = move |c: &mut converge_manager::Config| {
         c.keep_finished = 2;
+        c.events_in_memory = 3;
         c.metrics_listen = Some(metrics);
     };
     let first = TestManager::start(|c| {
@@ -338,6 +340,7 @@ async fn finished_jobs_beyond_those_kept_are_answered_for_from_the_store() -> an
     let second = TestManager::start_at(addr, |c| {
         tweak(state.path())(c);
         c.keep_finished = 2;
+        c.events_in_memory = 3;
     })
     .await?;
     check(second.control().await?, ids).await?;

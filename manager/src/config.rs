@@ -42,6 +42,10 @@ pub struct Cli {
     /// are kept with `--state-dir none`).
     #[arg(long, env = "CONVERGE_KEEP_FINISHED", default_value_t = converge_core::cluster::KEEP_FINISHED)]
     pub keep_finished: usize,
+    /// Events kept in memory for WatchEvents replay; a durable manager replays older ones from
+    /// its store.
+    #[arg(long, env = "CONVERGE_EVENTS_IN_MEMORY", default_value_t = crate::events::HISTORY)]
+    pub events_in_memory: usize,
     /// How long a job may take to checkpoint and exit when it is moved before it is killed
     /// (it then resumes from its last periodic checkpoint).
     #[arg(long, env = "CONVERGE_SAVE_DEADLINE", default_value = "10s", value_parser = humantime::parse_duration)]
@@ -130,6 +134,8 @@ pub struct Config {
     pub progress_history: usize,
     /// Finished jobs kept in memory (with a store).
     pub keep_finished: usize,
+    /// Events kept in memory.
+    pub events_in_memory: usize,
     /// Save deadline for moves.
     pub save_deadline: Duration,
     /// Rebalancing period.
@@ -287,6 +293,7 @@ impl Cli {
             lost_after: self.lost_after,
             progress_history: self.progress_history,
             keep_finished: self.keep_finished,
+            events_in_memory: self.events_in_memory,
             save_deadline: self.save_deadline,
             rebalance_interval: self.rebalance_interval,
             recover_lost_after: self.recover_lost_after,
@@ -309,6 +316,7 @@ impl Config {
             lost_after: 3,
             progress_history: converge_core::cluster::PROGRESS_HISTORY,
             keep_finished: converge_core::cluster::KEEP_FINISHED,
+            events_in_memory: crate::events::HISTORY,
             save_deadline: Duration::from_secs(10),
             rebalance_interval: Duration::from_secs(30),
             recover_lost_after: Duration::from_secs(60),

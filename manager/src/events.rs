@@ -8,13 +8,19 @@ use std::collections::VecDeque;
 use converge_messenger::pb::Event;
 use tokio::sync::broadcast;
 
-/// Events kept for replay; older ones are dropped (a watcher asking for them starts later).
-pub const HISTORY: usize = 100_000;
+/// Events kept in memory for replay (the newest); a durable manager replays older ones from its
+/// store, up to [`REPLAY`] in all. Without a store older ones are gone (a watcher asking for
+/// them starts later). 100,000 in memory were ~1.4 KB per job until the cap was reached.
+pub const HISTORY: usize = 10_000;
+/// Events one watch may replay, from memory and the store together.
+pub const REPLAY: usize = 100_000;
 /// Events a live watcher may fall behind by before it is cut off (and told to resume).
 const LIVE_BUFFER: usize = 8192;
 
 /// Numbered, replayable, broadcast events.
 pub struct EventLog {
+    /// Events kept in memory.
+    capacity: usize,
     next_seq: u64,
     history: VecDeque<Event>,
     live: broadcast::Sender<Event>,
@@ -22,19 +28,26 @@ pub struct EventLog {
 
 impl Default for EventLog {
     fn default() -> Self {
+        Self::with_capacity(HISTORY)
+    }
+}
+
+impl EventLog {
+    /// An empty log keeping the newest `capacity` events in memory.
+    pub fn with_capacity(capacity: usize) -> Self {
         Self {
+            capacity: capacity.max(1),
             next_seq: 1,
             history: VecDeque::new(),
             live: broadcast::channel(LIVE_BUFFER).0,
         }
     }
-}
 
-impl EventLog {
     /// A log that goes on from a store: `history` (oldest first) and the next number.
-    pub fn recovered(history: Vec<Event>, next_seq: u64) -> Self {
-        let skip = history.len().saturating_sub(HISTORY);
+    pub fn recovered(history: Vec<Event>, next_seq: u64, capacity: usize) -> Self {
+        let skip = history.len().saturating_sub(capacity);
         Self {
+            capacity: capacity.max(1),
             next_seq: next_seq.max(1),
             history: history.into_iter().skip(skip).collect(),
             live: broadcast::channel(LIVE_BUFFER).0,
@@ -54,7 +67,7 @@ impl EventLog {
 
     /// Records and broadcasts a numbered event.
     pub fn publish(&mut self, event: Event) {
-        if self.history.len() == HISTORY {
+        while self.history.len() >= self.capacity {
             self.history.pop_front();
         }
         self.history.push_back(event.clone());
@@ -75,6 +88,11 @@ impl EventLog {
                 .collect()
         };
         (history, self.live.subscribe())
+    }
+
+    /// The number of the oldest event in memory (the next one's when none is).
+    pub fn oldest_seq(&self) -> u64 {
+        self.history.front().map_or(self.next_seq, |e| e.seq)
     }
 
     /// The sequence number the next event will get.

@@ -78,6 +78,7 @@ pub async fn serve(
     let actor_config = actor::ActorConfig {
         manager_id,
         core: core_config.clone(),
+        events_in_memory: config.events_in_memory,
     };
     let (req_tx, req_rx) = mpsc::channel(1024);
     let (stream_tx, stream_rx) = mpsc::channel(8192);
@@ -107,7 +108,13 @@ pub async fn serve(
                 restored: None,
             }
         }
-        Some(dir) => recover(dir, core_config, policy, config.recovery_grace)?,
+        Some(dir) => recover(
+            dir,
+            core_config,
+            policy,
+            config.recovery_grace,
+            config.events_in_memory,
+        )?,
     };
     let actor = actor::Actor::new(actor_config, core, metrics, store, restored);
     let actor_task = {
@@ -219,11 +226,12 @@ fn recover(
     core_config: converge_core::cluster::Config,
     policy: Box<dyn converge_core::cluster::policy::ClusterPolicy>,
     grace: std::time::Duration,
+    events_in_memory: usize,
 ) -> Result<Started> {
     use prost::Message;
     let mut store = Sqlite::open(dir)?;
     let path = store.location();
-    let got = store.load(events::HISTORY)?;
+    let got = store.load(events_in_memory)?;
     if got.is_empty() {
         info!(%path, "state store is empty: a new cluster");
         return Ok(Started {
@@ -260,7 +268,7 @@ fn recover(
     );
     let restored = actor::Restored {
         specs,
-        events: events::EventLog::recovered(history, got.next_event_seq),
+        events: events::EventLog::recovered(history, got.next_event_seq, events_in_memory),
     };
     Ok(Started {
         core,

@@ -105,6 +105,17 @@ pub trait Store: Send {
     /// only those in `state` (a [`converge_core::cluster::types::JobState::label`]) when given.
     /// How the manager answers for jobs its core archived.
     fn jobs(&mut self, id: Option<&str>, state: Option<&str>) -> Result<Vec<StoredJob>>;
+
+    /// The newest `limit` stored events numbered from `from_seq` up to (not including)
+    /// `before_seq`, of job `job` only when given, oldest first: a watcher's replay of what
+    /// the manager no longer holds in memory.
+    fn events(
+        &mut self,
+        from_seq: u64,
+        before_seq: u64,
+        job: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<StoredEvent>>;
 }
 
 /// A job as stored: the core's record and the full spec it was submitted with.

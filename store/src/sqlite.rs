@@ -192,6 +192,41 @@ fn sqlite_why(e: &rusqlite::Error) -> String {
 }
 
 impl Store for Sqlite {
+    fn events(
+        &mut self,
+        from_seq: u64,
+        before_seq: u64,
+        job: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<StoredEvent>> {
+        let mut q = self
+            .conn
+            .prepare_cached(
+                "SELECT seq, job, event FROM events
+                 WHERE seq >= ?1 AND seq < ?2 AND (?3 IS NULL OR job = ?3)
+                 ORDER BY seq DESC LIMIT ?4",
+            )
+            .map_err(self.sql())?;
+        let rows = q
+            .query_map(
+                params![from_seq as i64, before_seq as i64, job, limit as i64],
+                |r| {
+                    Ok(StoredEvent {
+                        seq: r.get::<_, i64>(0)? as u64,
+                        job: r.get(1)?,
+                        bytes: r.get(2)?,
+                    })
+                },
+            )
+            .map_err(self.sql())?;
+        let mut out = Vec::new();
+        for row in rows {
+            out.push(row.map_err(self.sql())?);
+        }
+        out.reverse();
+        Ok(out)
+    }
+
     fn jobs(&mut self, id: Option<&str>, state: Option<&str>) -> Result<Vec<StoredJob>> {
         let mut q = self
             .conn

@@ -55,6 +55,8 @@ pub struct ActorConfig {
     pub manager_id: String,
     /// The core's settings.
     pub core: converge_core::cluster::Config,
+    /// Events kept in memory.
+    pub events_in_memory: usize,
 }
 
 /// A control request, answered on its `reply` channel.
@@ -215,7 +217,12 @@ impl Actor {
         restored: Option<Restored>,
     ) -> Self {
         let (specs, events) = restored.map_or_else(
-            || (HashMap::new(), EventLog::default()),
+            || {
+                (
+                    HashMap::new(),
+                    EventLog::with_capacity(config.events_in_memory),
+                )
+            },
             |r| (r.specs, r.events),
         );
         Self {
@@ -733,8 +740,30 @@ impl Actor {
                 from_seq,
                 reply,
             } => {
-                let w = self.events.watch(&job_id, from_seq);
-                self.later(reply, w);
+                let (mut history, live) = self.events.watch(&job_id, from_seq);
+                // What memory no longer holds, from the store (the newest of it, up to the
+                // replay limit).
+                let oldest = self.events.oldest_seq();
+                let room = crate::events::REPLAY.saturating_sub(history.len());
+                if from_seq > 0
+                    && from_seq < oldest
+                    && room > 0
+                    && let Some(store) = self.store.as_mut()
+                {
+                    let job = (!job_id.is_empty()).then_some(job_id.as_str());
+                    match store.events(from_seq, oldest, job, room) {
+                        Ok(older) => {
+                            let mut older: Vec<Event> = older
+                                .iter()
+                                .filter_map(|e| Event::decode(e.bytes.as_slice()).ok())
+                                .collect();
+                            older.append(&mut history);
+                            history = older;
+                        }
+                        Err(e) => tracing::warn!(error = %e, "older events not replayed"),
+                    }
+                }
+                self.later(reply, (history, live));
             }
         }
     }
