@@ -78,8 +78,13 @@ impl Core {
         for c in reported {
             let Some(job) = self.jobs.get(&c.job) else {
                 // A container from before this manager started: leave the user's work alone
-                // rather than kill what we cannot account for.
-                warn!(%worker, job = %c.job, "agent runs a container of an unknown job; leaving it alone");
+                // rather than kill what we cannot account for. An exited one is most likely
+                // a finished job's, archived since (`Core::archive`): nothing to say.
+                if c.running {
+                    warn!(%worker, job = %c.job, "agent runs a container of an unknown job; leaving it alone");
+                } else {
+                    debug!(%worker, job = %c.job, "agent reports an exited container of an unknown or archived job");
+                }
                 continue;
             };
             let current = c.epoch == job.epoch && job.worker().is_some_and(|w| w == worker);
