@@ -287,6 +287,9 @@ async fn agent_killed_during_drain_recovers_job_from_checkpoint() -> anyhow::Res
     let s = running_on_w1("kr", spec, 3, |c| {
         c.lost_after = 3;
         c.recover_lost_after = RECOVER;
+        // The restart's first report is read from the job's kept progress: keep all of it
+        // (the default keeps the last 32 points, fewer than this job reports).
+        c.progress_history = 4096;
     })
     .await?;
     let mut client = s.client.clone();
