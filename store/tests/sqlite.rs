@@ -18,7 +18,8 @@ fn core() -> Core {
 }
 
 /// Three workers, three jobs: one running with progress, one being moved by a drain, one
-/// pending; the records of every step written as the manager writes them.
+/// pending; the records of every step written as the manager writes them (soft changes too,
+/// as a manager that stops writes them all).
 fn busy_core(store: &mut Sqlite) -> Core {
     let mut core = core();
     let mut now = 100.0;
@@ -28,7 +29,12 @@ fn busy_core(store: &mut Sqlite) -> Core {
         let changes = core.take_changes();
         let counters = core.counters();
         let batch = Batch {
-            jobs: changes.jobs.iter().filter_map(|j| core.job(j)).collect(),
+            jobs: changes
+                .jobs
+                .iter()
+                .chain(&changes.soft)
+                .filter_map(|j| core.job(j))
+                .collect(),
             workers: changes
                 .workers
                 .iter()

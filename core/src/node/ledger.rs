@@ -19,9 +19,19 @@ pub enum Admission {
 
 /// The newest epoch seen per job, the results of the last `capacity` commands, and the
 /// commands still running.
+///
+/// Epochs are kept for the `capacity` jobs seen most recently: an agent that ran a million jobs
+/// does not hold a million entries. A job forgotten that way finished long ago here; a command
+/// for it can only come from a stream that ended long ago (the manager sends on the live stream
+/// only, in order), so forgetting its fence risks nothing a user would meet.
 #[derive(Debug, Clone)]
 pub struct CommandLedger {
-    epochs: HashMap<String, u64>,
+    /// Job -> (newest epoch, when it was last seen: a number from `seen`).
+    epochs: HashMap<String, (u64, u64)>,
+    /// Jobs in the order they were seen, with the number they were seen at (older entries of
+    /// a job seen again are skipped when evicting).
+    seen: VecDeque<(String, u64)>,
+    next_seen: u64,
     results: HashMap<String, CommandResult>,
     order: VecDeque<String>,
     in_flight: HashSet<String>,
@@ -39,6 +49,8 @@ impl CommandLedger {
     pub fn with_capacity(capacity: usize) -> Self {
         Self {
             epochs: HashMap::new(),
+            seen: VecDeque::new(),
+            next_seen: 0,
             results: HashMap::new(),
             order: VecDeque::new(),
             in_flight: HashSet::new(),
@@ -48,13 +60,35 @@ impl CommandLedger {
 
     /// Records an epoch seen outside a command (an adopted container's label).
     pub fn observe_epoch(&mut self, job: &str, epoch: u64) {
-        let e = self.epochs.entry(job.to_string()).or_insert(epoch);
-        *e = (*e).max(epoch);
+        let n = self.next_seen;
+        self.next_seen += 1;
+        let e = self.epochs.entry(job.to_string()).or_insert((epoch, n));
+        *e = (e.0.max(epoch), n);
+        self.seen.push_back((job.to_string(), n));
+        while self.epochs.len() > self.capacity {
+            let Some((old, at)) = self.seen.pop_front() else {
+                break;
+            };
+            if self.epochs.get(&old).is_some_and(|e| e.1 == at) {
+                self.epochs.remove(&old);
+            }
+        }
+        // Jobs seen again leave older entries behind: drop them once they outnumber the live.
+        if self.seen.len() > 4 * self.capacity {
+            let epochs = &self.epochs;
+            self.seen
+                .retain(|(job, at)| epochs.get(job).is_some_and(|e| e.1 == *at));
+        }
     }
 
     /// The newest epoch seen for a job.
     pub fn epoch(&self, job: &str) -> Option<u64> {
-        self.epochs.get(job).copied()
+        self.epochs.get(job).map(|e| e.0)
+    }
+
+    /// Jobs whose epoch is remembered.
+    pub fn fenced(&self) -> usize {
+        self.epochs.len()
     }
 
     /// Results remembered.
@@ -72,7 +106,7 @@ impl CommandLedger {
         if self.in_flight.contains(&cmd.id) {
             return Admission::InFlight;
         }
-        if let Some(&newest) = self.epochs.get(&cmd.job_id)
+        if let Some(&(newest, _)) = self.epochs.get(&cmd.job_id)
             && cmd.epoch < newest
         {
             let r = CommandResult::of(cmd, Err(format!("stale epoch {} < {newest}", cmd.epoch)));
@@ -202,5 +236,31 @@ mod tests {
         // The oldest were forgotten: executing again is the only option left.
         assert_eq!(l.admit(&cmd("c0", "j", 1)), Admission::Execute);
         assert!(matches!(l.admit(&cmd("c4", "j", 1)), Admission::Replay(_)));
+    }
+
+    #[test]
+    fn epochs_are_kept_for_the_jobs_seen_most_recently() {
+        let mut l = CommandLedger::with_capacity(3);
+        for (job, epoch) in [("a", 2), ("b", 1), ("c", 1)] {
+            l.observe_epoch(job, epoch);
+        }
+        // `a` is seen again: `b` is now the one seen longest ago.
+        l.observe_epoch("a", 1);
+        l.observe_epoch("d", 1);
+        assert_eq!(l.fenced(), 3);
+        assert_eq!(
+            l.epoch("a"),
+            Some(2),
+            "the newest epoch stays, whatever came after"
+        );
+        assert_eq!(l.epoch("b"), None);
+        assert_eq!(l.epoch("c"), Some(1));
+        // A fence still holds for what is remembered.
+        assert!(matches!(l.admit(&cmd("x", "a", 1)), Admission::Stale(_)));
+        // Many sightings of few jobs do not pile up.
+        for k in 0..1000 {
+            l.observe_epoch("c", k);
+        }
+        assert!(l.seen.len() <= 4 * 3 + 1, "{}", l.seen.len());
     }
 }
