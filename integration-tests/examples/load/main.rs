@@ -69,6 +69,9 @@ enum Cmd {
         /// Progress messages each job sends (enough to fill the kept history).
         #[arg(long, default_value_t = 40)]
         points: u64,
+        /// Extra arguments for the manager (e.g. `--manager-arg=--progress-history=1`).
+        #[arg(long = "manager-arg", allow_hyphen_values = true)]
+        manager_args: Vec<String>,
     },
     /// Agents for minutes with jobs coming and going and agents reconnecting.
     Soak {
@@ -124,7 +127,11 @@ fn main() -> anyhow::Result<()> {
                     print_row(&shape, &compare(&shape, seconds, &[]).await?);
                 }
             }
-            Cmd::Memory { levels, points } => memory(&levels, points).await?,
+            Cmd::Memory {
+                levels,
+                points,
+                manager_args,
+            } => memory(&levels, points, &manager_args).await?,
             Cmd::Soak {
                 agents,
                 minutes,
@@ -341,8 +348,9 @@ async fn measure(
     })
 }
 
-async fn memory(levels: &[usize], points: u64) -> anyhow::Result<()> {
-    let target = Target::start(Kind::Manager, &[]).await?;
+async fn memory(levels: &[usize], points: u64, extra: &[String]) -> anyhow::Result<()> {
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let target = Target::start(Kind::Manager, &extra).await?;
     let client = control(&target).await?;
     let most = levels.iter().copied().max().unwrap_or(0);
     let agents = 100;
