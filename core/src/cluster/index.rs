@@ -30,8 +30,6 @@ pub struct PlacementIndex {
     snaps: Vec<WorkerSnapshot>,
     /// Workers written since their snapshot was taken.
     stale: BTreeSet<WorkerId>,
-    /// A worker was added: the order itself must be rebuilt.
-    reshape: bool,
 }
 
 impl PlacementIndex {
@@ -42,28 +40,20 @@ impl PlacementIndex {
         }
     }
 
-    /// Notes that the set of workers may have changed.
-    pub fn reshape(&mut self) {
-        self.reshape = true;
-    }
-
-    /// Brings every changed snapshot up to date.
+    /// Brings every changed snapshot up to date; a worker the index has not seen (workers are
+    /// only ever added) rebuilds the order.
     pub fn refresh(&mut self, workers: &BTreeMap<WorkerId, Worker>, jobs: &BTreeMap<JobId, Job>) {
-        if self.reshape || self.ids.len() != workers.len() {
+        let known = self.ids.len() == workers.len()
+            && self.stale.iter().all(|id| self.position(id).is_some());
+        if !known {
             self.ids = workers.keys().cloned().collect();
             self.snaps = workers.values().map(|w| snapshot(w, jobs)).collect();
             self.stale.clear();
-            self.reshape = false;
             return;
         }
         for id in std::mem::take(&mut self.stale) {
-            match (self.position(&id), workers.get(&id)) {
-                (Some(i), Some(w)) => self.snaps[i] = snapshot(w, jobs),
-                // A worker the index has not seen: its place in the order is new.
-                _ => {
-                    self.reshape = true;
-                    return self.refresh(workers, jobs);
-                }
+            if let (Some(i), Some(w)) = (self.position(&id), workers.get(&id)) {
+                self.snaps[i] = snapshot(w, jobs);
             }
         }
     }
@@ -90,7 +80,6 @@ impl PlacementIndex {
         jobs: &BTreeMap<JobId, Job>,
     ) -> bool {
         self.stale.is_empty()
-            && !self.reshape
             && self.ids.iter().eq(workers.keys())
             && self
                 .snaps

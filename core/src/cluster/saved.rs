@@ -175,7 +175,6 @@ impl Core {
         core.finished = finished.into_iter().map(|(j, _)| j.id.clone()).collect();
         // Everything here came from the store.
         core.archive();
-        core.index.reshape();
         core.index.refresh(&core.workers, &core.jobs);
         Ok(core)
     }

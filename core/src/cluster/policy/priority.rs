@@ -218,7 +218,12 @@ impl PriorityPolicy {
             .values()
             .filter(|w| w.schedulable() && w.cpu_capacity > 0.0)
             .collect();
-        let snaps: Vec<_> = live.iter().map(|w| view.snapshot(w)).collect();
+        // The placement index holds every worker's snapshot already.
+        let all = view.snapshots().1;
+        let snaps: Vec<_> = live
+            .iter()
+            .map(|w| &all[view.index_of(&w.id).expect("every worker is indexed")])
+            .collect();
         let mut best: Option<(f64, f64, &Job, &Worker, f64, f64)> = None;
         for src in &live {
             for j in src.jobs.iter().filter_map(|id| view.jobs.get(id)) {

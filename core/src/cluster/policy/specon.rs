@@ -69,14 +69,8 @@ impl SpeConPolicy {
             .collect();
         let live: std::collections::BTreeSet<&str> =
             running.iter().map(|(j, _)| j.id.as_str()).collect();
-        // Jobs being moved keep their state (the `migrated` mark) until they run again.
-        self.specon.retain(|id| {
-            live.contains(id)
-                || view
-                    .jobs
-                    .get(id)
-                    .is_some_and(|j| matches!(j.phase, JobPhase::Migrating(_)))
-        });
+        self.specon
+            .retain(|id| live.contains(id) || Self::kept(view, id));
         self.seen.clear();
         for (j, w) in running {
             self.specon.observe(now, &j.id, w, j.view.category);
@@ -103,10 +97,11 @@ impl SpeConPolicy {
         let mut suspects = std::mem::take(&mut self.departed);
         suspects.extend(self.seen.remove(worker).unwrap_or_default());
         for id in suspects {
-            let keep = view.jobs.get(&id).is_some_and(|j| {
-                matches!(j.phase, JobPhase::Running { .. } | JobPhase::Migrating(_))
-            });
-            if !keep {
+            let running = view
+                .jobs
+                .get(&id)
+                .is_some_and(|j| matches!(j.phase, JobPhase::Running { .. }));
+            if !running && !Self::kept(view, &id) {
                 self.specon.forget(&id);
             }
         }
@@ -121,6 +116,14 @@ impl SpeConPolicy {
             }
         }
         self.seen.insert(worker.clone(), here);
+    }
+
+    /// Whether SpeCon keeps the state of job `id`, not running now: a job being moved keeps
+    /// it (the `migrated` mark) until it runs again.
+    fn kept(view: ClusterView<'_>, id: &str) -> bool {
+        view.jobs
+            .get(id)
+            .is_some_and(|j| matches!(j.phase, JobPhase::Migrating(_)))
     }
 
     /// `R(w, t)` of every worker: cores in use over capacity, from heartbeats.
