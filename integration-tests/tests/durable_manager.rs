@@ -51,6 +51,40 @@ fn is_start(c: &pb::Command) -> bool {
     matches!(c.action, Some(pb::command::Action::Start(_)))
 }
 
+/// Submits a one-core job; its id.
+async fn submit(
+    client: &mut pb::control_service_client::ControlServiceClient<tonic::transport::Channel>,
+) -> anyhow::Result<String> {
+    Ok(client
+        .submit_job(pb::SubmitJobRequest {
+            spec: Some(converge_integration_tests::one_core_spec()),
+        })
+        .await?
+        .into_inner()
+        .job_id)
+}
+
+/// Takes the agent's next command, the Start of `job`, and answers it: started in `container`.
+async fn start(agent: &mut ScriptedAgent, job: &str, container: &str) -> anyhow::Result<()> {
+    let start = next_command(agent).await?;
+    assert!(is_start(&start) && start.job_id == job, "{start:?}");
+    agent
+        .outbox
+        .send(Kind::Result(pb::CommandResult {
+            command_id: start.command_id.clone(),
+            job_id: job.to_string(),
+            epoch: 1,
+            ok: true,
+            detail: Some(pb::command_result::Detail::Started(pb::Started {
+                container_id: container.into(),
+                from_checkpoint: false,
+            })),
+            ..Default::default()
+        }))
+        .await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_manager_knows_every_job_readopts_what_runs_and_numbers_events_on()
 -> anyhow::Result<()> {
@@ -62,29 +96,8 @@ async fn a_restarted_manager_knows_every_job_readopts_what_runs_and_numbers_even
     let mut client = first.control().await?;
 
     // One job runs and reports step 7; another is cancelled after it started.
-    let running = client
-        .submit_job(pb::SubmitJobRequest {
-            spec: Some(converge_integration_tests::one_core_spec()),
-        })
-        .await?
-        .into_inner()
-        .job_id;
-    let start = next_command(&mut agent).await?;
-    assert!(is_start(&start) && start.job_id == running);
-    agent
-        .outbox
-        .send(Kind::Result(pb::CommandResult {
-            command_id: start.command_id.clone(),
-            job_id: running.clone(),
-            epoch: 1,
-            ok: true,
-            detail: Some(pb::command_result::Detail::Started(pb::Started {
-                container_id: "ctr-running".into(),
-                from_checkpoint: false,
-            })),
-            ..Default::default()
-        }))
-        .await;
+    let running = submit(&mut client).await?;
+    start(&mut agent, &running, "ctr-running").await?;
     agent
         .outbox
         .send(Kind::Progress(pb::ProgressBatch {
@@ -98,13 +111,7 @@ async fn a_restarted_manager_knows_every_job_readopts_what_runs_and_numbers_even
             malformed: vec![],
         }))
         .await;
-    let cancelled = client
-        .submit_job(pb::SubmitJobRequest {
-            spec: Some(converge_integration_tests::one_core_spec()),
-        })
-        .await?
-        .into_inner()
-        .job_id;
+    let cancelled = submit(&mut client).await?;
     assert!(is_start(&next_command(&mut agent).await?));
     client
         .cancel_job(pb::CancelJobRequest {
@@ -165,13 +172,7 @@ async fn a_restarted_manager_knows_every_job_readopts_what_runs_and_numbers_even
         matches!(stop.action, Some(pb::command::Action::Stop(_))) && stop.job_id == cancelled,
         "{stop:?}"
     );
-    let third = client
-        .submit_job(pb::SubmitJobRequest {
-            spec: Some(converge_integration_tests::one_core_spec()),
-        })
-        .await?
-        .into_inner()
-        .job_id;
+    let third = submit(&mut client).await?;
     loop {
         let c = next_command(&mut agent).await?;
         assert!(
@@ -243,29 +244,8 @@ async fn finished_jobs_beyond_those_kept_are_answered_for_from_the_store() -> an
     let mut client = first.control().await?;
     let mut ids = Vec::new();
     for k in 0..5 {
-        let id = client
-            .submit_job(pb::SubmitJobRequest {
-                spec: Some(converge_integration_tests::one_core_spec()),
-            })
-            .await?
-            .into_inner()
-            .job_id;
-        let start = next_command(&mut agent).await?;
-        assert!(is_start(&start) && start.job_id == id);
-        agent
-            .outbox
-            .send(Kind::Result(pb::CommandResult {
-                command_id: start.command_id.clone(),
-                job_id: id.clone(),
-                epoch: 1,
-                ok: true,
-                detail: Some(pb::command_result::Detail::Started(pb::Started {
-                    container_id: format!("ctr-{k}"),
-                    from_checkpoint: false,
-                })),
-                ..Default::default()
-            }))
-            .await;
+        let id = submit(&mut client).await?;
+        start(&mut agent, &id, &format!("ctr-{k}")).await?;
         agent
             .outbox
             .send(Kind::Exited(pb::ContainerExited {

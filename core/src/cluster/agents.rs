@@ -15,13 +15,11 @@ impl Core {
             self.conns.remove(&old);
         }
         self.conns.insert(conn, id.clone());
-        self.changes.workers.insert(id.clone());
-        self.index.touch(&id);
         let restarted = self
             .workers
             .get(&id)
             .is_some_and(|w| w.instance_id != reg.instance_id);
-        let w = self.workers.entry(id.clone()).or_insert_with(|| Worker {
+        self.workers.entry(id.clone()).or_insert_with(|| Worker {
             id: id.clone(),
             state: WorkerPhase::Ready,
             cpu_capacity: 0.0,
@@ -36,6 +34,8 @@ impl Core {
             interval_s: None,
             jobs: Default::default(),
         });
+        // Written through the one door, new or not: the store and the placement index hear.
+        let w = self.worker_mut(&id).expect("just inserted");
         w.cpu_capacity = reg.cpu_capacity;
         w.memory_bytes = reg.memory_bytes;
         w.calibration = if reg.calibration > 0.0 {

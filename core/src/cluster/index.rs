@@ -8,7 +8,7 @@
 //! ([`super::Core::transition`]), the worker itself ([`super::Core::worker_mut`]), or its jobs'
 //! views, which only the worker's own heartbeat writes (and that step goes through
 //! `worker_mut`). Progress lines, the bulk of the traffic, touch nothing here. Tests check after
-//! every step that each snapshot equals one built afresh ([`super::Core::index_is_fresh`]).
+//! every step that each snapshot equals one built afresh (`Core::index_is_fresh`, in tests).
 //!
 //! Placers still compare every worker (a contiguous array of plain structs, no allocation per
 //! worker); an ordered index per placer would have to reproduce each placer's tie rules and
@@ -74,7 +74,8 @@ impl PlacementIndex {
     }
 
     /// Whether every snapshot equals a fresh one (what tests check after every step).
-    pub fn is_fresh(
+    #[cfg(test)]
+    pub(crate) fn is_fresh(
         &self,
         workers: &BTreeMap<WorkerId, Worker>,
         jobs: &BTreeMap<JobId, Job>,

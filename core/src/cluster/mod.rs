@@ -465,7 +465,8 @@ impl Core {
     /// Whether every placement snapshot equals one built afresh from the workers and jobs
     /// (tests check it after every step: a write that bypassed the core's three doors would
     /// leave a stale snapshot).
-    pub fn index_is_fresh(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn index_is_fresh(&self) -> bool {
         self.index.is_fresh(&self.workers, &self.jobs)
     }
 

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use converge_integration_tests::ScriptedAgent;
 use converge_messenger::agent::{AgentState, Outbox, Session, SessionConfig};
 use converge_messenger::pb::{self, agent_message::Kind, command::Action};
 use tokio::sync::{Notify, mpsc};
@@ -148,15 +149,7 @@ impl Fleet {
                 );
             }
             let worker = Arc::new(Worker {
-                register: pb::Register {
-                    worker_id: worker_id.clone(),
-                    cpu_capacity: config.cpus,
-                    memory_bytes: 1 << 40,
-                    calibration: 1.0,
-                    instance_id: uuid::Uuid::new_v4().to_string(),
-                    agent_version: "load".into(),
-                    ..Default::default()
-                },
+                register: ScriptedAgent::register(&worker_id, config.cpus),
                 containers: Mutex::new(containers),
             });
             let (registered_tx, registered_rx) = tokio::sync::oneshot::channel();
@@ -401,15 +394,7 @@ impl Probe {
     /// Connects as worker `probe` with one core.
     pub async fn connect(endpoint: &str, shutdown: &CancellationToken) -> anyhow::Result<Self> {
         let worker = Arc::new(Worker {
-            register: pb::Register {
-                worker_id: "probe".into(),
-                cpu_capacity: 1.0,
-                memory_bytes: 1 << 40,
-                calibration: 1.0,
-                instance_id: uuid::Uuid::new_v4().to_string(),
-                agent_version: "load-probe".into(),
-                ..Default::default()
-            },
+            register: ScriptedAgent::register("probe", 1.0),
             containers: Mutex::new(BTreeMap::new()),
         });
         let mut link = connect(endpoint, &worker, shutdown);

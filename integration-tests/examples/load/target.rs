@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use converge_integration_tests::{free_local_addr, scrape_metrics};
+use converge_integration_tests::{free_local_addr, metric_value, scrape_metrics};
 
 /// Which server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,58 +122,45 @@ impl Target {
     /// Agent messages the server has handled: the manager's own counter (taken by its actor,
     /// after the decision core saw the message), or the bare handler's.
     pub async fn handled(&self) -> anyhow::Result<u64> {
-        match self.metrics {
-            Some(m) => {
-                let text = scrape_metrics(m, false).await?;
-                Ok(text
-                    .lines()
-                    .filter(|l| l.starts_with("converge_manager_messages_received_total"))
-                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                    .sum::<f64>() as u64)
-            }
-            None => Ok(self.bare_count.load(Ordering::Relaxed)),
+        if self.metrics.is_none() {
+            return Ok(self.bare_count.load(Ordering::Relaxed));
         }
+        let text = self.scrape().await?;
+        Ok(text
+            .lines()
+            .filter(|l| l.starts_with("converge_manager_messages_received_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64)
     }
 
     /// Progress messages the manager has handled.
     pub async fn progress_handled(&self) -> anyhow::Result<u64> {
-        let m = self.metrics.context("only the manager counts by kind")?;
-        let text = scrape_metrics(m, false).await?;
-        Ok(text
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("converge_manager_messages_received_total{kind=\"progress\"} ")?
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-            })
-            .unwrap_or(0.0) as u64)
+        self.manager_metric(
+            "converge_manager_messages_received_total",
+            r#"kind="progress""#,
+        )
+        .await
     }
 
     /// The manager's `converge_manager_jobs{state=...}` gauge.
     pub async fn jobs_in(&self, state: &str) -> anyhow::Result<u64> {
-        let m = self.metrics.context("only the manager counts jobs")?;
-        let text = scrape_metrics(m, false).await?;
-        let key = format!("converge_manager_jobs{{state=\"{state}\"}} ");
-        Ok(text
-            .lines()
-            .find_map(|l| l.strip_prefix(&key)?.trim().parse::<f64>().ok())
-            .unwrap_or(0.0) as u64)
+        self.manager_metric("converge_manager_jobs", &format!("state=\"{state}\""))
+            .await
     }
 
     /// The manager's `converge_manager_tasks` gauge (tokio tasks alive).
     pub async fn tasks(&self) -> anyhow::Result<u64> {
-        let m = self.metrics.context("only the manager counts tasks")?;
-        let text = scrape_metrics(m, false).await?;
-        Ok(text
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("converge_manager_tasks ")?
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-            })
-            .unwrap_or(0.0) as u64)
+        self.manager_metric("converge_manager_tasks", "").await
+    }
+
+    async fn scrape(&self) -> anyhow::Result<String> {
+        let m = self.metrics.context("only the manager serves metrics")?;
+        scrape_metrics(m, false).await
+    }
+
+    /// One of the manager's metrics (0 until it appears).
+    async fn manager_metric(&self, name: &str, labels: &str) -> anyhow::Result<u64> {
+        Ok(metric_value(&self.scrape().await?, name, labels).unwrap_or(0.0) as u64)
     }
 
     pub fn sample(&self) -> anyhow::Result<ProcSample> {
