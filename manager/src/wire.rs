@@ -364,7 +364,7 @@ pub fn job(
 /// A worker on the wire.
 pub fn worker(
     w: &Worker,
-    jobs: &std::collections::BTreeMap<String, Job>,
+    jobs: &converge_core::cluster::lifecycle::Jobs,
     policy: &str,
 ) -> pb::Worker {
     pb::Worker {

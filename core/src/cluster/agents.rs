@@ -336,18 +336,14 @@ impl Core {
                 continue;
             }
             j.samples += 1;
-            if cap > 0 {
-                if j.progress.len() >= cap {
-                    j.progress.pop_front();
-                }
-                j.progress.push_back(ProgressPoint {
-                    unix_ms: s.unix_ms,
-                    step: s.step,
-                    value: s.value,
-                    epoch: s.epoch,
-                    cpu_s: j.cpu_s,
-                });
-            }
+            let point = ProgressPoint {
+                unix_ms: s.unix_ms,
+                step: s.step,
+                value: s.value,
+                epoch: s.epoch,
+                cpu_s: j.cpu_s,
+            };
+            j.progress.push(point, cap);
             if s.checkpointed {
                 j.checkpoint_step = j.checkpoint_step.max(Some(s.step));
             }

@@ -21,7 +21,7 @@ impl Core {
         self.changes.jobs.insert(id.clone());
         self.jobs.insert(
             id.clone(),
-            Job {
+            Box::new(Job {
                 id: id.clone(),
                 seq,
                 spec,
@@ -38,7 +38,7 @@ impl Core {
                 metric_value: None,
                 samples: 0,
                 malformed: 0,
-                progress: VecDeque::new(),
+                progress: Progress::default(),
                 view: WorkerView::default(),
                 view_at: None,
                 cpu_s: 0.0,
@@ -49,7 +49,7 @@ impl Core {
                 last_migration_downtime: None,
                 resuming: None,
                 exit_code: None,
-            },
+            }),
         );
         self.pending.insert(seq, id.clone());
         self.dirty = true;

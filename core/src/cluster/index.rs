@@ -19,9 +19,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use converge_policy::cluster::WorkerSnapshot;
 
-use super::lifecycle::{Job, Worker};
+use super::lifecycle::{Jobs, Worker};
 use super::policy::snapshot;
-use super::types::{JobId, WorkerId};
+use super::types::WorkerId;
 
 /// Snapshots of every worker, in id order (module doc).
 #[derive(Debug, Default)]
@@ -42,7 +42,7 @@ impl PlacementIndex {
 
     /// Brings every changed snapshot up to date; a worker the index has not seen (workers are
     /// only ever added) rebuilds the order.
-    pub fn refresh(&mut self, workers: &BTreeMap<WorkerId, Worker>, jobs: &BTreeMap<JobId, Job>) {
+    pub fn refresh(&mut self, workers: &BTreeMap<WorkerId, Worker>, jobs: &Jobs) {
         let known = self.ids.len() == workers.len()
             && self.stale.iter().all(|id| self.position(id).is_some());
         if !known {
@@ -75,11 +75,7 @@ impl PlacementIndex {
 
     /// Whether every snapshot equals a fresh one (what tests check after every step).
     #[cfg(test)]
-    pub(crate) fn is_fresh(
-        &self,
-        workers: &BTreeMap<WorkerId, Worker>,
-        jobs: &BTreeMap<JobId, Job>,
-    ) -> bool {
+    pub(crate) fn is_fresh(&self, workers: &BTreeMap<WorkerId, Worker>, jobs: &Jobs) -> bool {
         self.stale.is_empty()
             && self.ids.iter().eq(workers.keys())
             && self

@@ -46,8 +46,8 @@ use converge_policy::estimate::Basis;
 use tracing::{debug, info, warn};
 
 use lifecycle::{
-    Incarnation, Job, JobPhase, Move, MovePhase, ProgressPoint, Resuming, Worker, WorkerPhase,
-    WorkerView,
+    Incarnation, Job, JobPhase, Jobs, Move, MovePhase, Progress, ProgressPoint, Resuming, Worker,
+    WorkerPhase, WorkerView,
 };
 use policy::{Admission, ClusterPolicy, ClusterView, Decision, Preempt, Report, Victim};
 use types::*;
@@ -281,7 +281,7 @@ pub struct Core {
     config: Config,
     policy: Box<dyn ClusterPolicy>,
     workers: BTreeMap<WorkerId, Worker>,
-    jobs: BTreeMap<JobId, Job>,
+    jobs: Jobs,
     /// Pending jobs by submission order.
     pending: BTreeMap<u64, JobId>,
     /// Which worker each live stream belongs to.
@@ -363,11 +363,11 @@ impl Core {
 
     /// One job.
     pub fn job(&self, id: &str) -> Option<&Job> {
-        self.jobs.get(id)
+        self.jobs.get(id).map(|j| &**j)
     }
 
     /// Every job, by id.
-    pub fn jobs(&self) -> &BTreeMap<JobId, Job> {
+    pub fn jobs(&self) -> &Jobs {
         &self.jobs
     }
 

@@ -61,6 +61,10 @@ pub struct Saved {
     pub workers: Vec<Worker>,
     /// The counters.
     pub counters: Counters,
+    /// The longest migration downtime of the finished jobs left out of `jobs` (a store loads
+    /// only the newest [`super::Config::keep_finished`] finished jobs: the rest stay archived,
+    /// and this is what the core's running maximum needs of them).
+    pub archived_downtime: Option<f64>,
 }
 
 /// Why saved records cannot make a core.
@@ -156,20 +160,21 @@ impl Core {
                 return Err(RestoreError::Duplicate(j.id));
             }
             let id = j.id.clone();
-            if core.jobs.insert(id.clone(), j).is_some() {
+            if core.jobs.insert(id.clone(), Box::new(j)).is_some() {
                 return Err(RestoreError::Duplicate(id));
             }
         }
         core.next_seq = next_seq;
         core.next_command = next_command;
         core.history = history;
+        core.archived_downtime = saved.archived_downtime;
         core.dirty = true;
         // Finished jobs in the order they finished; all but the newest are archived again.
         let mut finished: Vec<(&Job, Time)> = core
             .jobs
             .values()
             .filter(|j| j.is_terminal())
-            .map(|j| (j, j.finished_at.unwrap_or(Time::NEG_INFINITY)))
+            .map(|j| (&**j, j.finished_at.unwrap_or(Time::NEG_INFINITY)))
             .collect();
         finished.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.seq.cmp(&b.0.seq)));
         core.finished = finished.into_iter().map(|(j, _)| j.id.clone()).collect();

@@ -70,11 +70,28 @@ impl Shadow {
         self.counters = core.counters();
     }
 
+    /// What a restart reads, as the SQLite store reads it: every live job, the newest
+    /// [`KEEP_FINISHED`] finished ones, and the longest downtime of the finished ones left out.
     fn saved(&self) -> saved::Saved {
+        let mut finished: Vec<&Job> = self.jobs.values().filter(|j| j.is_terminal()).collect();
+        finished.sort_by(|a, b| {
+            let at = |j: &Job| j.finished_at.unwrap_or(f64::NEG_INFINITY);
+            at(b).total_cmp(&at(a)).then(b.seq.cmp(&a.seq))
+        });
+        let left_out = finished.split_off(finished.len().min(KEEP_FINISHED));
         saved::Saved {
-            jobs: self.jobs.values().cloned().collect(),
+            jobs: self
+                .jobs
+                .values()
+                .filter(|j| !j.is_terminal() || finished.iter().any(|f| f.id == j.id))
+                .cloned()
+                .collect(),
             workers: self.workers.values().cloned().collect(),
             counters: self.counters.clone(),
+            archived_downtime: left_out
+                .iter()
+                .filter_map(|j| j.last_migration_downtime)
+                .reduce(f64::max),
         }
     }
 
@@ -111,6 +128,9 @@ impl Shadow {
     }
 }
 
+/// Small, so that archiving runs in every test and every interleaving.
+const KEEP_FINISHED: usize = 2;
+
 fn config() -> Config {
     Config {
         heartbeat_interval: 1.0,
@@ -118,8 +138,7 @@ fn config() -> Config {
         recover_lost_after: 10.0,
         save_deadline: 5.0,
         progress_history: 8,
-        // Small, so that archiving runs in every test and every interleaving.
-        keep_finished: 2,
+        keep_finished: KEEP_FINISHED,
         id_prefix: "t".into(),
     }
 }

@@ -18,7 +18,10 @@
 //! and heartbeats) is written with the next, or within [`FLUSH_EVERY`]. A store that fails stops
 //! the manager: it would otherwise act on decisions it could not keep.
 
+mod specs;
 mod trace;
+
+pub use specs::Specs;
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime};
@@ -122,9 +125,9 @@ pub struct Actor {
     manager_id: String,
     tick_every: Duration,
     core: Core,
-    /// The full spec of every job the core accepted (what a Start carries). Written once, at
+    /// The full spec of every job the core holds (what a Start carries). Written once, at
     /// submission.
-    specs: HashMap<JobId, JobSpec>,
+    specs: Specs,
     /// The outbound half of every live agent stream.
     links: HashMap<ConnectionId, AgentLink>,
     events: EventLog,
@@ -180,8 +183,8 @@ const SOFT_MIN: usize = 1_000;
 /// What a restarted manager recovered besides the core: the specs the Starts carry and the
 /// event log.
 pub struct Restored {
-    /// Every job's full spec.
-    pub specs: HashMap<JobId, JobSpec>,
+    /// The full spec of every job the core holds.
+    pub specs: Specs,
     /// The event log, going on from the stored numbers.
     pub events: EventLog,
 }
@@ -219,7 +222,7 @@ impl Actor {
         let (specs, events) = restored.map_or_else(
             || {
                 (
-                    HashMap::new(),
+                    Specs::default(),
                     EventLog::with_capacity(config.events_in_memory),
                 )
             },
@@ -449,7 +452,7 @@ impl Actor {
     ) -> Option<Input> {
         let mut cmd = wire::command(command, None);
         if let Some(pb::command::Action::Start(s)) = &mut cmd.action {
-            s.spec = self.specs.get(&cmd.job_id).cloned();
+            s.spec = self.specs.get(&cmd.job_id);
         }
         let action = cmd.action.as_ref().map_or("none", |a| a.name());
         let span = self.traces.command_span(&cmd, worker);
@@ -502,7 +505,7 @@ impl Actor {
             .drain(..)
             .filter(|id| self.core.job(id).is_some())
             .filter_map(|id| {
-                let bytes = self.specs.get(&id)?.encode_to_vec();
+                let bytes = self.specs.encoded(&id)?.to_vec();
                 Some((id, bytes))
             })
             .collect();
@@ -671,7 +674,7 @@ impl Actor {
                     .into_iter()
                     .map(|j| {
                         let eta = self.core.eta(&j.id, now);
-                        wire::job(j, self.specs.get(&j.id), policy, false, eta)
+                        wire::job(j, self.specs.get(&j.id).as_ref(), policy, false, eta)
                     })
                     .collect();
                 if want.is_none_or(|s| s.is_terminal()) {
@@ -783,7 +786,7 @@ impl Actor {
             let eta = self.core.eta(id, now());
             return Ok(wire::job(
                 j,
-                self.specs.get(id),
+                self.specs.get(id).as_ref(),
                 self.core.policy_name(),
                 include_progress,
                 eta,
@@ -828,7 +831,7 @@ impl Actor {
         span.record("image", spec.image.as_str());
         self.traces.submitted(&id, &span);
         let core_spec = wire::job_spec(&spec);
-        self.specs.insert(id.clone(), spec);
+        self.specs.insert(id.clone(), &spec);
         if self.store.is_some() {
             self.unsaved.specs.push(id.clone());
         }

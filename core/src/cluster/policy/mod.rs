@@ -31,7 +31,7 @@ use converge_policy::cluster::{JobRequest, JobSnapshot, WorkerSnapshot};
 use converge_policy::estimate::{self, Estimate, Known, Point, ServiceHistory};
 
 use super::index::PlacementIndex;
-use super::lifecycle::{Job, JobPhase, Worker};
+use super::lifecycle::{Job, JobPhase, Jobs, Worker};
 use super::types::{JobId, JobSpec, MoveReason, Time, WorkerId, WorkerMode};
 
 /// What the policies see: the core's workers and jobs, read-only.
@@ -40,7 +40,7 @@ pub struct ClusterView<'a> {
     /// Workers by id (sorted: every policy sees them in the same order).
     pub workers: &'a BTreeMap<WorkerId, Worker>,
     /// Jobs by id.
-    pub jobs: &'a BTreeMap<JobId, Job>,
+    pub jobs: &'a Jobs,
     /// Sizes of completed jobs.
     pub history: &'a ServiceHistory,
     /// Every worker's placement snapshot (`index`).
@@ -50,8 +50,12 @@ pub struct ClusterView<'a> {
 }
 
 /// What a placer sees of worker `w`: its reservations and its jobs' last reports.
-pub fn snapshot(w: &Worker, jobs: &BTreeMap<JobId, Job>) -> WorkerSnapshot {
-    let jobs: Vec<&Job> = w.jobs.iter().filter_map(|id| jobs.get(id)).collect();
+pub fn snapshot(w: &Worker, jobs: &Jobs) -> WorkerSnapshot {
+    let jobs: Vec<&Job> = w
+        .jobs
+        .iter()
+        .filter_map(|id| jobs.get(id).map(|j| &**j))
+        .collect();
     WorkerSnapshot {
         id: w.id.clone(),
         cpu_capacity: w.cpu_capacity,
@@ -136,6 +140,7 @@ impl<'a> ClusterView<'a> {
     pub fn running(&self) -> impl Iterator<Item = &'a Job> + 'a {
         self.jobs
             .values()
+            .map(|j| &**j)
             .filter(|j| matches!(j.phase, JobPhase::Running { .. }))
     }
 }

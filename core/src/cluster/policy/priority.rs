@@ -287,7 +287,7 @@ impl PriorityPolicy {
         let jobs: Vec<&Job> = w
             .jobs
             .iter()
-            .filter_map(|id| view.jobs.get(id))
+            .filter_map(|id| view.jobs.get(id).map(|j| &**j))
             .filter(|j| {
                 matches!(
                     j.phase,

@@ -106,7 +106,11 @@ pub fn node_states(view: ClusterView<'_>, shares: &BTreeMap<JobId, u32>) -> Vec<
     view.workers
         .values()
         .map(|w| {
-            let mut jobs: Vec<&Job> = w.jobs.iter().filter_map(|id| view.jobs.get(id)).collect();
+            let mut jobs: Vec<&Job> = w
+                .jobs
+                .iter()
+                .filter_map(|id| view.jobs.get(id).map(|j| &**j))
+                .collect();
             // Ordered by submission so decisions are deterministic.
             jobs.sort_by_key(|j| j.seq);
             NodeState {
@@ -207,7 +211,7 @@ impl ClusterPolicy for ValuePolicy {
         job: &JobId,
         view: ClusterView<'_>,
     ) -> Vec<Decision> {
-        let ended = view.jobs.get(job).is_none_or(Job::is_terminal);
+        let ended = view.jobs.get(job).is_none_or(|j| j.is_terminal());
         if ended {
             self.shares.remove(job);
         }
