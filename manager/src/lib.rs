@@ -231,7 +231,7 @@ fn recover(
     use prost::Message;
     let mut store = Sqlite::open(dir)?;
     let path = store.location();
-    let got = store.load(events_in_memory)?;
+    let got = store.load(events_in_memory, core_config.keep_finished)?;
     if got.is_empty() {
         info!(%path, "state store is empty: a new cluster");
         return Ok(Started {
@@ -244,11 +244,11 @@ fn recover(
         path: path.clone(),
         why,
     };
-    let mut specs = std::collections::HashMap::new();
+    let mut specs = actor::Specs::default();
     for (id, bytes) in got.specs {
-        let spec = pb::JobSpec::decode(bytes.as_slice())
+        specs
+            .insert_encoded(id.clone(), bytes)
             .map_err(|e| bad(format!("the spec of job {id} cannot be decoded: {e}")))?;
-        specs.insert(id, spec);
     }
     let mut history = Vec::with_capacity(got.events.len());
     for e in got.events {
@@ -266,6 +266,8 @@ fn recover(
         %path, jobs, live, workers, next_event = got.next_event_seq, grace_s = grace.as_secs_f64(),
         "recovered the cluster from the state store; waiting for the agents to register again"
     );
+    // The archived jobs' specs are the store's to answer with, as before the restart.
+    specs.retain(|id| core.job(id).is_some());
     let restored = actor::Restored {
         specs,
         events: events::EventLog::recovered(history, got.next_event_seq, events_in_memory),

@@ -92,8 +92,10 @@ impl Recovered {
 
 /// A backend for the manager's state.
 pub trait Store: Send {
-    /// Everything stored (read once, at start).
-    fn load(&mut self, newest_events: usize) -> Result<Recovered>;
+    /// What a starting manager needs (read once): every worker, every live job and the
+    /// `newest_finished` jobs that finished last (the rest stay archived, answered by
+    /// [`Store::jobs`]), with their specs; the newest `newest_events` events.
+    fn load(&mut self, newest_events: usize, newest_finished: usize) -> Result<Recovered>;
 
     /// Writes `batch` atomically: after it returns, a crash loses none of it.
     fn commit(&mut self, batch: &Batch<'_>) -> Result<()>;

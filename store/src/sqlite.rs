@@ -148,10 +148,17 @@ impl Sqlite {
 
     /// Every `(id, record)` row `sql` selects, decoded; a record that cannot be read is named
     /// (`what` and its id).
-    fn records<T: serde::de::DeserializeOwned>(&self, sql: &str, what: &str) -> Result<Vec<T>> {
+    fn records<T: serde::de::DeserializeOwned>(
+        &self,
+        sql: &str,
+        params: impl rusqlite::Params,
+        what: &str,
+    ) -> Result<Vec<T>> {
         let mut q = self.conn.prepare(sql).map_err(self.sql())?;
         let rows = q
-            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+            .query_map(params, |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+            })
             .map_err(self.sql())?;
         let mut out = Vec::new();
         for row in rows {
@@ -255,12 +262,41 @@ impl Store for Sqlite {
         Ok(out)
     }
 
-    fn load(&mut self, newest_events: usize) -> Result<Recovered> {
+    fn load(&mut self, newest_events: usize, newest_finished: usize) -> Result<Recovered> {
+        // Finished jobs beyond the newest few would be archived again as soon as the core is
+        // rebuilt: they stay on disk, so that a restart reads what it keeps, not the whole
+        // history. "Newest" is the core's order (`Core::from_saved`): finish time, then
+        // submission; a job with no finish time is the oldest.
+        let terminal = terminal_labels();
         let mut saved = Saved {
-            jobs: self.records("SELECT id, record FROM jobs ORDER BY seq", "job")?,
-            workers: self.records("SELECT id, record FROM workers ORDER BY id", "worker")?,
+            jobs: self.records(
+                &format!(
+                    "SELECT id, record FROM jobs
+                     WHERE state NOT IN ({terminal}) OR id IN (
+                         SELECT id FROM jobs WHERE state IN ({terminal})
+                         ORDER BY json_extract(record, '$.finished_at') DESC NULLS LAST, seq DESC
+                         LIMIT ?1)
+                     ORDER BY seq"
+                ),
+                [i64::try_from(newest_finished).unwrap_or(i64::MAX)],
+                "job",
+            )?,
+            workers: self.records("SELECT id, record FROM workers ORDER BY id", [], "worker")?,
             ..Saved::default()
         };
+        // What the core's running maximum needs of the jobs left on disk (taking the loaded
+        // ones in too changes nothing: it is a maximum).
+        saved.archived_downtime = self
+            .conn
+            .query_row(
+                &format!(
+                    "SELECT max(json_extract(record, '$.last_migration_downtime')) FROM jobs
+                     WHERE state IN ({terminal})"
+                ),
+                [],
+                |r| r.get(0),
+            )
+            .map_err(self.sql())?;
         let meta = |key: &str| -> Result<Option<String>> {
             self.conn
                 .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
@@ -279,15 +315,19 @@ impl Store for Sqlite {
         }
         let mut specs = Vec::new();
         {
+            // Only the loaded jobs' specs: the archived ones are read when asked for.
             let mut q = self
                 .conn
-                .prepare("SELECT id, spec FROM specs")
+                .prepare("SELECT spec FROM specs WHERE id = ?1")
                 .map_err(self.sql())?;
-            let rows = q
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-                .map_err(self.sql())?;
-            for row in rows {
-                specs.push(row.map_err(self.sql())?);
+            for j in &saved.jobs {
+                if let Some(spec) = q
+                    .query_row([&j.id], |r| r.get::<_, Vec<u8>>(0))
+                    .optional()
+                    .map_err(self.sql())?
+                {
+                    specs.push((j.id.clone(), spec));
+                }
             }
         }
         let last: Option<i64> = self
@@ -405,4 +445,15 @@ impl Store for Sqlite {
     fn location(&self) -> String {
         self.path.display().to_string()
     }
+}
+
+/// `'completed', 'failed', ...`: the labels of the terminal states, for SQL.
+fn terminal_labels() -> String {
+    use converge_core::cluster::types::JobState as S;
+    [S::Completed, S::Failed, S::Cancelled, S::Rejected]
+        .iter()
+        .inspect(|s| debug_assert!(s.is_terminal()))
+        .map(|s| format!("'{}'", s.label()))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -152,7 +152,7 @@ fn what_a_core_wrote_comes_back_as_the_same_core() {
     drop(store);
 
     let mut store = Sqlite::open(dir.path()).unwrap();
-    let got = store.load(10).unwrap();
+    let got = store.load(10, usize::MAX).unwrap();
     let after = Core::from_saved(
         Config::default(),
         by_name("spread", &PolicyConfig::default()).unwrap(),
@@ -184,7 +184,7 @@ fn what_a_core_wrote_comes_back_as_the_same_core() {
         );
     }
     // Loading twice gives the same records.
-    let again = store.load(10).unwrap();
+    let again = store.load(10, usize::MAX).unwrap();
     assert_eq!(debug_jobs(&again.saved), debug_jobs(&got.saved));
 }
 
@@ -192,6 +192,22 @@ fn what_a_core_wrote_comes_back_as_the_same_core() {
 fn events_keep_their_numbers_and_specs_are_written_once() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = Sqlite::open(dir.path()).unwrap();
+    // A restart reads the specs of the jobs it loads: job a is one.
+    let mut core = core();
+    core.step(
+        1.0,
+        Input::Submit {
+            id: "a".into(),
+            spec: JobSpec::default(),
+        },
+    );
+    store
+        .commit(&Batch {
+            jobs: vec![core.job("a").unwrap()],
+            counters: Some(&core.counters()),
+            ..Batch::default()
+        })
+        .unwrap();
     let events: Vec<StoredEvent> = (1..=25)
         .map(|seq| StoredEvent {
             seq,
@@ -214,7 +230,10 @@ fn events_keep_their_numbers_and_specs_are_written_once() {
         })
         .unwrap();
     drop(store);
-    let got = Sqlite::open(dir.path()).unwrap().load(10).unwrap();
+    let got = Sqlite::open(dir.path())
+        .unwrap()
+        .load(10, usize::MAX)
+        .unwrap();
     assert_eq!(got.next_event_seq, 26);
     assert_eq!(got.events, events[15..].to_vec(), "the newest 10, in order");
     assert_eq!(got.specs, vec![("a".to_string(), b"first".to_vec())]);
@@ -299,4 +318,52 @@ fn a_second_manager_on_the_same_directory_is_refused() {
     let _first = Sqlite::open(dir.path()).unwrap();
     let why = refusal(dir.path());
     assert!(why.contains("another manager holds it"), "{why}");
+}
+
+#[test]
+fn a_restart_reads_the_live_jobs_and_only_the_newest_finished_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Sqlite::open(dir.path()).unwrap();
+    let mut core = core();
+    let ids = ["j0", "j1", "j2", "j3", "j4"];
+    for (i, id) in ids.iter().enumerate() {
+        core.step(
+            1.0 + i as f64,
+            Input::Submit {
+                id: id.to_string(),
+                spec: JobSpec::default(),
+            },
+        );
+    }
+    // j0..j3 finish in that order; j4 stays pending (no worker).
+    for (i, id) in ids[..4].iter().enumerate() {
+        core.step(10.0 + i as f64, Input::Cancel { id: id.to_string() });
+    }
+    let mut records: Vec<_> = ids.iter().map(|id| core.job(id).unwrap().clone()).collect();
+    // The oldest finished job had the longest move: it must still count after a restart.
+    records[0].last_migration_downtime = Some(7.5);
+    records[3].last_migration_downtime = Some(1.0);
+    store
+        .commit(&Batch {
+            jobs: records.iter().collect(),
+            specs: ids.iter().map(|id| (*id, id.as_bytes())).collect(),
+            counters: Some(&core.counters()),
+            ..Batch::default()
+        })
+        .unwrap();
+    drop(store);
+
+    let got = Sqlite::open(dir.path()).unwrap().load(10, 2).unwrap();
+    let loaded: Vec<&str> = got.saved.jobs.iter().map(|j| j.id.as_str()).collect();
+    assert_eq!(
+        loaded,
+        ["j2", "j3", "j4"],
+        "the live job and the two that finished last"
+    );
+    assert_eq!(got.saved.archived_downtime, Some(7.5));
+    let specs: Vec<&str> = got.specs.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(specs, ["j2", "j3", "j4"], "only the loaded jobs' specs");
+    // The archived ones are still answered for.
+    let mut store = Sqlite::open(dir.path()).unwrap();
+    assert_eq!(store.jobs(Some("j0"), None).unwrap().len(), 1);
 }
