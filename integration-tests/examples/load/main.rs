@@ -15,6 +15,8 @@
 //!   echo's round trip), and the server process's CPU and RSS from `/proc`.
 //! - `memory`: RSS of the manager with 1k, 10k and 100k live jobs, each with a full progress
 //!   history, over the RSS with none: bytes per live job.
+//!   With `CONVERGE_LOAD_WRAP="heaptrack -o /tmp/manager"` the manager runs under a heap
+//!   profiler (the RSS figures are then the profiler's): where the bytes per job go.
 //! - `soak`: agents for minutes with jobs starting and finishing and agents reconnecting at
 //!   random; RSS, tokio tasks, threads and open files every 10 s, drawn as an SVG; at the end,
 //!   every job's final state is checked.
@@ -72,6 +74,15 @@ enum Cmd {
         /// Extra arguments for the manager (e.g. `--manager-arg=--progress-history=1`).
         #[arg(long = "manager-arg", allow_hyphen_values = true)]
         manager_args: Vec<String>,
+    },
+    /// Where a heap profile's peak went, by the innermost Converge function on each stack:
+    /// reads heaptrack's collapsed stacks (`heaptrack_print -f FILE.zst
+    /// --flamegraph-cost-type peak -F STACKS`).
+    Heap {
+        stacks: std::path::PathBuf,
+        /// Rows shown.
+        #[arg(long, default_value_t = 12)]
+        top: usize,
     },
     /// Agents for minutes with jobs coming and going and agents reconnecting.
     Soak {
@@ -132,6 +143,7 @@ fn main() -> anyhow::Result<()> {
                 points,
                 manager_args,
             } => memory(&levels, points, &manager_args).await?,
+            Cmd::Heap { stacks, top } => heap(&stacks, top)?,
             Cmd::Soak {
                 agents,
                 minutes,
@@ -395,6 +407,63 @@ async fn memory(levels: &[usize], points: u64, extra: &[String]) -> anyhow::Resu
         );
     }
     fleet.stop().await;
+    Ok(())
+}
+
+/// Peak heap bytes by the innermost frame of our own crates (and what it called), from
+/// heaptrack's collapsed stacks: one line per stack, frames root first, `;`-separated, then
+/// the bytes.
+fn heap(stacks: &std::path::Path, top: usize) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(stacks)
+        .with_context(|| format!("reading heaptrack's stacks from {}", stacks.display()))?;
+    // Rust's symbol hashes (`::h0123456789abcdef`) would split one function into many rows.
+    // heaptrack prints legacy-mangled escapes (`_$LT$impl$u20$Foo$GT$`): made readable.
+    let name = |f: &str| {
+        let f = match f.rfind("::h") {
+            Some(i) if f.len() - i == 19 => &f[..i],
+            _ => f,
+        };
+        [
+            ("$LT$", "<"),
+            ("$GT$", ">"),
+            ("$u20$", " "),
+            ("$C$", ","),
+            ("$u7b$", "{"),
+            ("$u7d$", "}"),
+            ("$RF$", "&"),
+            ("..", "::"),
+        ]
+        .iter()
+        .fold(f.trim_start_matches('_').to_string(), |s, (from, to)| {
+            s.replace(from, to)
+        })
+    };
+    let mut by: std::collections::HashMap<String, u64> = Default::default();
+    for line in text.lines() {
+        let Some((stack, bytes)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let bytes: u64 = bytes.parse().context("a stack's bytes")?;
+        let frames: Vec<&str> = stack.split(';').collect();
+        let key = match frames.iter().rposition(|f| f.contains("converge")) {
+            Some(i) => {
+                let callee = frames.get(i + 1).map(|f| name(f)).unwrap_or_default();
+                format!("{} -> {callee}", name(frames[i]))
+            }
+            None => "(outside our crates: connections, HTTP/2, decode buffers)".into(),
+        };
+        *by.entry(key).or_default() += bytes;
+    }
+    let total: u64 = by.values().sum();
+    let mut rows: Vec<_> = by.into_iter().collect();
+    rows.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    println!("peak heap: {:.2} MiB", total as f64 / (1 << 20) as f64);
+    println!("| MiB at peak | where (innermost Converge frame -> what it called) |");
+    println!("|---:|---|");
+    for (key, bytes) in rows.into_iter().take(top) {
+        let key: String = key.chars().take(160).collect();
+        println!("| {:.2} | `{key}` |", bytes as f64 / (1 << 20) as f64);
+    }
     Ok(())
 }
 

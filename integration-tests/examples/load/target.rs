@@ -52,7 +52,17 @@ impl Target {
                 let bin = sibling("converge-manager")?;
                 let state = tempfile::tempdir()?;
                 let metrics = free_local_addr();
-                let mut cmd = Command::new(&bin);
+                // `CONVERGE_LOAD_WRAP` runs the manager under a profiler (e.g. "heaptrack -o
+                // /tmp/manager"); the RSS figures are then the wrapper's, not the manager's.
+                let mut cmd = match std::env::var("CONVERGE_LOAD_WRAP") {
+                    Ok(wrap) if !wrap.trim().is_empty() => {
+                        let mut words = wrap.split_whitespace();
+                        let mut cmd = Command::new(words.next().unwrap_or_default());
+                        cmd.args(words).arg(&bin);
+                        cmd
+                    }
+                    _ => Command::new(&bin),
+                };
                 cmd.args(["--listen", &addr.to_string()])
                     .args(["--metrics-listen", &metrics.to_string()]);
                 // A `--state-dir` among the extra arguments wins (clap takes the last).
