@@ -111,7 +111,10 @@ pub fn agent_message(kind: AgentKind) -> Option<core::AgentMessage> {
                     unix_ms: s.unix_ms,
                     step: s.step,
                     total_steps: s.total_steps,
-                    value: s.value,
+                    // The agent's contract never reports a non-finite metric; an agent that
+                    // did would otherwise poison the estimates (and NaN is how the core packs
+                    // "no value").
+                    value: s.value.filter(|v| v.is_finite()),
                 })
                 .collect(),
             malformed: b

@@ -84,9 +84,16 @@ pub struct Recovered {
 }
 
 impl Recovered {
-    /// Whether the store was empty (a first start).
+    /// Whether the store was empty (a first start). Judged by what was ever written, not by
+    /// what was loaded: a store whose jobs all finished and were left on disk loads none of
+    /// them, but its counters and event numbers must go on.
     pub fn is_empty(&self) -> bool {
-        self.saved.jobs.is_empty() && self.saved.workers.is_empty() && self.events.is_empty()
+        self.saved.jobs.is_empty()
+            && self.saved.workers.is_empty()
+            && self.events.is_empty()
+            && self.next_event_seq <= 1
+            && self.saved.counters.next_seq == 0
+            && self.saved.counters.next_command == 0
     }
 }
 

@@ -450,9 +450,36 @@ impl Store for Sqlite {
 /// `'completed', 'failed', ...`: the labels of the terminal states, for SQL.
 fn terminal_labels() -> String {
     use converge_core::cluster::types::JobState as S;
-    [S::Completed, S::Failed, S::Cancelled, S::Rejected]
-        .iter()
-        .inspect(|s| debug_assert!(s.is_terminal()))
+    // Every state, checked by a match with no wildcard: a new state is a compile error here
+    // until it is listed (else a new terminal state would be loaded as live forever).
+    const ALL: [S; 11] = [
+        S::Pending,
+        S::Starting,
+        S::Running,
+        S::Migrating,
+        S::Lost,
+        S::Paused,
+        S::Stopping,
+        S::Completed,
+        S::Failed,
+        S::Cancelled,
+        S::Rejected,
+    ];
+    let _listed = |s: S| match s {
+        S::Pending
+        | S::Starting
+        | S::Running
+        | S::Migrating
+        | S::Lost
+        | S::Paused
+        | S::Stopping
+        | S::Completed
+        | S::Failed
+        | S::Cancelled
+        | S::Rejected => (),
+    };
+    ALL.iter()
+        .filter(|s| s.is_terminal())
         .map(|s| format!("'{}'", s.label()))
         .collect::<Vec<_>>()
         .join(", ")

@@ -366,4 +366,18 @@ fn a_restart_reads_the_live_jobs_and_only_the_newest_finished_ones() {
     // The archived ones are still answered for.
     let mut store = Sqlite::open(dir.path()).unwrap();
     assert_eq!(store.jobs(Some("j0"), None).unwrap().len(), 1);
+
+    // Every job finished, none kept in memory, no workers, no events loaded: still not a new
+    // cluster (its submission numbers must go on).
+    core.step(20.0, Input::Cancel { id: "j4".into() });
+    store
+        .commit(&Batch {
+            jobs: vec![core.job("j4").unwrap()],
+            counters: Some(&core.counters()),
+            ..Batch::default()
+        })
+        .unwrap();
+    let got = store.load(0, 0).unwrap();
+    assert!(got.saved.jobs.is_empty() && got.saved.workers.is_empty() && got.events.is_empty());
+    assert!(!got.is_empty(), "a store with history is not a first start");
 }

@@ -55,7 +55,8 @@ pub struct Counters {
 /// Everything a core is rebuilt from.
 #[derive(Debug, Clone, Default)]
 pub struct Saved {
-    /// Every job.
+    /// Every live job, and the finished ones a restart keeps in memory (a store may leave
+    /// older finished jobs on disk: see `archived_downtime`).
     pub jobs: Vec<Job>,
     /// Every worker.
     pub workers: Vec<Worker>,
@@ -138,7 +139,8 @@ impl Core {
             next_command,
             history,
         } = saved.counters;
-        for j in saved.jobs {
+        for mut j in saved.jobs {
+            j.progress.keep_newest(core.config.progress_history);
             if j.seq >= next_seq {
                 return Err(RestoreError::Counters {
                     next_seq,

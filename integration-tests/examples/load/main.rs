@@ -16,7 +16,8 @@
 //! - `memory`: RSS of the manager with 1k, 10k and 100k live jobs, each with a full progress
 //!   history, over the RSS with none: bytes per live job.
 //!   With `CONVERGE_LOAD_WRAP="heaptrack -o /tmp/manager"` the manager runs under a heap
-//!   profiler (the RSS figures are then the profiler's): where the bytes per job go.
+//!   profiler (its RSS then includes the profiler's own): where the bytes per job go, read
+//!   with `heap`.
 //! - `soak`: agents for minutes with jobs starting and finishing and agents reconnecting at
 //!   random; RSS, tokio tasks, threads and open files every 10 s, drawn as an SVG; at the end,
 //!   every job's final state is checked.
@@ -419,6 +420,11 @@ fn heap(stacks: &std::path::Path, top: usize) -> anyhow::Result<()> {
     // Rust's symbol hashes (`::h0123456789abcdef`) would split one function into many rows.
     // heaptrack prints legacy-mangled escapes (`_$LT$impl$u20$Foo$GT$`): made readable.
     let name = |f: &str| {
+        // With debug info heaptrack appends the file: `foo::h0123.. (src/x.rs)`.
+        let f = match f.rfind(" (") {
+            Some(i) if f.ends_with(')') => &f[..i],
+            _ => f,
+        };
         let f = match f.rfind("::h") {
             Some(i) if f.len() - i == 19 => &f[..i],
             _ => f,
@@ -447,7 +453,11 @@ fn heap(stacks: &std::path::Path, top: usize) -> anyhow::Result<()> {
         let frames: Vec<&str> = stack.split(';').collect();
         let key = match frames.iter().rposition(|f| f.contains("converge")) {
             Some(i) => {
-                let callee = frames.get(i + 1).map(|f| name(f)).unwrap_or_default();
+                let callee = frames
+                    .get(i + 1)
+                    .map(|f| name(f))
+                    .filter(|c| !c.is_empty())
+                    .unwrap_or_else(|| "(allocates itself)".into());
                 format!("{} -> {callee}", name(frames[i]))
             }
             None => "(outside our crates: connections, HTTP/2, decode buffers)".into(),

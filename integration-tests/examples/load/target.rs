@@ -27,6 +27,8 @@ pub struct Target {
     pub addr: SocketAddr,
     metrics: Option<SocketAddr>,
     child: Child,
+    /// Started under `CONVERGE_LOAD_WRAP`: the child is the wrapper, the manager its child.
+    wrapped: bool,
     /// Messages the bare server reports having read (its stdout).
     bare_count: Arc<AtomicU64>,
     _state: Option<tempfile::TempDir>,
@@ -47,18 +49,22 @@ impl Target {
     /// Starts `kind` on a free loopback port and waits until it accepts connections.
     pub async fn start(kind: Kind, extra: &[&str]) -> anyhow::Result<Self> {
         let addr = free_local_addr();
+        let mut wrapped = false;
         let (child, metrics, state, bare_count) = match kind {
             Kind::Manager => {
                 let bin = sibling("converge-manager")?;
                 let state = tempfile::tempdir()?;
                 let metrics = free_local_addr();
                 // `CONVERGE_LOAD_WRAP` runs the manager under a profiler (e.g. "heaptrack -o
-                // /tmp/manager"); the RSS figures are then the wrapper's, not the manager's.
+                // /tmp/manager"). The wrapper gets its own process group, so that stopping it
+                // stops the manager too and lets the profiler finish its file.
                 let mut cmd = match std::env::var("CONVERGE_LOAD_WRAP") {
                     Ok(wrap) if !wrap.trim().is_empty() => {
                         let mut words = wrap.split_whitespace();
                         let mut cmd = Command::new(words.next().unwrap_or_default());
                         cmd.args(words).arg(&bin);
+                        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+                        wrapped = true;
                         cmd
                     }
                     _ => Command::new(&bin),
@@ -116,6 +122,7 @@ impl Target {
             addr,
             metrics,
             child,
+            wrapped,
             bare_count,
             _state: state,
         })
@@ -125,8 +132,23 @@ impl Target {
         format!("http://{}", self.addr)
     }
 
+    /// The server's process: under a wrapper, the wrapper's child that runs the manager (so
+    /// that CPU and RSS are the manager's, profiler included), else the child itself.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        let pid = self.child.id();
+        if !self.wrapped {
+            return pid;
+        }
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        children
+            .split_whitespace()
+            .filter_map(|c| c.parse::<u32>().ok())
+            .find(|c| {
+                std::fs::read_to_string(format!("/proc/{c}/comm"))
+                    .is_ok_and(|comm| comm.starts_with("converge-manage"))
+            })
+            .unwrap_or(pid)
     }
 
     /// Agent messages the server has handled: the manager's own counter (taken by its actor,
@@ -180,7 +202,20 @@ impl Target {
 
 impl Drop for Target {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        if self.wrapped {
+            // SIGTERM to the manager alone: it shuts down, and the profiler, still running,
+            // finishes its file and exits (the whole group would take the profiler down
+            // mid-write). Without a manager found, the group.
+            let manager = self.pid();
+            let target = if manager == self.child.id() {
+                format!("-{manager}")
+            } else {
+                manager.to_string()
+            };
+            let _ = Command::new("kill").args(["-TERM", "--", &target]).status();
+        } else {
+            let _ = self.child.kill();
+        }
         let _ = self.child.wait();
     }
 }
