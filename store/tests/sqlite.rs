@@ -17,35 +17,48 @@ fn core() -> Core {
     )
 }
 
+/// `core` takes `input` at `now`, and what the step changed is written as the manager writes
+/// it (soft changes too, as a manager that stops writes them all).
+fn step_stored(store: &mut Sqlite, core: &mut Core, now: f64, input: Input) -> Vec<Effect> {
+    let out = core.step(now, input);
+    let changes = core.take_changes();
+    let counters = core.counters();
+    let batch = Batch {
+        jobs: changes
+            .jobs
+            .iter()
+            .chain(&changes.soft)
+            .filter_map(|j| core.job(j))
+            .collect(),
+        workers: changes
+            .workers
+            .iter()
+            .filter_map(|w| core.worker(w))
+            .collect(),
+        counters: Some(&counters),
+        history_changed: changes.history,
+        ..Batch::default()
+    };
+    store.commit(&batch).unwrap();
+    out
+}
+
+/// A submission with nothing but an id.
+fn submit(id: &str) -> Input {
+    Input::Submit {
+        id: id.into(),
+        spec: JobSpec::default(),
+    }
+}
+
 /// Three workers, three jobs: one running with progress, one being moved by a drain, one
-/// pending; the records of every step written as the manager writes them (soft changes too,
-/// as a manager that stops writes them all).
+/// pending; the records of every step written as the manager writes them.
 fn busy_core(store: &mut Sqlite) -> Core {
     let mut core = core();
     let mut now = 100.0;
     let mut step = |core: &mut Core, input: Input| {
         now += 1.0;
-        let out = core.step(now, input);
-        let changes = core.take_changes();
-        let counters = core.counters();
-        let batch = Batch {
-            jobs: changes
-                .jobs
-                .iter()
-                .chain(&changes.soft)
-                .filter_map(|j| core.job(j))
-                .collect(),
-            workers: changes
-                .workers
-                .iter()
-                .filter_map(|w| core.worker(w))
-                .collect(),
-            counters: Some(&counters),
-            history_changed: changes.history,
-            ..Batch::default()
-        };
-        store.commit(&batch).unwrap();
-        out
+        step_stored(store, core, now, input)
     };
     for (conn, w) in [(1, "w1"), (2, "w2")] {
         step(
@@ -193,21 +206,7 @@ fn events_keep_their_numbers_and_specs_are_written_once() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = Sqlite::open(dir.path()).unwrap();
     // A restart reads the specs of the jobs it loads: job a is one.
-    let mut core = core();
-    core.step(
-        1.0,
-        Input::Submit {
-            id: "a".into(),
-            spec: JobSpec::default(),
-        },
-    );
-    store
-        .commit(&Batch {
-            jobs: vec![core.job("a").unwrap()],
-            counters: Some(&core.counters()),
-            ..Batch::default()
-        })
-        .unwrap();
+    step_stored(&mut store, &mut core(), 1.0, submit("a"));
     let events: Vec<StoredEvent> = (1..=25)
         .map(|seq| StoredEvent {
             seq,
@@ -327,27 +326,24 @@ fn a_restart_reads_the_live_jobs_and_only_the_newest_finished_ones() {
     let mut core = core();
     let ids = ["j0", "j1", "j2", "j3", "j4"];
     for (i, id) in ids.iter().enumerate() {
-        core.step(
-            1.0 + i as f64,
-            Input::Submit {
-                id: id.to_string(),
-                spec: JobSpec::default(),
-            },
-        );
+        step_stored(&mut store, &mut core, 1.0 + i as f64, submit(id));
     }
     // j0..j3 finish in that order; j4 stays pending (no worker).
     for (i, id) in ids[..4].iter().enumerate() {
-        core.step(10.0 + i as f64, Input::Cancel { id: id.to_string() });
+        let cancel = Input::Cancel { id: id.to_string() };
+        step_stored(&mut store, &mut core, 10.0 + i as f64, cancel);
     }
-    let mut records: Vec<_> = ids.iter().map(|id| core.job(id).unwrap().clone()).collect();
     // The oldest finished job had the longest move: it must still count after a restart.
-    records[0].last_migration_downtime = Some(7.5);
-    records[3].last_migration_downtime = Some(1.0);
+    let mut moved = [
+        core.job("j0").unwrap().clone(),
+        core.job("j3").unwrap().clone(),
+    ];
+    moved[0].last_migration_downtime = Some(7.5);
+    moved[1].last_migration_downtime = Some(1.0);
     store
         .commit(&Batch {
-            jobs: records.iter().collect(),
+            jobs: moved.iter().collect(),
             specs: ids.iter().map(|id| (*id, id.as_bytes())).collect(),
-            counters: Some(&core.counters()),
             ..Batch::default()
         })
         .unwrap();
@@ -369,14 +365,12 @@ fn a_restart_reads_the_live_jobs_and_only_the_newest_finished_ones() {
 
     // Every job finished, none kept in memory, no workers, no events loaded: still not a new
     // cluster (its submission numbers must go on).
-    core.step(20.0, Input::Cancel { id: "j4".into() });
-    store
-        .commit(&Batch {
-            jobs: vec![core.job("j4").unwrap()],
-            counters: Some(&core.counters()),
-            ..Batch::default()
-        })
-        .unwrap();
+    step_stored(
+        &mut store,
+        &mut core,
+        20.0,
+        Input::Cancel { id: "j4".into() },
+    );
     let got = store.load(0, 0).unwrap();
     assert!(got.saved.jobs.is_empty() && got.saved.workers.is_empty() && got.events.is_empty());
     assert!(!got.is_empty(), "a store with history is not a first start");
