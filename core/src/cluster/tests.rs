@@ -1026,6 +1026,33 @@ fn a_restarted_core_keeps_its_jobs_readopts_them_and_waits_out_the_grace() {
 }
 
 #[test]
+fn a_restart_with_a_shorter_progress_history_keeps_each_jobs_newest_points() {
+    let mut f = Fixture::running();
+    for step in 1..=6 {
+        f.progress(1, "a", 1, step * 10);
+    }
+    assert_eq!(f.core.job("a").unwrap().progress.len(), 6);
+    let short = Config {
+        progress_history: 2,
+        ..config()
+    };
+    let p = policy::by_name("spread", &PolicyConfig::default()).unwrap();
+    let core = Core::from_saved(short, p, f.store.saved(), f.now, 5.0).unwrap();
+    let steps: Vec<u64> = core
+        .job("a")
+        .unwrap()
+        .progress
+        .iter()
+        .map(|p| p.step)
+        .collect();
+    assert_eq!(
+        steps,
+        [50, 60],
+        "trimmed at the restart, not as the job reports again"
+    );
+}
+
+#[test]
 fn progress_exit_and_heartbeat_update_the_job() {
     let mut f = Fixture::running();
     f.progress(1, "a", 1, 7);
