@@ -244,6 +244,7 @@ fn recover(
         path: path.clone(),
         why,
     };
+    // Only the jobs the core will hold come back (`Store::load`), and so only their specs.
     let mut specs = actor::Specs::default();
     for (id, bytes) in got.specs {
         specs
@@ -266,8 +267,6 @@ fn recover(
         %path, jobs, live, workers, next_event = got.next_event_seq, grace_s = grace.as_secs_f64(),
         "recovered the cluster from the state store; waiting for the agents to register again"
     );
-    // The archived jobs' specs are the store's to answer with, as before the restart.
-    specs.retain(|id| core.job(id).is_some());
     let restored = actor::Restored {
         specs,
         events: events::EventLog::recovered(history, got.next_event_seq, events_in_memory),

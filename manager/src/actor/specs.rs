@@ -44,11 +44,6 @@ impl Specs {
     pub fn remove(&mut self, id: &str) {
         self.0.remove(id);
     }
-
-    /// Keeps only the specs of jobs `keep` says to.
-    pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
-        self.0.retain(|id, _| keep(id));
-    }
 }
 
 #[cfg(test)]
