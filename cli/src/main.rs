@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use converge_cli::view::{Board, duration};
 use converge_messenger::pb::{self, control_service_client::ControlServiceClient};
 
 #[derive(Parser)]
@@ -114,6 +115,17 @@ enum Cmd {
         /// Job id.
         job: String,
     },
+    /// A live view: a progress bar per job with its state, worker, CPU and ETA, redrawn on
+    /// every event and once a second while jobs run (progress is not an event). Without
+    /// `--job`: every job not ended yet, and those that end while it watches.
+    Top {
+        /// Only this job (repeatable).
+        #[arg(long = "job")]
+        jobs: Vec<String>,
+        /// Exit once every job shown has ended (0 if all completed, 1 otherwise).
+        #[arg(long)]
+        until_done: bool,
+    },
     /// Print events as they happen.
     Watch {
         /// Only this job's events.
@@ -175,13 +187,7 @@ async fn run(cli: Cli) -> Result<()> {
         .map(|t| tonic::metadata::MetadataValue::try_from(format!("Bearer {}", t.trim())))
         .transpose()
         .context("--token must be printable ASCII")?;
-    let mut client =
-        ControlServiceClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
-            if let Some(v) = &authorization {
-                req.metadata_mut().insert("authorization", v.clone());
-            }
-            Ok(req)
-        });
+    let mut client = ControlServiceClient::with_interceptor(channel, Bearer(authorization));
     match cli.cmd {
         Cmd::Submit {
             image,
@@ -344,6 +350,9 @@ async fn run(cli: Cli) -> Result<()> {
                 );
             }
         }
+        Cmd::Top { jobs, until_done } => {
+            return top(&mut client, &cli.manager, jobs, until_done, json).await;
+        }
         Cmd::Watch { job, from_seq } => {
             let mut events = client
                 .watch_events(pb::WatchEventsRequest {
@@ -410,6 +419,117 @@ async fn run(cli: Cli) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The caller's token, put on every request.
+#[derive(Clone)]
+struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// The control client convergectl uses.
+type Client = ControlServiceClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Bearer>,
+>;
+
+/// `convergectl top` ([`Cmd::Top`]).
+async fn top(
+    client: &mut Client,
+    manager: &str,
+    wanted: Vec<String>,
+    until_done: bool,
+    json: bool,
+) -> Result<()> {
+    // Subscribed before the first listing, so no change falls between the two.
+    let mut events = client
+        .watch_events(pb::WatchEventsRequest {
+            job_id: String::new(),
+            from_seq: 0,
+        })
+        .await
+        .map_err(status)?
+        .into_inner();
+    let mut board = Board::new(&format!("convergectl top {manager}"));
+    let mut shown = std::collections::BTreeSet::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let jobs: Vec<pb::Job> = if wanted.is_empty() {
+            let all = client
+                .list_jobs(pb::ListJobsRequest::default())
+                .await
+                .map_err(status)?
+                .into_inner()
+                .jobs;
+            all.into_iter()
+                .filter(|j| !pb::JobState::ended(j.state) || shown.contains(&j.id))
+                .collect()
+        } else {
+            // One by one: a job that is not known is NotFound, and an archived one is still
+            // answered.
+            let mut jobs = Vec::with_capacity(wanted.len());
+            for id in &wanted {
+                let j = client
+                    .get_job(pb::GetJobRequest {
+                        job_id: id.clone(),
+                        include_progress: false,
+                    })
+                    .await
+                    .map_err(status)?
+                    .into_inner();
+                jobs.push(j);
+            }
+            jobs
+        };
+        shown.extend(jobs.iter().map(|j| j.id.clone()));
+        let now = converge_messenger::unix_ms(std::time::SystemTime::now());
+        let running = jobs
+            .iter()
+            .filter(|j| !pb::JobState::ended(j.state))
+            .count();
+        if json {
+            let all: Vec<_> = jobs.iter().map(job_json).collect();
+            println!("{}", serde_json::json!({ "unix_ms": now, "jobs": all }));
+        } else {
+            board.update(
+                &jobs,
+                now,
+                &format!(
+                    "at {}: {running} of {} jobs not ended",
+                    clock(now),
+                    jobs.len()
+                ),
+            );
+        }
+        if until_done && !jobs.is_empty() && running == 0 {
+            board.finish();
+            let all_completed = jobs
+                .iter()
+                .all(|j| j.state == pb::JobState::Completed as i32);
+            if !all_completed {
+                std::process::exit(exit::FAILED);
+            }
+            return Ok(());
+        }
+        // The next redraw: on an event, or on the tick while something may progress.
+        tokio::select! {
+            e = events.message() => {
+                if e.map_err(status)?.is_none() {
+                    bail!("the manager ended the event stream");
+                }
+                // A burst of events (a placement round) is one redraw, not one per event.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            _ = tick.tick() => {}
+        }
+    }
 }
 
 /// A failed call, kept as the status so that `main` can pick the exit code.
@@ -535,16 +655,6 @@ fn print_job(j: &pb::Job) {
             e.confidence * 100.0
         ),
         None => println!("eta:      - (nothing tells yet)"),
-    }
-}
-
-/// `1h02m`, `4m05s`, `12s`.
-fn duration(s: f64) -> String {
-    let s = s.max(0.0).round() as u64;
-    match s {
-        0..60 => format!("{s}s"),
-        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
-        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
     }
 }
 

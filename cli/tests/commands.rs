@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use converge_integration_tests::{ScriptedAgent, TestManager, tempfile_dir};
+use converge_messenger::pb::{self, agent_message::Kind};
 
 /// Runs convergectl against `manager` with `args`: (exit code, stdout, stderr).
 async fn ctl(manager: &str, args: &[&str]) -> (i32, String, String) {
@@ -151,5 +152,163 @@ async fn a_viewer_token_may_list_but_not_submit() {
     .await;
     assert_eq!(code, 5, "{err}");
     assert!(err.contains("needs the operator role"), "{err}");
+    manager.stop().await;
+}
+
+/// What the scripted agent says of `job`: a progress sample at `step` of 100, read now.
+fn sample(job: &str, step: u64) -> pb::ProgressSample {
+    pb::ProgressSample {
+        job_id: job.to_string(),
+        epoch: 1,
+        unix_ms: converge_messenger::unix_ms(std::time::SystemTime::now()),
+        step,
+        total_steps: Some(100),
+        metric: "loss".into(),
+        value: Some(1.0 / (1 + step) as f64),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_draws_each_jobs_bar_state_worker_and_eta_and_exits_when_they_end() {
+    let manager = TestManager::start(|_| {}).await.expect("manager");
+    let m = manager.endpoint();
+    let mut agent = ScriptedAgent::connect(&m, "w1", 2.0, Duration::from_millis(100))
+        .await
+        .expect("agent");
+    let (code, out, err) = ctl(
+        &m,
+        &["submit", "--image", "x", "--cpus", "1", "--name", "top-job"],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let id = out.trim().to_string();
+    let start = tokio::time::timeout(Duration::from_secs(10), agent.commands.recv())
+        .await
+        .expect("a command within 10 s")
+        .expect("the session is open");
+    assert!(
+        matches!(start.action, Some(pb::command::Action::Start(_))),
+        "{start:?}"
+    );
+    agent
+        .outbox
+        .send(Kind::Result(pb::CommandResult {
+            command_id: start.command_id,
+            job_id: id.clone(),
+            epoch: 1,
+            ok: true,
+            detail: Some(pb::command_result::Detail::Started(pb::Started {
+                container_id: "ctr-top".into(),
+                from_checkpoint: false,
+            })),
+            ..Default::default()
+        }))
+        .await;
+
+    // Not a terminal: plain frames, one line per job, read as they come.
+    let mut top = tokio::process::Command::new(env!("CARGO_BIN_EXE_convergectl"))
+        .args(["--manager", &m, "top", "--job", &id, "--until-done"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("top runs");
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(
+        top.stdout.take().expect("stdout"),
+    ));
+    let mut until = async |what: &str, pred: &dyn Fn(&str) -> bool| -> String {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let line = lines
+                    .next_line()
+                    .await
+                    .expect("read")
+                    .expect("top still runs");
+                if pred(&line) {
+                    return line;
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("no line with {what} within 10 s"))
+    };
+    let line = until("the running job", &|l| {
+        l.contains("top-job") && l.contains("running")
+    })
+    .await;
+    assert!(line.contains("w1"), "{line}");
+
+    // Two reports, each after a heartbeat saying the job used one core: the manager's rate is
+    // steps per core-second of the service it counted between them, so the second one comes
+    // only once top has drawn the first (some time has passed, without sleeping).
+    let report = |step: u64| {
+        let (outbox, id) = (agent.outbox.clone(), id.clone());
+        async move {
+            outbox
+                .send(Kind::Heartbeat(pb::Heartbeat {
+                    jobs: vec![pb::JobStatus {
+                        job_id: id.clone(),
+                        epoch: 1,
+                        cpu_usage: 1.0,
+                        cpu_limit: Some(0.75),
+                        state: pb::ContainerState::Running as i32,
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }))
+                .await;
+            outbox
+                .send(Kind::Progress(pb::ProgressBatch {
+                    samples: vec![sample(&id, step)],
+                    malformed: vec![],
+                }))
+                .await;
+        }
+    };
+    report(10).await;
+    until("step 10", &|l| l.contains("10/100")).await;
+    report(50).await;
+    let line = until("step 50", &|l| l.contains("50/100")).await;
+    assert!(
+        line.contains("[############............]  50% running"),
+        "{line}"
+    );
+    assert!(
+        !line.contains("eta -"),
+        "an ETA once the rate is known: {line}"
+    );
+    assert!(line.contains("eta "), "{line}");
+    assert!(
+        line.contains("cpu 1.00/0.75"),
+        "its use against its limit: {line}"
+    );
+
+    agent
+        .outbox
+        .send(Kind::Exited(pb::ContainerExited {
+            job_id: id.clone(),
+            epoch: 1,
+            container_id: "ctr-top".into(),
+            exit_code: 0,
+            done: true,
+            last_step: Some(100),
+            ..Default::default()
+        }))
+        .await;
+    let line = until("the completed job", &|l| l.contains("completed")).await;
+    assert!(line.contains("100%") && line.contains("took "), "{line}");
+    let status = tokio::time::timeout(Duration::from_secs(10), top.wait())
+        .await
+        .expect("top exits once its jobs ended")
+        .expect("wait");
+    assert_eq!(status.code(), Some(0));
+
+    // A job that is not known: NotFound's exit code.
+    let (code, _, err) = ctl(
+        &m,
+        &["top", "--job", "3f2b8a2e-8f1c-4c1e-9a43-2d1f0c9b7e11"],
+    )
+    .await;
+    assert_eq!(code, 3, "{err}");
     manager.stop().await;
 }

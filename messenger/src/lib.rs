@@ -83,6 +83,14 @@ impl pb::JobState {
         }
     }
 
+    /// Whether a job in wire state `state` has ended for good (nothing will run it again).
+    pub fn ended(state: i32) -> bool {
+        matches!(
+            Self::try_from(state),
+            Ok(Self::Completed | Self::Failed | Self::Cancelled | Self::Rejected)
+        )
+    }
+
     /// [`pb::JobState::label`] of a wire value; an unknown one is shown as its number.
     pub fn label_of(state: i32) -> String {
         Self::try_from(state).map_or_else(|_| state.to_string(), |s| s.label().to_string())
