@@ -22,7 +22,7 @@ impl tonic::service::Interceptor for Bearer {
 }
 
 /// A control client of the testbed manager on 127.0.0.1:`port`, with the credentials
-/// [`crate::testbed::Testbed::up`] wrote, retrying for 30 s while its container starts.
+/// [`crate::testbed::Testbed::up_with`] wrote, retrying for 30 s while its container starts.
 pub async fn connect(port: u16) -> Result<Client> {
     let dir = crate::testbed::credentials_dir(&crate::workspace_root());
     let token = crate::testbed::operator_token(&dir)?;
@@ -69,16 +69,4 @@ pub async fn wait_for_workers(client: &mut Client, n: usize) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-}
-
-/// Whether a job state is final.
-pub fn terminal(state: i32) -> bool {
-    [
-        pb::JobState::Completed,
-        pb::JobState::Failed,
-        pb::JobState::Cancelled,
-        pb::JobState::Rejected,
-    ]
-    .iter()
-    .any(|s| *s as i32 == state)
 }

@@ -1,179 +1,466 @@
-//! `cargo xtask demo`: the main job, end to end on this machine.
+//! `cargo xtask demo`: what Converge does, shown live on this machine against the strongest
+//! other policy.
 //!
-//! Builds the images, starts the compose testbed (a manager, two 1-CPU workers), submits a mix
-//! of trainer jobs through the control API, shows each job's progress live, prints completion
-//! times, and tears everything down — also when something fails on the way.
+//! 1. Builds the images.
+//! 2. Reads the demo's job mix, `experiments/demo/trace.json` (trainer jobs of four models and
+//!    very different lengths arriving in a burst on two 1-CPU workers, sized from the measured
+//!    step times in `sim/measured/`), resizes it to this machine's speed (a ten-second probe of
+//!    one model), and asks the simulator, which drives the manager's own decision core, how
+//!    every policy would do on it. The one with the lowest average
+//!    completion time is the opponent (`--against` names one instead).
+//! 3. Runs the mix live under the opponent, then under `converge`, each on a fresh compose
+//!    testbed, drawing every job's progress bar, state, worker, CPU and ETA as it goes (the
+//!    same view as `convergectl top`).
+//! 4. Prints each job's completion time under both, the average and the makespan, live and as
+//!    the simulator predicted; writes `target/demo/report.html` with the plots and prints its
+//!    path and how long the whole demo took.
+//!
+//! The testbeds are torn down on the way out, also when something fails.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::{Result, bail};
-use converge_messenger::pb;
+use anyhow::{Context, Result, bail};
+use converge_cli::view::{Board, duration};
+use converge_sim::measured::Measured;
+use converge_sim::trace::TraceFile;
+use plotters::style::{BLUE, RED};
 
-use crate::cluster::{connect, terminal, wait_for_workers};
+use crate::experiment::{self, Bars, LiveRun};
 use crate::testbed::Testbed;
 
-/// The demo's job mix: (model, size, steps). Sized (trainer/README.md calibration) so the run
-/// takes a couple of minutes on two 1-CPU workers, with jobs that converge at different times.
-const JOBS: &[(&str, u32, u64)] = &[
-    ("mlp-digits", 8, 3000),
-    ("cnn-digits", 4, 1500),
-    ("logreg-wine", 1, 20000),
-    ("vae-digits", 16, 3000),
-    ("gru-co2", 2, 800),
+/// The policies the opponent is chosen from: the three baselines, FlowCon and SpeCon as the
+/// papers define them, and least attained service (Tiresias), the strongest policy that, like
+/// Converge, needs nothing from the training framework but its reports.
+const OPPONENTS: &[&str] = &[
+    "spread",
+    "least-allocated",
+    "round-robin",
+    "flowcon",
+    "specon",
+    "las",
 ];
 
+/// Converge's policy.
+const CONVERGE: &str = "converge";
+
+/// The command's arguments.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Run the mix against this policy instead of the one the simulator finds strongest.
+    #[arg(long)]
+    pub against: Option<String>,
+    /// Host port for the manager (127.0.0.1 only).
+    #[arg(long, default_value_t = 7070)]
+    pub port: u16,
+    /// Print the simulator's forecast for the mix and stop: no images, no testbed.
+    #[arg(long)]
+    pub forecast: bool,
+}
+
+/// One policy's outcome on the mix: per job, and the two summary figures.
+struct Outcome {
+    /// Completion time per job name (absent: it did not complete).
+    jct: BTreeMap<String, Option<f64>>,
+    avg: Option<f64>,
+    makespan: Option<f64>,
+}
+
+impl Outcome {
+    fn live(trace: &TraceFile, run: &LiveRun) -> Outcome {
+        let jct: BTreeMap<String, Option<f64>> = trace
+            .jobs
+            .iter()
+            .map(|j| {
+                let done = run.jobs.get(&j.name).filter(|l| l.completed());
+                (j.name.clone(), done.map(|l| l.jct()))
+            })
+            .collect();
+        let all: Option<Vec<f64>> = jct.values().copied().collect();
+        let start = trace.jobs[0].at_s;
+        Outcome {
+            avg: all.as_ref().map(|v| v.iter().sum::<f64>() / v.len() as f64),
+            makespan: all.map(|_| {
+                run.jobs
+                    .values()
+                    .map(|l| l.finished_s - start)
+                    .fold(0.0, f64::max)
+            }),
+            jct,
+        }
+    }
+
+    fn simulated(run: &converge_sim::engine::Run) -> Outcome {
+        Outcome {
+            // A trace's catalog names each job's model after the job.
+            jct: run
+                .jobs
+                .iter()
+                .map(|j| (j.model.clone(), Some(j.jct)))
+                .collect(),
+            avg: Some(run.avg_jct),
+            makespan: Some(run.makespan),
+        }
+    }
+}
+
 /// Runs the demo.
-pub fn run(root: &Path, policy: &str, port: u16) -> Result<()> {
-    crate::images::build(root, &[])?;
-    let testbed = Testbed::up(root, policy, port)?;
+pub fn run(root: &Path, args: &Args) -> Result<()> {
+    let started = Instant::now();
+    if !args.forecast {
+        crate::images::build(root, &[])?;
+    }
+    let built = started.elapsed();
+    let designed = TraceFile::load(&root.join("experiments/demo/trace.json"))?;
+    let measured = Measured::load(&root.join("sim/measured"))?;
+    let (trace, measured) = if args.forecast {
+        (designed, measured)
+    } else {
+        at_this_machines_speed(designed, measured)?
+    };
+    println!();
+    println!("{}", trace.title);
+    println!();
+    println!("The simulator's forecast (the manager's decision core, the measured runtime):");
+    let mut forecast = BTreeMap::new();
+    for policy in OPPONENTS.iter().chain([&CONVERGE]) {
+        let run = trace
+            .simulate(policy, &measured, false)
+            .with_context(|| format!("simulating the demo under {policy}"))?;
+        println!(
+            "  {policy:<16} average completion {:>6.1}s   makespan {:>6.1}s",
+            run.avg_jct, run.makespan
+        );
+        forecast.insert(policy.to_string(), Outcome::simulated(&run));
+    }
+    let opponent = match &args.against {
+        Some(p) if p == CONVERGE => bail!("--against names the policy to beat, not converge"),
+        Some(p) => {
+            converge_sim::experiment::PolicyName::new(p)?;
+            if !forecast.contains_key(p) {
+                let run = trace.simulate(p, &measured, false)?;
+                forecast.insert(p.clone(), Outcome::simulated(&run));
+            }
+            p.clone()
+        }
+        None => OPPONENTS
+            .iter()
+            .min_by(|a, b| {
+                let avg = |p: &str| forecast[p].avg.unwrap_or(f64::INFINITY);
+                avg(a).total_cmp(&avg(b))
+            })
+            .expect("opponents are listed")
+            .to_string(),
+    };
+    println!(
+        "The strongest of them on this mix is `{opponent}`: it runs first, then `{CONVERGE}`."
+    );
+    if args.forecast {
+        return Ok(());
+    }
+
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()?;
-    let result = rt.block_on(drive(port));
-    if result.is_err() {
-        testbed.print_logs();
-    }
-    drop(testbed);
-    result
-}
-
-async fn drive(port: u16) -> Result<()> {
-    let mut client = connect(port).await?;
-    wait_for_workers(&mut client, 2).await?;
-
-    let mut ids = Vec::new();
-    for (model, size, steps) in JOBS {
-        let spec = pb::JobSpec {
-            name: model.to_string(),
-            image: "converge/trainer:dev".into(),
-            args: [
-                "--model",
-                model,
-                "--size",
-                &size.to_string(),
-                "--steps",
-                &steps.to_string(),
-                "--report-every",
-                "20",
-                "--threads",
-                "1",
-                "--checkpoint-every",
-                "200",
-            ]
-            .map(String::from)
-            .to_vec(),
-            cpus: 0.5,
-            metric: "loss".into(),
-            ..Default::default()
-        };
-        let r = client
-            .submit_job(pb::SubmitJobRequest { spec: Some(spec) })
-            .await
-            .map_err(|s| anyhow::anyhow!("submitting {model}: {}", s.message()))?
-            .into_inner();
-        println!("submitted {model:<12} as {}", r.job_id);
-        ids.push(r.job_id);
+    let mut services = vec!["manager"];
+    services.extend(["agent-1", "agent-2"].iter().take(trace.workers).copied());
+    let env = trace.testbed_env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut runs = Vec::new();
+    for policy in [opponent.as_str(), CONVERGE] {
+        println!();
+        let testbed = Testbed::up_with(root, policy, args.port, &services, &env)?;
+        let mut board = Board::new(&format!("{policy:>16}"));
+        let result = rt.block_on(experiment::drive(
+            &trace,
+            policy,
+            1,
+            args.port,
+            |jobs, t| {
+                let now = converge_messenger::unix_ms(std::time::SystemTime::now());
+                board.update(jobs, now, &format!("t = {t:>3.0}s"));
+            },
+        ));
+        board.finish();
+        if result.is_err() {
+            testbed.print_logs();
+        }
+        drop(testbed);
+        runs.push(result?);
     }
 
-    let started = Instant::now();
-    let deadline = Duration::from_secs(30 * 60);
-    let jobs = loop {
-        let jobs = client
-            .list_jobs(pb::ListJobsRequest::default())
-            .await?
-            .into_inner()
-            .jobs;
-        let mine: Vec<pb::Job> = jobs.into_iter().filter(|j| ids.contains(&j.id)).collect();
-        print_progress(&mine, started.elapsed());
-        if mine.iter().all(|j| terminal(j.state)) {
-            break mine;
+    let live: Vec<Outcome> = runs.iter().map(|r| Outcome::live(&trace, r)).collect();
+    let table = comparison(&trace, &opponent, &live, &forecast);
+    println!();
+    println!("{table}");
+    let dir = root.join("target/demo");
+    let report = write_report(&dir, &trace, &opponent, &runs, &live, &table)?;
+    println!(
+        "Report: {}\nThe demo took {} ({} of it building the images).",
+        report.display(),
+        duration(started.elapsed().as_secs_f64()),
+        duration(built.as_secs_f64())
+    );
+    for (r, o) in runs.iter().zip(&live) {
+        if let Some((name, _)) = o.jct.iter().find(|(_, t)| t.is_none()) {
+            bail!(
+                "under {}, job {name} ended {}",
+                r.policy,
+                r.jobs
+                    .get(name)
+                    .map(|j| j.state.as_str())
+                    .unwrap_or("unseen")
+            );
         }
-        if started.elapsed() > deadline {
-            bail!("jobs did not finish within {deadline:?}");
-        }
-        tokio::time::sleep(Duration::from_secs(3)).await;
-    };
-    print_summary(&jobs);
-    if let Some(j) = jobs
-        .iter()
-        .find(|j| j.state != pb::JobState::Completed as i32)
-    {
-        bail!(
-            "job {} ended {}: {}",
-            j.id,
-            pb::JobState::label_of(j.state),
-            j.reason
-        );
     }
     Ok(())
 }
 
-fn name(j: &pb::Job) -> &str {
-    j.spec.as_ref().map(|s| s.name.as_str()).unwrap_or("")
-}
-
-fn print_progress(jobs: &[pb::Job], elapsed: Duration) {
-    println!("--- t = {:>5.0}s", elapsed.as_secs_f64());
-    for j in jobs {
-        let pct = if j.total_steps > 0 {
-            100.0 * j.step as f64 / j.total_steps as f64
-        } else {
-            0.0
-        };
-        let bar_len = (pct / 5.0).round() as usize;
-        println!(
-            "  {:<12} {:<10} {:<9} [{:<20}] {:>5}/{:<5} loss {}",
-            name(j),
-            pb::JobState::label_of(j.state),
-            j.worker_id,
-            "#".repeat(bar_len.min(20)),
-            j.step,
-            j.total_steps,
-            j.metric_value
-                .map(|v| format!("{v:.4}"))
-                .unwrap_or_else(|| "-".into())
-        );
-    }
-}
-
-fn print_summary(jobs: &[pb::Job]) {
-    println!();
-    println!(
-        "{:<12}  {:<10}  {:<9}  {:>14}  {:>11}  {:>8}",
-        "JOB", "STATE", "WORKER", "COMPLETION (s)", "FINAL LOSS", "SAMPLES"
-    );
-    let first_submit = jobs.iter().map(|j| j.submitted_unix_ms).min().unwrap_or(0);
-    let mut per_worker: HashMap<&str, usize> = HashMap::new();
-    let mut jct = Vec::new();
-    for j in jobs {
-        let secs = (j.finished_unix_ms - j.submitted_unix_ms) as f64 / 1000.0;
-        jct.push(secs);
-        *per_worker.entry(j.worker_id.as_str()).or_default() += 1;
-        println!(
-            "{:<12}  {:<10}  {:<9}  {:>14.1}  {:>11}  {:>8}",
-            name(j),
-            pb::JobState::label_of(j.state),
-            j.worker_id,
-            secs,
-            j.metric_value
-                .map(|v| format!("{v:.4}"))
-                .unwrap_or_else(|| "-".into()),
-            j.samples
-        );
-    }
-    let makespan = jobs
+/// The mix resized so each job takes on this machine the seconds it was designed to take on
+/// the measured one, and the measurements scaled to match: this machine's speed differs from
+/// the one `sim/measured/` was taken on, and drifts between sessions (a factor of two has been
+/// seen), which would stretch the demo past its time or shrink its jobs below what the
+/// policies need. One model is probed alone (about ten seconds); all models have been seen to
+/// drift alike (`experiments/mixed-arrivals/results.md`'s probe factors).
+fn at_this_machines_speed(
+    mut trace: TraceFile,
+    measured: Measured,
+) -> Result<(TraceFile, Measured)> {
+    let settings = measured
+        .step_time
+        .as_ref()
+        .map(|f| f.header.settings.clone())
+        .context("sim/measured/step_time.json is missing: run `cargo xtask measure` first")?;
+    let longest = trace
+        .jobs
         .iter()
-        .map(|j| j.finished_unix_ms)
-        .max()
-        .unwrap_or(0)
-        .saturating_sub(first_submit) as f64
-        / 1000.0;
-    let avg = jct.iter().sum::<f64>() / jct.len().max(1) as f64;
-    println!();
+        .max_by_key(|j| j.steps)
+        .expect("a trace has jobs");
+    let pair = (longest.model.clone(), longest.size);
     println!(
-        "average completion time {avg:.1}s, makespan {makespan:.1}s, jobs per worker {per_worker:?}"
+        "Probing this machine's speed ({} --size {} alone):",
+        pair.0, pair.1
     );
+    let probe = crate::measure::probe(std::slice::from_ref(&pair), &settings)?;
+    let at = |m: &Measured, model: &str, size: u32| -> Result<f64> {
+        Ok(m.cost(model, size, 1)?.s_per_step)
+    };
+    let factor = probe[0].s_per_step / at(&measured, &pair.0, pair.1)?;
+    println!(
+        "  {:.2}x the measured machine's step time: each job's steps are scaled by {:.2}",
+        factor,
+        1.0 / factor
+    );
+    for j in &mut trace.jobs {
+        // Whole reports, at least a few of them.
+        let steps = (j.steps as f64 / factor / j.report_every as f64).round() as u64;
+        j.steps = steps.max(4) * j.report_every;
+    }
+    let mut probes = Vec::new();
+    for j in &trace.jobs {
+        probes.push(converge_sim::measured::Probe {
+            model: j.model.clone(),
+            size: j.size,
+            s_per_step: at(&measured, &j.model, j.size)? * factor,
+        });
+    }
+    let measured = measured.at_speed_of(&probes)?;
+    Ok((trace, measured))
+}
+
+/// The table the demo ends with: completion time per job under both policies, live and as
+/// forecast, and the average and makespan with converge's change against the opponent.
+fn comparison(
+    trace: &TraceFile,
+    opponent: &str,
+    live: &[Outcome],
+    forecast: &BTreeMap<String, Outcome>,
+) -> String {
+    let (a, c) = (&live[0], &live[1]);
+    let (fa, fc) = (&forecast[opponent], &forecast[CONVERGE]);
+    let secs = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+    let change = |base: Option<f64>, new: Option<f64>| match (base, new) {
+        (Some(b), Some(n)) if b > 0.0 => format!("{:+.0}%", (n - b) / b * 100.0),
+        _ => "-".into(),
+    };
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "Completion time (s), submission to end: live on the testbed, and as the simulator forecast"
+    );
+    let _ = writeln!(t);
+    let _ = writeln!(
+        t,
+        "| job | model | arrives (s) | {opponent} | converge | change | forecast {opponent} | forecast converge |"
+    );
+    let _ = writeln!(t, "|---|---|---:|---:|---:|---:|---:|---:|");
+    for j in &trace.jobs {
+        let (x, y) = (a.jct[&j.name], c.jct[&j.name]);
+        let _ = writeln!(
+            t,
+            "| {} | {} {} | {:.0} | {} | {} | {} | {} | {} |",
+            j.name,
+            j.model,
+            j.size,
+            j.at_s,
+            secs(x),
+            secs(y),
+            change(x, y),
+            secs(fa.jct.get(&j.name).copied().flatten()),
+            secs(fc.jct.get(&j.name).copied().flatten()),
+        );
+    }
+    for (what, x, y, fx, fy) in [
+        ("**average**", a.avg, c.avg, fa.avg, fc.avg),
+        (
+            "**makespan**",
+            a.makespan,
+            c.makespan,
+            fa.makespan,
+            fc.makespan,
+        ),
+    ] {
+        let _ = writeln!(
+            t,
+            "| {what} | | | {} | {} | **{}** | {} | {} |",
+            secs(x),
+            secs(y),
+            change(x, y),
+            secs(fx),
+            secs(fy)
+        );
+    }
+    t
+}
+
+/// Writes `report.html` and its plots into `dir`; returns the report's path.
+fn write_report(
+    dir: &Path,
+    trace: &TraceFile,
+    opponent: &str,
+    runs: &[LiveRun],
+    live: &[Outcome],
+    table: &str,
+) -> Result<std::path::PathBuf> {
+    // Only this run's files: an earlier opponent's plots would sit beside them.
+    if dir.exists() {
+        std::fs::remove_dir_all(dir)?;
+    }
+    std::fs::create_dir_all(dir)?;
+    let names: Vec<String> = trace.jobs.iter().map(|j| j.name.clone()).collect();
+    let series = |label: &str, o: &Outcome, color| Bars {
+        label: label.to_string(),
+        values: names.iter().map(|n| o.jct[n]).collect(),
+        ranges: Vec::new(),
+        color,
+    };
+    experiment::plot_bars(
+        &dir.join("completion.svg"),
+        format!("completion time per job: {opponent} against converge (live)"),
+        &names,
+        &[
+            series(opponent, &live[0], BLUE),
+            series(CONVERGE, &live[1], RED),
+        ],
+    )?;
+    let mut plots = vec!["completion.svg".to_string()];
+    for r in runs {
+        for (what, plot) in [
+            (
+                "workers",
+                experiment::plot_workers as fn(&Path, &TraceFile, &LiveRun) -> Result<()>,
+            ),
+            ("cpu", experiment::plot_cpu),
+            ("eta", experiment::plot_eta),
+        ] {
+            let file = format!("{what}-{}.svg", r.policy);
+            plot(&dir.join(&file), trace, r)?;
+            plots.push(file);
+        }
+    }
+    std::fs::write(
+        dir.join("runs.json"),
+        serde_json::to_string_pretty(runs)? + "\n",
+    )?;
+    let mut html = String::new();
+    let _ = write!(
+        html,
+        "<!doctype html><meta charset=utf-8><title>Converge demo</title>\
+         <style>body{{font-family:sans-serif;max-width:960px;margin:auto}}\
+         table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}</style>\
+         <h1>Converge demo: {opponent} against converge</h1><p>{}</p>{}",
+        escape(&trace.title),
+        markdown_table_html(table)
+    );
+    for p in &plots {
+        let _ = write!(html, "<p><img src=\"{p}\" alt=\"{p}\"></p>");
+    }
+    let _ = write!(
+        html,
+        "<p>Every job's record (state, CPU, progress and ETA each second): <code>runs.json</code>.</p>"
+    );
+    let path = dir.join("report.html");
+    std::fs::write(&path, html)?;
+    Ok(path)
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// The comparison's markdown as HTML: its first line as a paragraph, its table as a table.
+fn markdown_table_html(md: &str) -> String {
+    let mut out = String::new();
+    let mut rows = 0;
+    for line in md.lines() {
+        let line = line.trim();
+        if let Some(inner) = line.strip_prefix('|') {
+            if line.starts_with("|---") {
+                continue;
+            }
+            let cell = if rows == 0 { "th" } else { "td" };
+            if rows == 0 {
+                out.push_str("<table>");
+            }
+            out.push_str("<tr>");
+            for c in inner.trim_end_matches('|').split('|') {
+                let c = escape(c.trim());
+                let c = match c.strip_prefix("**").and_then(|c| c.strip_suffix("**")) {
+                    Some(b) => format!("<b>{b}</b>"),
+                    None => c,
+                };
+                let _ = write!(out, "<{cell}>{c}</{cell}>");
+            }
+            out.push_str("</tr>");
+            rows += 1;
+        } else if !line.is_empty() {
+            let _ = write!(out, "<p>{}</p>", escape(line));
+        }
+    }
+    if rows > 0 {
+        out.push_str("</table>");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_table_becomes_html_with_bold_summary_cells() {
+        let html = markdown_table_html(
+            "Completion time (s)\n\n| job | a |\n|---|---:|\n| x<y | 1.0 |\n| **average** | **-20%** |\n",
+        );
+        assert_eq!(
+            html,
+            "<p>Completion time (s)</p><table><tr><th>job</th><th>a</th></tr>\
+             <tr><td>x&lt;y</td><td>1.0</td></tr><tr><td><b>average</b></td><td><b>-20%</b></td></tr></table>"
+        );
+    }
 }

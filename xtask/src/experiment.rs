@@ -29,7 +29,7 @@ use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::{connect, terminal, wait_for_workers};
+use crate::cluster::{connect, wait_for_workers};
 use crate::testbed::{Testbed, WORKERS};
 
 /// The command's arguments.
@@ -109,11 +109,13 @@ pub struct LiveJob {
 }
 
 impl LiveJob {
-    fn jct(&self) -> f64 {
+    /// Completion time: submission to end, seconds.
+    pub fn jct(&self) -> f64 {
         self.finished_s - self.submitted_s
     }
 
-    fn completed(&self) -> bool {
+    /// Whether it completed (not failed or cancelled).
+    pub fn completed(&self) -> bool {
         self.state == pb::JobState::label_of(pb::JobState::Completed as i32)
     }
 }
@@ -264,7 +266,7 @@ fn run_live(root: &Path, trace: &TraceFile, runs_dir: &Path, args: &Args) -> Res
             // On a quiet machine, before the testbed starts.
             let probe = crate::measure::probe(&pairs, &table)?;
             let testbed = Testbed::up_with(root, policy, args.port, &services, &env)?;
-            let result = rt.block_on(drive(trace, policy, k, args.port));
+            let result = rt.block_on(drive(trace, policy, k, args.port, |_, _| {}));
             if result.is_err() {
                 testbed.print_logs();
             }
@@ -295,7 +297,16 @@ fn load_runs(runs_dir: &Path, trace: &TraceFile) -> Result<BTreeMap<String, Vec<
     Ok(out)
 }
 
-async fn drive(trace: &TraceFile, policy: &str, k: usize, port: u16) -> Result<LiveRun> {
+/// Runs `trace` on the testbed at `port` (its manager running `policy`) and records it as
+/// run `k`. Every second `view` gets the trace's jobs (in the trace's order, by name) and the
+/// seconds since the start: the demo's live view.
+pub async fn drive(
+    trace: &TraceFile,
+    policy: &str,
+    k: usize,
+    port: u16,
+    mut view: impl FnMut(&[pb::Job], f64),
+) -> Result<LiveRun> {
     let mut client = connect(port).await?;
     wait_for_workers(&mut client, trace.workers).await?;
     let mut run = LiveRun {
@@ -331,6 +342,9 @@ async fn drive(trace: &TraceFile, policy: &str, k: usize, port: u16) -> Result<L
             .await?
             .into_inner()
             .jobs;
+        let mut mine: Vec<&pb::Job> = jobs.iter().filter(|j| ids.contains_key(&j.id)).collect();
+        mine.sort_by_key(|j| &ids[&j.id]);
+        view(&mine.into_iter().cloned().collect::<Vec<_>>(), now);
         let mut per_worker: BTreeMap<String, usize> = BTreeMap::new();
         for j in &jobs {
             let Some(name) = ids.get(&j.id) else { continue };
@@ -354,7 +368,7 @@ async fn drive(trace: &TraceFile, policy: &str, k: usize, port: u16) -> Result<L
             && jobs
                 .iter()
                 .filter(|j| ids.contains_key(&j.id))
-                .all(|j| terminal(j.state));
+                .all(|j| pb::JobState::ended(j.state));
         if done {
             // The run's origin on the manager's clock: the first submission was due at the
             // first job's `at_s`.
@@ -822,14 +836,14 @@ fn provenance(m: &Measured) -> String {
 // Plots.
 
 /// Every plot's canvas: white, 900 × 420, at `path`.
-fn canvas(path: &Path) -> Result<DrawingArea<SVGBackend<'_>, Shift>> {
+pub(crate) fn canvas(path: &Path) -> Result<DrawingArea<SVGBackend<'_>, Shift>> {
     let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
     root.fill(&WHITE)?;
     Ok(root)
 }
 
 /// A chart on `root` with every plot's caption style, margins and axis areas.
-fn chart<'a, 'b>(
+pub(crate) fn chart<'a, 'b>(
     root: &'a DrawingArea<SVGBackend<'b>, Shift>,
     caption: String,
     x: std::ops::Range<f64>,
@@ -845,7 +859,7 @@ fn chart<'a, 'b>(
 }
 
 /// Draws the chart's legend and writes the file.
-fn finish<'a, 'b: 'a>(
+pub(crate) fn finish<'a, 'b: 'a>(
     chart: &mut ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
     root: &DrawingArea<SVGBackend<'b>, Shift>,
     what: &str,
@@ -864,74 +878,106 @@ fn plot_completion(path: &Path, trace: &TraceFile, policy: &str, report: &Report
     let Some(row) = report.rows.iter().find(|r| r.policy == policy) else {
         return Ok(());
     };
-    let n = row.jobs.len();
-    let top = row
-        .jobs
+    let names: Vec<String> = row.jobs.iter().map(|j| j.job.clone()).collect();
+    let live = Bars {
+        label: "live (median of runs)".into(),
+        values: row.jobs.iter().map(|j| j.live_median).collect(),
+        ranges: row
+            .jobs
+            .iter()
+            .map(|j| {
+                let done: Vec<f64> = j.live.iter().flatten().copied().collect();
+                let lo = done.iter().copied().fold(f64::INFINITY, f64::min);
+                let hi = done.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                (lo.is_finite() && hi.is_finite()).then_some((lo, hi))
+            })
+            .collect(),
+        color: BLUE,
+    };
+    let sim = Bars {
+        label: "simulated".into(),
+        values: row.jobs.iter().map(|j| j.sim).collect(),
+        ranges: Vec::new(),
+        color: RED,
+    };
+    plot_bars(
+        path,
+        format!("{}: completion time per job under {policy}", trace.name),
+        &names,
+        &[live, sim],
+    )
+}
+
+/// One series of a grouped bar plot: a value per job, optionally a range drawn over it.
+pub(crate) struct Bars {
+    pub label: String,
+    pub values: Vec<Option<f64>>,
+    /// (low, high) per job; empty for none.
+    pub ranges: Vec<Option<(f64, f64)>>,
+    pub color: RGBColor,
+}
+
+/// Completion time per job, one bar per series side by side in each job's slot.
+pub(crate) fn plot_bars(
+    path: &Path,
+    caption: String,
+    names: &[String],
+    series: &[Bars],
+) -> Result<()> {
+    let n = names.len();
+    let top = series
         .iter()
-        .flat_map(|j| j.live.iter().flatten().copied().chain(j.sim))
+        .flat_map(|s| {
+            s.values
+                .iter()
+                .flatten()
+                .copied()
+                .chain(s.ranges.iter().flatten().map(|r| r.1))
+        })
         .fold(1.0, f64::max)
         * 1.1;
     let root = canvas(path)?;
-    let mut chart = chart(
-        &root,
-        format!("{}: completion time per job under {policy}", trace.name),
-        0.0..n as f64,
-        0.0..top,
-        45,
-    )?;
-    let names: Vec<String> = row.jobs.iter().map(|j| j.job.clone()).collect();
+    let mut chart = chart(&root, caption, 0.0..n as f64, 0.0..top, 45)?;
     chart
         .configure_mesh()
         .x_labels(n)
         .x_label_formatter(&|x| names.get(x.floor() as usize).cloned().unwrap_or_default())
         .y_desc("completion time (s)")
         .draw()?;
-    let live: Vec<Rectangle<(f64, f64)>> = row
-        .jobs
-        .iter()
-        .enumerate()
-        .filter_map(|(i, j)| {
-            let x = i as f64 + 0.1;
-            Some(Rectangle::new(
-                [(x, 0.0), (x + 0.38, j.live_median?)],
-                BLUE.mix(0.7).filled(),
+    // Each job's slot: 0.1 margin, then the series' bars across 0.8.
+    let width = 0.8 / series.len().max(1) as f64;
+    for (k, s) in series.iter().enumerate() {
+        let left = |i: usize| i as f64 + 0.1 + k as f64 * width;
+        let color = s.color.mix(0.7);
+        let bars: Vec<Rectangle<(f64, f64)>> = s
+            .values
+            .iter()
+            .enumerate()
+            .filter_map(|(i, v)| {
+                Some(Rectangle::new(
+                    [(left(i), 0.0), (left(i) + width * 0.95, (*v)?)],
+                    color.filled(),
+                ))
+            })
+            .collect();
+        chart
+            .draw_series(bars)?
+            .label(s.label.clone())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+        chart.draw_series(s.ranges.iter().enumerate().filter_map(|(i, r)| {
+            let (lo, hi) = (*r)?;
+            let x = left(i) + width * 0.475;
+            Some(PathElement::new(
+                vec![(x, lo), (x, hi)],
+                BLACK.stroke_width(2),
             ))
-        })
-        .collect();
-    chart
-        .draw_series(live)?
-        .label("live (median of runs)")
-        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], BLUE.mix(0.7).filled()));
-    // The range of the live runs.
-    chart.draw_series(row.jobs.iter().enumerate().filter_map(|(i, j)| {
-        let done: Vec<f64> = j.live.iter().flatten().copied().collect();
-        let lo = done.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = done.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let x = i as f64 + 0.29;
-        (lo.is_finite() && hi.is_finite())
-            .then(|| PathElement::new(vec![(x, lo), (x, hi)], BLACK.stroke_width(2)))
-    }))?;
-    let sim: Vec<Rectangle<(f64, f64)>> = row
-        .jobs
-        .iter()
-        .enumerate()
-        .filter_map(|(i, j)| {
-            let x = i as f64 + 0.5;
-            Some(Rectangle::new(
-                [(x, 0.0), (x + 0.38, j.sim?)],
-                RED.mix(0.7).filled(),
-            ))
-        })
-        .collect();
-    chart
-        .draw_series(sim)?
-        .label("simulated")
-        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], RED.mix(0.7).filled()));
+        }))?;
+    }
     finish(&mut chart, &root, "completion")
 }
 
 /// Each job's predicted finish (time + ETA) over time, and its real finish as a dashed level.
-fn plot_eta(path: &Path, trace: &TraceFile, r: &LiveRun) -> Result<()> {
+pub(crate) fn plot_eta(path: &Path, trace: &TraceFile, r: &LiveRun) -> Result<()> {
     let end = r
         .jobs
         .values()
@@ -982,7 +1028,7 @@ fn plot_eta(path: &Path, trace: &TraceFile, r: &LiveRun) -> Result<()> {
     finish(&mut chart, &root, "ETA")
 }
 
-fn plot_cpu(path: &Path, trace: &TraceFile, r: &LiveRun) -> Result<()> {
+pub(crate) fn plot_cpu(path: &Path, trace: &TraceFile, r: &LiveRun) -> Result<()> {
     let end = r.cpu.iter().map(|c| c.0).fold(1.0, f64::max);
     let root = canvas(path)?;
     let mut chart = chart(
@@ -1016,7 +1062,7 @@ fn plot_cpu(path: &Path, trace: &TraceFile, r: &LiveRun) -> Result<()> {
     finish(&mut chart, &root, "CPU")
 }
 
-fn plot_workers(path: &Path, trace: &TraceFile, r: &LiveRun) -> Result<()> {
+pub(crate) fn plot_workers(path: &Path, trace: &TraceFile, r: &LiveRun) -> Result<()> {
     let end = r.per_worker.iter().map(|c| c.0).fold(1.0, f64::max);
     let top = r.per_worker.iter().map(|c| c.2).max().unwrap_or(1) as f64 + 1.0;
     let root = canvas(path)?;

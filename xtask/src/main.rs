@@ -37,16 +37,10 @@ enum Cmd {
         /// Which images (default: all of them).
         names: Vec<String>,
     },
-    /// The main job: images, the compose testbed, a mix of trainer jobs with live progress,
-    /// a table of completion times, teardown.
-    Demo {
-        /// Placement policy the manager runs.
-        #[arg(long, default_value = "spread")]
-        policy: String,
-        /// Host port for the manager (127.0.0.1 only).
-        #[arg(long, default_value_t = 7070)]
-        port: u16,
-    },
+    /// What Converge does: the demo's job mix live under the strongest other policy (the
+    /// simulator picks it) and under converge, each on a fresh compose testbed, with a live
+    /// view; a comparison table, and `target/demo/report.html` with the plots.
+    Demo(demo::Args),
     /// A trace (`experiments/TRACE/trace.json`) run live on the testbed (3 runs per policy by
     /// default) and in the simulator; writes `experiments/TRACE/results.md`, `results.json`,
     /// the runs and the plots.
@@ -86,7 +80,7 @@ fn main() -> Result<()> {
     let root = workspace_root();
     match cli.cmd {
         Cmd::Images { names } => images::build(&root, &names),
-        Cmd::Demo { policy, port } => demo::run(&root, &policy, port),
+        Cmd::Demo(args) => demo::run(&root, &args),
         Cmd::Experiment(args) => experiment::run(&root, &args),
         Cmd::Measure(args) => measure::run(&root, &args),
         Cmd::Certs {

@@ -14,7 +14,7 @@ pub const PROJECT: &str = "converge";
 /// The workers the compose file defines.
 pub const WORKERS: &[&str] = &["worker-1", "worker-2"];
 
-/// Where [`Testbed::up`] writes the testbed's CA, certificates and tokens (new ones at every
+/// Where [`Testbed::up_with`] writes the testbed's CA, certificates and tokens (new ones at every
 /// start: a rotation each time).
 pub fn credentials_dir(root: &Path) -> PathBuf {
     root.join("target/testbed/certs")
@@ -57,13 +57,9 @@ pub struct Testbed {
 }
 
 impl Testbed {
-    /// Starts manager and agents with `policy`; checkpoints under `target/testbed`.
-    pub fn up(root: &Path, policy: &str, port: u16) -> Result<Self> {
-        Self::up_with(root, policy, port, &[], &[])
-    }
-
-    /// Like [`Testbed::up`], with only `services` (all when empty) and extra environment for
-    /// the compose file's `${...}` settings.
+    /// Starts manager and agents with `policy` (checkpoints under `target/testbed`), only
+    /// `services` (all when empty), with extra environment for the compose file's `${...}`
+    /// settings.
     pub fn up_with(
         root: &Path,
         policy: &str,
