@@ -110,7 +110,8 @@ enum Cmd {
     /// List workers.
     Workers,
     /// Why a job is where it is: every decision recorded about it (placement and its scores,
-    /// moves and their trigger, preemption, pending and failure reasons), oldest first.
+    /// CPU weights or limits given and why, moves and their trigger, preemption, pending and
+    /// failure reasons), oldest first.
     Why {
         /// Job id.
         job: String,
@@ -595,6 +596,13 @@ fn why_line(e: &pb::Event) -> String {
         ),
         Ok(pb::EventKind::JobPlaced) => format!("placed on {}", e.worker_id),
         Ok(pb::EventKind::Migration) => "move".to_string(),
+        Ok(pb::EventKind::Limits) => match e.attributes.get("cpus") {
+            Some(cpus) => format!("cpu limit {cpus} cores"),
+            None => format!(
+                "cpu weight {}",
+                e.attributes.get("cpu_shares").map_or("-", String::as_str)
+            ),
+        },
         _ => "event".to_string(),
     };
     let mut details: Vec<String> = e

@@ -312,3 +312,75 @@ async fn top_draws_each_jobs_bar_state_worker_and_eta_and_exits_when_they_end() 
     assert_eq!(code, 3, "{err}");
     manager.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn why_tells_the_cpu_weight_converge_gave_a_job_and_why() {
+    let manager = TestManager::start(|c| c.policy = "converge".into())
+        .await
+        .expect("manager");
+    let m = manager.endpoint();
+    let mut agent = ScriptedAgent::connect(&m, "w1", 2.0, Duration::from_millis(100))
+        .await
+        .expect("agent");
+    let (code, out, err) = ctl(
+        &m,
+        &["submit", "--image", "x", "--cpus", "1", "--name", "why-job"],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let id = out.trim().to_string();
+    let next = async |agent: &mut ScriptedAgent| {
+        tokio::time::timeout(Duration::from_secs(10), agent.commands.recv())
+            .await
+            .expect("a command within 10 s")
+            .expect("the session is open")
+    };
+    let start = next(&mut agent).await;
+    agent
+        .outbox
+        .send(Kind::Result(pb::CommandResult {
+            command_id: start.command_id,
+            job_id: id.clone(),
+            epoch: 1,
+            ok: true,
+            detail: Some(pb::command_result::Detail::Started(pb::Started {
+                container_id: "ctr-why".into(),
+                from_checkpoint: false,
+            })),
+            ..Default::default()
+        }))
+        .await;
+    // Running, it gets its weight on the worker's next heartbeat: that command is the sign
+    // the decision was made (and recorded before it was sent).
+    let limits = next(&mut agent).await;
+    let Some(pb::command::Action::SetLimits(set)) = limits.action else {
+        panic!("a SetLimits after the start: {limits:?}");
+    };
+
+    let (code, out, err) = ctl(&m, &["why", &id]).await;
+    assert_eq!(code, 0, "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.contains("cpu weight"))
+        .unwrap_or_else(|| panic!("no weight in: {out}"));
+    assert!(
+        line.contains(&format!("cpu weight {}", set.cpu_shares)),
+        "{line}"
+    );
+    // Nothing tells its remaining work yet (no progress): a fair share, said so.
+    assert!(
+        line.contains("converge: nothing tells its predicted work left yet"),
+        "{line}"
+    );
+    assert!(line.contains("cores=2.00"), "{line}");
+    let (_, out, _) = ctl(&m, &["why", &id, "-o", "json"]).await;
+    let why = json(&out);
+    let kinds: Vec<&str> = why["decisions"]
+        .as_array()
+        .expect("decisions")
+        .iter()
+        .filter_map(|d| d["kind"].as_str())
+        .collect();
+    assert!(kinds.contains(&"limits"), "{kinds:?}");
+    manager.stop().await;
+}

@@ -284,6 +284,7 @@ pub fn event(e: core::Event) -> pb::Event {
             core::EventKind::JobPlaced => pb::EventKind::JobPlaced,
             core::EventKind::Migration => pb::EventKind::Migration,
             core::EventKind::WorkerState => pb::EventKind::WorkerState,
+            core::EventKind::Limits => pb::EventKind::Limits,
         } as i32,
         job_id: e.job.unwrap_or_default(),
         worker_id: e.worker.unwrap_or_default(),

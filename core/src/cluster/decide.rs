@@ -127,6 +127,8 @@ impl Core {
                     job,
                     cpus,
                     cpu_shares,
+                    reason,
+                    mut attributes,
                 } => {
                     let Some(j) = self.job_mut(&job) else {
                         continue;
@@ -137,6 +139,17 @@ impl Core {
                     let (worker, epoch) = (worker.clone(), j.epoch);
                     j.assigned_cpus = (cpus > 0.0).then_some(cpus);
                     self.send_to(&worker, &job, epoch, Action::SetLimits { cpus, cpu_shares });
+                    // Recorded, so `why` can say what the job was given and why.
+                    attributes.insert("cpu_shares".into(), cpu_shares.to_string());
+                    if cpus > 0.0 {
+                        attributes.insert("cpus".into(), format!("{cpus:.2}"));
+                    }
+                    let mut e = Event::new(EventKind::Limits, reason);
+                    e.job = Some(job);
+                    e.worker = Some(worker);
+                    e.epoch = epoch;
+                    e.attributes = attributes;
+                    self.out.push(Effect::Event(e));
                 }
                 Decision::Resume {
                     job,

@@ -591,7 +591,7 @@ mod tests {
             unix_ms: 1_700_000_000_123 + i as i64,
             step: 10 * i,
             // A value every other point: "no value" must survive the packing as None.
-            value: (i % 2 == 0).then_some(0.1 + 1.0 / (i as f64 + 3.0)),
+            value: i.is_multiple_of(2).then_some(0.1 + 1.0 / (i as f64 + 3.0)),
             epoch: i / 3,
             cpu_s: 0.7 * i as f64,
         };

@@ -1829,6 +1829,38 @@ fn converge_gives_the_shortest_predicted_job_the_cpu_and_las_the_least_served() 
             sent <= 8,
             "{policy}: weights re-sent on every heartbeat ({sent})"
         );
+        // Every weight sent is recorded with its reason (what `why` shows): the favoured job's
+        // last one says it is first of two, with the numbers behind it.
+        let limits: Vec<&Event> = f
+            .effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Event(ev) if ev.kind == EventKind::Limits => Some(ev),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(limits.len(), sent, "{policy}: one event per weight sent");
+        let last = limits
+            .iter()
+            .rev()
+            .find(|e| e.job.as_deref() == Some(favoured))
+            .expect("the favoured job's weight is recorded");
+        assert!(
+            last.reason.starts_with(&format!("{policy} by "))
+                && last.reason.contains("rank 1 of 2 on w1"),
+            "{policy}: {}",
+            last.reason
+        );
+        assert_eq!(
+            last.attributes["cpu_shares"],
+            shares_sent(&f, favoured).unwrap().to_string()
+        );
+        assert!(
+            last.attributes.contains_key("key_core_s"),
+            "{:?}",
+            last.attributes
+        );
+        assert_eq!(last.worker.as_deref(), Some("w1"));
     }
 }
 

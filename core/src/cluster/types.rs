@@ -421,6 +421,8 @@ pub enum EventKind {
     JobPlaced,
     /// A step of a move.
     Migration,
+    /// A job's CPU limit or weight was set (by `converge` or `las`), and why.
+    Limits,
     /// A worker changed state or connection.
     WorkerState,
 }

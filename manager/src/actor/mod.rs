@@ -631,7 +631,7 @@ impl Actor {
                     }
                 }
             }
-            K::WorkerState => {}
+            K::WorkerState | K::Limits => {}
         }
         self.traces.on_event(&e);
         self.events.publish(numbered);

@@ -288,6 +288,10 @@ pub enum Decision {
         cpus: f64,
         /// CFS shares; 0 = unchanged.
         cpu_shares: u32,
+        /// Why, in words (the Limits event's reason).
+        reason: String,
+        /// The numbers behind it (the event's attributes).
+        attributes: BTreeMap<String, String>,
     },
     /// Give it up (Rejected).
     Drop {

@@ -307,8 +307,14 @@ impl PriorityPolicy {
             .collect();
         let cores = split(w.cpu_capacity, &claims, BETA);
         let fair = w.cpu_capacity / jobs.len().max(1) as f64;
+        // Each keyed job's place in the order, for the reason (split's order: key, then id).
+        let mut ranked: Vec<(f64, &str)> = claims
+            .iter()
+            .filter_map(|c| Some((c.key?, c.job.as_str())))
+            .collect();
+        ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1)));
         let mut out = Vec::new();
-        for (j, c) in jobs.iter().zip(cores) {
+        for ((j, c), claim) in jobs.iter().zip(cores).zip(&claims) {
             if !matches!(j.phase, JobPhase::Running { .. }) {
                 continue;
             }
@@ -319,10 +325,35 @@ impl PriorityPolicy {
             });
             if changed {
                 self.given.insert(j.id.clone(), (j.epoch, shares));
+                let what = match self.key {
+                    Key::Remaining => "predicted work left",
+                    Key::Attained => "service had",
+                };
+                let reason = match claim.key {
+                    Some(k) => {
+                        let rank = ranked.iter().position(|r| r.1 == j.id).unwrap_or(0) + 1;
+                        format!(
+                            "{} by {what}: rank {rank} of {} on {worker} ({k:.1} core-s), {c:.2} of its {:.2} cores while all run",
+                            self.name,
+                            ranked.len(),
+                            w.cpu_capacity
+                        )
+                    }
+                    None => format!(
+                        "{}: nothing tells its {what} yet, a fair share ({c:.2} of {:.2} cores on {worker})",
+                        self.name, w.cpu_capacity
+                    ),
+                };
+                let mut attributes = BTreeMap::from([("cores".into(), format!("{c:.2}"))]);
+                if let Some(k) = claim.key {
+                    attributes.insert("key_core_s".into(), format!("{k:.1}"));
+                }
                 out.push(Decision::SetLimits {
                     job: j.id.clone(),
                     cpus: 0.0,
                     cpu_shares: shares,
+                    reason,
+                    attributes,
                 });
             }
         }
