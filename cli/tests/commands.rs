@@ -155,6 +155,46 @@ async fn a_viewer_token_may_list_but_not_submit() {
     manager.stop().await;
 }
 
+/// The next command the scripted agent gets, within 10 s.
+async fn next_command(agent: &mut ScriptedAgent) -> pb::Command {
+    tokio::time::timeout(Duration::from_secs(10), agent.commands.recv())
+        .await
+        .expect("a command within 10 s")
+        .expect("the session is open")
+}
+
+/// Submits a one-core job named `name` through convergectl and has the scripted agent start
+/// it in container `ctr-NAME`; its id.
+async fn submit_and_start(m: &str, agent: &mut ScriptedAgent, name: &str) -> String {
+    let (code, out, err) = ctl(
+        m,
+        &["submit", "--image", "x", "--cpus", "1", "--name", name],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let id = out.trim().to_string();
+    let start = next_command(agent).await;
+    assert!(
+        matches!(start.action, Some(pb::command::Action::Start(_))),
+        "{start:?}"
+    );
+    agent
+        .outbox
+        .send(Kind::Result(pb::CommandResult {
+            command_id: start.command_id,
+            job_id: id.clone(),
+            epoch: 1,
+            ok: true,
+            detail: Some(pb::command_result::Detail::Started(pb::Started {
+                container_id: format!("ctr-{name}"),
+                from_checkpoint: false,
+            })),
+            ..Default::default()
+        }))
+        .await;
+    id
+}
+
 /// What the scripted agent says of `job`: a progress sample at `step` of 100, read now.
 fn sample(job: &str, step: u64) -> pb::ProgressSample {
     pb::ProgressSample {
@@ -176,35 +216,7 @@ async fn top_draws_each_jobs_bar_state_worker_and_eta_and_exits_when_they_end() 
     let mut agent = ScriptedAgent::connect(&m, "w1", 2.0, Duration::from_millis(100))
         .await
         .expect("agent");
-    let (code, out, err) = ctl(
-        &m,
-        &["submit", "--image", "x", "--cpus", "1", "--name", "top-job"],
-    )
-    .await;
-    assert_eq!(code, 0, "{err}");
-    let id = out.trim().to_string();
-    let start = tokio::time::timeout(Duration::from_secs(10), agent.commands.recv())
-        .await
-        .expect("a command within 10 s")
-        .expect("the session is open");
-    assert!(
-        matches!(start.action, Some(pb::command::Action::Start(_))),
-        "{start:?}"
-    );
-    agent
-        .outbox
-        .send(Kind::Result(pb::CommandResult {
-            command_id: start.command_id,
-            job_id: id.clone(),
-            epoch: 1,
-            ok: true,
-            detail: Some(pb::command_result::Detail::Started(pb::Started {
-                container_id: "ctr-top".into(),
-                from_checkpoint: false,
-            })),
-            ..Default::default()
-        }))
-        .await;
+    let id = submit_and_start(&m, &mut agent, "top-job").await;
 
     // Not a terminal: plain frames, one line per job, read as they come.
     let mut top = tokio::process::Command::new(env!("CARGO_BIN_EXE_convergectl"))
@@ -288,7 +300,7 @@ async fn top_draws_each_jobs_bar_state_worker_and_eta_and_exits_when_they_end() 
         .send(Kind::Exited(pb::ContainerExited {
             job_id: id.clone(),
             epoch: 1,
-            container_id: "ctr-top".into(),
+            container_id: "ctr-top-job".into(),
             exit_code: 0,
             done: true,
             last_step: Some(100),
@@ -322,37 +334,10 @@ async fn why_tells_the_cpu_weight_converge_gave_a_job_and_why() {
     let mut agent = ScriptedAgent::connect(&m, "w1", 2.0, Duration::from_millis(100))
         .await
         .expect("agent");
-    let (code, out, err) = ctl(
-        &m,
-        &["submit", "--image", "x", "--cpus", "1", "--name", "why-job"],
-    )
-    .await;
-    assert_eq!(code, 0, "{err}");
-    let id = out.trim().to_string();
-    let next = async |agent: &mut ScriptedAgent| {
-        tokio::time::timeout(Duration::from_secs(10), agent.commands.recv())
-            .await
-            .expect("a command within 10 s")
-            .expect("the session is open")
-    };
-    let start = next(&mut agent).await;
-    agent
-        .outbox
-        .send(Kind::Result(pb::CommandResult {
-            command_id: start.command_id,
-            job_id: id.clone(),
-            epoch: 1,
-            ok: true,
-            detail: Some(pb::command_result::Detail::Started(pb::Started {
-                container_id: "ctr-why".into(),
-                from_checkpoint: false,
-            })),
-            ..Default::default()
-        }))
-        .await;
+    let id = submit_and_start(&m, &mut agent, "why-job").await;
     // Running, it gets its weight on the worker's next heartbeat: that command is the sign
     // the decision was made (and recorded before it was sent).
-    let limits = next(&mut agent).await;
+    let limits = next_command(&mut agent).await;
     let Some(pb::command::Action::SetLimits(set)) = limits.action else {
         panic!("a SetLimits after the start: {limits:?}");
     };

@@ -173,7 +173,8 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
     for policy in [opponent.as_str(), CONVERGE] {
         println!();
         let testbed = Testbed::up_with(root, policy, args.port, &services, &env)?;
-        let mut board = Board::new(&format!("{policy:>16}"));
+        // Drawn from the first record on, below what the start of the run prints.
+        let mut board: Option<Board> = None;
         let result = rt.block_on(experiment::drive(
             &trace,
             policy,
@@ -181,10 +182,14 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
             args.port,
             |jobs, t| {
                 let now = converge_messenger::unix_ms(std::time::SystemTime::now());
-                board.update(jobs, now, &format!("t = {t:>3.0}s"));
+                board
+                    .get_or_insert_with(|| Board::new(&format!("{policy:>16}")))
+                    .update(jobs, now, &format!("t = {t:>3.0}s"));
             },
         ));
-        board.finish();
+        if let Some(b) = &mut board {
+            b.finish();
+        }
         if result.is_err() {
             testbed.print_logs();
         }
