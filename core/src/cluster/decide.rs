@@ -144,12 +144,7 @@ impl Core {
                     if cpus > 0.0 {
                         attributes.insert("cpus".into(), format!("{cpus:.2}"));
                     }
-                    let mut e = Event::new(EventKind::Limits, reason);
-                    e.job = Some(job);
-                    e.worker = Some(worker);
-                    e.epoch = epoch;
-                    e.attributes = attributes;
-                    self.out.push(Effect::Event(e));
+                    self.job_event(EventKind::Limits, &job, &worker, reason, attributes);
                 }
                 Decision::Resume {
                     job,

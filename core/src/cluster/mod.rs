@@ -720,7 +720,19 @@ impl Core {
         reason: String,
         attributes: BTreeMap<String, String>,
     ) {
-        let mut e = Event::new(EventKind::Migration, reason);
+        self.job_event(EventKind::Migration, id, worker, reason, attributes);
+    }
+
+    /// Records an event of `kind` about job `id` on `worker`, at the job's epoch.
+    pub(super) fn job_event(
+        &mut self,
+        kind: EventKind,
+        id: &str,
+        worker: &str,
+        reason: String,
+        attributes: BTreeMap<String, String>,
+    ) {
+        let mut e = Event::new(kind, reason);
         e.job = Some(id.to_string());
         e.worker = Some(worker.to_string());
         e.epoch = self.jobs.get(id).map_or(0, |j| j.epoch);

@@ -57,6 +57,14 @@ pub struct Claim {
     pub key: Option<f64>,
 }
 
+/// The order [`split`] serves keyed claims in: smaller key first, then job id.
+fn priority(a: &Claim, b: &Claim) -> std::cmp::Ordering {
+    a.key
+        .unwrap_or(f64::INFINITY)
+        .total_cmp(&b.key.unwrap_or(f64::INFINITY))
+        .then_with(|| a.job.cmp(&b.job))
+}
+
 /// Splits `capacity` cores among `claims` (module doc): each job with a key gets the guard
 /// `capacity / (β·n)`, each job without one the fair share `capacity / n`; what is left goes
 /// down the keyed jobs in priority order, each rank [`LADDER`] times less than the one before
@@ -76,13 +84,7 @@ pub fn split(capacity: f64, claims: &[Claim], beta: f64) -> Vec<f64> {
         .collect();
     let mut left = (capacity - cores.iter().sum::<f64>()).max(0.0);
     let mut order: Vec<usize> = (0..n).filter(|&i| claims[i].key.is_some()).collect();
-    order.sort_by(|&a, &b| {
-        claims[a]
-            .key
-            .unwrap_or(f64::INFINITY)
-            .total_cmp(&claims[b].key.unwrap_or(f64::INFINITY))
-            .then_with(|| claims[a].job.cmp(&claims[b].job))
-    });
+    order.sort_by(|&a, &b| priority(&claims[a], &claims[b]));
     for (rank, &i) in order.iter().enumerate() {
         let add = if rank + 1 == order.len() {
             left
@@ -307,12 +309,6 @@ impl PriorityPolicy {
             .collect();
         let cores = split(w.cpu_capacity, &claims, BETA);
         let fair = w.cpu_capacity / jobs.len().max(1) as f64;
-        // Each keyed job's place in the order, for the reason (split's order: key, then id).
-        let mut ranked: Vec<(f64, &str)> = claims
-            .iter()
-            .filter_map(|c| Some((c.key?, c.job.as_str())))
-            .collect();
-        ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1)));
         let mut out = Vec::new();
         for ((j, c), claim) in jobs.iter().zip(cores).zip(&claims) {
             if !matches!(j.phase, JobPhase::Running { .. }) {
@@ -331,11 +327,13 @@ impl PriorityPolicy {
                 };
                 let reason = match claim.key {
                     Some(k) => {
-                        let rank = ranked.iter().position(|r| r.1 == j.id).unwrap_or(0) + 1;
+                        // Its place in split's order, counted only when a weight is sent.
+                        let keyed = claims.iter().filter(|o| o.key.is_some());
+                        let rank = 1 + keyed.clone().filter(|o| priority(o, claim).is_lt()).count();
                         format!(
                             "{} by {what}: rank {rank} of {} on {worker} ({k:.1} core-s), {c:.2} of its {:.2} cores while all run",
                             self.name,
-                            ranked.len(),
+                            keyed.count(),
                             w.cpu_capacity
                         )
                     }
