@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use converge_cli::client::{Bearer, Client};
 use converge_cli::view::{Board, duration};
 use converge_messenger::pb::{self, control_service_client::ControlServiceClient};
 
@@ -228,14 +229,7 @@ async fn run(cli: Cli) -> Result<()> {
             }
         }
         Cmd::Get { job, progress } => {
-            let j = client
-                .get_job(pb::GetJobRequest {
-                    job_id: job,
-                    include_progress: progress,
-                })
-                .await
-                .map_err(status)?
-                .into_inner();
+            let j = get_job(&mut client, job, progress).await?;
             if json {
                 println!("{}", job_json(&j));
                 return Ok(());
@@ -373,14 +367,7 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Why { job } => {
             // Its state first: a job that does not exist is NotFound, not an empty story.
-            let j = client
-                .get_job(pb::GetJobRequest {
-                    job_id: job.clone(),
-                    include_progress: false,
-                })
-                .await
-                .map_err(status)?
-                .into_inner();
+            let j = get_job(&mut client, job.clone(), false).await?;
             let mut events = client
                 .watch_events(pb::WatchEventsRequest {
                     job_id: job,
@@ -422,24 +409,6 @@ async fn run(cli: Cli) -> Result<()> {
     Ok(())
 }
 
-/// The caller's token, put on every request.
-#[derive(Clone)]
-struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
-
-impl tonic::service::Interceptor for Bearer {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(v) = &self.0 {
-            req.metadata_mut().insert("authorization", v.clone());
-        }
-        Ok(req)
-    }
-}
-
-/// The control client convergectl uses.
-type Client = ControlServiceClient<
-    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Bearer>,
->;
-
 /// `convergectl top` ([`Cmd::Top`]).
 async fn top(
     client: &mut Client,
@@ -477,15 +446,7 @@ async fn top(
             // answered.
             let mut jobs = Vec::with_capacity(wanted.len());
             for id in &wanted {
-                let j = client
-                    .get_job(pb::GetJobRequest {
-                        job_id: id.clone(),
-                        include_progress: false,
-                    })
-                    .await
-                    .map_err(status)?
-                    .into_inner();
-                jobs.push(j);
+                jobs.push(get_job(client, id.clone(), false).await?);
             }
             jobs
         };
@@ -511,11 +472,12 @@ async fn top(
         }
         if until_done && !jobs.is_empty() && running == 0 {
             board.finish();
-            let all_completed = jobs
+            let failed = jobs
                 .iter()
-                .all(|j| j.state == pb::JobState::Completed as i32);
-            if !all_completed {
-                std::process::exit(exit::FAILED);
+                .filter(|j| j.state != pb::JobState::Completed as i32)
+                .count();
+            if failed > 0 {
+                bail!("{failed} of {} jobs ended without completing", jobs.len());
             }
             return Ok(());
         }
@@ -525,12 +487,30 @@ async fn top(
                 if e.map_err(status)?.is_none() {
                     bail!("the manager ended the event stream");
                 }
-                // A burst of events (a placement round) is one redraw, not one per event.
+                // A burst of events (a placement round) is one redraw, not one per event:
+                // wait a moment, then take whatever else has arrived.
                 tokio::time::sleep(Duration::from_millis(200)).await;
+                while let Ok(e) = tokio::time::timeout(Duration::ZERO, events.message()).await {
+                    if e.map_err(status)?.is_none() {
+                        bail!("the manager ended the event stream");
+                    }
+                }
             }
             _ = tick.tick() => {}
         }
     }
+}
+
+/// GetJob; a refusal is kept as its status (for the exit code).
+async fn get_job(client: &mut Client, job_id: String, include_progress: bool) -> Result<pb::Job> {
+    Ok(client
+        .get_job(pb::GetJobRequest {
+            job_id,
+            include_progress,
+        })
+        .await
+        .map_err(status)?
+        .into_inner())
 }
 
 /// A failed call, kept as the status so that `main` can pick the exit code.

@@ -141,63 +141,59 @@ pub fn duration(s: f64) -> String {
 /// The view of a set of jobs: bars in place on a terminal, plain frames elsewhere.
 pub struct Board {
     title: String,
-    /// `None` when the output is not a terminal.
-    multi: Option<MultiProgress>,
-    header: Option<ProgressBar>,
-    bars: HashMap<String, ProgressBar>,
-    order: Vec<String>,
+    /// `None` when stdout is not a terminal.
+    bars: Option<Bars>,
+}
+
+/// A terminal's drawing: the header line and one bar per job id.
+struct Bars {
+    multi: MultiProgress,
+    header: ProgressBar,
+    style: ProgressStyle,
+    jobs: HashMap<String, ProgressBar>,
 }
 
 impl Board {
     /// A board whose header line says `title`; bars when stdout is a terminal.
     pub fn new(title: &str) -> Board {
-        Self::with_terminal(title, std::io::stdout().is_terminal())
-    }
-
-    /// A board that draws bars (`terminal`) or plain frames.
-    pub fn with_terminal(title: &str, terminal: bool) -> Board {
-        let multi = terminal.then(|| MultiProgress::with_draw_target(ProgressDrawTarget::stdout()));
-        let header = multi.as_ref().map(|m| {
-            let h = m.add(ProgressBar::new_spinner());
-            h.set_style(ProgressStyle::with_template("{msg}").expect("a valid template"));
-            h.set_message(title.to_string());
-            h
+        let bars = std::io::stdout().is_terminal().then(|| {
+            let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stdout());
+            let header = multi.add(ProgressBar::new_spinner());
+            header.set_style(ProgressStyle::with_template("{msg}").expect("a valid template"));
+            header.set_message(title.to_string());
+            Bars {
+                multi,
+                header,
+                style: ProgressStyle::with_template(
+                    "{prefix:<12} [{bar:24.cyan/blue}] {percent:>3}% {msg}",
+                )
+                .expect("a valid template")
+                .progress_chars("#>."),
+                jobs: HashMap::new(),
+            }
         });
         Board {
             title: title.to_string(),
-            multi,
-            header,
-            bars: HashMap::new(),
-            order: Vec::new(),
+            bars,
         }
     }
 
     /// Shows `jobs` (in the order given; jobs seen before keep their line) with `status` on
     /// the header line.
     pub fn update(&mut self, jobs: &[pb::Job], now_ms: i64, status: &str) {
-        let rows: Vec<(String, Row)> = jobs
-            .iter()
-            .map(|j| (j.id.clone(), Row::of(j, now_ms)))
-            .collect();
-        let Some(multi) = &self.multi else {
+        let Some(bars) = &mut self.bars else {
             println!("--- {} {status}", self.title);
-            for (_, r) in &rows {
-                println!("  {}", r.line());
+            for j in jobs {
+                println!("  {}", Row::of(j, now_ms).line());
             }
             return;
         };
-        if let Some(h) = &self.header {
-            h.set_message(format!("{} {status}", self.title));
-        }
-        let style =
-            ProgressStyle::with_template("{prefix:<12} [{bar:24.cyan/blue}] {percent:>3}% {msg}")
-                .expect("a valid template")
-                .progress_chars("#>.");
-        for (id, r) in rows {
-            let bar = self.bars.entry(id.clone()).or_insert_with(|| {
-                self.order.push(id.clone());
-                let b = multi.add(ProgressBar::new(1000));
-                b.set_style(style.clone());
+        bars.header.set_message(format!("{} {status}", self.title));
+        for j in jobs {
+            let r = Row::of(j, now_ms);
+            let bar = bars.jobs.entry(j.id.clone()).or_insert_with(|| {
+                let b = bars.multi.add(ProgressBar::new(1000));
+                b.set_style(bars.style.clone());
                 b.set_prefix(r.name.clone());
                 b
             });
@@ -208,13 +204,9 @@ impl Board {
 
     /// Leaves the last drawing on screen.
     pub fn finish(&mut self) {
-        if let Some(h) = &self.header {
-            h.finish();
-        }
-        for id in &self.order {
-            if let Some(b) = self.bars.get(id) {
-                b.finish();
-            }
+        if let Some(bars) = &self.bars {
+            bars.header.finish();
+            bars.jobs.values().for_each(ProgressBar::finish);
         }
     }
 }

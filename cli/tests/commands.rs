@@ -23,6 +23,28 @@ async fn ctl(manager: &str, args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// Output lines of a running convergectl.
+type Lines = tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>;
+
+/// Starts convergectl against `manager` with `args`, its output read line by line as it comes
+/// (killed when the child is dropped).
+fn spawn_ctl(manager: &str, args: &[&str]) -> (tokio::process::Child, Lines) {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_convergectl"))
+        .arg("--manager")
+        .arg(manager)
+        .args(args)
+        .env_remove("CONVERGE_TOKEN")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("convergectl runs");
+    let out = child.stdout.take().expect("stdout");
+    (
+        child,
+        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(out)),
+    )
+}
+
 fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
 }
@@ -93,15 +115,7 @@ async fn each_command_prints_tables_and_json_and_exits_with_a_code_scripts_can_u
     );
 
     // watch: one JSON object per line, from the first event.
-    let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_convergectl"))
-        .args(["--manager", &m, "watch", "--from-seq", "1", "-o", "json"])
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("watch runs");
-    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(
-        watch.stdout.take().expect("stdout"),
-    ));
+    let (watch, mut lines) = spawn_ctl(&m, &["watch", "--from-seq", "1", "-o", "json"]);
     let first = lines.next_line().await.expect("read").expect("a line");
     assert_eq!(json(&first)["seq"], 1);
     drop(watch);
@@ -219,15 +233,7 @@ async fn top_draws_each_jobs_bar_state_worker_and_eta_and_exits_when_they_end() 
     let id = submit_and_start(&m, &mut agent, "top-job").await;
 
     // Not a terminal: plain frames, one line per job, read as they come.
-    let mut top = tokio::process::Command::new(env!("CARGO_BIN_EXE_convergectl"))
-        .args(["--manager", &m, "top", "--job", &id, "--until-done"])
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("top runs");
-    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(
-        top.stdout.take().expect("stdout"),
-    ));
+    let (mut top, mut lines) = spawn_ctl(&m, &["top", "--job", &id, "--until-done"]);
     let mut until = async |what: &str, pred: &dyn Fn(&str) -> bool| -> String {
         tokio::time::timeout(Duration::from_secs(10), async {
             loop {

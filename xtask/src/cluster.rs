@@ -3,30 +3,15 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use converge_cli::client::{Bearer, Client};
 use converge_messenger::pb::{self, control_service_client::ControlServiceClient};
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
-
-/// A control client of the testbed: TLS with the testbed's CA, the operator's bearer token.
-pub type Client = ControlServiceClient<InterceptedService<Channel, Bearer>>;
-
-/// Adds `authorization: Bearer TOKEN` to every call.
-#[derive(Clone)]
-pub struct Bearer(tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
-
-impl tonic::service::Interceptor for Bearer {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        req.metadata_mut().insert("authorization", self.0.clone());
-        Ok(req)
-    }
-}
 
 /// A control client of the testbed manager on 127.0.0.1:`port`, with the credentials
 /// [`crate::testbed::Testbed::up_with`] wrote, retrying for 30 s while its container starts.
 pub async fn connect(port: u16) -> Result<Client> {
     let dir = crate::testbed::credentials_dir(&crate::workspace_root());
     let token = crate::testbed::operator_token(&dir)?;
-    let bearer = Bearer(format!("Bearer {token}").parse()?);
+    let bearer = Bearer(Some(format!("Bearer {token}").parse()?));
     let tls = converge_messenger::tls::control_client(
         &dir.join(converge_messenger::tls::files::CA),
         "localhost",
