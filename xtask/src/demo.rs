@@ -200,7 +200,7 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
     let live: Vec<Outcome> = runs.iter().map(|r| Outcome::live(&trace, r)).collect();
     let table = comparison(&trace, &opponent, &live, &forecast);
     println!();
-    println!("{table}");
+    println!("{}", table.markdown());
     let dir = root.join("target/demo");
     let report = write_report(&dir, &trace, &opponent, &runs, &live, &table)?;
     println!(
@@ -276,6 +276,65 @@ fn at_this_machines_speed(
     Ok((trace, measured))
 }
 
+/// The comparison the demo ends with, as data: printed as markdown, written as HTML.
+struct Table {
+    caption: String,
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+    /// How many of the last rows are summaries (drawn bold).
+    summaries: usize,
+}
+
+impl Table {
+    fn markdown(&self) -> String {
+        let line = |cells: &[String]| format!("| {} |", cells.join(" | "));
+        let mut t = format!("{}\n\n{}\n|---|---|", self.caption, line(&self.header));
+        t.push_str(&"---:|".repeat(self.header.len().saturating_sub(2)));
+        let first_summary = self.rows.len() - self.summaries;
+        for (i, row) in self.rows.iter().enumerate() {
+            let row: Vec<String> = if i >= first_summary {
+                row.iter()
+                    .map(|c| {
+                        if c.is_empty() {
+                            c.clone()
+                        } else {
+                            format!("**{c}**")
+                        }
+                    })
+                    .collect()
+            } else {
+                row.clone()
+            };
+            t.push('\n');
+            t.push_str(&line(&row));
+        }
+        t.push('\n');
+        t
+    }
+
+    fn html(&self) -> String {
+        let cells = |tag: &str, row: &[String], bold: bool| {
+            row.iter()
+                .map(|c| match bold && !c.is_empty() {
+                    true => format!("<{tag}><b>{}</b></{tag}>", escape(c)),
+                    false => format!("<{tag}>{}</{tag}>", escape(c)),
+                })
+                .collect::<String>()
+        };
+        let first_summary = self.rows.len() - self.summaries;
+        let mut t = format!(
+            "<p>{}</p><table><tr>{}</tr>",
+            escape(&self.caption),
+            cells("th", &self.header, false)
+        );
+        for (i, row) in self.rows.iter().enumerate() {
+            let _ = write!(t, "<tr>{}</tr>", cells("td", row, i >= first_summary));
+        }
+        t.push_str("</table>");
+        t
+    }
+}
+
 /// The table the demo ends with: completion time per job under both policies, live and as
 /// forecast, and the average and makespan with converge's change against the opponent.
 fn comparison(
@@ -283,7 +342,7 @@ fn comparison(
     opponent: &str,
     live: &[Outcome],
     forecast: &BTreeMap<String, Outcome>,
-) -> String {
+) -> Table {
     let (a, c) = (&live[0], &live[1]);
     let (fa, fc) = (&forecast[opponent], &forecast[CONVERGE]);
     let secs = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
@@ -291,54 +350,55 @@ fn comparison(
         (Some(b), Some(n)) if b > 0.0 => format!("{:+.0}%", (n - b) / b * 100.0),
         _ => "-".into(),
     };
-    let mut t = String::new();
-    let _ = writeln!(
-        t,
-        "Completion time (s), submission to end: live on the testbed, and as the simulator forecast"
-    );
-    let _ = writeln!(t);
-    let _ = writeln!(
-        t,
-        "| job | model | arrives (s) | {opponent} | converge | change | forecast {opponent} | forecast converge |"
-    );
-    let _ = writeln!(t, "|---|---|---:|---:|---:|---:|---:|---:|");
-    for j in &trace.jobs {
-        let (x, y) = (a.jct[&j.name], c.jct[&j.name]);
-        let _ = writeln!(
-            t,
-            "| {} | {} {} | {:.0} | {} | {} | {} | {} | {} |",
-            j.name,
-            j.model,
-            j.size,
-            j.at_s,
-            secs(x),
-            secs(y),
-            change(x, y),
-            secs(fa.jct.get(&j.name).copied().flatten()),
-            secs(fc.jct.get(&j.name).copied().flatten()),
-        );
-    }
+    let mut rows: Vec<Vec<String>> = trace
+        .jobs
+        .iter()
+        .map(|j| {
+            let (x, y) = (a.jct[&j.name], c.jct[&j.name]);
+            vec![
+                j.name.clone(),
+                format!("{} {}", j.model, j.size),
+                format!("{:.0}", j.at_s),
+                secs(x),
+                secs(y),
+                change(x, y),
+                secs(fa.jct.get(&j.name).copied().flatten()),
+                secs(fc.jct.get(&j.name).copied().flatten()),
+            ]
+        })
+        .collect();
     for (what, x, y, fx, fy) in [
-        ("**average**", a.avg, c.avg, fa.avg, fc.avg),
-        (
-            "**makespan**",
-            a.makespan,
-            c.makespan,
-            fa.makespan,
-            fc.makespan,
-        ),
+        ("average", a.avg, c.avg, fa.avg, fc.avg),
+        ("makespan", a.makespan, c.makespan, fa.makespan, fc.makespan),
     ] {
-        let _ = writeln!(
-            t,
-            "| {what} | | | {} | {} | **{}** | {} | {} |",
+        rows.push(vec![
+            what.into(),
+            String::new(),
+            String::new(),
             secs(x),
             secs(y),
             change(x, y),
             secs(fx),
-            secs(fy)
-        );
+            secs(fy),
+        ]);
     }
-    t
+    Table {
+        caption: "Completion time (s), submission to end: live on the testbed, and as the simulator forecast".into(),
+        header: [
+            "job",
+            "model",
+            "arrives (s)",
+            opponent,
+            CONVERGE,
+            "change",
+            &format!("forecast {opponent}"),
+            &format!("forecast {CONVERGE}"),
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows,
+        summaries: 2,
+    }
 }
 
 /// Writes `report.html` and its plots into `dir`; returns the report's path.
@@ -348,7 +408,7 @@ fn write_report(
     opponent: &str,
     runs: &[LiveRun],
     live: &[Outcome],
-    table: &str,
+    table: &Table,
 ) -> Result<std::path::PathBuf> {
     // Only this run's files: an earlier opponent's plots would sit beside them.
     if dir.exists() {
@@ -398,7 +458,7 @@ fn write_report(
          table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}</style>\
          <h1>Converge demo: {opponent} against converge</h1><p>{}</p>{}",
         escape(&trace.title),
-        markdown_table_html(table)
+        table.html()
     );
     for p in &plots {
         let _ = write!(html, "<p><img src=\"{p}\" alt=\"{p}\"></p>");
@@ -418,54 +478,29 @@ fn escape(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
-/// The comparison's markdown as HTML: its first line as a paragraph, its table as a table.
-fn markdown_table_html(md: &str) -> String {
-    let mut out = String::new();
-    let mut rows = 0;
-    for line in md.lines() {
-        let line = line.trim();
-        if let Some(inner) = line.strip_prefix('|') {
-            if line.starts_with("|---") {
-                continue;
-            }
-            let cell = if rows == 0 { "th" } else { "td" };
-            if rows == 0 {
-                out.push_str("<table>");
-            }
-            out.push_str("<tr>");
-            for c in inner.trim_end_matches('|').split('|') {
-                let c = escape(c.trim());
-                let c = match c.strip_prefix("**").and_then(|c| c.strip_suffix("**")) {
-                    Some(b) => format!("<b>{b}</b>"),
-                    None => c,
-                };
-                let _ = write!(out, "<{cell}>{c}</{cell}>");
-            }
-            out.push_str("</tr>");
-            rows += 1;
-        } else if !line.is_empty() {
-            let _ = write!(out, "<p>{}</p>", escape(line));
-        }
-    }
-    if rows > 0 {
-        out.push_str("</table>");
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn the_report_table_becomes_html_with_bold_summary_cells() {
-        let html = markdown_table_html(
-            "Completion time (s)\n\n| job | a |\n|---|---:|\n| x<y | 1.0 |\n| **average** | **-20%** |\n",
+    fn the_comparison_prints_as_markdown_and_writes_as_html_with_bold_summaries() {
+        let t = Table {
+            caption: "Completion time (s)".into(),
+            header: vec!["job".into(), "model".into(), "a".into()],
+            rows: vec![
+                vec!["x<y".into(), "m".into(), "1.0".into()],
+                vec!["average".into(), String::new(), "-20%".into()],
+            ],
+            summaries: 1,
+        };
+        assert_eq!(
+            t.markdown(),
+            "Completion time (s)\n\n| job | model | a |\n|---|---|---:|\n| x<y | m | 1.0 |\n| **average** |  | **-20%** |\n"
         );
         assert_eq!(
-            html,
-            "<p>Completion time (s)</p><table><tr><th>job</th><th>a</th></tr>\
-             <tr><td>x&lt;y</td><td>1.0</td></tr><tr><td><b>average</b></td><td><b>-20%</b></td></tr></table>"
+            t.html(),
+            "<p>Completion time (s)</p><table><tr><th>job</th><th>model</th><th>a</th></tr>\
+             <tr><td>x&lt;y</td><td>m</td><td>1.0</td></tr><tr><td><b>average</b></td><td></td><td><b>-20%</b></td></tr></table>"
         );
     }
 }
