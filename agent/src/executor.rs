@@ -123,6 +123,8 @@ pub(crate) struct Executor {
     /// core's `Publish` effects).
     policy: Arc<PolicyView>,
     metrics: crate::metrics::AgentMetrics,
+    /// The last lines of removed containers, for `convergectl logs`.
+    kept: crate::logs::Kept,
 }
 
 /// The core's configuration from the agent's.
@@ -153,6 +155,7 @@ impl Executor {
         progress: ProgressHandle,
         policy: Arc<PolicyView>,
         metrics: crate::metrics::AgentMetrics,
+        kept: crate::logs::Kept,
         shutdown: CancellationToken,
     ) -> crate::Result<Self> {
         let (internal_tx, internal_rx) = mpsc::channel(1024);
@@ -181,6 +184,7 @@ impl Executor {
             internal_rx,
             policy,
             metrics,
+            kept,
         })
     }
 
@@ -1305,6 +1309,8 @@ impl Executor {
         let oom_event = io.oom;
         let mut session = self.session.clone();
         let heartbeat = self.cfg.heartbeat_interval;
+        let kept = self.kept.clone();
+        let name = crate::docker::container_name(&self.cfg.worker_id, &job_id, epoch);
         tokio::spawn(
             async move {
                 let _ = tokio::time::timeout(DRAIN_TIMEOUT, follower_done.wait_for(|d| *d)).await;
@@ -1348,6 +1354,9 @@ impl Executor {
                     }))
                     .await;
                 if remove {
+                    // Docker's log goes with the container: keep its last lines for
+                    // `convergectl logs` (a migrated job's earlier parts, a finished job).
+                    kept.keep(&docker, &name).await;
                     let _ = docker
                         .remove_container(
                             &id,

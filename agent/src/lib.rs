@@ -28,6 +28,8 @@
 //!   core from real progress and cgroup CPU time; the round reports and wire conversions.
 //! - `view`: the read-mostly per-container view the heartbeat and registration read, and the
 //!   policy rounds' categories, growth efficiencies and threshold.
+//! - [`logs`]: a job's output for `convergectl logs`, read from Docker on the manager's
+//!   request, and the last lines of the containers the agent removed.
 //! - [`metrics`]: the agent's Prometheus metrics (its own registry), served at `/metrics`
 //!   with `--metrics-listen`. Command spans continue the manager's trace from the command's
 //!   `traceparent`; `docs/observability.md` describes traces, metrics and logs.
@@ -64,6 +66,7 @@ pub mod config;
 pub mod docker;
 mod error;
 pub mod executor;
+pub mod logs;
 pub mod metrics;
 pub mod monitor;
 pub mod policy;
@@ -159,6 +162,8 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
     }
     let metrics = metrics::AgentMetrics::new();
     session_config.metrics = metrics.session();
+    let (logs_tx, logs_rx) = mpsc::channel(64);
+    session_config.logs = Some(logs_tx);
     if let Some(addr) = config.metrics_listen {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -177,6 +182,15 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
         );
     }
     let (outbox, status, session) = Session::spawn(session_config, state, cmd_tx, shutdown.clone());
+    let kept = logs::Kept::default();
+    logs::spawn(
+        docker.clone(),
+        config.worker_id.clone(),
+        kept.clone(),
+        outbox.clone(),
+        logs_rx,
+        shutdown.clone(),
+    );
 
     let progress = monitor::spawn_batcher(outbox.clone(), metrics.clone(), shutdown.clone());
     monitor::spawn_usage_sampler(
@@ -199,6 +213,7 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
         progress,
         policy,
         metrics,
+        kept,
         shutdown.clone(),
     )?
     .run(cmd_rx, ready_tx)

@@ -128,6 +128,20 @@ enum Cmd {
         #[arg(long)]
         until_done: bool,
     },
+    /// A job's output (its containers' stdout and stderr), read through the agents: each
+    /// incarnation's part in order, headed on stderr by its epoch and worker when there is more
+    /// than one. A finished job's output is read from its containers while they exist, then from the
+    /// last 1,000 lines its agent kept of each (until that agent restarts).
+    Logs {
+        /// Job id.
+        job: String,
+        /// Keep printing new output as the job writes it, across migrations, until it ends.
+        #[arg(short, long)]
+        follow: bool,
+        /// Only the last N lines of each incarnation.
+        #[arg(long)]
+        tail: Option<u32>,
+    },
     /// Print events as they happen.
     Watch {
         /// Only this job's events.
@@ -348,6 +362,9 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Top { jobs, until_done } => {
             return top(&mut client, &cli.manager, jobs, until_done, json).await;
         }
+        Cmd::Logs { job, follow, tail } => {
+            return logs(&mut client, job, follow, tail, json).await;
+        }
         Cmd::Watch { job, from_seq } => {
             let mut events = client
                 .watch_events(pb::WatchEventsRequest {
@@ -405,6 +422,83 @@ async fn run(cli: Cli) -> Result<()> {
                 println!("  {}", why_line(e));
             }
         }
+    }
+    Ok(())
+}
+
+/// `convergectl logs` ([`Cmd::Logs`]).
+async fn logs(
+    client: &mut Client,
+    job: String,
+    follow: bool,
+    tail: Option<u32>,
+    json: bool,
+) -> Result<()> {
+    use std::io::Write;
+    let mut output = client
+        .job_logs(pb::JobLogsRequest {
+            job_id: job,
+            follow,
+            tail: tail.unwrap_or(0),
+        })
+        .await
+        .map_err(status)?
+        .into_inner();
+    let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
+    // The incarnation being printed, to head each new one.
+    let mut shown: Option<u64> = None;
+    let mut gaps = 0;
+    while let Some(part) = output.message().await.map_err(status)? {
+        if json {
+            for l in &part.lines {
+                let line = String::from_utf8_lossy(&l.data);
+                let o = serde_json::json!({
+                    "epoch": part.epoch,
+                    "worker": part.worker_id,
+                    "stream": if l.stderr { "stderr" } else { "stdout" },
+                    "line": line.strip_suffix('\n').unwrap_or(&line),
+                });
+                writeln!(out, "{o}")?;
+            }
+            if !part.unavailable.is_empty() {
+                let o = serde_json::json!({
+                    "epoch": part.epoch,
+                    "worker": part.worker_id,
+                    "unavailable": part.unavailable,
+                });
+                writeln!(out, "{o}")?;
+            }
+        } else {
+            if shown != Some(part.epoch) {
+                // A job that ran once needs no heading; after a move, each part has one.
+                if shown.is_some() || part.epoch > 1 {
+                    out.flush()?;
+                    writeln!(err, "── epoch {} on {} ──", part.epoch, part.worker_id)?;
+                }
+                shown = Some(part.epoch);
+            }
+            for l in &part.lines {
+                if l.stderr {
+                    out.flush()?;
+                    err.write_all(&l.data)?;
+                } else {
+                    out.write_all(&l.data)?;
+                }
+            }
+            if !part.unavailable.is_empty() {
+                out.flush()?;
+                writeln!(
+                    err,
+                    "── epoch {} on {}: {} ──",
+                    part.epoch, part.worker_id, part.unavailable
+                )?;
+            }
+        }
+        gaps += usize::from(!part.unavailable.is_empty());
+        out.flush()?;
+    }
+    if gaps > 0 {
+        bail!("the output of {gaps} incarnation(s) could not be read (said above)");
     }
     Ok(())
 }

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use converge_integration_tests::{ScriptedAgent, TestManager, tempfile_dir};
+use converge_messenger::agent::LogsControl;
 use converge_messenger::pb::{self, agent_message::Kind};
 
 /// Runs convergectl against `manager` with `args`: (exit code, stdout, stderr).
@@ -373,5 +374,152 @@ async fn why_tells_the_cpu_weight_converge_gave_a_job_and_why() {
         .filter_map(|d| d["kind"].as_str())
         .collect();
     assert!(kinds.contains(&"limits"), "{kinds:?}");
+    manager.stop().await;
+}
+
+/// The next request for job output the scripted agent gets, within 10 s.
+async fn next_logs_request(agent: &mut ScriptedAgent) -> pb::LogsRequest {
+    let control = tokio::time::timeout(Duration::from_secs(10), agent.logs.recv())
+        .await
+        .expect("a logs request within 10 s")
+        .expect("the session is open");
+    match control {
+        LogsControl::Read(r) => r,
+        other => panic!("a Read, not {other:?}"),
+    }
+}
+
+fn log_line(text: &str, stderr: bool) -> pb::LogLine {
+    pb::LogLine {
+        data: text.as_bytes().to_vec(),
+        stderr,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_prints_the_output_the_jobs_worker_sends_and_refuses_another_workers() {
+    let metrics = converge_integration_tests::free_local_addr();
+    let manager = TestManager::start(|c| c.metrics_listen = Some(metrics))
+        .await
+        .expect("manager");
+    let m = manager.endpoint();
+    let mut w1 = ScriptedAgent::connect(&m, "w1", 2.0, Duration::from_millis(100))
+        .await
+        .expect("agent");
+    let id = submit_and_start(&m, &mut w1, "logs-job").await;
+    // Another worker (smaller: a job of 2 cores can wait for w1), connected once the job is
+    // placed on w1.
+    let intruder = ScriptedAgent::connect(&m, "w2", 1.0, Duration::from_millis(100))
+        .await
+        .expect("agent");
+
+    let reader = tokio::spawn({
+        let (m, id) = (m.clone(), id.clone());
+        async move { ctl(&m, &["logs", &id]).await }
+    });
+    let asked = next_logs_request(&mut w1).await;
+    assert_eq!(
+        (asked.job_id.as_str(), asked.epoch, asked.follow, asked.tail),
+        (id.as_str(), 1, false, 0)
+    );
+    // w2 answers w1's request first: refused, counted, and not shown.
+    intruder
+        .outbox
+        .send(Kind::Logs(pb::LogChunk {
+            request_id: asked.request_id,
+            lines: vec![log_line("forged by w2\n", false)],
+            end: true,
+            error: String::new(),
+        }))
+        .await;
+    let refused = |text: &str| {
+        converge_integration_tests::metric_value(
+            text,
+            "converge_manager_refused_total",
+            r#"kind="foreign_job""#,
+        )
+    };
+    let mut counted = None;
+    for _ in 0..100 {
+        let text = converge_integration_tests::scrape_metrics(metrics, false)
+            .await
+            .expect("metrics");
+        counted = refused(&text);
+        if counted == Some(1.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(counted, Some(1.0), "the forged chunk was counted");
+    // Then w1 sends the job's output: stdout and stderr, in two chunks.
+    for (lines, end) in [
+        (
+            vec![
+                log_line("step 1\n", false),
+                log_line("warning: slow\n", true),
+            ],
+            false,
+        ),
+        (vec![log_line("step 2\n", false)], true),
+    ] {
+        w1.outbox
+            .send(Kind::Logs(pb::LogChunk {
+                request_id: asked.request_id,
+                lines,
+                end,
+                error: String::new(),
+            }))
+            .await;
+    }
+    let (code, out, err) = reader.await.expect("reader");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "step 1\nstep 2\n", "stdout is the job's stdout");
+    assert!(
+        err.contains("warning: slow"),
+        "stderr is the job's stderr: {err}"
+    );
+    assert!(!out.contains("forged") && !err.contains("forged"));
+
+    // As JSON, the last lines of each incarnation; a part that cannot be read is said, and
+    // the exit code tells a script so.
+    let reader = tokio::spawn({
+        let (m, id) = (m.clone(), id.clone());
+        async move { ctl(&m, &["logs", &id, "--tail", "5", "-o", "json"]).await }
+    });
+    let asked = next_logs_request(&mut w1).await;
+    assert_eq!(asked.tail, 5);
+    w1.outbox
+        .send(Kind::Logs(pb::LogChunk {
+            request_id: asked.request_id,
+            lines: vec![log_line("step 2\n", false)],
+            end: true,
+            error: "container ctr-logs-job is gone".into(),
+        }))
+        .await;
+    let (code, out, _) = reader.await.expect("reader");
+    assert_eq!(code, 1, "{out}");
+    let lines: Vec<serde_json::Value> = out.lines().map(json).collect();
+    assert_eq!(lines[0]["line"], "step 2");
+    assert_eq!(lines[0]["stream"], "stdout");
+    assert_eq!(
+        (lines[0]["epoch"].as_u64(), lines[0]["worker"].as_str()),
+        (Some(1), Some("w1"))
+    );
+    assert_eq!(lines[1]["unavailable"], "container ctr-logs-job is gone");
+
+    // A job that never started has no output to show; ids that are no job are named.
+    let (code, out, err) = ctl(&m, &["submit", "--image", "x", "--cpus", "2"]).await;
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = ctl(&m, &["logs", out.trim()]).await;
+    assert_eq!(code, 4, "{err}");
+    assert!(
+        err.contains("never started") && err.contains("--follow"),
+        "{err}"
+    );
+    let (code, _, err) = ctl(&m, &["logs", "not-a-uuid"]).await;
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("job_id"), "{err}");
+    let (code, _, err) = ctl(&m, &["logs", "6f1c1a52-3d2e-4b8a-9c1e-2f6d5e4c3b2a"]).await;
+    assert_eq!(code, 3, "{err}");
     manager.stop().await;
 }

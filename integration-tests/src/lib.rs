@@ -219,6 +219,8 @@ pub struct ScriptedAgent {
     pub outbox: converge_messenger::agent::Outbox,
     /// Commands the manager sent.
     pub commands: tokio::sync::mpsc::Receiver<pb::Command>,
+    /// The manager's requests for job output (answer them on `outbox` as `LogChunk`s).
+    pub logs: tokio::sync::mpsc::Receiver<converge_messenger::agent::LogsControl>,
     /// Connection state.
     pub status: tokio::sync::watch::Receiver<converge_messenger::agent::SessionStatus>,
     shutdown: CancellationToken,
@@ -280,6 +282,8 @@ impl ScriptedAgent {
         let mut config = converge_messenger::agent::SessionConfig::new(endpoint);
         config.tls = tls;
         config.heartbeat_interval = heartbeat;
+        let (logs_tx, logs) = tokio::sync::mpsc::channel(64);
+        config.logs = Some(logs_tx);
         let (cmd_tx, commands) = tokio::sync::mpsc::channel(64);
         let shutdown = CancellationToken::new();
         let (outbox, mut status, _task) = converge_messenger::agent::Session::spawn(
@@ -294,6 +298,7 @@ impl ScriptedAgent {
         Ok(Self {
             outbox,
             commands,
+            logs,
             status,
             shutdown,
         })

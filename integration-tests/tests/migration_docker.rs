@@ -19,6 +19,9 @@ struct Moved {
     done: pb::Job,
     /// The job's events from its submission on.
     events: Vec<pb::Event>,
+    /// What `JobLogs --follow` streamed, opened while the job ran on w1; it ends by itself
+    /// when the job does.
+    followed: Vec<pb::JobLogsResponse>,
     _agents: (TestAgent, TestAgent),
     _checkpoints: converge_integration_tests::TempDir,
 }
@@ -71,6 +74,26 @@ async fn drain_while_running(
     assert_eq!(security, r#"["no-new-privileges:true"]"#);
     assert_eq!(pids, "1024");
     assert!(tmpfs.contains("\"/tmp\""), "{tmpfs}");
+    // A follower of its output from here on, across the move.
+    let follower = {
+        let mut c = client.clone();
+        let id = id.clone();
+        tokio::spawn(async move {
+            let mut s = c
+                .job_logs(pb::JobLogsRequest {
+                    job_id: id,
+                    follow: true,
+                    tail: 0,
+                })
+                .await?
+                .into_inner();
+            let mut parts = Vec::new();
+            while let Some(p) = s.message().await? {
+                parts.push(p);
+            }
+            anyhow::Ok(parts)
+        })
+    };
     let a2 = TestAgent::start(&manager.endpoint(), &w2, 1.0, checkpoints.path());
     wait_for_workers(&client, 2).await?;
     let drained = client
@@ -119,11 +142,15 @@ async fn drain_while_running(
     {
         events.push(e);
     }
+    let followed = tokio::time::timeout(Duration::from_secs(30), follower)
+        .await
+        .map_err(|_| anyhow::anyhow!("the --follow reader did not end with the job"))???;
     Ok(Moved {
         manager,
         w2,
         done,
         events,
+        followed,
         _agents: (a1, a2),
         _checkpoints: checkpoints,
     })
@@ -138,6 +165,7 @@ async fn drained_worker_moves_its_job_which_resumes_at_the_saved_step() -> anyho
         w2,
         done,
         events,
+        followed,
         ..
     } = drain_while_running("m", |_| {}, spec, 200).await?;
     assert_eq!(done.state, JobState::Completed as i32, "{done:#?}");
@@ -211,8 +239,92 @@ async fn drained_worker_moves_its_job_which_resumes_at_the_saved_step() -> anyho
         "looks like a fresh start: {initial} -> {first_loss}"
     );
     println!("migration downtime: {downtime} ms");
+
+    // `logs` shows each incarnation's part, in order, from where it ran: read after the end
+    // (both containers are removed by now: what their agents kept of them), and followed
+    // live across the move.
+    let mut client = manager.control().await?;
+    let mut s = client
+        .job_logs(pb::JobLogsRequest {
+            job_id: done.id.clone(),
+            follow: false,
+            tail: 0,
+        })
+        .await?
+        .into_inner();
+    let mut after = Vec::new();
+    while let Some(p) = s.message().await? {
+        after.push(p);
+    }
+    for (how, parts) in [("after the end", &after), ("followed", &followed)] {
+        assert_the_output_tells_the_move(how, parts, &w2, saved_step);
+    }
     manager.stop().await;
     Ok(())
+}
+
+/// Both incarnations' parts, in epoch order and from different workers: the first saves at
+/// `saved_step`, the second (on `w2`) restores there and ends with the final line.
+fn assert_the_output_tells_the_move(
+    how: &str,
+    parts: &[pb::JobLogsResponse],
+    w2: &str,
+    saved_step: u64,
+) {
+    use converge_contract::{CheckpointEvent, parse_line};
+    let gaps: Vec<_> = parts.iter().filter(|p| !p.unavailable.is_empty()).collect();
+    assert!(gaps.is_empty(), "{how}: parts missing: {gaps:#?}");
+    let epochs: Vec<u64> = parts.iter().map(|p| p.epoch).collect();
+    assert!(
+        epochs.windows(2).all(|w| w[0] <= w[1])
+            && epochs.first() == Some(&1)
+            && epochs.last() == Some(&2),
+        "{how}: parts out of order: {epochs:?}"
+    );
+    let progress = |epoch: u64| -> Vec<converge_contract::ProgressLine> {
+        parts
+            .iter()
+            .filter(|p| p.epoch == epoch)
+            .flat_map(|p| &p.lines)
+            .filter_map(|l| {
+                parse_line(&String::from_utf8_lossy(&l.data), None)
+                    .ok()
+                    .flatten()
+            })
+            .collect()
+    };
+    let workers = |epoch: u64| -> Vec<&str> {
+        let mut w: Vec<&str> = parts
+            .iter()
+            .filter(|p| p.epoch == epoch)
+            .map(|p| p.worker_id.as_str())
+            .collect();
+        w.dedup();
+        w
+    };
+    assert_eq!(workers(2), [w2], "{how}: epoch 2 ran on the target");
+    assert!(
+        workers(1).len() == 1 && workers(1)[0] != w2,
+        "{how}: epoch 1 ran on the source: {:?}",
+        workers(1)
+    );
+    let (old, new) = (progress(1), progress(2));
+    assert!(
+        old.iter()
+            .any(|p| p.checkpoint == Some(CheckpointEvent::Saved) && p.step == saved_step),
+        "{how}: epoch 1's output ends with its save at step {saved_step}: {:?}",
+        old.last()
+    );
+    let first = new.first().expect("epoch 2 wrote progress");
+    assert_eq!(
+        (first.checkpoint, first.step),
+        (Some(CheckpointEvent::Restored), saved_step),
+        "{how}: epoch 2's output starts with the restore"
+    );
+    assert!(
+        new.last().is_some_and(|p| p.done),
+        "{how}: epoch 2 ends with the final line"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

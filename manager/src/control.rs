@@ -247,4 +247,36 @@ impl ControlService for ManagerHandle {
         let all = stream::iter(history.into_iter().map(Ok)).chain(live);
         Ok(Response::new(Box::pin(all)))
     }
+
+    type JobLogsStream = Pin<Box<dyn Stream<Item = Result<pb::JobLogsResponse, Status>> + Send>>;
+
+    async fn job_logs(
+        &self,
+        request: Request<pb::JobLogsRequest>,
+    ) -> Result<Response<Self::JobLogsStream>, Status> {
+        self.admit(&request)?;
+        // A following reader is held open like an event stream, and counts against the same
+        // bound.
+        let permit = self.watchers.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(format!(
+                "{} event and log streams are open, the most this manager serves (--max-watchers); close one and retry",
+                self.max_watchers
+            ))
+        })?;
+        let r = request.into_inner();
+        job_id(&r.job_id)?;
+        let output = self
+            .ask(|reply| ActorRequest::Logs {
+                id: r.job_id,
+                follow: r.follow,
+                tail: r.tail,
+                reply,
+            })
+            .await??;
+        let output = tokio_stream::wrappers::ReceiverStream::new(output).map(move |item| {
+            let _slot = &permit;
+            item
+        });
+        Ok(Response::new(Box::pin(output)))
+    }
 }

@@ -83,7 +83,8 @@ pub fn register(r: pb::Register) -> core::Register {
 /// usage batches).
 pub fn agent_message(kind: AgentKind) -> Option<core::AgentMessage> {
     Some(match kind {
-        AgentKind::Register(_) | AgentKind::Usage(_) => return None,
+        // Log chunks answer a reader, not the core (`actor::logs`).
+        AgentKind::Register(_) | AgentKind::Usage(_) | AgentKind::Logs(_) => return None,
         AgentKind::Heartbeat(hb) => core::AgentMessage::Heartbeat(core::Heartbeat {
             jobs: hb
                 .jobs

@@ -24,7 +24,7 @@ use crate::backoff::Backoff;
 use crate::pb::agent_message::Kind as AgentKind;
 use crate::pb::agent_service_client::AgentServiceClient;
 use crate::pb::manager_message::Kind as ManagerKind;
-use crate::pb::{AgentMessage, Command, Heartbeat, Register, Registered};
+use crate::pb::{AgentMessage, Command, Heartbeat, LogChunk, LogsRequest, Register, Registered};
 
 /// Why a connection attempt or a live stream ended.
 #[derive(Debug, thiserror::Error)]
@@ -112,6 +112,22 @@ pub struct SessionConfig {
     pub metrics: SessionMetrics,
     /// Mutual TLS with the manager (`crate::tls`), when the endpoint is `https://`.
     pub tls: Option<tonic::transport::ClientTlsConfig>,
+    /// Where the manager's requests for a job's output go. Without one, the session answers
+    /// each request itself, saying this agent serves no logs (the manager's reader is told
+    /// rather than left waiting).
+    pub logs: Option<mpsc::Sender<LogsControl>>,
+}
+
+/// The manager's requests about job output (`convergectl logs`), for the agent's log reader.
+#[derive(Debug)]
+pub enum LogsControl {
+    /// Send the output of one incarnation.
+    Read(LogsRequest),
+    /// Stop sending for this request id.
+    Cancel(u64),
+    /// The stream the requests came on ended: every request on it is void (the manager
+    /// forgot them), so readers stop.
+    StreamEnded,
 }
 
 impl SessionConfig {
@@ -124,6 +140,7 @@ impl SessionConfig {
             register_timeout: Duration::from_secs(10),
             metrics: SessionMetrics::default(),
             tls: None,
+            logs: None,
         }
     }
 }
@@ -215,6 +232,9 @@ async fn run<S: AgentState>(
             return;
         }
         config.metrics.disconnects.inc();
+        if let Some(logs) = &config.logs {
+            let _ = logs.send(LogsControl::StreamEnded).await;
+        }
         let was_connected = status.borrow().connected;
         if was_connected {
             // The stream worked for a while: start the schedule over.
@@ -339,6 +359,27 @@ async fn connect_and_serve<S: AgentState>(
                         if commands.send(cmd).await.is_err() {
                             // The agent's executor is gone: the agent is shutting down.
                             return Ok(());
+                        }
+                    }
+                    Some(ManagerKind::Logs(request)) => match &config.logs {
+                        Some(logs) => {
+                            let _ = logs.send(LogsControl::Read(request)).await;
+                        }
+                        None => {
+                            let refusal = LogChunk {
+                                request_id: request.request_id,
+                                end: true,
+                                error: "this agent does not serve job output".into(),
+                                ..Default::default()
+                            };
+                            if tx.send(AgentMessage { kind: Some(AgentKind::Logs(refusal)) }).await.is_err() {
+                                return Err(SessionError::Closed);
+                            }
+                        }
+                    },
+                    Some(ManagerKind::LogsCancel(c)) => {
+                        if let Some(logs) = &config.logs {
+                            let _ = logs.send(LogsControl::Cancel(c.request_id)).await;
                         }
                     }
                     Some(ManagerKind::Registered(_)) => debug!("ignoring a repeated Registered"),

@@ -45,6 +45,7 @@ impl pb::agent_message::Kind {
             K::Result(_) => "result",
             K::Exited(_) => "exited",
             K::MigrationRequest(_) => "migration_request",
+            K::Logs(_) => "logs",
         }
     }
 }

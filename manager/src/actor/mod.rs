@@ -18,9 +18,11 @@
 //! and heartbeats) is written with the next, or within [`FLUSH_EVERY`]. A store that fails stops
 //! the manager: it would otherwise act on decisions it could not keep.
 
+mod logs;
 mod specs;
 mod trace;
 
+pub use logs::LogStream;
 pub use specs::Specs;
 
 use std::collections::{HashMap, VecDeque};
@@ -118,6 +120,17 @@ pub enum Request {
         /// History and live receiver.
         reply: oneshot::Sender<(Vec<Event>, broadcast::Receiver<Event>)>,
     },
+    /// A job's output, through the agents (`logs`).
+    Logs {
+        /// The job.
+        id: String,
+        /// Keep following it until it ends.
+        follow: bool,
+        /// Only the last lines of each incarnation (0 = all).
+        tail: u32,
+        /// The output as it comes.
+        reply: oneshot::Sender<Result<LogStream>>,
+    },
 }
 
 /// The actor's state: the core and what only I/O needs.
@@ -143,6 +156,8 @@ pub struct Actor {
     held: Vec<Held>,
     /// Answers to the batch's requests, waiting for the store.
     answers: Vec<Answer>,
+    /// Open `JobLogs` readers.
+    logs: logs::Readers,
 }
 
 /// One step's effects, held until what produced them is stored.
@@ -251,6 +266,7 @@ impl Actor {
             failed: None,
             held: Vec::new(),
             answers: Vec::new(),
+            logs: logs::Readers::default(),
         }
     }
 
@@ -271,6 +287,7 @@ impl Actor {
                 Some(ev) = streams.recv() => self.on_stream(ev),
                 _ = tick.tick() => {
                     let _ = self.step(Input::Tick);
+                    self.tick_logs();
                     // For soaks: a task leak shows as a count that keeps climbing.
                     self.metrics
                         .tasks(tokio::runtime::Handle::current().metrics().num_alive_tasks());
@@ -768,6 +785,15 @@ impl Actor {
                 }
                 self.later(reply, (history, live));
             }
+            Request::Logs {
+                id,
+                follow,
+                tail,
+                reply,
+            } => {
+                // Output is read, not state: nothing here waits for the store.
+                let _ = reply.send(self.open_logs(&id, follow, tail));
+            }
         }
     }
 
@@ -884,6 +910,13 @@ impl Actor {
                     ));
                 }
             }
+            StreamEvent::Message {
+                conn,
+                kind: pb::agent_message::Kind::Logs(chunk),
+            } => {
+                self.metrics.received("logs");
+                self.on_log_chunk(conn, chunk);
+            }
             StreamEvent::Message { conn, kind } => {
                 self.metrics.received(kind.name());
                 if let Some(message) = wire::agent_message(kind) {
@@ -893,6 +926,7 @@ impl Actor {
             StreamEvent::Disconnected { conn, reason } => {
                 self.metrics.disconnected();
                 self.links.remove(&conn);
+                self.logs_disconnected(conn);
                 let _ = self.step(Input::Disconnected { conn, reason });
             }
         }
