@@ -1,7 +1,8 @@
 //! Who may call the control API: bearer tokens with a role, checked in one tower layer.
 //!
 //! Tokens come from a file (`--tokens`), one per line: `TOKEN ROLE NAME`, where ROLE is
-//! `viewer` (GetJob, ListJobs, WatchEvents, ListWorkers) or `operator` (also SubmitJob,
+//! `viewer` (GetJob, ListJobs, WatchEvents, ListWorkers, JobLogs: what Kubernetes' `view`
+//! role reads, pod logs included) or `operator` (also SubmitJob,
 //! CancelJob, DrainWorker); `#` starts a comment. A file rather than a database: a cluster has
 //! a handful of callers, the file is what a secret store mounts, and rotating a token is
 //! editing a line and restarting the manager (jobs run on meanwhile).
@@ -51,7 +52,7 @@ impl Role {
 /// The role a ControlService method needs; a method not listed needs the highest.
 pub fn required(method: &str) -> Role {
     match method {
-        "GetJob" | "ListJobs" | "WatchEvents" | "ListWorkers" => Role::Viewer,
+        "GetJob" | "ListJobs" | "WatchEvents" | "ListWorkers" | "JobLogs" => Role::Viewer,
         _ => Role::Operator,
     }
 }
@@ -271,7 +272,13 @@ mod tests {
 
     #[test]
     fn reads_need_a_viewer_and_changes_an_operator() {
-        for m in ["GetJob", "ListJobs", "WatchEvents", "ListWorkers"] {
+        for m in [
+            "GetJob",
+            "ListJobs",
+            "WatchEvents",
+            "ListWorkers",
+            "JobLogs",
+        ] {
             assert_eq!(required(m), Role::Viewer);
         }
         for m in ["SubmitJob", "CancelJob", "DrainWorker", "SomethingNew"] {

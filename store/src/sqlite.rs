@@ -32,6 +32,12 @@ const MIGRATIONS: &[&str] = &[
      CREATE TABLE specs (id TEXT PRIMARY KEY, spec BLOB NOT NULL);
      CREATE TABLE workers (id TEXT PRIMARY KEY, record TEXT NOT NULL);
      CREATE TABLE events (seq INTEGER PRIMARY KEY, job TEXT, event BLOB NOT NULL);",
+    // 1 -> 2: a job's finish time as a column, indexed with its state, so that a restart
+    // finds the newest finished jobs through the index instead of parsing every record (at
+    // 100,000 archived jobs, every one of them). Records written before are backfilled.
+    "ALTER TABLE jobs ADD COLUMN finished_at REAL;
+     UPDATE jobs SET finished_at = json_extract(record, '$.finished_at');
+     CREATE INDEX jobs_finished ON jobs (state, finished_at);",
 ];
 
 /// The schema version this build writes.
@@ -274,7 +280,7 @@ impl Store for Sqlite {
                     "SELECT id, record FROM jobs
                      WHERE state NOT IN ({terminal}) OR id IN (
                          SELECT id FROM jobs WHERE state IN ({terminal})
-                         ORDER BY json_extract(record, '$.finished_at') DESC NULLS LAST, seq DESC
+                         ORDER BY finished_at DESC NULLS LAST, seq DESC
                          LIMIT ?1)
                      ORDER BY seq"
                 ),
@@ -381,13 +387,20 @@ impl Store for Sqlite {
         {
             let mut put = tx
                 .prepare_cached(
-                    "INSERT OR REPLACE INTO jobs (id, seq, state, record) VALUES (?1, ?2, ?3, ?4)",
+                    "INSERT OR REPLACE INTO jobs (id, seq, state, record, finished_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
                 )
                 .map_err(sql)?;
             for j in &batch.jobs {
                 let record = serde_json::to_string(j).map_err(|e| json(&j.id, e))?;
-                put.execute(params![j.id, j.seq as i64, j.state().label(), record])
-                    .map_err(sql)?;
+                put.execute(params![
+                    j.id,
+                    j.seq as i64,
+                    j.state().label(),
+                    record,
+                    j.finished_at
+                ])
+                .map_err(sql)?;
             }
             let mut put = tx
                 .prepare_cached("INSERT OR REPLACE INTO workers (id, record) VALUES (?1, ?2)")

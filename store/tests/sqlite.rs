@@ -375,3 +375,90 @@ fn a_restart_reads_the_live_jobs_and_only_the_newest_finished_ones() {
     assert!(got.saved.jobs.is_empty() && got.saved.workers.is_empty() && got.events.is_empty());
     assert!(!got.is_empty(), "a store with history is not a first start");
 }
+
+#[test]
+fn a_store_of_the_first_schema_is_migrated_and_reads_as_before() {
+    let dir = tempfile::tempdir().unwrap();
+    // Jobs as a core records them: j0..j2 finish in that order, j3 stays pending.
+    let mut core = core();
+    let ids = ["j0", "j1", "j2", "j3"];
+    for (i, id) in ids.iter().enumerate() {
+        core.step(1.0 + i as f64, submit(id));
+    }
+    for (i, id) in ids[..3].iter().enumerate() {
+        core.step(10.0 + i as f64, Input::Cancel { id: id.to_string() });
+    }
+    // A file as the first release wrote it: schema 1, exactly (this text must not change
+    // with the schema; it is what is on users' disks).
+    {
+        let c = rusqlite::Connection::open(dir.path().join(FILE_NAME)).unwrap();
+        c.execute_batch(
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+             CREATE TABLE jobs (id TEXT PRIMARY KEY, seq INTEGER NOT NULL, state TEXT NOT NULL,
+                                record TEXT NOT NULL);
+             CREATE TABLE specs (id TEXT PRIMARY KEY, spec BLOB NOT NULL);
+             CREATE TABLE workers (id TEXT PRIMARY KEY, record TEXT NOT NULL);
+             CREATE TABLE events (seq INTEGER PRIMARY KEY, job TEXT, event BLOB NOT NULL);
+             PRAGMA application_id = 1129207367;
+             PRAGMA user_version = 1;",
+        )
+        .unwrap();
+        for id in ids {
+            let j = core.job(id).unwrap();
+            c.execute(
+                "INSERT INTO jobs (id, seq, state, record) VALUES (?1, ?2, ?3, ?4)",
+                rusqlite::params![
+                    j.id,
+                    j.seq as i64,
+                    j.state().label(),
+                    serde_json::to_string(j).unwrap()
+                ],
+            )
+            .unwrap();
+        }
+    }
+    assert!(SCHEMA_VERSION >= 2, "this test is for the migration to 2");
+
+    let mut store = Sqlite::open(dir.path()).unwrap();
+    let got = store.load(10, 2).unwrap();
+    let loaded: Vec<&str> = got.saved.jobs.iter().map(|j| j.id.as_str()).collect();
+    assert_eq!(
+        loaded,
+        ["j1", "j2", "j3"],
+        "the live job and the two that finished last"
+    );
+    assert_eq!(
+        store.jobs(Some("j0"), None).unwrap().len(),
+        1,
+        "the oldest is archived"
+    );
+    drop(store);
+
+    // Migrated: the current version, the finish times backfilled from the records, and the
+    // index the restart's query uses.
+    let c = rusqlite::Connection::open(dir.path().join(FILE_NAME)).unwrap();
+    let version: i64 = c
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+    let finished: Vec<(String, Option<f64>)> = c
+        .prepare("SELECT id, finished_at FROM jobs ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    for (id, at) in &finished {
+        assert_eq!(*at, core.job(id).unwrap().finished_at, "{id}");
+    }
+    assert!(finished[0].1.is_some() && finished[3].1.is_none());
+    let plan: String = c
+        .query_row(
+            "EXPLAIN QUERY PLAN SELECT id FROM jobs WHERE state IN ('cancelled')
+             ORDER BY finished_at DESC NULLS LAST LIMIT 2",
+            [],
+            |r| r.get(3),
+        )
+        .unwrap();
+    assert!(plan.contains("jobs_finished"), "{plan}");
+}
