@@ -166,6 +166,8 @@ async fn drained_worker_moves_its_job_which_resumes_at_the_saved_step() -> anyho
         done,
         events,
         followed,
+        // Alive until the end: `logs` reads through them.
+        _agents: agents,
         ..
     } = drain_while_running("m", |_| {}, spec, 200).await?;
     assert_eq!(done.state, JobState::Completed as i32, "{done:#?}");
@@ -260,6 +262,7 @@ async fn drained_worker_moves_its_job_which_resumes_at_the_saved_step() -> anyho
         assert_the_output_tells_the_move(how, parts, &w2, saved_step);
     }
     manager.stop().await;
+    drop(agents);
     Ok(())
 }
 
