@@ -212,3 +212,81 @@ async fn a_newer_stream_of_a_worker_closes_the_older_one() -> anyhow::Result<()>
     manager.stop().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooding_agent_is_read_no_faster_than_its_rate_and_others_get_through()
+-> anyhow::Result<()> {
+    const RATE: u32 = 50;
+    let metrics = converge_integration_tests::free_local_addr();
+    let manager = TestManager::start(|c| {
+        c.agent_message_rate = std::num::NonZeroU32::new(RATE);
+        c.metrics_listen = Some(metrics);
+    })
+    .await?;
+    let (flood_tx, flood_replies) = agent_stream(&manager.endpoint(), "flood").await?;
+    let (quiet_tx, quiet_replies) = agent_stream(&manager.endpoint(), "quiet").await?;
+    let received = |text: &str, kind: &str| {
+        converge_integration_tests::metric_value(
+            text,
+            "converge_manager_messages_received_total",
+            &format!("kind=\"{kind}\""),
+        )
+        .unwrap_or(0.0)
+    };
+    // The flooder writes 300 messages as fast as its stream takes: unlimited, they would all
+    // be read within a fraction of a second.
+    let began = std::time::Instant::now();
+    let flood = tokio::spawn(async move {
+        for _ in 0..300 {
+            let usage = pb::agent_message::Kind::Usage(pb::UsageBatch::default());
+            if flood_tx
+                .send(pb::AgentMessage { kind: Some(usage) })
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+    });
+    // Meanwhile the other agent's twenty messages all arrive.
+    for _ in 0..20 {
+        let progress = pb::agent_message::Kind::Progress(pb::ProgressBatch::default());
+        quiet_tx
+            .send(pb::AgentMessage {
+                kind: Some(progress),
+            })
+            .await?;
+    }
+    let scrape = |kind: &'static str, at_least: f64| async move {
+        converge_integration_tests::eventually(
+            std::time::Duration::from_secs(30),
+            &format!("{at_least} {kind} messages to be read"),
+            move || async move {
+                let text = converge_integration_tests::scrape_metrics(metrics, false).await?;
+                Ok((received(&text, kind) >= at_least).then_some(text))
+            },
+        )
+        .await
+    };
+    let text = scrape("progress", 20.0).await?;
+    assert!(
+        received(&text, "usage") < 300.0,
+        "the quiet agent was read while the flood was still held back"
+    );
+    // The flood is read at RATE a second after one second's burst: all of it takes at least
+    // (300 - RATE) / RATE seconds. (A lower bound a slow machine only exceeds; without the
+    // limit it all goes in a fraction of a second.)
+    scrape("usage", 300.0).await?;
+    let least = (300.0 - f64::from(RATE)) / f64::from(RATE);
+    assert!(
+        began.elapsed().as_secs_f64() >= least * 0.9,
+        "the flooding agent's 300 messages were all read within {:?}, faster than its rate allows",
+        began.elapsed()
+    );
+    flood.abort();
+    // Streams left open would hold the server's graceful stop.
+    drop((flood_replies, quiet_tx, quiet_replies));
+    let _ = flood.await;
+    manager.stop().await;
+    Ok(())
+}
