@@ -88,6 +88,16 @@ impl ManagerHandle {
         })
     }
 
+    /// A slot for one long-lived stream (WatchEvents, JobLogs), held until the stream ends.
+    fn stream_slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit, Status> {
+        self.watchers.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(format!(
+                "{} event and log streams are open, the most this manager serves (--max-watchers); close one and retry",
+                self.max_watchers
+            ))
+        })
+    }
+
     /// Sends a request built around a fresh reply channel and waits for the answer.
     async fn ask<T>(
         &self,
@@ -200,12 +210,7 @@ impl ControlService for ManagerHandle {
         request: Request<pb::WatchEventsRequest>,
     ) -> Result<Response<Self::WatchEventsStream>, Status> {
         self.admit(&request)?;
-        let permit = self.watchers.clone().try_acquire_owned().map_err(|_| {
-            Status::resource_exhausted(format!(
-                "{} event streams are open, the most this manager serves (--max-watchers); close one and retry",
-                self.max_watchers
-            ))
-        })?;
+        let permit = self.stream_slot()?;
         let r = request.into_inner();
         let job_id = r.job_id.clone();
         let (history, live) = self
@@ -255,14 +260,7 @@ impl ControlService for ManagerHandle {
         request: Request<pb::JobLogsRequest>,
     ) -> Result<Response<Self::JobLogsStream>, Status> {
         self.admit(&request)?;
-        // A following reader is held open like an event stream, and counts against the same
-        // bound.
-        let permit = self.watchers.clone().try_acquire_owned().map_err(|_| {
-            Status::resource_exhausted(format!(
-                "{} event and log streams are open, the most this manager serves (--max-watchers); close one and retry",
-                self.max_watchers
-            ))
-        })?;
+        let permit = self.stream_slot()?;
         let r = request.into_inner();
         job_id(&r.job_id)?;
         let output = self
