@@ -1333,10 +1333,17 @@ impl Executor {
                     .map(|v| (v.done, v.last_step))
                     .unwrap_or((false, None));
                 info!(%job_id, epoch, exit_code, oom_killed, done, requested, "container exited");
-                // A failure's reason should say why: its last stderr lines, read before the
-                // container (and its log) is removed.
-                let stderr_tail = if exit_code != 0 && !requested {
-                    stderr_tail(&docker, &id).await
+                // Its last output, read once before the container (and its log) is removed:
+                // a failure's reason says why from its stderr, and `convergectl logs` shows
+                // what was kept of it once it is gone.
+                let failed = exit_code != 0 && !requested;
+                let last = if failed || remove {
+                    crate::logs::last_output(&docker, &id).await
+                } else {
+                    Vec::new()
+                };
+                let stderr_tail = if failed {
+                    stderr_tail(&last)
                 } else {
                     String::new()
                 };
@@ -1356,7 +1363,7 @@ impl Executor {
                 if remove {
                     // Docker's log goes with the container: keep its last lines for
                     // `convergectl logs` (a migrated job's earlier parts, a finished job).
-                    kept.keep(&docker, &name).await;
+                    kept.keep(&name, last);
                     let _ = docker
                         .remove_container(
                             &id,
@@ -1678,21 +1685,13 @@ const STDERR_TAIL_LINES: usize = 20;
 /// Bytes of them kept (the end, where the error is).
 const STDERR_TAIL_BYTES: usize = 2048;
 
-/// The last [`STDERR_TAIL_LINES`] lines of container `id`'s stderr, at most
+/// The last [`STDERR_TAIL_LINES`] stderr lines among a container's last `output`, at most
 /// [`STDERR_TAIL_BYTES`] (cut at the start, on a character boundary), joined by " | ".
-async fn stderr_tail(docker: &bollard::Docker, id: &str) -> String {
-    let opts = LogsOptionsBuilder::new()
-        .stderr(true)
-        .stdout(false)
-        .follow(false)
-        .tail(&STDERR_TAIL_LINES.to_string())
-        .build();
-    let mut s = docker.logs(id, Some(opts));
-    let mut buf = Vec::new();
-    while let Some(Ok(chunk)) = s.next().await {
-        buf.extend_from_slice(&chunk.into_bytes());
-    }
-    bound_tail(&String::from_utf8_lossy(&buf))
+fn stderr_tail(output: &[pb::LogLine]) -> String {
+    let stderr: Vec<&pb::LogLine> = output.iter().filter(|l| l.stderr).collect();
+    let last = &stderr[stderr.len().saturating_sub(STDERR_TAIL_LINES)..];
+    let text: Vec<u8> = last.iter().flat_map(|l| l.data.iter().copied()).collect();
+    bound_tail(&String::from_utf8_lossy(&text))
 }
 
 fn bound_tail(text: &str) -> String {
@@ -1726,5 +1725,22 @@ mod stderr_tests {
         let t = bound_tail(&format!("{long}\nlast line"));
         assert!(t.len() <= STDERR_TAIL_BYTES + "…".len(), "{}", t.len());
         assert!(t.starts_with('…') && t.ends_with("last line"));
+        // From a container's last output: its stderr lines only, the last twenty of them.
+        let output: Vec<pb::LogLine> = (0..30)
+            .map(|i| pb::LogLine {
+                data: format!("{} {i}\n", if i % 2 == 0 { "err" } else { "out" }).into_bytes(),
+                stderr: i % 2 == 0,
+            })
+            .collect();
+        let t = stderr_tail(&output);
+        assert!(!t.contains("out"), "{t}");
+        assert!(t.starts_with("err 0 |") && t.ends_with("err 28"), "{t}");
+        let many: Vec<pb::LogLine> = (0..30)
+            .map(|i| pb::LogLine {
+                data: format!("e{i}\n").into_bytes(),
+                stderr: true,
+            })
+            .collect();
+        assert!(stderr_tail(&many).starts_with("e10 |"), "the last twenty");
     }
 }

@@ -46,23 +46,8 @@ type KeptOutput = (String, Arc<[pb::LogLine]>);
 pub struct Kept(Arc<Mutex<VecDeque<KeptOutput>>>);
 
 impl Kept {
-    /// Reads and keeps the last lines of container `name`: call it just before removing it.
-    pub async fn keep(&self, docker: &Docker, name: &str) {
-        let opts = LogsOptionsBuilder::new()
-            .stdout(true)
-            .stderr(true)
-            .follow(false)
-            .tail(&KEPT_LINES.to_string())
-            .build();
-        let lines: Vec<pb::LogLine> = docker
-            .logs(name, Some(opts))
-            .filter_map(|r| async move { r.ok().map(line) })
-            .collect()
-            .await;
-        self.insert(name, lines);
-    }
-
-    fn insert(&self, name: &str, mut lines: Vec<pb::LogLine>) {
+    /// Keeps `lines`, the [`last_output`] of container `name`, read just before removing it.
+    pub fn keep(&self, name: &str, mut lines: Vec<pb::LogLine>) {
         // The newest lines that fit in the byte bound.
         let mut bytes = 0;
         let first = lines
@@ -87,6 +72,22 @@ impl Kept {
             .find(|(n, _)| n == name)
             .map(|(_, lines)| lines.clone())
     }
+}
+
+/// The last [`KEPT_LINES`] writes of container `id` (name or id), stdout and stderr in order;
+/// what Docker could not give is left out.
+pub async fn last_output(docker: &Docker, id: &str) -> Vec<pb::LogLine> {
+    let opts = LogsOptionsBuilder::new()
+        .stdout(true)
+        .stderr(true)
+        .follow(false)
+        .tail(&KEPT_LINES.to_string())
+        .build();
+    docker
+        .logs(id, Some(opts))
+        .filter_map(|r| async move { r.ok().map(line) })
+        .collect()
+        .await
 }
 
 fn line(output: LogOutput) -> pb::LogLine {
@@ -288,7 +289,7 @@ mod tests {
     fn kept_output_is_found_by_name_and_the_oldest_container_goes_first() {
         let kept = Kept::default();
         for i in 0..=KEPT_CONTAINERS {
-            kept.insert(&format!("c{i}"), vec![l(&format!("line of c{i}\n"))]);
+            kept.keep(&format!("c{i}"), vec![l(&format!("line of c{i}\n"))]);
         }
         assert!(
             kept.get("c0").is_none(),
@@ -296,13 +297,13 @@ mod tests {
         );
         assert_eq!(kept.get("c1").unwrap()[0].data, b"line of c1\n");
         // Keeping a container again replaces what was kept of it, not a second copy.
-        kept.insert("c1", vec![l("again\n")]);
+        kept.keep("c1", vec![l("again\n")]);
         assert_eq!(kept.get("c1").unwrap().len(), 1);
         assert_eq!(kept.0.lock().unwrap().len(), KEPT_CONTAINERS);
         // A chatty container keeps its newest lines, within the byte bound.
         let big = "x".repeat(1023) + "\n";
         let lines: Vec<_> = (0..300).map(|i| l(&format!("{i:04}{big}"))).collect();
-        kept.insert("chatty", lines);
+        kept.keep("chatty", lines);
         let got = kept.get("chatty").unwrap();
         let bytes: usize = got.iter().map(|l| l.data.len()).sum();
         assert!(bytes <= KEPT_BYTES && bytes + 1028 > KEPT_BYTES, "{bytes}");

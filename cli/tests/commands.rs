@@ -432,25 +432,21 @@ async fn logs_prints_the_output_the_jobs_worker_sends_and_refuses_another_worker
             error: String::new(),
         }))
         .await;
-    let refused = |text: &str| {
-        converge_integration_tests::metric_value(
-            text,
-            "converge_manager_refused_total",
-            r#"kind="foreign_job""#,
-        )
-    };
-    let mut counted = None;
-    for _ in 0..100 {
-        let text = converge_integration_tests::scrape_metrics(metrics, false)
-            .await
-            .expect("metrics");
-        counted = refused(&text);
-        if counted == Some(1.0) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(counted, Some(1.0), "the forged chunk was counted");
+    converge_integration_tests::eventually(
+        Duration::from_secs(10),
+        "the forged chunk to be counted",
+        || async {
+            let text = converge_integration_tests::scrape_metrics(metrics, false).await?;
+            let refused = converge_integration_tests::metric_value(
+                &text,
+                "converge_manager_refused_total",
+                r#"kind="foreign_job""#,
+            );
+            Ok((refused == Some(1.0)).then_some(()))
+        },
+    )
+    .await
+    .expect("the forged chunk was counted");
     // Then w1 sends the job's output: stdout and stderr, in two chunks.
     for (lines, end) in [
         (

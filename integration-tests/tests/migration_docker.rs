@@ -75,25 +75,7 @@ async fn drain_while_running(
     assert_eq!(pids, "1024");
     assert!(tmpfs.contains("\"/tmp\""), "{tmpfs}");
     // A follower of its output from here on, across the move.
-    let follower = {
-        let mut c = client.clone();
-        let id = id.clone();
-        tokio::spawn(async move {
-            let mut s = c
-                .job_logs(pb::JobLogsRequest {
-                    job_id: id,
-                    follow: true,
-                    tail: 0,
-                })
-                .await?
-                .into_inner();
-            let mut parts = Vec::new();
-            while let Some(p) = s.message().await? {
-                parts.push(p);
-            }
-            anyhow::Ok(parts)
-        })
-    };
+    let follower = tokio::spawn(read_logs(client.clone(), id.clone(), true));
     let a2 = TestAgent::start(&manager.endpoint(), &w2, 1.0, checkpoints.path());
     wait_for_workers(&client, 2).await?;
     let drained = client
@@ -245,25 +227,34 @@ async fn drained_worker_moves_its_job_which_resumes_at_the_saved_step() -> anyho
     // `logs` shows each incarnation's part, in order, from where it ran: read after the end
     // (both containers are removed by now: what their agents kept of them), and followed
     // live across the move.
-    let mut client = manager.control().await?;
-    let mut s = client
-        .job_logs(pb::JobLogsRequest {
-            job_id: done.id.clone(),
-            follow: false,
-            tail: 0,
-        })
-        .await?
-        .into_inner();
-    let mut after = Vec::new();
-    while let Some(p) = s.message().await? {
-        after.push(p);
-    }
+    let after = read_logs(manager.control().await?, done.id.clone(), false).await?;
     for (how, parts) in [("after the end", &after), ("followed", &followed)] {
         assert_the_output_tells_the_move(how, parts, &w2, saved_step);
     }
     manager.stop().await;
     drop(agents);
     Ok(())
+}
+
+/// Every part `JobLogs` sends for job `id`, until the stream ends.
+async fn read_logs(
+    mut client: pb::control_service_client::ControlServiceClient<tonic::transport::Channel>,
+    id: String,
+    follow: bool,
+) -> anyhow::Result<Vec<pb::JobLogsResponse>> {
+    let mut s = client
+        .job_logs(pb::JobLogsRequest {
+            job_id: id,
+            follow,
+            tail: 0,
+        })
+        .await?
+        .into_inner();
+    let mut parts = Vec::new();
+    while let Some(p) = s.message().await? {
+        parts.push(p);
+    }
+    Ok(parts)
 }
 
 /// Both incarnations' parts, in epoch order and from different workers: the first saves at

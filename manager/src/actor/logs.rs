@@ -175,7 +175,7 @@ impl Actor {
             let Some((conn, link)) = link else {
                 reader.next_epoch = inc.epoch + 1;
                 let why = format!("worker {} is not connected", inc.worker);
-                if !Self::deliver(reader, unavailable(&inc, why)) {
+                if !Self::deliver(reader, part(&inc, Vec::new(), why)) {
                     self.logs.readers.remove(&rid);
                     return;
                 }
@@ -193,7 +193,7 @@ impl Actor {
             if sent.is_err() {
                 reader.next_epoch = inc.epoch + 1;
                 let why = format!("worker {}'s stream is full or closing", inc.worker);
-                if !Self::deliver(reader, unavailable(&inc, why)) {
+                if !Self::deliver(reader, part(&inc, Vec::new(), why)) {
                     self.logs.readers.remove(&rid);
                     return;
                 }
@@ -250,29 +250,16 @@ impl Actor {
             );
             return;
         }
-        let (epoch, worker) = (asking.epoch, asking.worker.clone());
+        let inc = Incarnation {
+            epoch: asking.epoch,
+            worker: asking.worker.clone(),
+        };
         let mut alive = true;
         if !chunk.lines.is_empty() {
-            alive = Self::deliver(
-                reader,
-                pb::JobLogsResponse {
-                    epoch,
-                    worker_id: worker.clone(),
-                    lines: chunk.lines,
-                    unavailable: String::new(),
-                },
-            );
+            alive = Self::deliver(reader, part(&inc, chunk.lines, String::new()));
         }
         if alive && chunk.end && !chunk.error.is_empty() {
-            alive = Self::deliver(
-                reader,
-                pb::JobLogsResponse {
-                    epoch,
-                    worker_id: worker,
-                    lines: Vec::new(),
-                    unavailable: chunk.error,
-                },
-            );
+            alive = Self::deliver(reader, part(&inc, Vec::new(), chunk.error));
         }
         if !alive {
             self.close_logs(rid);
@@ -281,7 +268,7 @@ impl Actor {
         if chunk.end {
             self.logs.asked.remove(&chunk.request_id);
             reader.asking = None;
-            reader.next_epoch = epoch + 1;
+            reader.next_epoch = inc.epoch + 1;
             self.advance_logs(rid);
         }
     }
@@ -323,7 +310,7 @@ impl Actor {
                 "worker {}'s agent disconnected while sending it",
                 inc.worker
             );
-            if Self::deliver(reader, unavailable(&inc, why)) {
+            if Self::deliver(reader, part(&inc, Vec::new(), why)) {
                 self.advance_logs(rid);
             } else {
                 self.logs.readers.remove(&rid);
@@ -347,11 +334,12 @@ impl Actor {
     }
 }
 
-fn unavailable(inc: &Incarnation, why: String) -> pb::JobLogsResponse {
+/// A response of incarnation `inc`: output, or why (the rest of) it cannot be read.
+fn part(inc: &Incarnation, lines: Vec<pb::LogLine>, unavailable: String) -> pb::JobLogsResponse {
     pb::JobLogsResponse {
         epoch: inc.epoch,
         worker_id: inc.worker.clone(),
-        lines: Vec::new(),
-        unavailable: why,
+        lines,
+        unavailable,
     }
 }
