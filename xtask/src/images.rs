@@ -3,7 +3,7 @@
 //! Why this shape: no image can be pulled here, so images contain nothing but one static
 //! binary. glibc with `+crt-static` on the host triple needs nothing a fresh machine lacks
 //! (`shared/notes/toolchain.md`). Passing `--target` explicitly makes cargo apply RUSTFLAGS to
-//! the binaries only (not build scripts) and keeps them in `target/<triple>/release`, so the
+//! the binaries only (not build scripts) and keeps them in `target/<triple>/image`, so the
 //! debug build used by tests stays cached next to it in the same target dir.
 
 use std::path::Path;
@@ -12,6 +12,10 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 
 use crate::{cargo, output, run};
+
+/// The cargo profile images are built with (the root `Cargo.toml` says what it optimises
+/// and why).
+const PROFILE: &str = "image";
 
 /// One image: the package and binary it wraps.
 struct Image {
@@ -61,7 +65,7 @@ pub fn build(root: &Path, names: &[String]) -> Result<()> {
     let triple = host_triple()?;
     let mut cmd = Command::new(cargo());
     cmd.current_dir(root)
-        .args(["build", "--release", "--target", &triple]);
+        .args(["build", "--profile", PROFILE, "--target", &triple]);
     for i in &chosen {
         cmd.args(["-p", i.package, "--bin", i.bin]);
     }
@@ -75,7 +79,7 @@ pub fn build(root: &Path, names: &[String]) -> Result<()> {
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|_| root.join("target"));
     for i in chosen {
-        let bin = target_dir.join(&triple).join("release").join(i.bin);
+        let bin = target_dir.join(&triple).join(PROFILE).join(i.bin);
         let ctx = target_dir.join("images").join(i.name);
         std::fs::create_dir_all(&ctx)?;
         std::fs::copy(&bin, ctx.join(i.bin))
