@@ -327,3 +327,74 @@ async fn finished_jobs_beyond_those_kept_are_answered_for_from_the_store() -> an
     second.stop().await;
     Ok(())
 }
+
+/// `--finished-retention`: a job finished longer ago than it is forgotten by memory and store
+/// together (and then answered for as unknown, saying why it may be), while a live job,
+/// however old, stays. Memory keeps finished jobs here, so a GetJob that still finds the job in
+/// either place fails the test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_jobs_past_the_retention_are_pruned_and_live_ones_stay() -> anyhow::Result<()> {
+    let state = tempfile_dir("retention")?;
+    let metrics = converge_integration_tests::free_local_addr();
+    let manager = TestManager::start(|c| {
+        tweak(state.path())(c);
+        c.finished_retention = Some(Duration::from_secs(2));
+        c.metrics_listen = Some(metrics);
+    })
+    .await?;
+    let mut client = manager.control().await?;
+    // No worker: both stay pending until one is cancelled.
+    let (gone, live) = (submit(&mut client).await?, submit(&mut client).await?);
+    client
+        .cancel_job(pb::CancelJobRequest {
+            job_id: gone.clone(),
+        })
+        .await?;
+    let cancelled = job(&mut client, &gone, false).await?;
+    assert_eq!(cancelled.state, pb::JobState::Cancelled as i32);
+
+    let refused = eventually(
+        Duration::from_secs(20),
+        "the cancelled job to be pruned",
+        || {
+            let mut c = client.clone();
+            let id = gone.clone();
+            async move {
+                match c
+                    .get_job(pb::GetJobRequest {
+                        job_id: id,
+                        ..Default::default()
+                    })
+                    .await
+                {
+                    Ok(_) => Ok(None),
+                    Err(s) => Ok(Some(s)),
+                }
+            }
+        },
+    )
+    .await?;
+    assert_eq!(refused.code(), tonic::Code::NotFound, "{refused:?}");
+    assert!(
+        refused.message().contains("--finished-retention"),
+        "the refusal says why a job may be unknown: {refused:?}"
+    );
+    let text = converge_integration_tests::scrape_metrics(metrics, false).await?;
+    assert_eq!(
+        converge_integration_tests::metric_value(&text, "converge_manager_jobs_pruned_total", ""),
+        Some(1.0),
+        "{text}"
+    );
+    // The pending job, submitted before the pruned one finished, is untouched.
+    let pending = job(&mut client, &live, false).await?;
+    assert_eq!(pending.state, pb::JobState::Pending as i32);
+    let listed = client
+        .list_jobs(pb::ListJobsRequest::default())
+        .await?
+        .into_inner()
+        .jobs;
+    let listed: Vec<&str> = listed.iter().map(|j| j.id.as_str()).collect();
+    assert_eq!(listed, [live.as_str()]);
+    manager.stop().await;
+    Ok(())
+}

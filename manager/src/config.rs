@@ -65,6 +65,10 @@ pub struct Cli {
     /// survives a restart. `none` keeps the state in memory only (it is lost on exit).
     #[arg(long, env = "CONVERGE_STATE_DIR", default_value = "converge-state")]
     pub state_dir: String,
+    /// How long the state store keeps a finished job (and its spec) after it finished; older
+    /// ones are deleted, and GetJob answers NotFound for them. `forever` keeps every job.
+    #[arg(long, env = "CONVERGE_FINISHED_RETENTION", default_value = "30d")]
+    pub finished_retention: String,
     /// After a restart from the store, how long workers have to register again before any is
     /// declared lost (their jobs run on meanwhile).
     #[arg(long, env = "CONVERGE_RECOVERY_GRACE", default_value = "15s", value_parser = humantime::parse_duration)]
@@ -146,6 +150,8 @@ pub struct Config {
     pub metrics_listen: Option<SocketAddr>,
     /// The state store's directory (`None`: in memory only).
     pub state_dir: Option<std::path::PathBuf>,
+    /// How long the store keeps finished jobs (`None`: forever).
+    pub finished_retention: Option<Duration>,
     /// Time for workers to register again after a restart.
     pub recovery_grace: Duration,
     /// The control API's token file (`None`: open).
@@ -279,9 +285,30 @@ impl Cli {
             "none" => None,
             dir => Some(std::path::PathBuf::from(dir)),
         };
+        let finished_retention = match self.finished_retention.trim() {
+            "forever" => None,
+            d => match humantime::parse_duration(d) {
+                Ok(d) if d >= Duration::from_secs(1) => Some(d),
+                Ok(_) => {
+                    return Err(ConfigError {
+                        flag: "finished-retention",
+                        message: "must be at least 1s, or `forever`".into(),
+                    });
+                }
+                Err(e) => {
+                    return Err(ConfigError {
+                        flag: "finished-retention",
+                        message: format!(
+                            "`{d}` is not a duration (`30d`, `12h`) or `forever`: {e}"
+                        ),
+                    });
+                }
+            },
+        };
         Ok(Config {
             listen: self.listen,
             state_dir,
+            finished_retention,
             recovery_grace: self.recovery_grace,
             tokens: self.tokens,
             tls,
@@ -322,6 +349,7 @@ impl Config {
             recover_lost_after: Duration::from_secs(60),
             metrics_listen: None,
             state_dir: None,
+            finished_retention: None,
             recovery_grace: Duration::from_secs(15),
             tokens: None,
             tls: None,

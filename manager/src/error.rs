@@ -13,8 +13,10 @@ pub enum Error {
         /// What is wrong and what would be right.
         message: String,
     },
-    /// No job with this id.
-    #[error("no job with id `{0}`")]
+    /// No job with this id (never submitted here, or finished longer ago than the store keeps).
+    #[error(
+        "no job with id `{0}` (finished jobs are forgotten after the manager's --finished-retention)"
+    )]
     JobNotFound(String),
     /// The request does not fit the job's current state.
     #[error("{0}")]

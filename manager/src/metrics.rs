@@ -117,6 +117,7 @@ pub struct ManagerMetrics {
     refused: Family<KindLabel, Counter>,
     tasks: Gauge,
     archived: Counter,
+    pruned: Counter,
 }
 
 impl Default for ManagerMetrics {
@@ -234,6 +235,12 @@ impl ManagerMetrics {
             "Finished jobs dropped from memory beyond --keep-finished (the store answers for them)",
             archived.clone(),
         );
+        let pruned = Counter::default();
+        r.register(
+            "jobs_pruned",
+            "Finished jobs deleted from the state store past --finished-retention",
+            pruned.clone(),
+        );
         Self {
             registry: Arc::new(root),
             jobs,
@@ -251,6 +258,7 @@ impl ManagerMetrics {
             refused,
             tasks,
             archived,
+            pruned,
         }
     }
 
@@ -315,6 +323,10 @@ impl ManagerMetrics {
 
     pub(crate) fn archived(&self, jobs: usize) {
         self.archived.inc_by(jobs as u64);
+    }
+
+    pub(crate) fn pruned(&self, jobs: usize) {
+        self.pruned.inc_by(jobs as u64);
     }
 
     pub(crate) fn tasks(&self, alive: usize) {

@@ -17,7 +17,8 @@
 //! and command in flight, reasons, the last [`converge_core::cluster::lifecycle::STORED_PROGRESS`]
 //! progress points), every worker with its drain state, the counters that keep submission
 //! order and command ids unique, the full job specs the Start commands carry, and the event
-//! log with its sequence numbers (the newest [`RETAINED_EVENTS`]).
+//! log with its sequence numbers (the newest [`RETAINED_EVENTS`]). Finished jobs stay until the
+//! manager prunes them ([`Store::prune_finished`]).
 
 mod sqlite;
 
@@ -125,6 +126,12 @@ pub trait Store: Send {
         job: Option<&str>,
         limit: usize,
     ) -> Result<Vec<StoredEvent>>;
+
+    /// Deletes at most `limit` finished jobs, with their specs, that finished before `before`
+    /// (the core's time: seconds since the Unix epoch); returns how many went. How the
+    /// manager's `--finished-retention` keeps the file from growing with the history; `limit`
+    /// bounds how long one call holds the writer.
+    fn prune_finished(&mut self, before: f64, limit: usize) -> Result<usize>;
 }
 
 /// A job as stored: the core's record and the full spec it was submitted with.

@@ -458,6 +458,46 @@ impl Store for Sqlite {
     fn location(&self) -> String {
         self.path.display().to_string()
     }
+
+    fn prune_finished(&mut self, before: f64, limit: usize) -> Result<usize> {
+        let path = self.path.clone();
+        let sql = |source| Error::Sql {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(sql)?;
+        // Through the index on (state, finished_at): a pass that finds nothing reads nothing.
+        // No order: every job it finds is past its time, and a later pass takes the rest.
+        let ids: Vec<String> = {
+            let mut q = tx
+                .prepare_cached(&format!(
+                    "SELECT id FROM jobs WHERE state IN ({}) AND finished_at < ?1 LIMIT ?2",
+                    terminal_labels()
+                ))
+                .map_err(sql)?;
+            q.query_map(
+                params![before, i64::try_from(limit).unwrap_or(i64::MAX)],
+                |r| r.get(0),
+            )
+            .map_err(sql)?
+            .collect::<rusqlite::Result<_>>()
+            .map_err(sql)?
+        };
+        {
+            let mut job = tx
+                .prepare_cached("DELETE FROM jobs WHERE id = ?1")
+                .map_err(sql)?;
+            let mut spec = tx
+                .prepare_cached("DELETE FROM specs WHERE id = ?1")
+                .map_err(sql)?;
+            for id in &ids {
+                job.execute([id]).map_err(sql)?;
+                spec.execute([id]).map_err(sql)?;
+            }
+        }
+        tx.commit().map_err(sql)?;
+        Ok(ids.len())
+    }
 }
 
 /// `'completed', 'failed', ...`: the labels of the terminal states, for SQL.

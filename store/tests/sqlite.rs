@@ -377,6 +377,56 @@ fn a_restart_reads_the_live_jobs_and_only_the_newest_finished_ones() {
 }
 
 #[test]
+fn pruning_deletes_only_jobs_finished_before_the_cutoff_with_their_specs() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Sqlite::open(dir.path()).unwrap();
+    let mut core = core();
+    let ids = ["j0", "j1", "j2", "j3", "j4"];
+    for (i, id) in ids.iter().enumerate() {
+        step_stored(&mut store, &mut core, 1.0 + i as f64, submit(id));
+    }
+    store
+        .commit(&Batch {
+            specs: ids.iter().map(|id| (*id, id.as_bytes())).collect(),
+            ..Batch::default()
+        })
+        .unwrap();
+    // j0..j3 finish at 10, 11, 12, 13; j4 stays pending (no worker), submitted at 5.
+    for (i, id) in ids[..4].iter().enumerate() {
+        let cancel = Input::Cancel { id: id.to_string() };
+        step_stored(&mut store, &mut core, 10.0 + i as f64, cancel);
+    }
+    let stored = |store: &mut Sqlite| -> Vec<String> {
+        let jobs = store.jobs(None, None).unwrap();
+        jobs.into_iter().map(|j| j.job.id).collect()
+    };
+
+    // A limit of one takes one of the two due; the next pass the other; then none is due.
+    assert_eq!(store.prune_finished(12.0, 1).unwrap(), 1);
+    assert_eq!(stored(&mut store).len(), 4);
+    assert_eq!(store.prune_finished(12.0, 1).unwrap(), 1);
+    assert_eq!(store.prune_finished(12.0, 100).unwrap(), 0);
+    assert_eq!(stored(&mut store), ["j2", "j3", "j4"]);
+
+    // A cutoff later than every finish leaves the live job, however old.
+    assert_eq!(store.prune_finished(1e9, 100).unwrap(), 2);
+    let left = store.jobs(None, None).unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].job.id, "j4");
+    assert_eq!(left[0].spec.as_deref(), Some(&b"j4"[..]));
+    // The pruned jobs' specs went with them, and a restart does not bring anything back.
+    drop(store);
+    let got = Sqlite::open(dir.path()).unwrap().load(10, 100).unwrap();
+    let specs: Vec<&str> = got.specs.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(specs, ["j4"]);
+    let conn = rusqlite::Connection::open(dir.path().join(FILE_NAME)).unwrap();
+    let spec_rows: i64 = conn
+        .query_row("SELECT count(*) FROM specs", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(spec_rows, 1, "no spec is left of a pruned job");
+}
+
+#[test]
 fn a_store_of_the_first_schema_is_migrated_and_reads_as_before() {
     let dir = tempfile::tempdir().unwrap();
     // Jobs as a core records them: j0..j2 finish in that order, j3 stays pending.

@@ -516,19 +516,36 @@ impl Core {
     /// stored: a job changed since then (its final record not yet taken) stays. Archived jobs'
     /// records stay in the store, which answers for them from then on.
     pub fn archive(&mut self) -> Vec<JobId> {
-        let mut archived = Vec::new();
-        while self.finished.len() > self.config.keep_finished {
-            if self.changes.jobs.contains(&self.finished[0]) {
+        self.drop_finished(|core, _| core.finished.len() > core.config.keep_finished)
+    }
+
+    /// Drops from memory the finished jobs that finished before `before` and returns their
+    /// ids: the shell's retention (`--finished-retention`), after it deleted them from its
+    /// store, so that memory and store forget a job together. Oldest first, under the same
+    /// rule as [`Core::archive`] for jobs changed since the last [`Core::take_changes`].
+    pub fn expire(&mut self, before: Time) -> Vec<JobId> {
+        self.drop_finished(|core, id| {
+            core.jobs
+                .get(id)
+                .is_none_or(|j| j.finished_at.is_some_and(|t| t < before))
+        })
+    }
+
+    /// Drops the oldest finished jobs from memory while `more(self, oldest)` holds.
+    fn drop_finished(&mut self, more: impl Fn(&Self, &str) -> bool) -> Vec<JobId> {
+        let mut dropped = Vec::new();
+        while let Some(id) = self.finished.front() {
+            if !more(self, id) || self.changes.jobs.contains(id) {
                 break;
             }
             let id = self.finished.pop_front().expect("non-empty");
             if let Some(j) = self.jobs.remove(&id) {
                 self.archived_downtime =
                     max_downtime(self.archived_downtime, j.last_migration_downtime);
-                archived.push(id);
+                dropped.push(id);
             }
         }
-        archived
+        dropped
     }
 
     /// Moves job `id` to `to`, if the lifecycle allows it; returns whether it did. Keeps the

@@ -62,6 +62,8 @@ pub struct ActorConfig {
     pub core: converge_core::cluster::Config,
     /// Events kept in memory.
     pub events_in_memory: usize,
+    /// How long the store keeps finished jobs (`None`: forever).
+    pub finished_retention: Option<Duration>,
 }
 
 /// A control request, answered on its `reply` channel.
@@ -158,6 +160,9 @@ pub struct Actor {
     answers: Vec<Answer>,
     /// Open `JobLogs` readers.
     logs: logs::Readers,
+    /// How long the store keeps finished jobs, and when it is next pruned of older ones.
+    retention: Option<Duration>,
+    prune_due: Instant,
 }
 
 /// One step's effects, held until what produced them is stored.
@@ -194,6 +199,9 @@ struct Unsaved {
 /// instead of 100,000 (every running job's reports change its record every second).
 const SOFT_SHARE: usize = 10;
 const SOFT_MIN: usize = 1_000;
+
+/// Finished jobs deleted from the store in one tick (`Actor::prune`).
+const PRUNE_BATCH: usize = 1_000;
 
 /// What a restarted manager recovered besides the core: the specs the Starts carry and the
 /// event log.
@@ -267,6 +275,8 @@ impl Actor {
             held: Vec::new(),
             answers: Vec::new(),
             logs: logs::Readers::default(),
+            retention: config.finished_retention,
+            prune_due: Instant::now(),
         }
     }
 
@@ -288,6 +298,7 @@ impl Actor {
                 _ = tick.tick() => {
                     let _ = self.step(Input::Tick);
                     self.tick_logs();
+                    self.prune();
                     // For soaks: a task leak shows as a count that keeps climbing.
                     self.metrics
                         .tasks(tokio::runtime::Handle::current().metrics().num_alive_tasks());
@@ -579,6 +590,43 @@ impl Actor {
                 self.metrics.archived(archived.len());
                 for id in archived {
                     self.specs.remove(&id);
+                }
+            }
+            Err(e) => self.failed = Some(Error::Store(e)),
+        }
+    }
+
+    /// Deletes from the store the finished jobs past `--finished-retention`: at most
+    /// [`PRUNE_BATCH`] per tick, so that a first pass over a long history does not hold the
+    /// actor; the next tick goes on while there are more. Memory forgets them too (the newest
+    /// `--keep-finished` may be older than the retention on a quiet cluster).
+    fn prune(&mut self) {
+        let (Some(retention), Some(store)) = (self.retention, self.store.as_mut()) else {
+            return;
+        };
+        if Instant::now() < self.prune_due {
+            return;
+        }
+        let before = now() - retention.as_secs_f64();
+        match store.prune_finished(before, PRUNE_BATCH) {
+            Ok(n) => {
+                for id in self.core.expire(before) {
+                    self.specs.remove(&id);
+                }
+                self.metrics.pruned(n);
+                if n > 0 {
+                    info!(
+                        jobs = n,
+                        ?retention,
+                        "pruned finished jobs from the state store"
+                    );
+                }
+                if n < PRUNE_BATCH {
+                    // A tenth of the retention late at most, and not more often than each
+                    // second nor less than each minute.
+                    let every =
+                        (retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
+                    self.prune_due = Instant::now() + every;
                 }
             }
             Err(e) => self.failed = Some(Error::Store(e)),
