@@ -155,10 +155,17 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
     let mut session_config = SessionConfig::new(config.manager.clone());
     session_config.heartbeat_interval = config.heartbeat_interval;
     if let Some((files, domain)) = &config.tls {
-        session_config.tls = Some(files.client(domain).map_err(|e| Error::Config {
+        let tls = converge_messenger::tls::ClientTls {
+            files: files.clone(),
+            domain: domain.clone(),
+        };
+        // Read now only to refuse unusable files at start; each connection reads them again
+        // (a rotation needs no restart).
+        tls.load().map_err(|e| Error::Config {
             setting: "tls-cert",
             why: e.to_string(),
-        })?);
+        })?;
+        session_config.tls = Some(tls);
     }
     let metrics = metrics::AgentMetrics::new();
     session_config.metrics = metrics.session();

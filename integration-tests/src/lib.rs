@@ -277,7 +277,7 @@ impl ScriptedAgent {
         endpoint: &str,
         register: pb::Register,
         heartbeat: Duration,
-        tls: Option<tonic::transport::ClientTlsConfig>,
+        tls: Option<converge_messenger::tls::ClientTls>,
     ) -> Result<Self> {
         let mut config = converge_messenger::agent::SessionConfig::new(endpoint);
         config.tls = tls;

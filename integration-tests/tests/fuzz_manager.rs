@@ -296,11 +296,7 @@ async fn ten_thousand_random_inputs_break_nothing_and_touch_no_other_workers_job
     )?;
     let state = tempfile_dir("fuzz-state")?;
     let settings = |c: &mut converge_manager::Config| {
-        c.tls = Some(TlsFiles {
-            ca: certs.path().join("ca.pem"),
-            cert: certs.path().join("manager.pem"),
-            key: certs.path().join("manager.key"),
-        });
+        c.tls = Some(TlsFiles::manager(certs.path()));
         c.heartbeat_interval = Duration::from_millis(200);
         c.state_dir = Some(state.path().to_path_buf());
     };
@@ -319,7 +315,10 @@ async fn ten_thousand_random_inputs_break_nothing_and_touch_no_other_workers_job
         &https,
         ScriptedAgent::register("w2", 4.0),
         Duration::from_millis(100),
-        Some(tls_for(certs.path(), "w2")),
+        Some(tls::ClientTls {
+            files: TlsFiles::worker(certs.path(), "w2"),
+            domain: "localhost".into(),
+        }),
     )
     .await?;
     let mut bystanders = Vec::new();

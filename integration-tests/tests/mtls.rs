@@ -145,3 +145,162 @@ async fn only_an_agent_with_its_own_workers_certificate_may_register() -> anyhow
     manager.stop().await;
     Ok(())
 }
+
+/// What a real agent reports at registration: here, what the test says runs.
+struct Reports(std::sync::Mutex<pb::Register>);
+
+impl converge_messenger::agent::AgentState for Reports {
+    fn register(&self) -> impl std::future::Future<Output = pb::Register> + Send {
+        let r = self.0.lock().expect("not poisoned").clone();
+        async move { r }
+    }
+    fn heartbeat(&self) -> pb::Heartbeat {
+        pb::Heartbeat::default()
+    }
+}
+
+/// A new CA and certificates written over the old files (what `cargo xtask certs` does) are
+/// taken by the running manager and the running agent, with no restart of either and none of
+/// the job: the agent reconnects with the new files and registers again, reporting its
+/// container, and the job stays at its first incarnation. The old certificate is refused from
+/// then on. Without the reload on either side the agent could not register again (each side
+/// would trust only the other's new CA, or only the old one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotated_certificates_are_taken_without_a_restart_and_the_job_runs_on() -> anyhow::Result<()>
+{
+    use converge_messenger::agent::{Session, SessionConfig};
+    let certs = tempfile_dir("rotate")?;
+    let old = tempfile_dir("rotate-old")?;
+    let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+    tls::generate(certs.path(), &names, &["w1".into()])?;
+    for f in ["w1.pem", "w1.key"] {
+        std::fs::copy(certs.path().join(f), old.path().join(f))?;
+    }
+    let manager = TestManager::start(|c| c.tls = Some(TlsFiles::manager(certs.path()))).await?;
+    let https = format!("https://{}", manager.addr);
+    let control = |ca: std::path::PathBuf| {
+        let https = https.clone();
+        async move {
+            let channel = Endpoint::from_shared(https)?
+                .tls_config(tls::control_client(&ca, "localhost")?)?
+                .connect()
+                .await?;
+            anyhow::Ok(ControlServiceClient::new(channel))
+        }
+    };
+
+    let state = std::sync::Arc::new(Reports(std::sync::Mutex::new(
+        converge_integration_tests::ScriptedAgent::register("w1", 2.0),
+    )));
+    let mut config = SessionConfig::new(https.clone());
+    config.heartbeat_interval = Duration::from_millis(100);
+    config.tls = Some(tls::ClientTls {
+        files: TlsFiles::worker(certs.path(), "w1"),
+        domain: "localhost".into(),
+    });
+    let (cmd_tx, mut commands) = tokio::sync::mpsc::channel(16);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let cancel = shutdown.clone().drop_guard();
+    let (outbox, mut status, _task) = Session::spawn(config, state.clone(), cmd_tx, shutdown);
+    tokio::time::timeout(Duration::from_secs(10), status.wait_for(|s| s.connected)).await??;
+
+    // A job starts on w1; from then on w1 reports its container when it registers.
+    let mut client = control(certs.path().join("ca.pem")).await?;
+    let id = client
+        .submit_job(pb::SubmitJobRequest {
+            spec: Some(converge_integration_tests::one_core_spec()),
+        })
+        .await?
+        .into_inner()
+        .job_id;
+    let start = tokio::time::timeout(Duration::from_secs(10), commands.recv())
+        .await?
+        .expect("the session is open");
+    assert!(
+        matches!(start.action, Some(pb::command::Action::Start(_))) && start.job_id == id,
+        "{start:?}"
+    );
+    state
+        .0
+        .lock()
+        .expect("not poisoned")
+        .containers
+        .push(pb::ContainerReport {
+            job_id: id.clone(),
+            epoch: 1,
+            container_id: "ctr-1".into(),
+            state: pb::ContainerState::Running as i32,
+            ..Default::default()
+        });
+    outbox
+        .send(Kind::Result(pb::CommandResult {
+            command_id: start.command_id.clone(),
+            job_id: id.clone(),
+            epoch: 1,
+            ok: true,
+            detail: Some(pb::command_result::Detail::Started(pb::Started {
+                container_id: "ctr-1".into(),
+                from_checkpoint: false,
+            })),
+            ..Default::default()
+        }))
+        .await;
+    converge_integration_tests::eventually(Duration::from_secs(10), "the job to run", || {
+        let (mut c, id) = (client.clone(), id.clone());
+        async move {
+            let j = converge_integration_tests::job(&mut c, &id, false).await?;
+            Ok((j.state == pb::JobState::Running as i32).then_some(()))
+        }
+    })
+    .await?;
+
+    // The rotation: every file replaced, under a new CA.
+    tls::generate(certs.path(), &names, &["w1".into()])?;
+    let again = tokio::time::timeout(
+        Duration::from_secs(20),
+        status.wait_for(|s| s.connected && s.registrations >= 2),
+    )
+    .await
+    .map(|r| r.is_ok());
+    assert!(
+        matches!(again, Ok(true)),
+        "the agent did not register again with the new files: {:?}",
+        status.borrow().last_error
+    );
+
+    // A client trusting only the new CA reaches the manager: it serves the new certificate.
+    let mut client = control(certs.path().join("ca.pem")).await?;
+    let job = converge_integration_tests::job(&mut client, &id, false).await?;
+    assert_eq!(job.state, pb::JobState::Running as i32, "{job:?}");
+    assert_eq!(job.epoch, 1, "no second incarnation: {job:?}");
+    while let Ok(c) = commands.try_recv() {
+        assert!(
+            !matches!(c.action, Some(pb::command::Action::Start(_))),
+            "the job was started again: {c:?}"
+        );
+    }
+    // The old worker certificate is refused now, even by a client that trusts the new CA.
+    let new_ca = Certificate::from_pem(pem(certs.path().join("ca.pem")));
+    let old_identity = Identity::from_pem(
+        pem(old.path().join("w1.pem")),
+        pem(old.path().join("w1.key")),
+    );
+    let e = try_register(
+        manager.addr,
+        ClientTlsConfig::new()
+            .ca_certificate(new_ca)
+            .identity(old_identity)
+            .domain_name("localhost"),
+        "w1",
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        !e.starts_with("Unauthenticated") && !e.starts_with("PermissionDenied"),
+        "refused by the handshake: {e}"
+    );
+    drop(outbox);
+    drop(cancel);
+    manager.stop().await;
+    Ok(())
+}

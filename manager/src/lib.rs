@@ -79,6 +79,7 @@ pub async fn serve(
         manager_id,
         core: core_config.clone(),
         events_in_memory: config.events_in_memory,
+        finished_retention: config.finished_retention,
     };
     let (req_tx, req_rx) = mpsc::channel(1024);
     let (stream_tx, stream_rx) = mpsc::channel(8192);
@@ -163,20 +164,26 @@ pub async fn serve(
             None
         }
     };
-    let mut builder = tonic::transport::Server::builder();
+    let builder = tonic::transport::Server::builder();
     let mut agents = AgentStreams::new(stream_tx);
     if let Some(rate) = config.agent_message_rate {
         agents = agents.per_agent_rate(rate);
     }
-    if let Some(files) = &config.tls {
-        let tls = files
-            .server()
-            .map_err(|e| Error::invalid("tls-cert", e.to_string()))?;
-        builder = builder.tls_config(tls)?;
-        agents = agents.require_certificates();
-        info!("TLS on; agents need a client certificate naming their worker");
-    }
-    builder
+    // With TLS, connections come through our own listener, which takes new certificate files
+    // without a restart (`converge_messenger::tls::listen`).
+    use futures::future::Either;
+    let tls = match &config.tls {
+        Some(files) => {
+            let incoming =
+                converge_messenger::tls::listen(listener, files.clone(), shutdown.clone())
+                    .map_err(|e| Error::invalid("tls-cert", e.to_string()))?;
+            agents = agents.require_certificates();
+            info!("TLS on; agents need a client certificate naming their worker");
+            Either::Left(incoming)
+        }
+        None => Either::Right(TcpListenerStream::new(listener)),
+    };
+    let router = builder
         .layer(tower::util::option_layer(auth))
         // Find dead agent connections even when no heartbeat would fail to send.
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
@@ -200,9 +207,19 @@ pub async fn serve(
                 config.max_watchers,
             ))
             .max_decoding_message_size(validate::MAX_REQUEST_BYTES),
-        )
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled())
-        .await?;
+        );
+    match tls {
+        Either::Left(incoming) => {
+            router
+                .serve_with_incoming_shutdown(incoming, shutdown.cancelled())
+                .await?
+        }
+        Either::Right(plain) => {
+            router
+                .serve_with_incoming_shutdown(plain, shutdown.cancelled())
+                .await?
+        }
+    }
     match actor_task.await {
         Ok(result) => result,
         Err(e) => Err(Error::FailedPrecondition(format!(

@@ -53,6 +53,12 @@ pub enum SessionError {
     /// The manager's first message was not `Registered`.
     #[error("the manager answered registration with an unexpected message")]
     Protocol,
+    /// The TLS files cannot be used.
+    #[error("the TLS files cannot be used: {0}")]
+    Tls(#[source] crate::tls::TlsError),
+    /// The TLS files changed: the session reconnects with the new ones.
+    #[error("the TLS files changed; reconnecting with them")]
+    Rotated,
 }
 
 /// What the session counts, for the agent's `/metrics` (see [`SessionMetrics::register`]).
@@ -110,8 +116,9 @@ pub struct SessionConfig {
     pub register_timeout: Duration,
     /// Counters the session keeps (unregistered by default: counted, never shown).
     pub metrics: SessionMetrics,
-    /// Mutual TLS with the manager (`crate::tls`), when the endpoint is `https://`.
-    pub tls: Option<tonic::transport::ClientTlsConfig>,
+    /// Mutual TLS with the manager (`crate::tls`), when the endpoint is `https://`: the files
+    /// are read at each connection, and a change to them makes the session reconnect.
+    pub tls: Option<crate::tls::ClientTls>,
     /// Where the manager's requests for a job's output go. Without one, the session answers
     /// each request itself, saying this agent serves no logs (the manager's reader is told
     /// rather than left waiting).
@@ -281,11 +288,15 @@ async fn connect_and_serve<S: AgentState>(
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(5));
-    let endpoint = match &config.tls {
-        Some(tls) => endpoint
-            .tls_config(tls.clone())
-            .map_err(SessionError::Connect)?,
-        None => endpoint,
+    let (endpoint, stamp) = match &config.tls {
+        Some(tls) => {
+            let (tls_config, stamp) = tls.load().map_err(SessionError::Tls)?;
+            let endpoint = endpoint
+                .tls_config(tls_config)
+                .map_err(SessionError::Connect)?;
+            (endpoint, Some(stamp))
+        }
+        None => (endpoint, None),
     };
     let channel = endpoint.connect().await.map_err(SessionError::Connect)?;
     let mut client = AgentServiceClient::new(channel);
@@ -335,6 +346,13 @@ async fn connect_and_serve<S: AgentState>(
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
             _ = heartbeat.tick() => {
+                if let (Some(tls), Some(stamp)) = (&config.tls, &stamp)
+                    && tls.changed(stamp)
+                {
+                    // Running containers are not touched: the next Register lists them.
+                    info!("certificate files changed: reconnecting with them");
+                    return Err(SessionError::Rotated);
+                }
                 *seq += 1;
                 let mut hb = state.heartbeat();
                 hb.seq = *seq;

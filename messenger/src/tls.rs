@@ -9,13 +9,28 @@
 //! NodeRestriction ties a kubelet to its node). A certificate from another CA fails the
 //! handshake.
 //!
-//! [`generate`] writes a CA and certificates for a testbed (`cargo xtask certs`); rotate by
-//! writing new files and restarting the process that uses them (agents re-adopt their running
-//! containers; the manager recovers from its store).
+//! [`generate`] writes a CA and certificates for a testbed (`cargo xtask certs`).
+//!
+//! **Rotation without a restart.** Both sides read their files again when they change (their
+//! modification times and sizes, [`Stamp`]): the manager's listener ([`listen`]) checks at each
+//! new connection and hands new connections the new files, while open streams go on; an agent
+//! ([`ClientTls`]) checks at each heartbeat and, when its files changed, reconnects with them
+//! and registers again, re-adopting its running containers (as a kubelet reconnects when its
+//! client certificate rotates). Files that cannot be used (one written, its key not yet) are
+//! reported and the previous ones kept until the files change again. Nothing is restarted: no
+//! process, no job.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
-use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::rustls;
+use tokio_rustls::server::TlsStream;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+use tracing::{debug, info, warn};
 
 /// Files of a cluster's certificates, as [`generate`] names them in one directory.
 pub mod files {
@@ -45,6 +60,14 @@ pub enum TlsError {
     /// Generation failed.
     #[error("making certificates: {0}")]
     Generate(#[from] rcgen::Error),
+    /// The files do not make a TLS configuration (not PEM, a key that does not match).
+    #[error("{what}: {why}")]
+    Invalid {
+        /// Which file or part.
+        what: String,
+        /// Why.
+        why: String,
+    },
 }
 
 fn read(path: &Path) -> Result<String, TlsError> {
@@ -88,12 +111,72 @@ impl TlsFiles {
         }
     }
 
-    /// The manager's TLS: its identity; client certificates asked for, from the CA.
-    pub fn server(&self) -> Result<ServerTlsConfig, TlsError> {
-        Ok(ServerTlsConfig::new()
-            .identity(Identity::from_pem(read(&self.cert)?, read(&self.key)?))
-            .client_ca_root(Certificate::from_pem(read(&self.ca)?))
-            .client_auth_optional(true))
+    /// Worker `id`'s files in `dir`, as [`generate`] names them.
+    pub fn worker(dir: &Path, id: &str) -> Self {
+        let (cert, key) = files::worker(id);
+        TlsFiles {
+            ca: dir.join(files::CA),
+            cert: dir.join(cert),
+            key: dir.join(key),
+        }
+    }
+
+    /// The manager's files in `dir`, as [`generate`] names them.
+    pub fn manager(dir: &Path) -> Self {
+        TlsFiles {
+            ca: dir.join(files::CA),
+            cert: dir.join(files::MANAGER.0),
+            key: dir.join(files::MANAGER.1),
+        }
+    }
+
+    /// When the three files last changed, to notice a rotation.
+    pub fn stamp(&self) -> Stamp {
+        let of = |p: &Path| {
+            std::fs::metadata(p)
+                .ok()
+                .map(|m| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()))
+        };
+        Stamp([of(&self.ca), of(&self.cert), of(&self.key)])
+    }
+
+    /// The manager's TLS: its identity; client certificates asked for, from the CA, but not
+    /// required at the handshake (module doc); HTTP/2 by ALPN, as gRPC clients expect.
+    pub fn server(&self) -> Result<rustls::ServerConfig, TlsError> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let invalid = |path: &Path, why: String| TlsError::Invalid {
+            what: path.display().to_string(),
+            why,
+        };
+        let certs = |path: &Path| -> Result<Vec<CertificateDer<'static>>, TlsError> {
+            let pem = read(path)?;
+            let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| invalid(path, format!("not PEM certificates ({e})")))?;
+            if certs.is_empty() {
+                return Err(invalid(path, "holds no certificate".into()));
+            }
+            Ok(certs)
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        for ca in certs(&self.ca)? {
+            roots
+                .add(ca)
+                .map_err(|e| invalid(&self.ca, format!("not a CA certificate ({e})")))?;
+        }
+        let verifier = rustls::server::WebPkiClientVerifier::builder(roots.into())
+            .allow_unauthenticated()
+            .build()
+            .map_err(|e| invalid(&self.ca, e.to_string()))?;
+        let key = PrivateKeyDer::from_pem_slice(read(&self.key)?.as_bytes())
+            .map_err(|e| invalid(&self.key, format!("not a PEM private key ({e})")))?;
+        let mut config = rustls::ServerConfig::builder()
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(certs(&self.cert)?, key)
+            .map_err(|e| invalid(&self.cert, format!("does not go with its key ({e})")))?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(config)
     }
 
     /// An agent's TLS: its worker certificate, trusting the CA for the manager's.
@@ -103,6 +186,96 @@ impl TlsFiles {
             .identity(Identity::from_pem(read(&self.cert)?, read(&self.key)?))
             .domain_name(domain))
     }
+}
+
+/// The modification times and sizes of a side's three files (`None` for one that is missing):
+/// when it differs from the last one read, the files were rotated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stamp([Option<(SystemTime, u64)>; 3]);
+
+/// An agent's TLS, read from its files at each connection (module doc).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientTls {
+    /// The files.
+    pub files: TlsFiles,
+    /// The name the manager's certificate must carry.
+    pub domain: String,
+}
+
+impl ClientTls {
+    /// The configuration the files make now, and their stamp, taken before they were read (so
+    /// that a change while reading is noticed next time).
+    pub fn load(&self) -> Result<(ClientTlsConfig, Stamp), TlsError> {
+        let stamp = self.files.stamp();
+        Ok((self.files.client(&self.domain)?, stamp))
+    }
+
+    /// Whether the files changed since `stamp`.
+    pub fn changed(&self, stamp: &Stamp) -> bool {
+        self.files.stamp() != *stamp
+    }
+}
+
+/// How long a client has to finish its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The manager's TLS connections: accepts on `listener` until `shutdown` and completes each
+/// handshake with `files` as they are at that connection (module doc), in a task of its own
+/// so that a slow client holds up nobody. A handshake that fails (no common CA, a timeout) is
+/// logged and the connection dropped. Fails at once when the files do not make a
+/// configuration.
+pub fn listen(
+    listener: TcpListener,
+    files: TlsFiles,
+    shutdown: CancellationToken,
+) -> Result<ReceiverStream<Result<TlsStream<TcpStream>, std::io::Error>>, TlsError> {
+    let mut stamp = files.stamp();
+    let mut config = Arc::new(files.server()?);
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
+        loop {
+            let (tcp, peer) = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        // Out of descriptors, mostly: wait rather than spin.
+                        warn!(error = %e, "accepting a connection failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+            };
+            let _ = tcp.set_nodelay(true);
+            let now = files.stamp();
+            if now != stamp {
+                // Noted even when unusable: a half-written rotation is tried again when the
+                // files change again, not at every connection.
+                stamp = now;
+                match files.server() {
+                    Ok(c) => {
+                        config = Arc::new(c);
+                        info!(cert = %files.cert.display(), "certificate files changed: new connections use them");
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "certificate files changed but cannot be used; keeping the previous ones");
+                    }
+                }
+            }
+            let acceptor = tokio_rustls::TlsAcceptor::from(config.clone());
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    Ok(Ok(stream)) => {
+                        let _ = tx.send(Ok(stream)).await;
+                    }
+                    Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake failed"),
+                    Err(_) => debug!(%peer, "TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    Ok(ReceiverStream::new(rx))
 }
 
 /// A client of the control API over TLS with no certificate of its own (it trusts `ca`).
