@@ -159,9 +159,9 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
             files: files.clone(),
             domain: domain.clone(),
         };
-        // Read now only to refuse unusable files at start; each connection reads them again
-        // (a rotation needs no restart).
-        tls.load().map_err(|e| Error::Config {
+        // Checked now only to refuse unusable files at start; each connection reads them
+        // again (a rotation needs no restart).
+        tls.check(&config.manager).map_err(|e| Error::Config {
             setting: "tls-cert",
             why: e.to_string(),
         })?;

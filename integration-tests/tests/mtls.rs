@@ -172,7 +172,8 @@ async fn rotated_certificates_are_taken_without_a_restart_and_the_job_runs_on() 
     let certs = tempfile_dir("rotate")?;
     let old = tempfile_dir("rotate-old")?;
     let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
-    tls::generate(certs.path(), &names, &["w1".into()])?;
+    let workers = ["w1".to_string(), "w2".to_string()];
+    tls::generate(certs.path(), &names, &workers)?;
     for f in ["w1.pem", "w1.key"] {
         std::fs::copy(certs.path().join(f), old.path().join(f))?;
     }
@@ -255,7 +256,7 @@ async fn rotated_certificates_are_taken_without_a_restart_and_the_job_runs_on() 
     .await?;
 
     // The rotation: every file replaced, under a new CA.
-    tls::generate(certs.path(), &names, &["w1".into()])?;
+    tls::generate(certs.path(), &names, &workers)?;
     let again = tokio::time::timeout(
         Duration::from_secs(20),
         status.wait_for(|s| s.connected && s.registrations >= 2),
@@ -279,18 +280,22 @@ async fn rotated_certificates_are_taken_without_a_restart_and_the_job_runs_on() 
             "the job was started again: {c:?}"
         );
     }
-    // The old worker certificate is refused now, even by a client that trusts the new CA.
-    let new_ca = Certificate::from_pem(pem(certs.path().join("ca.pem")));
-    let old_identity = Identity::from_pem(
-        pem(old.path().join("w1.pem")),
-        pem(old.path().join("w1.key")),
-    );
+    // The old worker certificate is refused now, by a client that trusts the new CA, while the
+    // same client with a new certificate (w2's) registers: only the identity differs.
+    let trusting_new = || {
+        ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(pem(certs.path().join("ca.pem"))))
+            .domain_name("localhost")
+    };
+    let identity = |dir: &std::path::Path, w: &str| {
+        Identity::from_pem(
+            pem(dir.join(format!("{w}.pem"))),
+            pem(dir.join(format!("{w}.key"))),
+        )
+    };
     let e = try_register(
         manager.addr,
-        ClientTlsConfig::new()
-            .ca_certificate(new_ca)
-            .identity(old_identity)
-            .domain_name("localhost"),
+        trusting_new().identity(identity(old.path(), "w1")),
         "w1",
     )
     .await
@@ -299,6 +304,13 @@ async fn rotated_certificates_are_taken_without_a_restart_and_the_job_runs_on() 
         !e.starts_with("Unauthenticated") && !e.starts_with("PermissionDenied"),
         "refused by the handshake: {e}"
     );
+    try_register(
+        manager.addr,
+        trusting_new().identity(identity(certs.path(), "w2")),
+        "w2",
+    )
+    .await
+    .map_err(anyhow::Error::msg)?;
     drop(outbox);
     drop(cancel);
     manager.stop().await;

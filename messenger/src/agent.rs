@@ -268,6 +268,28 @@ async fn run<S: AgentState>(
     }
 }
 
+/// How long a stream closed on purpose waits for the manager to read what was queued on it.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// Ends a stream without losing what was queued on it: the sending side ends after the queued
+/// messages, and the manager's side is read (commands passed on) until the manager ends it too,
+/// for at most [`CLOSE_WAIT`].
+async fn close_gently(
+    tx: mpsc::Sender<AgentMessage>,
+    inbound: &mut tonic::Streaming<crate::pb::ManagerMessage>,
+    commands: &mpsc::Sender<Command>,
+) {
+    drop(tx);
+    let _ = tokio::time::timeout(CLOSE_WAIT, async {
+        while let Ok(Some(m)) = inbound.message().await {
+            if let Some(ManagerKind::Command(cmd)) = m.kind {
+                let _ = commands.send(cmd).await;
+            }
+        }
+    })
+    .await;
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn connect_and_serve<S: AgentState>(
     config: &SessionConfig,
@@ -288,12 +310,10 @@ async fn connect_and_serve<S: AgentState>(
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(5));
-    let (endpoint, stamp) = match &config.tls {
+    let plain = endpoint.clone();
+    let (endpoint, mut stamp) = match &config.tls {
         Some(tls) => {
-            let (tls_config, stamp) = tls.load().map_err(SessionError::Tls)?;
-            let endpoint = endpoint
-                .tls_config(tls_config)
-                .map_err(SessionError::Connect)?;
+            let (endpoint, stamp) = tls.endpoint(endpoint).map_err(SessionError::Tls)?;
             (endpoint, Some(stamp))
         }
         None => (endpoint, None),
@@ -346,12 +366,22 @@ async fn connect_and_serve<S: AgentState>(
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
             _ = heartbeat.tick() => {
-                if let (Some(tls), Some(stamp)) = (&config.tls, &stamp)
-                    && tls.changed(stamp)
+                if let (Some(tls), Some(seen)) = (&config.tls, &mut stamp)
+                    && tls.changed(seen)
                 {
-                    // Running containers are not touched: the next Register lists them.
-                    info!("certificate files changed: reconnecting with them");
-                    return Err(SessionError::Rotated);
+                    let now = tls.files.stamp();
+                    match tls.endpoint(plain.clone()) {
+                        Ok(_) => {
+                            // Running containers are not touched: the next Register lists them.
+                            info!("certificate files changed: reconnecting with them");
+                            close_gently(tx, &mut inbound, commands).await;
+                            return Err(SessionError::Rotated);
+                        }
+                        Err(e) => {
+                            warn!(error = %e, "certificate files changed but cannot be used; keeping the connection and the previous ones");
+                            *seen = now;
+                        }
+                    }
                 }
                 *seq += 1;
                 let mut hb = state.heartbeat();

@@ -14,8 +14,9 @@
 //! **Rotation without a restart.** Both sides read their files again when they change (their
 //! modification times and sizes, [`Stamp`]): the manager's listener ([`listen`]) checks at each
 //! new connection and hands new connections the new files, while open streams go on; an agent
-//! ([`ClientTls`]) checks at each heartbeat and, when its files changed, reconnects with them
-//! and registers again, re-adopting its running containers (as a kubelet reconnects when its
+//! ([`ClientTls`]) checks at each heartbeat and, when its files changed and make a usable
+//! configuration, closes its stream gently (what it queued is sent first) and reconnects with
+//! them, registering again with its running containers (as a kubelet reconnects when its
 //! client certificate rotates). Files that cannot be used (one written, its key not yet) are
 //! reported and the previous ones kept until the files change again. Nothing is restarted: no
 //! process, no job.
@@ -210,6 +211,32 @@ impl ClientTls {
         Ok((self.files.client(&self.domain)?, stamp))
     }
 
+    /// `endpoint` with the TLS the files make now, checked as a connection will use it (a
+    /// file that is not PEM is refused here, not at the handshake), and the files' stamp.
+    pub fn endpoint(
+        &self,
+        endpoint: tonic::transport::Endpoint,
+    ) -> Result<(tonic::transport::Endpoint, Stamp), TlsError> {
+        let (config, stamp) = self.load()?;
+        let endpoint = endpoint.tls_config(config).map_err(|e| TlsError::Invalid {
+            what: self.files.cert.display().to_string(),
+            why: e.to_string(),
+        })?;
+        Ok((endpoint, stamp))
+    }
+
+    /// Whether the files make a usable TLS for a connection to `manager` (a URL).
+    pub fn check(&self, manager: &str) -> Result<(), TlsError> {
+        let endpoint =
+            tonic::transport::Endpoint::from_shared(manager.to_string()).map_err(|e| {
+                TlsError::Invalid {
+                    what: manager.to_string(),
+                    why: e.to_string(),
+                }
+            })?;
+        self.endpoint(endpoint).map(|_| ())
+    }
+
     /// Whether the files changed since `stamp`.
     pub fn changed(&self, stamp: &Stamp) -> bool {
         self.files.stamp() != *stamp
@@ -233,13 +260,25 @@ pub fn listen(
     let mut config = Arc::new(files.server()?);
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move {
+        // Handshakes in flight end with the loop (dropping the set aborts them).
+        let mut handshakes = tokio::task::JoinSet::new();
         loop {
             let (tcp, peer) = tokio::select! {
                 _ = shutdown.cancelled() => return,
+                // The server stopped reading connections (it ended or failed): stop
+                // accepting, so the port closes as it did with tonic's own listener.
+                _ = tx.closed() => return,
+                Some(_) = handshakes.join_next(), if !handshakes.is_empty() => continue,
                 accepted = listener.accept() => match accepted {
                     Ok(a) => a,
+                    Err(e) if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionAborted
+                            | std::io::ErrorKind::ConnectionReset
+                            | std::io::ErrorKind::Interrupted
+                    ) => continue,
                     Err(e) => {
-                        // Out of descriptors, mostly: wait rather than spin.
+                        // Out of descriptors or memory: wait rather than spin.
                         warn!(error = %e, "accepting a connection failed");
                         tokio::time::sleep(Duration::from_millis(100)).await;
                         continue;
@@ -264,7 +303,7 @@ pub fn listen(
             }
             let acceptor = tokio_rustls::TlsAcceptor::from(config.clone());
             let tx = tx.clone();
-            tokio::spawn(async move {
+            handshakes.spawn(async move {
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                     Ok(Ok(stream)) => {
                         let _ = tx.send(Ok(stream)).await;

@@ -467,11 +467,13 @@ impl Store for Sqlite {
         };
         let tx = self.conn.transaction().map_err(sql)?;
         // Through the index on (state, finished_at): a pass that finds nothing reads nothing.
-        // No order: every job it finds is past its time, and a later pass takes the rest.
+        // No order: every job it finds is past its time, and a later pass takes the rest. A
+        // finished job with no finish time is the oldest, as `load` orders it.
         let ids: Vec<String> = {
             let mut q = tx
                 .prepare_cached(&format!(
-                    "SELECT id FROM jobs WHERE state IN ({}) AND finished_at < ?1 LIMIT ?2",
+                    "SELECT id FROM jobs WHERE state IN ({})
+                     AND (finished_at < ?1 OR finished_at IS NULL) LIMIT ?2",
                     terminal_labels()
                 ))
                 .map_err(sql)?;

@@ -527,7 +527,8 @@ impl Core {
         self.drop_finished(|core, id| {
             core.jobs
                 .get(id)
-                .is_none_or(|j| j.finished_at.is_some_and(|t| t < before))
+                // No finish time counts as the oldest, as in the store and `from_saved`.
+                .is_none_or(|j| j.finished_at.is_none_or(|t| t < before))
         })
     }
 

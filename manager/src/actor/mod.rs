@@ -610,8 +610,12 @@ impl Actor {
         let before = now() - retention.as_secs_f64();
         match store.prune_finished(before, PRUNE_BATCH) {
             Ok(n) => {
-                for id in self.core.expire(before) {
-                    self.specs.remove(&id);
+                if n < PRUNE_BATCH {
+                    // The store holds no job older than `before` now: memory forgets the same
+                    // ones (while a backlog is pruned, memory keeps them, as the store does).
+                    for id in self.core.expire(before) {
+                        self.specs.remove(&id);
+                    }
                 }
                 self.metrics.pruned(n);
                 if n > 0 {
