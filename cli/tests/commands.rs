@@ -188,25 +188,10 @@ async fn submit_and_start(m: &str, agent: &mut ScriptedAgent, name: &str) -> Str
     .await;
     assert_eq!(code, 0, "{err}");
     let id = out.trim().to_string();
-    let start = next_command(agent).await;
-    assert!(
-        matches!(start.action, Some(pb::command::Action::Start(_))),
-        "{start:?}"
-    );
     agent
-        .outbox
-        .send(Kind::Result(pb::CommandResult {
-            command_id: start.command_id,
-            job_id: id.clone(),
-            epoch: 1,
-            ok: true,
-            detail: Some(pb::command_result::Detail::Started(pb::Started {
-                container_id: format!("ctr-{name}"),
-                from_checkpoint: false,
-            })),
-            ..Default::default()
-        }))
-        .await;
+        .answer_start(&id, &format!("ctr-{name}"))
+        .await
+        .expect("the Start of the submitted job");
     id
 }
 

@@ -223,14 +223,16 @@ pub struct ScriptedAgent {
     pub logs: tokio::sync::mpsc::Receiver<converge_messenger::agent::LogsControl>,
     /// Connection state.
     pub status: tokio::sync::watch::Receiver<converge_messenger::agent::SessionStatus>,
+    state: std::sync::Arc<Registration>,
     shutdown: CancellationToken,
 }
 
-struct FixedState(pb::Register);
+/// What the scripted agent registers with, on every (re)connect.
+struct Registration(std::sync::Mutex<pb::Register>);
 
-impl converge_messenger::agent::AgentState for FixedState {
+impl converge_messenger::agent::AgentState for Registration {
     fn register(&self) -> impl std::future::Future<Output = pb::Register> + Send {
-        let r = self.0.clone();
+        let r = self.0.lock().expect("not poisoned").clone();
         async move { r }
     }
     fn heartbeat(&self) -> pb::Heartbeat {
@@ -286,9 +288,10 @@ impl ScriptedAgent {
         config.logs = Some(logs_tx);
         let (cmd_tx, commands) = tokio::sync::mpsc::channel(64);
         let shutdown = CancellationToken::new();
+        let state = std::sync::Arc::new(Registration(std::sync::Mutex::new(register)));
         let (outbox, mut status, _task) = converge_messenger::agent::Session::spawn(
             config,
-            std::sync::Arc::new(FixedState(register)),
+            state.clone(),
             cmd_tx,
             shutdown.clone(),
         );
@@ -300,8 +303,42 @@ impl ScriptedAgent {
             commands,
             logs,
             status,
+            state,
             shutdown,
         })
+    }
+
+    /// From the next (re)connect on, the agent registers reporting `containers` as running
+    /// (as a real agent reports what it runs).
+    pub fn report(&self, containers: Vec<pb::ContainerReport>) {
+        self.state.0.lock().expect("not poisoned").containers = containers;
+    }
+
+    /// Takes the next command, which must be the Start of `job`'s first incarnation (within
+    /// 10 s), and answers it: started in `container`.
+    pub async fn answer_start(&mut self, job: &str, container: &str) -> Result<()> {
+        let start = tokio::time::timeout(Duration::from_secs(10), self.commands.recv())
+            .await
+            .context("no command within 10s")?
+            .context("the session closed")?;
+        anyhow::ensure!(
+            matches!(start.action, Some(pb::command::Action::Start(_))) && start.job_id == job,
+            "expected the Start of {job}, got {start:?}"
+        );
+        self.outbox
+            .send(pb::agent_message::Kind::Result(pb::CommandResult {
+                command_id: start.command_id,
+                job_id: job.to_string(),
+                epoch: 1,
+                ok: true,
+                detail: Some(pb::command_result::Detail::Started(pb::Started {
+                    container_id: container.into(),
+                    from_checkpoint: false,
+                })),
+                ..Default::default()
+            }))
+            .await;
+        Ok(())
     }
 
     /// Closes the session.

@@ -64,27 +64,6 @@ async fn submit(
         .job_id)
 }
 
-/// Takes the agent's next command, the Start of `job`, and answers it: started in `container`.
-async fn start(agent: &mut ScriptedAgent, job: &str, container: &str) -> anyhow::Result<()> {
-    let start = next_command(agent).await?;
-    assert!(is_start(&start) && start.job_id == job, "{start:?}");
-    agent
-        .outbox
-        .send(Kind::Result(pb::CommandResult {
-            command_id: start.command_id.clone(),
-            job_id: job.to_string(),
-            epoch: 1,
-            ok: true,
-            detail: Some(pb::command_result::Detail::Started(pb::Started {
-                container_id: container.into(),
-                from_checkpoint: false,
-            })),
-            ..Default::default()
-        }))
-        .await;
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_manager_knows_every_job_readopts_what_runs_and_numbers_events_on()
 -> anyhow::Result<()> {
@@ -97,7 +76,7 @@ async fn a_restarted_manager_knows_every_job_readopts_what_runs_and_numbers_even
 
     // One job runs and reports step 7; another is cancelled after it started.
     let running = submit(&mut client).await?;
-    start(&mut agent, &running, "ctr-running").await?;
+    agent.answer_start(&running, "ctr-running").await?;
     agent
         .outbox
         .send(Kind::Progress(pb::ProgressBatch {
@@ -245,7 +224,7 @@ async fn finished_jobs_beyond_those_kept_are_answered_for_from_the_store() -> an
     let mut ids = Vec::new();
     for k in 0..5 {
         let id = submit(&mut client).await?;
-        start(&mut agent, &id, &format!("ctr-{k}")).await?;
+        agent.answer_start(&id, &format!("ctr-{k}")).await?;
         agent
             .outbox
             .send(Kind::Exited(pb::ContainerExited {

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use converge_integration_tests::{TestManager, tempfile_dir};
+use converge_integration_tests::{ScriptedAgent, TestManager, tempfile_dir};
 use converge_messenger::pb::{
     self, AgentMessage, agent_message::Kind, agent_service_client::AgentServiceClient,
     control_service_client::ControlServiceClient, manager_message,
@@ -146,19 +146,6 @@ async fn only_an_agent_with_its_own_workers_certificate_may_register() -> anyhow
     Ok(())
 }
 
-/// What a real agent reports at registration: here, what the test says runs.
-struct Reports(std::sync::Mutex<pb::Register>);
-
-impl converge_messenger::agent::AgentState for Reports {
-    fn register(&self) -> impl std::future::Future<Output = pb::Register> + Send {
-        let r = self.0.lock().expect("not poisoned").clone();
-        async move { r }
-    }
-    fn heartbeat(&self) -> pb::Heartbeat {
-        pb::Heartbeat::default()
-    }
-}
-
 /// A new CA and certificates written over the old files (what `cargo xtask certs` does) are
 /// taken by the running manager and the running agent, with no restart of either and none of
 /// the job: the agent reconnects with the new files and registers again, reporting its
@@ -168,7 +155,6 @@ impl converge_messenger::agent::AgentState for Reports {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rotated_certificates_are_taken_without_a_restart_and_the_job_runs_on() -> anyhow::Result<()>
 {
-    use converge_messenger::agent::{Session, SessionConfig};
     let certs = tempfile_dir("rotate")?;
     let old = tempfile_dir("rotate-old")?;
     let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
@@ -190,20 +176,16 @@ async fn rotated_certificates_are_taken_without_a_restart_and_the_job_runs_on() 
         }
     };
 
-    let state = std::sync::Arc::new(Reports(std::sync::Mutex::new(
-        converge_integration_tests::ScriptedAgent::register("w1", 2.0),
-    )));
-    let mut config = SessionConfig::new(https.clone());
-    config.heartbeat_interval = Duration::from_millis(100);
-    config.tls = Some(tls::ClientTls {
-        files: TlsFiles::worker(certs.path(), "w1"),
-        domain: "localhost".into(),
-    });
-    let (cmd_tx, mut commands) = tokio::sync::mpsc::channel(16);
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let cancel = shutdown.clone().drop_guard();
-    let (outbox, mut status, _task) = Session::spawn(config, state.clone(), cmd_tx, shutdown);
-    tokio::time::timeout(Duration::from_secs(10), status.wait_for(|s| s.connected)).await??;
+    let mut agent = ScriptedAgent::connect_tls(
+        &https,
+        ScriptedAgent::register("w1", 2.0),
+        Duration::from_millis(100),
+        Some(tls::ClientTls {
+            files: TlsFiles::worker(certs.path(), "w1"),
+            domain: "localhost".into(),
+        }),
+    )
+    .await?;
 
     // A job starts on w1; from then on w1 reports its container when it registers.
     let mut client = control(certs.path().join("ca.pem")).await?;
@@ -214,38 +196,14 @@ async fn rotated_certificates_are_taken_without_a_restart_and_the_job_runs_on() 
         .await?
         .into_inner()
         .job_id;
-    let start = tokio::time::timeout(Duration::from_secs(10), commands.recv())
-        .await?
-        .expect("the session is open");
-    assert!(
-        matches!(start.action, Some(pb::command::Action::Start(_))) && start.job_id == id,
-        "{start:?}"
-    );
-    state
-        .0
-        .lock()
-        .expect("not poisoned")
-        .containers
-        .push(pb::ContainerReport {
-            job_id: id.clone(),
-            epoch: 1,
-            container_id: "ctr-1".into(),
-            state: pb::ContainerState::Running as i32,
-            ..Default::default()
-        });
-    outbox
-        .send(Kind::Result(pb::CommandResult {
-            command_id: start.command_id.clone(),
-            job_id: id.clone(),
-            epoch: 1,
-            ok: true,
-            detail: Some(pb::command_result::Detail::Started(pb::Started {
-                container_id: "ctr-1".into(),
-                from_checkpoint: false,
-            })),
-            ..Default::default()
-        }))
-        .await;
+    agent.report(vec![pb::ContainerReport {
+        job_id: id.clone(),
+        epoch: 1,
+        container_id: "ctr-1".into(),
+        state: pb::ContainerState::Running as i32,
+        ..Default::default()
+    }]);
+    agent.answer_start(&id, "ctr-1").await?;
     converge_integration_tests::eventually(Duration::from_secs(10), "the job to run", || {
         let (mut c, id) = (client.clone(), id.clone());
         async move {
@@ -259,14 +217,16 @@ async fn rotated_certificates_are_taken_without_a_restart_and_the_job_runs_on() 
     tls::generate(certs.path(), &names, &workers)?;
     let again = tokio::time::timeout(
         Duration::from_secs(20),
-        status.wait_for(|s| s.connected && s.registrations >= 2),
+        agent
+            .status
+            .wait_for(|s| s.connected && s.registrations >= 2),
     )
     .await
     .map(|r| r.is_ok());
     assert!(
         matches!(again, Ok(true)),
         "the agent did not register again with the new files: {:?}",
-        status.borrow().last_error
+        agent.status.borrow().last_error
     );
 
     // A client trusting only the new CA reaches the manager: it serves the new certificate.
@@ -274,7 +234,7 @@ async fn rotated_certificates_are_taken_without_a_restart_and_the_job_runs_on() 
     let job = converge_integration_tests::job(&mut client, &id, false).await?;
     assert_eq!(job.state, pb::JobState::Running as i32, "{job:?}");
     assert_eq!(job.epoch, 1, "no second incarnation: {job:?}");
-    while let Ok(c) = commands.try_recv() {
+    while let Ok(c) = agent.commands.try_recv() {
         assert!(
             !matches!(c.action, Some(pb::command::Action::Start(_))),
             "the job was started again: {c:?}"
@@ -311,8 +271,7 @@ async fn rotated_certificates_are_taken_without_a_restart_and_the_job_runs_on() 
     )
     .await
     .map_err(anyhow::Error::msg)?;
-    drop(outbox);
-    drop(cancel);
+    drop(agent);
     manager.stop().await;
     Ok(())
 }

@@ -204,20 +204,15 @@ pub struct ClientTls {
 }
 
 impl ClientTls {
-    /// The configuration the files make now, and their stamp, taken before they were read (so
-    /// that a change while reading is noticed next time).
-    pub fn load(&self) -> Result<(ClientTlsConfig, Stamp), TlsError> {
-        let stamp = self.files.stamp();
-        Ok((self.files.client(&self.domain)?, stamp))
-    }
-
     /// `endpoint` with the TLS the files make now, checked as a connection will use it (a
     /// file that is not PEM is refused here, not at the handshake), and the files' stamp.
     pub fn endpoint(
         &self,
         endpoint: tonic::transport::Endpoint,
     ) -> Result<(tonic::transport::Endpoint, Stamp), TlsError> {
-        let (config, stamp) = self.load()?;
+        // Stamped before reading, so that a change while reading is noticed next time.
+        let stamp = self.files.stamp();
+        let config = self.files.client(&self.domain)?;
         let endpoint = endpoint.tls_config(config).map_err(|e| TlsError::Invalid {
             what: self.files.cert.display().to_string(),
             why: e.to_string(),

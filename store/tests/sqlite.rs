@@ -319,20 +319,26 @@ fn a_second_manager_on_the_same_directory_is_refused() {
     assert!(why.contains("another manager holds it"), "{why}");
 }
 
+/// Jobs j0..j4 submitted at 1..5 into `store`; j0..j3 finish (cancelled) at 10, 11, 12, 13 in
+/// that order, j4 stays pending (no worker). The core, and the ids.
+fn four_finished_one_pending(store: &mut Sqlite) -> (Core, [&'static str; 5]) {
+    let mut core = core();
+    let ids = ["j0", "j1", "j2", "j3", "j4"];
+    for (i, id) in ids.iter().enumerate() {
+        step_stored(store, &mut core, 1.0 + i as f64, submit(id));
+    }
+    for (i, id) in ids[..4].iter().enumerate() {
+        let cancel = Input::Cancel { id: id.to_string() };
+        step_stored(store, &mut core, 10.0 + i as f64, cancel);
+    }
+    (core, ids)
+}
+
 #[test]
 fn a_restart_reads_the_live_jobs_and_only_the_newest_finished_ones() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = Sqlite::open(dir.path()).unwrap();
-    let mut core = core();
-    let ids = ["j0", "j1", "j2", "j3", "j4"];
-    for (i, id) in ids.iter().enumerate() {
-        step_stored(&mut store, &mut core, 1.0 + i as f64, submit(id));
-    }
-    // j0..j3 finish in that order; j4 stays pending (no worker).
-    for (i, id) in ids[..4].iter().enumerate() {
-        let cancel = Input::Cancel { id: id.to_string() };
-        step_stored(&mut store, &mut core, 10.0 + i as f64, cancel);
-    }
+    let (mut core, ids) = four_finished_one_pending(&mut store);
     // The oldest finished job had the longest move: it must still count after a restart.
     let mut moved = [
         core.job("j0").unwrap().clone(),
@@ -380,22 +386,13 @@ fn a_restart_reads_the_live_jobs_and_only_the_newest_finished_ones() {
 fn pruning_deletes_only_jobs_finished_before_the_cutoff_with_their_specs() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = Sqlite::open(dir.path()).unwrap();
-    let mut core = core();
-    let ids = ["j0", "j1", "j2", "j3", "j4"];
-    for (i, id) in ids.iter().enumerate() {
-        step_stored(&mut store, &mut core, 1.0 + i as f64, submit(id));
-    }
+    let (_core, ids) = four_finished_one_pending(&mut store);
     store
         .commit(&Batch {
             specs: ids.iter().map(|id| (*id, id.as_bytes())).collect(),
             ..Batch::default()
         })
         .unwrap();
-    // j0..j3 finish at 10, 11, 12, 13; j4 stays pending (no worker), submitted at 5.
-    for (i, id) in ids[..4].iter().enumerate() {
-        let cancel = Input::Cancel { id: id.to_string() };
-        step_stored(&mut store, &mut core, 10.0 + i as f64, cancel);
-    }
     let stored = |store: &mut Sqlite| -> Vec<String> {
         let jobs = store.jobs(None, None).unwrap();
         jobs.into_iter().map(|j| j.job.id).collect()

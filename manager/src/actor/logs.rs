@@ -172,33 +172,33 @@ impl Actor {
             }
             let conn = self.core.worker(&inc.worker).and_then(|w| w.conn);
             let link = conn.and_then(|c| self.links.get(&c).map(|l| (c, l)));
-            let Some((conn, link)) = link else {
-                reader.next_epoch = inc.epoch + 1;
-                let why = format!("worker {} is not connected", inc.worker);
-                if !Self::deliver(reader, part(&inc, Vec::new(), why)) {
-                    self.logs.readers.remove(&rid);
-                    return;
-                }
-                continue;
-            };
             let request = self.logs.next_id;
-            self.logs.next_id += 1;
-            let sent = link.send(ManagerKind::Logs(pb::LogsRequest {
-                request_id: request,
-                job_id: job.clone(),
-                epoch: inc.epoch,
-                follow: reader.follow,
-                tail: reader.tail,
-            }));
-            if sent.is_err() {
-                reader.next_epoch = inc.epoch + 1;
-                let why = format!("worker {}'s stream is full or closing", inc.worker);
-                if !Self::deliver(reader, part(&inc, Vec::new(), why)) {
-                    self.logs.readers.remove(&rid);
-                    return;
+            // The part is asked of its worker, or named as unavailable and passed over.
+            let asked = match link {
+                None => Err(format!("worker {} is not connected", inc.worker)),
+                Some((conn, link)) => link
+                    .send(ManagerKind::Logs(pb::LogsRequest {
+                        request_id: request,
+                        job_id: job.clone(),
+                        epoch: inc.epoch,
+                        follow: reader.follow,
+                        tail: reader.tail,
+                    }))
+                    .map(|()| conn)
+                    .map_err(|_| format!("worker {}'s stream is full or closing", inc.worker)),
+            };
+            let conn = match asked {
+                Ok(conn) => conn,
+                Err(why) => {
+                    reader.next_epoch = inc.epoch + 1;
+                    if !Self::deliver(reader, part(&inc, Vec::new(), why)) {
+                        self.logs.readers.remove(&rid);
+                        return;
+                    }
+                    continue;
                 }
-                continue;
-            }
+            };
+            self.logs.next_id += 1;
             self.metrics.command_sent("logs");
             reader.asking = Some(Asking {
                 request,
