@@ -11,11 +11,12 @@
 //! A worker is `Ready`, `Draining` or `Lost{since, draining}`; liveness applies in every state
 //! (a draining worker that stops answering is lost, and when it comes back it drains again).
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 
 use converge_policy::cluster::Category;
 use serde::{Deserialize, Serialize};
 
+pub use super::progress::{Progress, ProgressPoint, STORED_PROGRESS};
 use super::types::{CommandId, JobId, JobSpec, JobState, MoveReason, Time, WorkerId, WorkerState};
 
 /// A move between workers in flight.
@@ -181,156 +182,6 @@ pub fn allowed(from: &JobPhase, to: &JobPhase) -> bool {
     }
 }
 
-/// Progress points a stored job keeps ([`Job::progress`]).
-pub const STORED_PROGRESS: usize = 32;
-
-/// A stored progress point: a tuple `[unix_ms, step, value, epoch, cpu_s]`, not an object
-/// with its field names (half the bytes of a record are its points).
-#[derive(Serialize, Deserialize)]
-struct StoredPoint(i64, u64, Option<f64>, u64, f64);
-
-/// One progress point as it is read ([`Progress::iter`]).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ProgressPoint {
-    /// When the agent read it (Unix ms).
-    pub unix_ms: i64,
-    /// Step.
-    pub step: u64,
-    /// Metric value.
-    pub value: Option<f64>,
-    /// Incarnation.
-    pub epoch: u64,
-    /// Reference core-seconds the job had used by then ([`Job::cpu_s`]).
-    pub cpu_s: f64,
-}
-
-/// A point as it is kept: 36 bytes instead of [`ProgressPoint`]'s 48, which over 32 points
-/// is 384 bytes of every live job (issue 17's budget is 2 KB a job). Nothing is rounded: a
-/// missing value is NaN, which a real value never is (the contract refuses non-finite
-/// metrics), and an epoch (a job's incarnation count) past `u32::MAX` is saturated.
-/// `packed(4)` keeps the 8-byte fields 4-byte aligned: they are only ever copied out.
-#[derive(Debug, Clone, Copy)]
-#[repr(C, packed(4))]
-struct Packed {
-    unix_ms: i64,
-    step: u64,
-    value: f64,
-    cpu_s: f64,
-    epoch: u32,
-}
-
-impl From<ProgressPoint> for Packed {
-    fn from(p: ProgressPoint) -> Self {
-        Packed {
-            unix_ms: p.unix_ms,
-            step: p.step,
-            value: p.value.unwrap_or(f64::NAN),
-            cpu_s: p.cpu_s,
-            epoch: u32::try_from(p.epoch).unwrap_or(u32::MAX),
-        }
-    }
-}
-
-impl From<Packed> for ProgressPoint {
-    fn from(p: Packed) -> Self {
-        let value = p.value;
-        ProgressPoint {
-            unix_ms: p.unix_ms,
-            step: p.step,
-            value: (!value.is_nan()).then_some(value),
-            epoch: u64::from(p.epoch),
-            cpu_s: p.cpu_s,
-        }
-    }
-}
-
-/// A job's most recent progress points, oldest first, packed ([`Packed`]).
-#[derive(Debug, Clone, Default)]
-pub struct Progress(VecDeque<Packed>);
-
-/// Point by point as read (a packed "no value" is NaN, which `==` on the packed form would call
-/// different from itself).
-impl PartialEq for Progress {
-    fn eq(&self, other: &Self) -> bool {
-        self.iter().eq(other.iter())
-    }
-}
-
-impl Progress {
-    /// Adds `point`, keeping the newest `cap` (none when `cap` is 0).
-    pub fn push(&mut self, point: ProgressPoint, cap: usize) {
-        if cap == 0 {
-            self.0.clear();
-            return;
-        }
-        self.keep_newest(cap - 1);
-        self.0.push_back(point.into());
-    }
-
-    /// Drops all but the newest `n` points (a restart with a smaller `--progress-history`
-    /// applies it to every job at once, not as each reports again).
-    pub fn keep_newest(&mut self, n: usize) {
-        let extra = self.0.len().saturating_sub(n);
-        self.0.drain(..extra);
-    }
-
-    /// The points, oldest first.
-    pub fn iter(&self) -> impl DoubleEndedIterator<Item = ProgressPoint> + ExactSizeIterator + '_ {
-        self.0.iter().map(|p| ProgressPoint::from(*p))
-    }
-
-    /// The newest point.
-    pub fn back(&self) -> Option<ProgressPoint> {
-        self.0.back().map(|p| ProgressPoint::from(*p))
-    }
-
-    /// How many are kept.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Whether none is.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-impl FromIterator<ProgressPoint> for Progress {
-    fn from_iter<I: IntoIterator<Item = ProgressPoint>>(points: I) -> Self {
-        Progress(points.into_iter().map(Packed::from).collect())
-    }
-}
-
-impl Serialize for Progress {
-    /// The last [`STORED_PROGRESS`]: a record of bounded size however long the history kept in
-    /// memory.
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(
-            self.iter()
-                .skip(self.len().saturating_sub(STORED_PROGRESS))
-                .map(|p| StoredPoint(p.unix_ms, p.step, p.value, p.epoch, p.cpu_s)),
-        )
-    }
-}
-
-impl<'de> Deserialize<'de> for Progress {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let points = Vec::<StoredPoint>::deserialize(d)?;
-        Ok(points
-            .into_iter()
-            .map(
-                |StoredPoint(unix_ms, step, value, epoch, cpu_s)| ProgressPoint {
-                    unix_ms,
-                    step,
-                    value,
-                    epoch,
-                    cpu_s,
-                },
-            )
-            .collect())
-    }
-}
-
 /// The worker's last policy view of a job (from heartbeats).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct WorkerView {
@@ -429,8 +280,9 @@ pub struct Job {
     pub migrations: u32,
     /// Downtime of the last finished move, in seconds.
     pub last_migration_downtime: Option<f64>,
-    /// A move waiting for its first progress line (measurement only; decides nothing).
-    pub resuming: Option<Resuming>,
+    /// A move waiting for its first progress line (measurement only; decides nothing). Boxed:
+    /// rare, and 64 bytes inline in every job.
+    pub resuming: Option<Box<Resuming>>,
     /// Exit code of the last incarnation.
     pub exit_code: Option<i32>,
 }
@@ -584,31 +436,6 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn kept_progress_reads_back_exactly_and_keeps_the_newest() {
-        let point = |i: u64| ProgressPoint {
-            unix_ms: 1_700_000_000_123 + i as i64,
-            step: 10 * i,
-            // A value every other point: "no value" must survive the packing as None.
-            value: i.is_multiple_of(2).then_some(0.1 + 1.0 / (i as f64 + 3.0)),
-            epoch: i / 3,
-            cpu_s: 0.7 * i as f64,
-        };
-        assert!(std::mem::size_of::<Packed>() < std::mem::size_of::<ProgressPoint>());
-        let mut kept = Progress::default();
-        for i in 0..10 {
-            kept.push(point(i), 4);
-        }
-        let got: Vec<ProgressPoint> = kept.iter().collect();
-        assert_eq!(got, (6..10).map(point).collect::<Vec<_>>());
-        assert_eq!(kept.back(), Some(point(9)));
-        // A smaller history (a restart with a lower --progress-history) drops the oldest.
-        kept.push(point(10), 2);
-        assert_eq!(kept.iter().collect::<Vec<_>>(), vec![point(9), point(10)]);
-        kept.push(point(11), 0);
-        assert!(kept.is_empty(), "a history of 0 keeps nothing");
-    }
 
     fn running() -> JobPhase {
         JobPhase::Running {

@@ -28,6 +28,7 @@
 pub mod index;
 pub mod lifecycle;
 pub mod policy;
+pub mod progress;
 pub mod saved;
 pub mod types;
 

@@ -180,12 +180,12 @@ impl Core {
     pub(super) fn restored(&mut self, id: &str, worker: &str, m: &Move, r: &CommandResult) {
         if r.ok {
             if let Some(j) = self.job_mut(id) {
-                j.resuming = Some(Resuming {
+                j.resuming = Some(Box::new(Resuming {
                     from: m.from.clone(),
                     to: worker.to_string(),
                     reason: m.reason,
                     started: m.started,
-                });
+                }));
                 if let ResultDetail::Started { container_id } = &r.detail {
                     j.container_id = container_id.clone();
                 }
