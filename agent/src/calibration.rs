@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bollard::Docker;
-use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::models::ContainerCreateBody;
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, ListContainersOptionsBuilder, LogsOptionsBuilder,
     RemoveContainerOptionsBuilder, WaitContainerOptionsBuilder,
@@ -125,6 +125,7 @@ pub async fn calibrate(
     worker_id: &str,
     checkpoint_root: &Path,
     cgroup_parent: &str,
+    pids_limit: i64,
 ) -> Result<f64, CalibrationError> {
     let path = saved_path(checkpoint_root, worker_id);
     let filters: HashMap<&str, Vec<String>> = HashMap::from([
@@ -171,7 +172,7 @@ pub async fn calibrate(
         image = REFERENCE_IMAGE,
         "measuring the worker's calibration"
     );
-    let m = measure(docker, worker_id, cgroup_parent).await?;
+    let m = measure(docker, worker_id, cgroup_parent, pids_limit).await?;
     log(&m);
     if let Err(e) = std::fs::write(&path, format!("{}\n", m.speed)) {
         warn!(file = %path.display(), error = %e, "calibration not kept for restarts");
@@ -179,18 +180,20 @@ pub async fn calibrate(
     Ok(m.speed)
 }
 
-/// Runs the benchmark [`REPETITIONS`] times under `cgroup_parent` and returns the measurement.
+/// Runs the benchmark [`REPETITIONS`] times under `cgroup_parent`, each run restricted as a
+/// job is (`pids_limit` processes), and returns the measurement.
 pub async fn measure(
     docker: &Docker,
     worker_id: &str,
     cgroup_parent: &str,
+    pids_limit: i64,
 ) -> Result<Measurement, CalibrationError> {
     let mut runs = Vec::with_capacity(REPETITIONS);
     for i in 0..REPETITIONS {
         let name = format!("converge-calibrate-{worker_id}-{i}");
         // A leftover of an agent that died mid-measurement.
         remove(docker, &name).await;
-        let r = run_once(docker, &name, cgroup_parent).await;
+        let r = run_once(docker, &name, cgroup_parent, pids_limit).await;
         remove(docker, &name).await;
         runs.push(r?);
     }
@@ -205,23 +208,27 @@ pub async fn measure(
     Ok(m)
 }
 
+/// The benchmark's container.
+fn benchmark(cgroup_parent: &str, pids_limit: i64) -> ContainerCreateBody {
+    ContainerCreateBody {
+        image: Some(REFERENCE_IMAGE.into()),
+        cmd: Some(REFERENCE_ARGS.iter().map(|s| s.to_string()).collect()),
+        // Under the worker's parent, so the run gets the worker's capacity, and with a job's
+        // restrictions: it runs what a job runs, and gets no more than a job gets.
+        host_config: Some(crate::docker::unprivileged(cgroup_parent, pids_limit)),
+        attach_stdout: Some(true),
+        ..Default::default()
+    }
+}
+
 /// One run: seconds per step from the trainer's final progress line.
 async fn run_once(
     docker: &Docker,
     name: &str,
     cgroup_parent: &str,
+    pids_limit: i64,
 ) -> Result<f64, CalibrationError> {
-    let body = ContainerCreateBody {
-        image: Some(REFERENCE_IMAGE.into()),
-        cmd: Some(REFERENCE_ARGS.iter().map(|s| s.to_string()).collect()),
-        host_config: Some(HostConfig {
-            // Under the worker's parent: the run gets the worker's capacity, as a job does.
-            cgroup_parent: Some(cgroup_parent.to_string()),
-            ..Default::default()
-        }),
-        attach_stdout: Some(true),
-        ..Default::default()
-    };
+    let body = benchmark(cgroup_parent, pids_limit);
     let opts = CreateContainerOptionsBuilder::new().name(name).build();
     let created = docker
         .create_container(Some(opts), body)
@@ -286,6 +293,24 @@ pub fn log(m: &Measurement) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_benchmark_runs_as_unprivileged_as_a_job() {
+        let hc = benchmark("/worker-1", 64)
+            .host_config
+            .expect("a host config");
+        assert_eq!(hc.cgroup_parent.as_deref(), Some("/worker-1"));
+        assert_eq!(hc.cap_drop.as_deref(), Some(&["ALL".to_string()][..]));
+        assert_eq!(
+            hc.security_opt.as_deref(),
+            Some(&["no-new-privileges:true".to_string()][..])
+        );
+        assert_eq!((hc.readonly_rootfs, hc.pids_limit), (Some(true), Some(64)));
+        assert!(
+            hc.tmpfs
+                .is_some_and(|t| t.contains_key(crate::docker::JOB_TMPFS))
+        );
+    }
 
     #[test]
     fn speed_comes_from_the_fastest_run_and_the_spread_from_both_ends() {

@@ -94,6 +94,25 @@ const JOB_TMPFS_OPTIONS: &str = "rw,noexec,nosuid,nodev,size=256m";
 
 pub use converge_contract::{JOB_TMPFS, parse_user};
 
+/// What every container the agent runs gets, a job's or the calibration benchmark's: its
+/// worker's cgroup parent (the worker's capacity) and no privileges. A training job needs none,
+/// and a job that escapes its process should find nothing to use (issue 15): no capabilities,
+/// no new privileges, a read-only root with a bounded private tmpfs, a bounded process count.
+pub fn unprivileged(cgroup_parent: &str, pids_limit: i64) -> HostConfig {
+    HostConfig {
+        cgroup_parent: Some(cgroup_parent.to_string()),
+        cap_drop: Some(vec!["ALL".into()]),
+        security_opt: Some(vec!["no-new-privileges:true".into()]),
+        readonly_rootfs: Some(true),
+        tmpfs: Some(HashMap::from([(
+            JOB_TMPFS.to_string(),
+            JOB_TMPFS_OPTIONS.to_string(),
+        )])),
+        pids_limit: Some(pids_limit),
+        ..Default::default()
+    }
+}
+
 /// Turns a `Start` command into a container definition, or says what is wrong with it.
 pub fn plan_container(
     ctx: &PlanContext<'_>,
@@ -153,7 +172,6 @@ pub fn plan_container(
     // "the whole worker".
     let cpus = cgroup::clamp_cpus(start.cpus, ctx.capacity);
     let host_config = HostConfig {
-        cgroup_parent: Some(ctx.cgroup_parent.to_string()),
         nano_cpus: Some(cgroup::nano_cpus(cpus)),
         cpu_shares: (start.cpu_shares > 0).then_some(i64::from(start.cpu_shares.max(2))),
         memory: (spec.memory_bytes > 0).then_some(spec.memory_bytes as i64),
@@ -161,17 +179,7 @@ pub fn plan_container(
             "{}:{container_path}",
             host_checkpoint_dir.display()
         )]),
-        // No privileges: a training job needs none, and a job that escapes its process should
-        // find nothing to use (issue 15).
-        cap_drop: Some(vec!["ALL".into()]),
-        security_opt: Some(vec!["no-new-privileges:true".into()]),
-        readonly_rootfs: Some(true),
-        tmpfs: Some(HashMap::from([(
-            JOB_TMPFS.to_string(),
-            JOB_TMPFS_OPTIONS.to_string(),
-        )])),
-        pids_limit: Some(ctx.pids_limit),
-        ..Default::default()
+        ..unprivileged(ctx.cgroup_parent, ctx.pids_limit)
     };
     parse_user(&spec.user).map_err(|e| format!("Start.spec.user {e}"))?;
     let body = ContainerCreateBody {

@@ -126,6 +126,7 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
             &config.worker_id,
             &config.checkpoint_root,
             &cgroup.docker_parent(),
+            config.job_pids_limit,
         )
         .await?
     } else {
