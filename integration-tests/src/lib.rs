@@ -274,6 +274,27 @@ impl ScriptedAgent {
         Self::connect_tls(endpoint, register, heartbeat, None).await
     }
 
+    /// Connects over mutual TLS as worker `worker` with its own certificate from `certs` (the
+    /// layout `cargo xtask certs` writes), registering `cpus` cores, heartbeating every 100 ms.
+    pub async fn connect_as(
+        endpoint: &str,
+        certs: &std::path::Path,
+        worker: &str,
+        cpus: f64,
+    ) -> Result<Self> {
+        let tls = converge_messenger::tls::ClientTls {
+            files: converge_messenger::tls::TlsFiles::worker(certs, worker),
+            domain: "localhost".into(),
+        };
+        Self::connect_tls(
+            endpoint,
+            Self::register(worker, cpus),
+            Duration::from_millis(100),
+            Some(tls),
+        )
+        .await
+    }
+
     /// Connects registering exactly `register`, over mutual TLS when `tls` is given.
     pub async fn connect_tls(
         endpoint: &str,

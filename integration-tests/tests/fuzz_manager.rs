@@ -311,16 +311,7 @@ async fn ten_thousand_random_inputs_break_nothing_and_touch_no_other_workers_job
     );
 
     // The bystanders: three jobs placed on w2 (the only worker yet), which keeps heartbeating.
-    let _w2 = ScriptedAgent::connect_tls(
-        &https,
-        ScriptedAgent::register("w2", 4.0),
-        Duration::from_millis(100),
-        Some(tls::ClientTls {
-            files: TlsFiles::worker(certs.path(), "w2"),
-            domain: "localhost".into(),
-        }),
-    )
-    .await?;
+    let _w2 = ScriptedAgent::connect_as(&https, certs.path(), "w2", 4.0).await?;
     let mut bystanders = Vec::new();
     for _ in 0..3 {
         let id = control

@@ -176,16 +176,7 @@ async fn rotated_certificates_are_taken_without_a_restart_and_the_job_runs_on() 
         }
     };
 
-    let mut agent = ScriptedAgent::connect_tls(
-        &https,
-        ScriptedAgent::register("w1", 2.0),
-        Duration::from_millis(100),
-        Some(tls::ClientTls {
-            files: TlsFiles::worker(certs.path(), "w1"),
-            domain: "localhost".into(),
-        }),
-    )
-    .await?;
+    let mut agent = ScriptedAgent::connect_as(&https, certs.path(), "w1", 2.0).await?;
 
     // A job starts on w1; from then on w1 reports its container when it registers.
     let mut client = control(certs.path().join("ca.pem")).await?;

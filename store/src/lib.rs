@@ -14,7 +14,7 @@
 //! upserts for records that change often, and two decades of recovery from torn writes.
 //!
 //! What is kept: every job (spec as the decisions see it, phase with its worker, epoch, move
-//! and command in flight, reasons, the last [`converge_core::cluster::lifecycle::STORED_PROGRESS`]
+//! and command in flight, reasons, the last [`converge_core::cluster::progress::STORED_PROGRESS`]
 //! progress points), every worker with its drain state, the counters that keep submission
 //! order and command ids unique, the full job specs the Start commands carry, and the event
 //! log with its sequence numbers (the newest [`RETAINED_EVENTS`]). Finished jobs stay until the

@@ -183,7 +183,7 @@ fn what_a_core_wrote_comes_back_as_the_same_core() {
             "job {id}"
         );
         // The history is kept down to its newest points.
-        let kept = converge_core::cluster::lifecycle::STORED_PROGRESS;
+        let kept = converge_core::cluster::progress::STORED_PROGRESS;
         assert_eq!(a.progress.len(), kept.min(j.progress.len()));
         assert_eq!(a.progress.back(), j.progress.back());
         assert_eq!(a.checkpoint_step, j.checkpoint_step);

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use converge_policy::cluster::Category;
 use serde::{Deserialize, Serialize};
 
-pub use super::progress::{Progress, ProgressPoint, STORED_PROGRESS};
+use super::progress::Progress;
 use super::types::{CommandId, JobId, JobSpec, JobState, MoveReason, Time, WorkerId, WorkerState};
 
 /// A move between workers in flight.

@@ -47,10 +47,10 @@ use converge_policy::estimate::Basis;
 use tracing::{debug, info, warn};
 
 use lifecycle::{
-    Incarnation, Job, JobPhase, Jobs, Move, MovePhase, Progress, ProgressPoint, Resuming, Worker,
-    WorkerPhase, WorkerView,
+    Incarnation, Job, JobPhase, Jobs, Move, MovePhase, Resuming, Worker, WorkerPhase, WorkerView,
 };
 use policy::{Admission, ClusterPolicy, ClusterView, Decision, Preempt, Report, Victim};
+use progress::{Progress, ProgressPoint};
 use types::*;
 
 /// Progress points a job keeps by default: what its estimators read (the throughput over the

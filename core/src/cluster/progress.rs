@@ -139,8 +139,9 @@ fn get(bytes: &[u8]) -> (u64, usize) {
 }
 
 /// Bytes added to the differences' buffer when it is full: it grows by this much, not by
-/// doubling, so a job's history holds at most this much unused.
+/// doubling, so a job's history holds at most this much unused. At least one difference.
 const GROW: usize = 64;
+const _: () = assert!(GROW >= MAX_DELTA);
 
 /// A job's most recent progress points, oldest first (module doc).
 #[derive(Clone, Default)]
@@ -180,7 +181,7 @@ impl Progress {
             self.first = bits;
         } else {
             if self.deltas.capacity() - self.deltas.len() < MAX_DELTA {
-                self.deltas.reserve_exact(GROW.max(MAX_DELTA));
+                self.deltas.reserve_exact(GROW);
             }
             self.last.encode_to(bits, &mut self.deltas);
         }
@@ -234,8 +235,9 @@ impl Progress {
         self.len == 0
     }
 
-    /// Heap bytes the differences take (for tests and measurements).
-    pub fn encoded_bytes(&self) -> usize {
+    /// Heap bytes the differences take.
+    #[cfg(test)]
+    fn encoded_bytes(&self) -> usize {
         self.deltas.len()
     }
 }
