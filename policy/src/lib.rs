@@ -21,6 +21,8 @@
 //! - [`limits`]: FlowCon's limits as Docker CPU quotas ([`limits::cpu_quotas`]: lower bound,
 //!   capacity, work-conserving scaling), the one conversion the agent applies and the
 //!   simulator's CPU model caps jobs with.
+//! - [`share`]: how a worker's CPU is split among its containers (CFS weights under hard
+//!   quotas, water-filled): the simulator's CPU model and the cluster core's ETA forecast.
 //! - [`specon`]: [`specon::SpeCon`], the manager's cluster-wide state machine (Alg. 1, 2, 3)
 //!   with the step [`specon::SpeCon::on_round`]; [`specon::select_host`] and
 //!   [`specon::rebalance_plan`] are the pure kernels.
@@ -43,6 +45,7 @@ pub mod estimate;
 pub mod flowcon;
 pub mod growth;
 pub mod limits;
+pub mod share;
 pub mod specon;
 pub mod value;
 

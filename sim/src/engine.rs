@@ -4,7 +4,7 @@
 //! actor runs; every worker's decisions are one [`converge_core::node::NodeCore`], the very one
 //! the agent's executor runs. What this file adds is what the other shells get from the world:
 //! a virtual clock, an event heap, and modelled containers (training is work done at the CPU a
-//! CFS-like model gives each job, [`crate::cpu`]; the metric a job prints follows its curve with
+//! CFS-like model gives each job, [`converge_policy::share`]; the metric a job prints follows its curve with
 //! seeded noise, [`crate::curve`]).
 //!
 //! How the shell plays the world's part:
@@ -50,11 +50,11 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::cpu::{quota_share, srpt_share};
 use crate::curve::Catalog;
 use crate::error::{Error, Result};
 use crate::experiment::{Experiment, JobSpec, PolicySpec, SystemModel};
 use crate::policies;
+use converge_policy::share::{quota_share, srpt_share};
 
 /// Hard stop against runaway runs (a bug, not a workload).
 const MAX_EVENTS: u64 = 500_000_000;

@@ -9,7 +9,7 @@
 //! hours ([`engine`] says how).
 //!
 //! **The runtime is a model on purpose.** Training is work done at the CPU a job gets; sharing
-//! follows a CFS-like weighted water-fill under Docker's hard quotas ([`cpu`]), less the cost
+//! follows a CFS-like weighted water-fill under Docker's hard quotas ([`converge_policy::share`]), less the cost
 //! of sharing a worker measured on the real one ([`measured`]); the metric a
 //! job reports comes from a curve ([`curve`]) with seeded noise; the manager sees progress and
 //! CPU use only as fresh as the last heartbeat; a migration pauses a job for save + restore
@@ -39,7 +39,6 @@
 //!   `results`, `compare`.
 
 pub mod compare;
-pub mod cpu;
 pub mod curve;
 pub mod engine;
 mod error;

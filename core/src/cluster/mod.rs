@@ -25,6 +25,7 @@
 //! requests; `agents` what agents say; `moves` checkpoint moves; `time` liveness and recovery;
 //! `decide` placement and carrying out the policy's decisions.
 
+pub mod forecast;
 pub mod index;
 pub mod lifecycle;
 pub mod policy;
@@ -414,53 +415,16 @@ impl Core {
         self.policy.next_due()
     }
 
-    /// When job `id` will finish (and, pending, start), as far as its reports tell, at `now`.
+    /// When job `id` will finish (and, pending, start), as far as its reports tell, at `now`:
+    /// its worker's queue run forward under the policy's split ([`forecast`]).
     pub fn eta(&self, id: &str, now: Time) -> Option<Eta> {
-        let view = self.view();
-        let job = self.jobs.get(id)?;
-        let est = view.estimate(job);
-        match &job.phase {
-            JobPhase::Pending => {
-                // FIFO: the k-th pending job starts when the k-th running job ends.
-                let k = self.pending.values().position(|p| p == id)?;
-                let mut ends: Vec<Time> = self
-                    .jobs
-                    .values()
-                    .filter(|j| matches!(j.phase, JobPhase::Running { .. }))
-                    .filter_map(|j| self.eta(&j.id, now).map(|e| e.finish_at))
-                    .collect();
-                ends.sort_by(f64::total_cmp);
-                let start = *ends.get(k)?;
-                let work =
-                    est.map(|e| e.work).or((job.spec.estimated_runtime_s > 0.0)
-                        .then_some(job.spec.estimated_runtime_s))?;
-                let run = work / job.spec.cpus.max(0.01);
-                Some(Eta {
-                    remaining_s: start - now + run,
-                    finish_at: start + run,
-                    start_at: Some(start),
-                    basis: est.map_or(Basis::AttainedService, |e| e.basis),
-                    confidence: est.map_or(0.05, |e| e.confidence * 0.5),
-                })
-            }
-            p if p.state().is_terminal() => None,
-            _ => {
-                let est = est?;
-                let w = self.workers.get(job.worker()?)?;
-                let cores = job
-                    .assigned_cpus
-                    .or((job.view.cpu_usage > 0.0).then_some(job.view.cpu_usage))
-                    .unwrap_or(job.spec.cpus.max(0.01));
-                let remaining_s = est.seconds_at(cores, w.calibration);
-                Some(Eta {
-                    remaining_s,
-                    finish_at: now + remaining_s,
-                    start_at: None,
-                    basis: est.basis,
-                    confidence: est.confidence,
-                })
-            }
-        }
+        self.etas(now).eta(id)
+    }
+
+    /// ETAs of many jobs at `now`, each worker's queue forecast once (a listing asks for
+    /// every job).
+    pub fn etas(&self, now: Time) -> forecast::Etas<'_> {
+        forecast::Etas::new(self, now)
     }
 
     /// Whether every placement snapshot equals one built afresh from the workers and jobs

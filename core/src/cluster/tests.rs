@@ -1861,6 +1861,32 @@ fn converge_gives_the_shortest_predicted_job_the_cpu_and_las_the_least_served() 
             last.attributes
         );
         assert_eq!(last.worker.as_deref(), Some("w1"));
+        if policy == "converge" {
+            // The ETA runs the worker forward under this split: `far` is held at its rank's
+            // part only until `near` ends, then has the whole core. At the part it has now it
+            // would be forecast far later.
+            let (c_near, c_far) = (guard + rest * (1.0 - 1.0 / LADDER), guard + rest / LADDER);
+            let work = |id: &str| {
+                let view = f.core.view();
+                view.estimate(f.core.job(id).unwrap()).unwrap().work
+            };
+            let t1 = work("near") / c_near;
+            let want_far = t1 + (work("far") - c_far * t1);
+            let (near, far) = (
+                f.core.eta("near", f.now).unwrap(),
+                f.core.eta("far", f.now).unwrap(),
+            );
+            assert!(
+                (near.remaining_s - t1).abs() < 1e-6 * t1,
+                "{near:?}, want {t1}"
+            );
+            assert!(
+                (far.remaining_s - want_far).abs() < 1e-6 * want_far,
+                "{far:?}, want {want_far}"
+            );
+            assert!(far.remaining_s < 0.5 * work("far") / c_far, "{far:?}");
+            assert_eq!(far.finish_at, f.now + far.remaining_s);
+        }
     }
 }
 

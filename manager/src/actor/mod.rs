@@ -738,11 +738,12 @@ impl Actor {
                     .collect();
                 jobs.sort_by_key(|j| j.seq);
                 let policy = self.core.policy_name();
-                let now = now();
+                // One forecast per worker, whatever the number of its jobs listed.
+                let mut etas = self.core.etas(now());
                 let mut out: Vec<pb::Job> = jobs
                     .into_iter()
                     .map(|j| {
-                        let eta = self.core.eta(&j.id, now);
+                        let eta = etas.eta(&j.id);
                         wire::job(j, self.specs.get(&j.id).as_ref(), policy, false, eta)
                     })
                     .collect();

@@ -30,6 +30,7 @@ use std::collections::BTreeMap;
 use converge_policy::cluster::{JobRequest, JobSnapshot, WorkerSnapshot};
 use converge_policy::estimate::{self, Estimate, Known, Point, ServiceHistory};
 
+use super::forecast::Load;
 use super::index::PlacementIndex;
 use super::lifecycle::{Job, JobPhase, Jobs, Worker};
 use super::types::{JobId, JobSpec, MoveReason, Time, WorkerId, WorkerMode};
@@ -86,6 +87,22 @@ pub fn snapshot(w: &Worker, jobs: &Jobs) -> WorkerSnapshot {
 }
 
 impl<'a> ClusterView<'a> {
+    /// The jobs sharing `w`'s CPU: running or starting there (a starting job needs room
+    /// too, though only a running one can be weighted).
+    pub fn sharing(&self, w: &'a Worker) -> Vec<&'a Job> {
+        let jobs = self.jobs;
+        w.jobs
+            .iter()
+            .filter_map(|id| jobs.get(id).map(|j| &**j))
+            .filter(|j| {
+                matches!(
+                    j.phase,
+                    JobPhase::Running { .. } | JobPhase::Starting { .. }
+                )
+            })
+            .collect()
+    }
+
     /// One snapshot per worker, in id order, with the worker ids (from the core's placement
     /// index: up to date, built only where something changed).
     pub fn snapshots(&self) -> (&'a [WorkerId], &'a [WorkerSnapshot]) {
@@ -356,6 +373,19 @@ pub trait ClusterPolicy: Send {
     /// Where a running job that must leave its worker goes (drain, restore retry); `None`
     /// when no worker can take it now.
     fn place_move(&mut self, now: Time, job: &Job, view: ClusterView<'_>) -> Option<WorkerId>;
+
+    /// How this policy splits one worker of `capacity` cores among `jobs` from here on, as
+    /// CFS weights (one per job, in their order), for the ETA forecast
+    /// ([`crate::cluster::forecast`]). By default, what its worker mode says: under free
+    /// competition every job has the same weight; FlowCon's limits follow each job's growth
+    /// and cannot be foreseen from its work (`None`), so the forecast holds every job at its
+    /// current cores.
+    fn forecast_weights(&self, _capacity: f64, jobs: &[Load<'_>]) -> Option<Vec<f64>> {
+        match self.worker_mode() {
+            WorkerMode::Free => Some(vec![1.0; jobs.len()]),
+            WorkerMode::FlowCon => None,
+        }
+    }
 
     /// The CPU weight every Start of `job` carries (a restore keeps what it was given).
     fn start_shares(&self, _job: &JobId) -> u32 {

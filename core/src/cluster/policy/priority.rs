@@ -25,6 +25,7 @@ use converge_policy::baseline::Spread;
 
 use super::placing::Placing;
 use super::{Admission, ClusterPolicy, ClusterView, Decision, Report, request, scores_text};
+use crate::cluster::forecast::Load;
 use crate::cluster::lifecycle::{Job, JobPhase, Worker};
 use crate::cluster::types::{JobId, Time, WorkerId, WorkerMode};
 
@@ -285,18 +286,7 @@ impl PriorityPolicy {
         let Some(w) = view.workers.get(worker) else {
             return Vec::new();
         };
-        // Jobs starting here need room too, though only running ones can be weighted.
-        let jobs: Vec<&Job> = w
-            .jobs
-            .iter()
-            .filter_map(|id| view.jobs.get(id).map(|j| &**j))
-            .filter(|j| {
-                matches!(
-                    j.phase,
-                    JobPhase::Running { .. } | JobPhase::Starting { .. }
-                )
-            })
-            .collect();
+        let jobs = view.sharing(w);
         let claims: Vec<Claim> = jobs
             .iter()
             .map(|j| Claim {
@@ -370,6 +360,21 @@ fn shares_for(cores: f64, fair: f64) -> u32 {
 impl ClusterPolicy for PriorityPolicy {
     fn name(&self) -> &'static str {
         self.name
+    }
+
+    fn forecast_weights(&self, capacity: f64, jobs: &[Load<'_>]) -> Option<Vec<f64>> {
+        // The split `limits` sends as weights, with each job's key as the forecast has it.
+        let claims: Vec<Claim> = jobs
+            .iter()
+            .map(|l| Claim {
+                job: l.job.to_string(),
+                key: match self.key {
+                    Key::Remaining => l.remaining,
+                    Key::Attained => Some(l.attained),
+                },
+            })
+            .collect();
+        Some(split(capacity, &claims, BETA))
     }
 
     fn place(&mut self, now: Time, job: &Job, view: ClusterView<'_>) -> Admission {

@@ -25,6 +25,7 @@ use converge_policy::value::{
 
 use super::placing::Placing;
 use super::{Admission, ClusterPolicy, ClusterView, Decision, Invalid, Preempt, Victim};
+use crate::cluster::forecast::Load;
 use crate::cluster::lifecycle::{Job, JobPhase};
 use crate::cluster::types::{JobId, JobSpec, Time, WorkerId, WorkerMode};
 
@@ -202,6 +203,15 @@ impl ClusterPolicy for ValuePolicy {
 
     fn start_shares(&self, job: &JobId) -> u32 {
         self.shares.get(job).copied().unwrap_or(0)
+    }
+
+    fn forecast_weights(&self, _capacity: f64, jobs: &[Load<'_>]) -> Option<Vec<f64>> {
+        // Each value job keeps the ξ_j it was given; the others run at Docker's default.
+        Some(
+            jobs.iter()
+                .map(|l| f64::from(self.shares.get(l.job).copied().unwrap_or(DEFAULT_SHARES)))
+                .collect(),
+        )
     }
 
     fn on_departure(

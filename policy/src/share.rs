@@ -1,16 +1,20 @@
 //! How containers on one worker share its CPU: a model of the kernel's CFS under Docker's
 //! hard CPU quotas.
 //!
+//! Two users, one model: the simulator runs its jobs at these shares, and the cluster core's
+//! ETA forecast (`converge_core::cluster::forecast`) runs a worker's queue forward at them, so
+//! what the manager predicts for a job and what the simulator measures share one split.
+//!
 //! Each container can use at most `demand` cores (its parallelism) and at most its quota
-//! (`--cpus`, cores: what the node core set, [`converge_policy::limits`]). CFS gives runnable
+//! (`--cpus`, cores: what the node core set, [`crate::limits`]). CFS gives runnable
 //! tasks CPU in proportion to their weights (`--cpu-shares`), so capacity is water-filled: every
 //! container gets its weighted share, capped by `min(demand, quota)`, and what a capped
 //! container leaves flows to the others. Quotas are *hard*: what no container may take stays
 //! idle. (FlowCon's papers treat limits as soft; the agent makes them work-conserving instead,
-//! [`converge_policy::limits::work_conserving`], and this model enforces what the agent
+//! [`crate::limits::work_conserving`], and this model enforces what the agent
 //! enforces.) This is a model, not the kernel: what sharing a core costs beyond the split
 //! (caches, throttling, oversubscribed thread pools) is not modelled here but measured, and the
-//! engine applies it per job ([`crate::measured::Sharing::factor`]).
+//! simulator's engine applies it per job (`converge_sim::measured::Sharing::factor`).
 
 /// Equal-weight water-filling of `capacity` over containers capped at `caps`.
 pub fn water_fill(capacity: f64, caps: &[f64]) -> Vec<f64> {
