@@ -323,6 +323,13 @@ pub const THROUGHPUT_WINDOW: f64 = 30.0;
 
 /// The best estimate for `job` (module doc), or `None` when nothing is known yet.
 pub fn estimate(job: &Known<'_>, history: &ServiceHistory) -> Option<Estimate> {
+    from_points(job).or_else(|| from_attained(job.attained, history))
+}
+
+/// The estimate from the job's own points (steps over throughput, or the curve), `None` when
+/// they tell nothing and [`estimate`] falls back on attained service. It reads nothing but the
+/// points, the budget and the rule, so a driver may keep it until the next point arrives.
+pub fn from_points(job: &Known<'_>) -> Option<Estimate> {
     let step = job.points.last().map_or(0, |p| p.step);
     let rate = throughput(job.points, THROUGHPUT_WINDOW);
     // Steps to go: the budget, or sooner where the stopping rule is predicted to fire.
@@ -369,7 +376,13 @@ pub fn estimate(job: &Known<'_>, history: &ServiceHistory) -> Option<Estimate> {
             });
         }
     }
-    let work = history.expected_remaining(job.attained)?;
+    None
+}
+
+/// The estimate from attained service alone: on average, what the finished jobs larger than
+/// `attained` needed beyond it.
+pub fn from_attained(attained: f64, history: &ServiceHistory) -> Option<Estimate> {
+    let work = history.expected_remaining(attained)?;
     Some(Estimate {
         work,
         basis: Basis::AttainedService,

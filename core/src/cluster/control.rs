@@ -39,6 +39,7 @@ impl Core {
                 samples: 0,
                 malformed: 0,
                 progress: Progress::default(),
+                points_estimate: Default::default(),
                 view: WorkerView::default(),
                 view_at: None,
                 cpu_s: 0.0,

@@ -11,9 +11,11 @@
 //! A worker is `Ready`, `Draining` or `Lost{since, draining}`; liveness applies in every state
 //! (a draining worker that stops answering is lost, and when it comes back it drains again).
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use converge_policy::cluster::Category;
+use converge_policy::estimate::Estimate;
 use serde::{Deserialize, Serialize};
 
 use super::progress::Progress;
@@ -223,6 +225,34 @@ pub struct Resuming {
 /// of nodes and boxes boxed; `docs/performance.md`).
 pub type Jobs = BTreeMap<JobId, Box<Job>>;
 
+/// A cache of what a job's points say, with the sample count it was read at
+/// ([`Job::points_estimate`]). A cache, not state: it prints as nothing, so a job that only
+/// had its estimate read is not a changed job.
+#[derive(Clone, Default)]
+pub struct Memo(Cell<Option<(u64, Option<Estimate>)>>);
+
+impl Memo {
+    /// The estimate kept for `samples` samples, or `None` when it was made at another count
+    /// (or never).
+    pub fn at(&self, samples: u64) -> Option<Option<Estimate>> {
+        self.0
+            .get()
+            .filter(|(at, _)| *at == samples)
+            .map(|(_, e)| e)
+    }
+
+    /// Keeps `estimate`, made at `samples` samples.
+    pub fn keep(&self, samples: u64, estimate: Option<Estimate>) {
+        self.0.set(Some((samples, estimate)));
+    }
+}
+
+impl std::fmt::Debug for Memo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Memo")
+    }
+}
+
 /// One job.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Job {
@@ -262,6 +292,12 @@ pub struct Job {
     /// enough for the estimates and the stopping rule to go on after a restart, and a record
     /// of bounded size however long the history kept in memory.
     pub progress: Progress,
+    /// The estimate its points give ([`converge_policy::estimate::from_points`]) and the
+    /// sample count it was made at: kept until the next point arrives. Placement and
+    /// rebalancing ask for every live job's estimate, and decoding every job's points each
+    /// time was most of `converge`'s time in the simulator. Not stored.
+    #[serde(skip)]
+    pub points_estimate: Memo,
     /// What its worker last reported of it.
     pub view: WorkerView,
     /// When `view` was last reported (its CPU use counts from then).

@@ -2018,6 +2018,45 @@ fn a_job_that_stops_improving_is_checkpointed_and_completes_with_why() {
     assert!(job.reason.contains("checkpoint kept"), "{}", job.reason);
 }
 
+/// The estimate kept from a job's points is read again once a new point arrives: never one
+/// point behind.
+#[test]
+fn a_jobs_kept_estimate_follows_its_newest_point() {
+    let mut f = Fixture::running();
+    let mut last: Option<f64> = None;
+    for i in 1..=20u64 {
+        f.now += 1.0;
+        f.msg(
+            1,
+            AgentMessage::Heartbeat(Heartbeat {
+                jobs: vec![JobStatus {
+                    job: "a".into(),
+                    epoch: 1,
+                    category: None,
+                    growth_efficiency: None,
+                    cpu_limit: None,
+                    cpu_usage: 0.5,
+                }],
+                ..Heartbeat::default()
+            }),
+        );
+        f.progress_of(1, "a", 1, 10 * i, 1000);
+        let job = f.core.job("a").unwrap();
+        let view = f.core.view();
+        let kept = view.estimate(job);
+        // Read twice: the second comes from the memo.
+        assert_eq!(view.estimate(job), kept);
+        let mut fresh = job.clone();
+        fresh.points_estimate = crate::cluster::lifecycle::Memo::default();
+        assert_eq!(kept, view.estimate(&fresh), "after point {i}");
+        if let (Some(before), Some(now)) = (last, kept.map(|e| e.work)) {
+            assert!(now < before, "work left fell with every step: {before} -> {now}");
+        }
+        last = kept.map(|e| e.work).or(last);
+    }
+    assert!(last.is_some(), "the points gave an estimate");
+}
+
 #[test]
 fn a_running_job_has_an_eta_from_its_steps_and_is_measured_against_its_finish() {
     let mut f = Fixture::running();

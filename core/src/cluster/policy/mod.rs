@@ -128,16 +128,23 @@ impl<'a> ClusterView<'a> {
 
     /// The work `job` has left, from what it reported ([`converge_policy::estimate`]).
     pub fn estimate(&self, job: &Job) -> Option<Estimate> {
-        estimate::estimate(
-            &Known {
-                points: &points(job),
-                total_steps: (job.total_steps > 0).then_some(job.total_steps),
-                stop: job.spec.stop,
-                maximize: job.spec.maximize,
-                attained: job.cpu_s,
-            },
-            self.history,
-        )
+        // What the points say changes only with a new point (`Job::samples` counts them; the
+        // budget comes with them); what attained service says changes with every heartbeat.
+        let by_points = match job.points_estimate.at(job.samples) {
+            Some(e) => e,
+            None => {
+                let e = estimate::from_points(&Known {
+                    points: &points(job),
+                    total_steps: (job.total_steps > 0).then_some(job.total_steps),
+                    stop: job.spec.stop,
+                    maximize: job.spec.maximize,
+                    attained: job.cpu_s,
+                });
+                job.points_estimate.keep(job.samples, e);
+                e
+            }
+        };
+        by_points.or_else(|| estimate::from_attained(job.cpu_s, self.history))
     }
 
     /// Steps per core-second the job has shown lately, if it has.

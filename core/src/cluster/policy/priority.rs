@@ -127,29 +127,38 @@ impl<'a> Works<'a> {
         self.known.get(job).copied().unwrap_or(self.typical)
     }
 
-    /// The work of `w`'s jobs no longer than `x` (served before a job of work `x` under
-    /// shortest-remaining-first), and how many are longer. `skip` leaves one job out (the one
-    /// being moved).
-    fn queue(&self, w: &Worker, x: f64, skip: Option<&JobId>) -> (f64, usize) {
-        let (mut ahead, mut behind) = (0.0, 0usize);
-        for id in w.jobs.iter().filter(|id| Some(*id) != skip) {
-            let y = self.get(id);
-            if y <= x {
-                ahead += y;
-            } else {
-                behind += 1;
-            }
-        }
-        (ahead, behind)
+    /// The work of each of `w`'s jobs, in the order of its job set (what [`queue`] walks:
+    /// rebalancing walks each worker once per job it considers moving, so it reads the works
+    /// once).
+    fn of_worker(&self, w: &Worker) -> Vec<f64> {
+        w.jobs.iter().map(|id| self.get(id)).collect()
     }
+}
 
-    /// What a job of work `x` adds to the sum of completion times on `w` under
-    /// shortest-remaining-first: its own completion, behind the jobs shorter than it, plus `x`
-    /// for each longer job it delays; in seconds at `w`'s capacity and speed.
-    fn marginal(&self, w: &Worker, x: f64, skip: Option<&JobId>) -> f64 {
-        let (ahead, behind) = self.queue(w, x, skip);
-        (ahead + x + behind as f64 * x) / speed(w)
+/// The work of the jobs in `works` (one worker's, [`Works::of_worker`]) no longer than `x`
+/// (served before a job of work `x` under shortest-remaining-first), and how many are longer.
+/// `skip` leaves one job out by its place (the one being moved).
+fn queue(works: &[f64], x: f64, skip: Option<usize>) -> (f64, usize) {
+    let (mut ahead, mut behind) = (0.0, 0usize);
+    for (k, &y) in works.iter().enumerate() {
+        if Some(k) == skip {
+            continue;
+        }
+        if y <= x {
+            ahead += y;
+        } else {
+            behind += 1;
+        }
     }
+    (ahead, behind)
+}
+
+/// What a job of work `x` adds to the sum of completion times on `w` (whose jobs' works are
+/// `works`) under shortest-remaining-first: its own completion, behind the jobs shorter than
+/// it, plus `x` for each longer job it delays; in seconds at `w`'s capacity and speed.
+fn marginal(w: &Worker, works: &[f64], x: f64, skip: Option<usize>) -> f64 {
+    let (ahead, behind) = queue(works, x, skip);
+    (ahead + x + behind as f64 * x) / speed(w)
 }
 
 /// Reference core-seconds a worker does per second.
@@ -227,20 +236,26 @@ impl PriorityPolicy {
             .iter()
             .map(|w| &all[view.index_of(&w.id).expect("every worker is indexed")])
             .collect();
+        let lists: Vec<Vec<f64>> = live.iter().map(|w| works.of_worker(w)).collect();
         let mut best: Option<(f64, f64, &Job, &Worker, f64, f64)> = None;
-        for src in &live {
-            for j in src.jobs.iter().filter_map(|id| view.jobs.get(id)) {
+        for (src, here_works) in live.iter().zip(&lists) {
+            let on_src = src
+                .jobs
+                .iter()
+                .enumerate()
+                .filter_map(|(k, id)| Some((k, view.jobs.get(id)?)));
+            for (k, j) in on_src {
                 if !matches!(j.phase, JobPhase::Running { .. }) || self.moved.contains(&j.id) {
                     continue;
                 }
-                let x = works.get(&j.id);
-                let here = works.marginal(src, x, Some(&j.id));
+                let x = here_works[k];
+                let here = marginal(src, here_works, x, Some(k));
                 let risk = view.work_at_risk(j);
-                for (dst, snap) in live.iter().zip(&snaps) {
+                for ((dst, snap), there_works) in live.iter().zip(&snaps).zip(&lists) {
                     if dst.id == src.id || !snap.fits(&request(&j.spec)) {
                         continue;
                     }
-                    let there = works.marginal(dst, x, None);
+                    let there = marginal(dst, there_works, x, None);
                     let gain = here - there - cost;
                     if gain > 0.0
                         && best.is_none_or(|(g, r, ..)| {
@@ -397,7 +412,7 @@ impl ClusterPolicy for PriorityPolicy {
             .zip(snaps)
             .map(|(w, s)| {
                 (s.schedulable && s.fits(&need) && w.cpu_capacity > 0.0)
-                    .then(|| works.queue(w, new, None))
+                    .then(|| queue(&works.of_worker(w), new, None))
             })
             .collect();
         let workers: Vec<&Worker> = view.workers.values().collect();
