@@ -321,6 +321,77 @@ async fn a_finished_job_reports_done_then_its_exit() {
     agent.await.unwrap().unwrap();
 }
 
+/// A job that names its own user runs as that user, not as root, and can still write its
+/// checkpoint: the agent gives the job's checkpoint directory to that user before the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_with_its_own_user_runs_as_that_user_and_checkpoints() {
+    use std::os::unix::fs::MetadataExt;
+    let docker = require_docker_and_trainer().await;
+    let worker = TestWorker::new("user");
+    let mut m = Manager::start().await;
+    let token = CancellationToken::new();
+    let agent = tokio::spawn(converge_agent::run(
+        worker.config(&m.endpoint(), 1.0),
+        token.clone(),
+    ));
+    m.registered(T).await;
+
+    let mut start = start_trainer(1_000_000, 100, 0.0);
+    if let Action::Start(s) = &mut start {
+        s.spec.as_mut().unwrap().user = "1000:1000".into();
+    }
+    m.send(command("u1", "job-u", 1, start));
+    let r = m.result("u1", T).await;
+    assert!(r.ok, "{r:?}");
+    m.samples("job-u", 1, T).await;
+
+    let ids = worker.containers();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let inspect = docker
+        .inspect_container(&ids[0], None)
+        .await
+        .expect("inspect the job's container");
+    let user = inspect.config.and_then(|c| c.user);
+    assert_eq!(user.as_deref(), Some("1000:1000"));
+
+    m.send(command(
+        "u2",
+        "job-u",
+        1,
+        Action::Save(pb::Save {
+            deadline_ms: 10_000,
+        }),
+    ));
+    let (r, exited) = m.result_and_exit("u2", "job-u", T).await;
+    assert!(r.ok, "{r:?}");
+    let Some(Detail::Saved(saved)) = r.detail else {
+        panic!("no Saved detail: {r:?}")
+    };
+    assert!(!saved.killed, "the trainer saved in time: {saved:?}");
+    assert!(saved.checkpoint_bytes > 0, "{saved:?}");
+    assert_eq!(exited.exit_code, 0, "{exited:?}");
+
+    // The directory was given to the job's user, and what is in it was written by that user.
+    let dir = worker.checkpoint_root.join("job-u");
+    let meta = std::fs::metadata(&dir).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (1000, 1000));
+    let files: Vec<_> = dir.read_dir().unwrap().flatten().collect();
+    assert!(!files.is_empty(), "a checkpoint was written");
+    for f in files {
+        let meta = f.metadata().unwrap();
+        assert_eq!(
+            meta.uid(),
+            1000,
+            "{} written by uid {}",
+            f.path().display(),
+            meta.uid()
+        );
+    }
+
+    token.cancel();
+    agent.await.unwrap().unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_resume_and_stop() {
     let docker = require_docker_and_trainer().await;

@@ -2050,7 +2050,10 @@ fn a_jobs_kept_estimate_follows_its_newest_point() {
         fresh.points_estimate = crate::cluster::lifecycle::Memo::default();
         assert_eq!(kept, view.estimate(&fresh), "after point {i}");
         if let (Some(before), Some(now)) = (last, kept.map(|e| e.work)) {
-            assert!(now < before, "work left fell with every step: {before} -> {now}");
+            assert!(
+                now < before,
+                "work left fell with every step: {before} -> {now}"
+            );
         }
         last = kept.map(|e| e.work).or(last);
     }
