@@ -98,9 +98,8 @@ pub fn split(capacity: f64, claims: &[Claim], beta: f64) -> Vec<f64> {
     cores
 }
 
-/// The work each live job will need (`PriorityPolicy::work`), estimated once per decision:
-/// placement and moves ask for every job of every worker, and an estimate reads the job's
-/// progress history.
+/// The work each live job will need (`PriorityPolicy::work`), read once per decision:
+/// placement and moves ask for every job of every worker.
 struct Works<'a> {
     known: BTreeMap<&'a str, f64>,
     /// What a job nothing is known of counts as: the median of the known (1 when none is
@@ -138,9 +137,9 @@ impl<'a> Works<'a> {
 /// The work of the jobs in `works` (one worker's, [`Works::of_worker`]) no longer than `x`
 /// (served before a job of work `x` under shortest-remaining-first), and how many are longer.
 /// `skip` leaves one job out by its place (the one being moved).
-fn queue(works: &[f64], x: f64, skip: Option<usize>) -> (f64, usize) {
+fn queue(works: impl IntoIterator<Item = f64>, x: f64, skip: Option<usize>) -> (f64, usize) {
     let (mut ahead, mut behind) = (0.0, 0usize);
-    for (k, &y) in works.iter().enumerate() {
+    for (k, y) in works.into_iter().enumerate() {
         if Some(k) == skip {
             continue;
         }
@@ -157,7 +156,7 @@ fn queue(works: &[f64], x: f64, skip: Option<usize>) -> (f64, usize) {
 /// `works`) under shortest-remaining-first: its own completion, behind the jobs shorter than
 /// it, plus `x` for each longer job it delays; in seconds at `w`'s capacity and speed.
 fn marginal(w: &Worker, works: &[f64], x: f64, skip: Option<usize>) -> f64 {
-    let (ahead, behind) = queue(works, x, skip);
+    let (ahead, behind) = queue(works.iter().copied(), x, skip);
     (ahead + x + behind as f64 * x) / speed(w)
 }
 
@@ -216,7 +215,7 @@ impl PriorityPolicy {
 
     /// One move that lowers the sum of completion times by more than it costs, if there is
     /// one: for every running job and every other worker, what the job adds where it is
-    /// ([`Works::marginal`]) less what it would add there, less the move's downtime. The best
+    /// ([`marginal`]) less what it would add there, less the move's downtime. The best
     /// such move is made; among equal gains, the one with the least work since its last
     /// checkpoint (what a move loses if its save fails and the job restarts from that
     /// checkpoint). That work is not charged as a cost: a move saves at the current step, and
@@ -412,7 +411,7 @@ impl ClusterPolicy for PriorityPolicy {
             .zip(snaps)
             .map(|(w, s)| {
                 (s.schedulable && s.fits(&need) && w.cpu_capacity > 0.0)
-                    .then(|| queue(&works.of_worker(w), new, None))
+                    .then(|| queue(w.jobs.iter().map(|id| works.get(id)), new, None))
             })
             .collect();
         let workers: Vec<&Worker> = view.workers.values().collect();
