@@ -7,7 +7,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Manager, Seen, TestWorker, command, require_docker_and_trainer, start_trainer};
+use common::{
+    Manager, Seen, TestWorker, agent_for, command, require_docker_and_trainer, start_trainer,
+};
 use converge_messenger::pb;
 use converge_messenger::pb::agent_message::Kind;
 use converge_messenger::pb::command::Action;
@@ -277,13 +279,7 @@ async fn start_report_limit_and_readopt_after_an_agent_restart() {
 async fn a_finished_job_reports_done_then_its_exit() {
     require_docker_and_trainer().await;
     let worker = TestWorker::new("done");
-    let mut m = Manager::start().await;
-    let token = CancellationToken::new();
-    let agent = tokio::spawn(converge_agent::run(
-        worker.config(&m.endpoint(), 1.0),
-        token.clone(),
-    ));
-    m.registered(T).await;
+    let (mut m, token, agent) = agent_for(&worker, 1.0, T).await;
 
     m.send(command("s1", "job-d", 3, start_trainer(3000, 100, 0.0)));
     let r = m.result("s1", T).await;
@@ -328,13 +324,7 @@ async fn a_job_with_its_own_user_runs_as_that_user_and_checkpoints() {
     use std::os::unix::fs::MetadataExt;
     let docker = require_docker_and_trainer().await;
     let worker = TestWorker::new("user");
-    let mut m = Manager::start().await;
-    let token = CancellationToken::new();
-    let agent = tokio::spawn(converge_agent::run(
-        worker.config(&m.endpoint(), 1.0),
-        token.clone(),
-    ));
-    m.registered(T).await;
+    let (mut m, token, agent) = agent_for(&worker, 1.0, T).await;
 
     let mut start = start_trainer(1_000_000, 100, 0.0);
     if let Action::Start(s) = &mut start {
@@ -396,13 +386,7 @@ async fn a_job_with_its_own_user_runs_as_that_user_and_checkpoints() {
 async fn pause_resume_and_stop() {
     let docker = require_docker_and_trainer().await;
     let worker = TestWorker::new("stop");
-    let mut m = Manager::start().await;
-    let token = CancellationToken::new();
-    let agent = tokio::spawn(converge_agent::run(
-        worker.config(&m.endpoint(), 0.5),
-        token.clone(),
-    ));
-    m.registered(T).await;
+    let (mut m, token, agent) = agent_for(&worker, 0.5, T).await;
 
     m.send(command(
         "p1",
@@ -465,13 +449,7 @@ async fn pause_resume_and_stop() {
 async fn a_missing_image_is_an_error_a_person_can_act_on() {
     require_docker_and_trainer().await;
     let worker = TestWorker::new("noimage");
-    let mut m = Manager::start().await;
-    let token = CancellationToken::new();
-    let agent = tokio::spawn(converge_agent::run(
-        worker.config(&m.endpoint(), 1.0),
-        token.clone(),
-    ));
-    m.registered(T).await;
+    let (mut m, token, agent) = agent_for(&worker, 1.0, T).await;
     let mut action = start_trainer(10, 1, 1.0);
     if let Action::Start(s) = &mut action {
         s.spec.as_mut().unwrap().image = "converge/does-not-exist:dev".into();
@@ -493,13 +471,7 @@ async fn a_missing_image_is_an_error_a_person_can_act_on() {
 async fn a_save_past_its_deadline_kills_the_container() {
     require_docker_and_trainer().await;
     let worker = TestWorker::new("kill");
-    let mut m = Manager::start().await;
-    let token = CancellationToken::new();
-    let agent = tokio::spawn(converge_agent::run(
-        worker.config(&m.endpoint(), 1.0),
-        token.clone(),
-    ));
-    m.registered(T).await;
+    let (mut m, token, agent) = agent_for(&worker, 1.0, T).await;
     // The trainer's fault injection makes it ignore SIGTERM, as a misbehaving image would, so
     // the kill is certain (a well-behaved trainer can finish its save inside any short
     // deadline and exit 0 before the kill lands).

@@ -274,6 +274,27 @@ pub fn start_trainer(steps: u64, report_every: u64, cpus: f64) -> pb::command::A
     })
 }
 
+/// A real agent for `worker` with `cpus` cores, registered with a new scripted manager within
+/// `timeout`. Cancel the token and await the handle to stop it.
+pub async fn agent_for(
+    worker: &TestWorker,
+    cpus: f64,
+    timeout: Duration,
+) -> (
+    Manager,
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<converge_agent::Result<()>>,
+) {
+    let mut m = Manager::start().await;
+    let token = tokio_util::sync::CancellationToken::new();
+    let agent = tokio::spawn(converge_agent::run(
+        worker.config(&m.endpoint(), cpus),
+        token.clone(),
+    ));
+    m.registered(timeout).await;
+    (m, token, agent)
+}
+
 /// A worker id unique to this test run, and the guard that removes everything it made.
 pub struct TestWorker {
     pub id: String,

@@ -318,6 +318,24 @@ impl Fixture {
         self.msg(conn, AgentMessage::Heartbeat(Heartbeat::default()))
     }
 
+    /// A heartbeat reporting that `job` (at `epoch`) used `cpu_usage` cores.
+    fn heartbeat_of(&mut self, conn: ConnId, job: &str, epoch: u64, cpu_usage: f64) -> Vec<Effect> {
+        self.msg(
+            conn,
+            AgentMessage::Heartbeat(Heartbeat {
+                jobs: vec![JobStatus {
+                    job: job.into(),
+                    epoch,
+                    category: None,
+                    growth_efficiency: None,
+                    cpu_limit: None,
+                    cpu_usage,
+                }],
+                ..Heartbeat::default()
+            }),
+        )
+    }
+
     fn progress(&mut self, conn: ConnId, job: &str, epoch: u64, step: u64) -> Vec<Effect> {
         self.progress_of(conn, job, epoch, step, 100)
     }
@@ -2026,20 +2044,7 @@ fn a_jobs_kept_estimate_follows_its_newest_point() {
     let mut last: Option<f64> = None;
     for i in 1..=20u64 {
         f.now += 1.0;
-        f.msg(
-            1,
-            AgentMessage::Heartbeat(Heartbeat {
-                jobs: vec![JobStatus {
-                    job: "a".into(),
-                    epoch: 1,
-                    category: None,
-                    growth_efficiency: None,
-                    cpu_limit: None,
-                    cpu_usage: 0.5,
-                }],
-                ..Heartbeat::default()
-            }),
-        );
+        f.heartbeat_of(1, "a", 1, 0.5);
         f.progress_of(1, "a", 1, 10 * i, 1000);
         let job = f.core.job("a").unwrap();
         let view = f.core.view();
@@ -2063,22 +2068,7 @@ fn a_jobs_kept_estimate_follows_its_newest_point() {
 #[test]
 fn a_running_job_has_an_eta_from_its_steps_and_is_measured_against_its_finish() {
     let mut f = Fixture::running();
-    let hb = |f: &mut Fixture| {
-        f.msg(
-            1,
-            AgentMessage::Heartbeat(Heartbeat {
-                jobs: vec![JobStatus {
-                    job: "a".into(),
-                    epoch: 1,
-                    category: None,
-                    growth_efficiency: None,
-                    cpu_limit: None,
-                    cpu_usage: 0.5,
-                }],
-                ..Heartbeat::default()
-            }),
-        )
-    };
+    let hb = |f: &mut Fixture| f.heartbeat_of(1, "a", 1, 0.5);
     hb(&mut f);
     // 10 steps per second at half a core: 20 steps per core-second; 1000 steps in all.
     let mut completed = Vec::new();

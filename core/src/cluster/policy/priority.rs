@@ -295,6 +295,15 @@ impl PriorityPolicy {
             .or_else(|| view.history.expected_remaining(0.0))
     }
 
+    /// A job's place in the order, from its work left and the service it has had (the
+    /// limits it is sent and the forecast of its ETA both order by this).
+    fn key_of(&self, remaining: Option<f64>, attained: f64) -> Option<f64> {
+        match self.key {
+            Key::Remaining => remaining,
+            Key::Attained => Some(attained),
+        }
+    }
+
     /// The weights of `worker`'s jobs, as decisions for those that changed.
     fn limits(&mut self, view: ClusterView<'_>, worker: &WorkerId) -> Vec<Decision> {
         let Some(w) = view.workers.get(worker) else {
@@ -305,10 +314,7 @@ impl PriorityPolicy {
             .iter()
             .map(|j| Claim {
                 job: j.id.clone(),
-                key: match self.key {
-                    Key::Remaining => view.estimate(j).map(|e| e.work),
-                    Key::Attained => Some(j.cpu_s),
-                },
+                key: self.key_of(view.estimate(j).map(|e| e.work), j.cpu_s),
             })
             .collect();
         let cores = split(w.cpu_capacity, &claims, BETA);
@@ -382,10 +388,7 @@ impl ClusterPolicy for PriorityPolicy {
             .iter()
             .map(|l| Claim {
                 job: l.job.to_string(),
-                key: match self.key {
-                    Key::Remaining => l.remaining,
-                    Key::Attained => Some(l.attained),
-                },
+                key: self.key_of(l.remaining, l.attained),
             })
             .collect();
         Some(split(capacity, &claims, BETA))
