@@ -1023,6 +1023,16 @@ impl<'a> Simulation<'a> {
             .map_or(self.system.save, |r| r.save_s)
     }
 
+    /// Bytes job `j`'s checkpoint takes.
+    fn checkpoint_bytes(&self, j: usize) -> u64 {
+        self.jobs[j]
+            .spec
+            .runtime
+            .as_ref()
+            .and_then(|r| r.checkpoint_bytes)
+            .unwrap_or(self.system.checkpoint_bytes)
+    }
+
     /// Job `j`'s container leaves the CPU (paused, saving, stopped).
     fn halt(&mut self, j: usize, stage: Stage) {
         let w = self.jobs[j].worker;
@@ -1228,7 +1238,7 @@ impl<'a> Simulation<'a> {
                     command_id: command,
                     outcome: Ok(Some(Detail::Saved {
                         checkpoint_dir: format!("{}/{epoch}", self.jobs[j].spec.id),
-                        checkpoint_bytes: 0,
+                        checkpoint_bytes: self.checkpoint_bytes(j),
                         step,
                         killed: false,
                         save_ms: ms,

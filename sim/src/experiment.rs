@@ -328,6 +328,11 @@ pub struct SystemModel {
     pub heartbeat: f64,
     /// Seconds to save a checkpoint when migrating.
     pub save: f64,
+    /// Bytes a job without a measured runtime reports saving. Only whether it is 0 decides
+    /// anything: the core counts a save of 0 bytes as no checkpoint
+    /// (`converge_core::cluster::moves::wrote_checkpoint`).
+    #[serde(default = "default_checkpoint_bytes")]
+    pub checkpoint_bytes: u64,
     /// Seconds to restore it on the target.
     pub restore: f64,
     /// Relative standard deviation of the noise on reported metric values.
@@ -342,11 +347,17 @@ pub struct SystemModel {
     pub estimate_noise: f64,
 }
 
+/// A synthetic job's checkpoint: 1 MiB, between the measured models' (`sim/measured/`).
+fn default_checkpoint_bytes() -> u64 {
+    1 << 20
+}
+
 impl Default for SystemModel {
     fn default() -> Self {
         SystemModel {
             heartbeat: 5.0,
             save: 2.0,
+            checkpoint_bytes: default_checkpoint_bytes(),
             restore: 2.0,
             noise: 0.003,
             work_spread: 0.2,
@@ -436,6 +447,9 @@ pub struct Runtime {
     pub start_s: f64,
     /// Seconds to save its checkpoint and exit.
     pub save_s: f64,
+    /// Bytes its checkpoint takes (the `saved` line's, measured); the system's when unknown.
+    #[serde(default)]
+    pub checkpoint_bytes: Option<u64>,
     /// Seconds from a restore's start to its first progress line.
     pub restore_s: f64,
 }

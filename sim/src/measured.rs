@@ -394,6 +394,8 @@ pub struct JobCost {
     pub start_s: f64,
     /// `docker stop` → exited with its checkpoint written, seconds.
     pub save_s: f64,
+    /// What its `saved` line said the checkpoint took, bytes (the nearest measured model's).
+    pub checkpoint_bytes: Option<u64>,
     /// `docker run` on a checkpoint → first (restored) progress line, seconds.
     pub restore_s: f64,
     /// Held-out loss by step: `(step, loss)` from the trainer's `calibrate` run.
@@ -600,6 +602,15 @@ impl Measured {
                 Some((save, restore))
             })
             .ok_or_else(|| self.missing("save/restore time (checkpoint.json)", model, size))?;
+        let checkpoint_bytes = self.checkpoint.as_ref().and_then(|f| {
+            pick(
+                f.summary
+                    .iter()
+                    .filter_map(|s| Some((s.model.as_str(), s.size, s.checkpoint_bytes? as f64)))
+                    .collect(),
+            )
+            .map(|b| b.round() as u64)
+        });
         let speed = self
             .speed
             .get(&(model.to_string(), size))
@@ -615,6 +626,7 @@ impl Measured {
             },
             start_s,
             save_s,
+            checkpoint_bytes,
             restore_s,
             curve: self.curve(model, size)?,
         })

@@ -262,6 +262,7 @@ impl TraceFile {
                     sharing: cost.sharing,
                     start_s: cost.start_s,
                     save_s: cost.save_s,
+                    checkpoint_bytes: cost.checkpoint_bytes,
                     restore_s: cost.restore_s,
                 }),
             });

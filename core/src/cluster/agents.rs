@@ -510,7 +510,12 @@ impl Core {
                     if let ResultDetail::Saved { step, .. } = r.detail {
                         j.step = j.step.max(step);
                     }
-                    self.transition(&id, JobPhase::Completed, format!("{why}; checkpoint kept"));
+                    let kept = if super::moves::wrote_checkpoint(&r.detail) {
+                        "checkpoint kept"
+                    } else {
+                        "it wrote no checkpoint"
+                    };
+                    self.transition(&id, JobPhase::Completed, format!("{why}; {kept}"));
                 } else {
                     warn!(job = %id, error = %r.error, "save at convergence failed; it runs on");
                     self.transition(

@@ -91,17 +91,24 @@ impl Core {
                 attributes.insert("checkpoint_bytes".to_string(), checkpoint_bytes.to_string());
                 attributes.insert("save_ms".to_string(), save_ms.to_string());
                 attributes.insert("killed".to_string(), killed.to_string());
+                let from = match self.jobs[id].checkpoint_step {
+                    Some(s) => format!("its last checkpoint (step {s})"),
+                    None => "the start (it has no checkpoint)".to_string(),
+                };
                 if *killed {
-                    "killed after ignoring SIGTERM; resuming from its last periodic checkpoint"
-                        .to_string()
+                    format!("killed after ignoring SIGTERM; resuming from {from}")
+                } else if !wrote_checkpoint(&r.detail) {
+                    format!(
+                        "stopped in {save_ms} ms but wrote no checkpoint (0 bytes); resuming from {from}"
+                    )
                 } else {
                     format!("saved at step {step} ({checkpoint_bytes} bytes) in {save_ms} ms")
                 }
             }
             _ => "saved".to_string(),
         };
-        if let ResultDetail::Saved { step, killed, .. } = &r.detail
-            && !killed
+        if let ResultDetail::Saved { step, .. } = &r.detail
+            && wrote_checkpoint(&r.detail)
             && let Some(j) = self.job_mut(id)
         {
             j.checkpoint_step = j.checkpoint_step.max(Some(*step));
@@ -245,4 +252,17 @@ impl Core {
             }
         }
     }
+}
+
+/// Whether a Save's result holds a checkpoint of the step it names. A container killed after
+/// ignoring SIGTERM did not save; one that exited on SIGTERM without writing anything (an image
+/// that does not follow the checkpoint contract: the agent then measures the directory, 0
+/// bytes) did not either. Either resumes from the checkpoint it had, or from the start: the
+/// core must not believe a later step is kept, or a move would lose the steps between without
+/// anyone being told.
+pub(super) fn wrote_checkpoint(detail: &ResultDetail) -> bool {
+    matches!(
+        detail,
+        ResultDetail::Saved { killed: false, checkpoint_bytes, .. } if *checkpoint_bytes > 0
+    )
 }

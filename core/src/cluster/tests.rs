@@ -738,6 +738,56 @@ fn a_failed_save_leaves_the_job_running_where_it_was() {
     assert_eq!(f.epoch("a"), 1);
 }
 
+/// A save that wrote nothing (0 bytes: an image that exits on SIGTERM without checkpointing)
+/// or was killed keeps no later step: the move goes on, told to resume from the checkpoint the
+/// job had, and the core does not believe the steps since are kept. A real save does.
+#[test]
+fn a_save_that_wrote_nothing_keeps_no_step() {
+    let reasons = |f: &Fixture| -> Vec<String> {
+        f.effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Event(e) if e.kind == EventKind::Migration => Some(e.reason.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    for (bytes, killed, kept) in [(100, false, Some(10)), (0, false, None), (100, true, None)] {
+        let (mut f, save) = Fixture::saving();
+        let detail = ResultDetail::Saved {
+            step: 10,
+            checkpoint_bytes: bytes,
+            save_ms: 5,
+            killed,
+        };
+        let out = f.ok(1, &save, detail);
+        assert!(
+            Fixture::sent(&out, "a", "start").is_some(),
+            "the move goes on"
+        );
+        let job = f.core.job("a").unwrap();
+        assert_eq!(job.checkpoint_step, kept, "{bytes} bytes, killed: {killed}");
+        let said = reasons(&f);
+        let restoring = said.iter().find(|r| r.starts_with("restoring")).unwrap();
+        match kept {
+            Some(step) => assert!(restoring.contains(&format!("(step {step})")), "{said:?}"),
+            None => {
+                assert!(restoring.contains("(step 0)"), "{said:?}");
+                assert!(
+                    said.iter().any(|r| r.contains("resuming from the start")),
+                    "{said:?}"
+                );
+            }
+        }
+        if bytes == 0 {
+            assert!(
+                said.iter().any(|r| r.contains("wrote no checkpoint")),
+                "{said:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn duplicate_and_stale_results_change_nothing() {
     let (mut f, start) = Fixture::restoring();
