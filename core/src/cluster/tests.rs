@@ -1963,60 +1963,127 @@ fn converge_gives_the_shortest_predicted_job_the_cpu_and_las_the_least_served() 
 /// placed is given up when its value reaches zero.
 #[test]
 fn converge_rejects_a_job_worthless_by_its_finish_and_drops_one_whose_value_ran_out() {
-    use converge_policy::value::ValueCurve;
     let mut f = Fixture::new("converge");
     f.register(1, "w1", 1.0);
-    let value_job = |et: f64, zero: f64| JobSpec {
-        cpus: 0.5,
-        estimated_runtime_s: et,
-        value_curve: Some(ValueCurve {
-            max_value: 10.0,
-            full_value_until_s: 0.0,
-            zero_value_at_s: zero,
-        }),
-        ..JobSpec::default()
-    };
     // 100 s of work on one core, worthless from 50 s: rejected, nothing started.
     let out = f.step(Input::Submit {
         id: "late".into(),
-        spec: value_job(100.0, 50.0),
+        spec: value_job(100.0, 10.0, 0.0, 50.0),
     });
     assert!(Fixture::sent(&out, "late", "start").is_none());
     assert_eq!(f.state("late"), JobState::Rejected);
     let reason = &f.core.job("late").unwrap().reason;
     assert!(
-        reason.contains("100 s after submission") && reason.contains("worth nothing from 50 s"),
+        reason.contains("finish 100 s after submission")
+            && reason.contains("worth 0.0 of its 10.0"),
         "{reason}"
     );
     // 10 s of work worth something until 60 s: placed; still running at 60 s, it is given up.
     let submitted = f.now;
     let out = f.step(Input::Submit {
         id: "ok".into(),
-        spec: value_job(10.0, 60.0),
+        spec: value_job(10.0, 10.0, 0.0, 60.0),
     });
     let (_, start) = Fixture::sent(&out, "ok", "start").expect("placed");
     f.ok(1, &start, Fixture::started(1));
-    let mut stop = None;
-    for _ in 0..70 {
-        f.heartbeat(1);
-        let out = f.advance(1.0);
-        if let Some(s) = Fixture::sent(&out, "ok", "stop") {
-            let _ = s;
-            stop = Some(f.now - submitted);
-            break;
-        }
-    }
-    // Given up once 60 s had passed since its submission, not before.
-    let at = stop.expect("a stop once the value ran out");
+    // It uses a core all along, so the soonest it can finish is never past its zero (its 10 s
+    // are spent by 10 s; its user was wrong about them): given up once 60 s had passed since
+    // its submission, not before.
+    let at = f
+        .stopped_within(1, "ok", 1.0, 70)
+        .expect("a stop once the value ran out")
+        - submitted;
     assert!((60.0..62.0).contains(&at), "stopped at {at} s");
+    let reason = &f.core.job("ok").unwrap().reason;
+    assert!(reason.contains("value curve reached zero"), "{reason}");
+}
+
+/// A job with a value curve and `work` seconds of declared work, worth `max` until `full` s
+/// after submission and nothing from `zero` s.
+fn value_job(work: f64, max: f64, full: f64, zero: f64) -> JobSpec {
+    JobSpec {
+        cpus: 0.1,
+        estimated_runtime_s: work,
+        value_curve: Some(converge_policy::value::ValueCurve {
+            max_value: max,
+            full_value_until_s: full,
+            zero_value_at_s: zero,
+        }),
+        ..JobSpec::default()
+    }
+}
+
+impl Fixture {
+    /// Heartbeats from `conn` a second apart, each saying `job` (its first incarnation) used
+    /// `cpu` cores, until it is sent a Stop, at most `seconds` times: when it was (`None` if
+    /// never).
+    fn stopped_within(
+        &mut self,
+        conn: ConnId,
+        job: &str,
+        cpu: f64,
+        seconds: usize,
+    ) -> Option<Time> {
+        for _ in 0..seconds {
+            self.heartbeat_of(conn, job, 1, cpu);
+            let out = self.advance(1.0);
+            if Fixture::sent(&out, job, "stop").is_some() {
+                return Some(self.now);
+            }
+        }
+        None
+    }
+}
+
+/// `converge` admits a job with a value curve only for more value than it costs the jobs it
+/// would delay (shortest first, a shorter job delays the longer ones by its work), and gives a
+/// placed job up as soon as it can no longer finish before its value runs out, not when it has
+/// already run out: the CPU it would spend until then goes to jobs it can still earn for.
+#[test]
+fn converge_weighs_what_a_job_earns_against_what_it_costs_the_jobs_it_delays() {
+    let mut f = Fixture::new("converge");
+    f.register(1, "w1", 1.0);
+    // 100 s of work, worth 100 if done by 100 s and nothing from 120 s: placed.
+    let out = f.step(Input::Submit {
+        id: "long".into(),
+        spec: value_job(100.0, 100.0, 100.0, 120.0),
+    });
+    let (_, start) = Fixture::sent(&out, "long", "start").expect("placed");
+    f.ok(1, &start, Fixture::started(1));
+    // 50 s of work worth 10: it would go first and push `long` from 100 s to 150 s, past
+    // its zero: 10 earned for 100 lost. Turned away, saying so.
+    let out = f.step(Input::Submit {
+        id: "small".into(),
+        spec: value_job(50.0, 10.0, 1000.0, 2000.0),
+    });
+    assert!(Fixture::sent(&out, "small", "start").is_none());
+    assert_eq!(f.state("small"), JobState::Rejected);
+    let reason = &f.core.job("small").unwrap().reason;
     assert!(
-        f.core
-            .job("ok")
-            .unwrap()
-            .reason
-            .contains("value curve reached zero"),
-        "{}",
-        f.core.job("ok").unwrap().reason
+        reason.contains("worth 10.0 of its 10.0")
+            && reason.contains("cost the jobs it delays there 100.0"),
+        "{reason}"
+    );
+    // A job without a value curve is not weighed so, and goes first: `long` can now finish
+    // 150 s after its submission at best, and is given up at once, long before 120 s.
+    let out = f.step(Input::Submit {
+        id: "plain".into(),
+        spec: JobSpec {
+            cpus: 0.1,
+            estimated_runtime_s: 50.0,
+            ..JobSpec::default()
+        },
+    });
+    let (_, start) = Fixture::sent(&out, "plain", "start").expect("placed");
+    f.ok(1, &start, Fixture::started(1));
+    let at = f
+        .stopped_within(1, "long", 0.5, 10)
+        .expect("given up early");
+    assert!(at < 120.0, "given up at {at} s");
+    let reason = &f.core.job("long").unwrap().reason;
+    assert!(
+        reason.contains("cannot finish before its value curve reaches zero (120 s"),
+        "{reason}"
     );
 }
 

@@ -128,9 +128,16 @@ impl<'a> ClusterView<'a> {
 
     /// The work `job` has left, from what it reported ([`converge_policy::estimate`]).
     pub fn estimate(&self, job: &Job) -> Option<Estimate> {
+        self.points_estimate(job)
+            .or_else(|| estimate::from_attained(job.cpu_s, self.history))
+    }
+
+    /// What the job's own progress points say of its remaining work, if they say anything
+    /// ([`estimate::from_points`]); [`ClusterView::estimate`] falls back on finished jobs.
+    pub fn points_estimate(&self, job: &Job) -> Option<Estimate> {
         // What the points say changes only with a new point (`Job::samples` counts them; the
         // budget comes with them); what attained service says changes with every heartbeat.
-        let by_points = match job.points_estimate.at(job.samples) {
+        match job.points_estimate.at(job.samples) {
             Some(e) => e,
             None => {
                 let e = estimate::from_points(&Known {
@@ -143,8 +150,7 @@ impl<'a> ClusterView<'a> {
                 job.points_estimate.keep(job.samples, e);
                 e
             }
-        };
-        by_points.or_else(|| estimate::from_attained(job.cpu_s, self.history))
+        }
     }
 
     /// Steps per core-second the job has shown lately, if it has.
