@@ -242,7 +242,7 @@ impl<'a> Etas<'a> {
                 .iter()
                 .map(|j| Load {
                     job: j.id.as_str(),
-                    remaining: view.estimate(j).map(|e| e.work),
+                    remaining: view.remaining_work(j),
                     attained: j.cpu_s,
                     demand: w.cpu_capacity,
                 })

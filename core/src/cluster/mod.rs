@@ -539,7 +539,9 @@ impl Core {
             job.epoch += 1;
             // Most jobs have one incarnation: a first push would make room for four
             // (128 bytes a job at 100,000 jobs under heaptrack; `docs/performance.md`).
-            job.incarnations.reserve_exact(1);
+            if job.incarnations.is_empty() {
+                job.incarnations.reserve_exact(1);
+            }
             job.incarnations.push(Incarnation {
                 epoch: job.epoch,
                 worker: new_worker.clone().expect("an incarnation has a worker"),

@@ -134,11 +134,11 @@ impl Core {
         match target {
             Some(to) => self.restore(id, &to),
             None => {
-                self.transition(
-                    id,
-                    JobPhase::Pending,
-                    "saved; waiting for a worker (its checkpoint is kept)",
-                );
+                let why = match self.jobs[id].checkpoint_step {
+                    Some(step) => format!("saved; waiting for a worker (its checkpoint at step {step} is kept)"),
+                    None => "stopped; waiting for a worker (it has no checkpoint: it will start from the beginning)".to_string(),
+                };
+                self.transition(id, JobPhase::Pending, why);
             }
         }
     }

@@ -1975,7 +1975,7 @@ fn converge_rejects_a_job_worthless_by_its_finish_and_drops_one_whose_value_ran_
     let reason = &f.core.job("late").unwrap().reason;
     assert!(
         reason.contains("finish 100 s after submission")
-            && reason.contains("worth 0.0 of its 10.0"),
+            && reason.contains("worth 0.0 of its value 10.0"),
         "{reason}"
     );
     // 10 s of work worth something until 60 s: placed; still running at 60 s, it is given up.
@@ -1986,11 +1986,11 @@ fn converge_rejects_a_job_worthless_by_its_finish_and_drops_one_whose_value_ran_
     });
     let (_, start) = Fixture::sent(&out, "ok", "start").expect("placed");
     f.ok(1, &start, Fixture::started(1));
-    // It uses a core all along, so the soonest it can finish is never past its zero (its 10 s
-    // are spent by 10 s; its user was wrong about them): given up once 60 s had passed since
-    // its submission, not before.
+    // Its agent never reports its CPU use, so what it has left is not known to shrink: it is
+    // not given up early on its user's estimate (10 s, which would put its soonest finish past
+    // 60 s from 50 s on), but once 60 s have passed since its submission, not before.
     let at = f
-        .stopped_within(1, "ok", 1.0, 70)
+        .stopped_within(1, "ok", None, 70)
         .expect("a stop once the value ran out")
         - submitted;
     assert!((60.0..62.0).contains(&at), "stopped at {at} s");
@@ -2015,17 +2015,20 @@ fn value_job(work: f64, max: f64, full: f64, zero: f64) -> JobSpec {
 
 impl Fixture {
     /// Heartbeats from `conn` a second apart, each saying `job` (its first incarnation) used
-    /// `cpu` cores, until it is sent a Stop, at most `seconds` times: when it was (`None` if
-    /// never).
+    /// `cpu` cores (or saying nothing of it), until it is sent a Stop, at most `seconds` times:
+    /// when it was (`None` if never).
     fn stopped_within(
         &mut self,
         conn: ConnId,
         job: &str,
-        cpu: f64,
+        cpu: Option<f64>,
         seconds: usize,
     ) -> Option<Time> {
         for _ in 0..seconds {
-            self.heartbeat_of(conn, job, 1, cpu);
+            match cpu {
+                Some(cpu) => self.heartbeat_of(conn, job, 1, cpu),
+                None => self.heartbeat(conn),
+            };
             let out = self.advance(1.0);
             if Fixture::sent(&out, job, "stop").is_some() {
                 return Some(self.now);
@@ -2060,8 +2063,8 @@ fn converge_weighs_what_a_job_earns_against_what_it_costs_the_jobs_it_delays() {
     assert_eq!(f.state("small"), JobState::Rejected);
     let reason = &f.core.job("small").unwrap().reason;
     assert!(
-        reason.contains("worth 10.0 of its 10.0")
-            && reason.contains("cost the jobs it delays there 100.0"),
+        reason.contains("worth 10.0 of its value 10.0")
+            && reason.contains("would lose 100.0 of theirs"),
         "{reason}"
     );
     // A job without a value curve is not weighed so, and goes first: `long` can now finish
@@ -2077,12 +2080,61 @@ fn converge_weighs_what_a_job_earns_against_what_it_costs_the_jobs_it_delays() {
     let (_, start) = Fixture::sent(&out, "plain", "start").expect("placed");
     f.ok(1, &start, Fixture::started(1));
     let at = f
-        .stopped_within(1, "long", 0.5, 10)
+        .stopped_within(1, "long", Some(0.5), 10)
         .expect("given up early");
     assert!(at < 120.0, "given up at {at} s");
     let reason = &f.core.job("long").unwrap().reason;
     assert!(
         reason.contains("cannot finish before its value curve reaches zero (120 s"),
+        "{reason}"
+    );
+}
+
+/// Among workers, a job with a value curve goes where it earns most net of what it costs the
+/// jobs it delays, not where it adds least to the sum of completion times.
+#[test]
+fn converge_places_a_value_job_where_it_costs_the_others_least_value() {
+    let mut f = Fixture::new("converge");
+    f.register(1, "w1", 2.0);
+    // 100 s of work, worth 100 if done by 60 s and nothing from 70 s: on w1 (2 cores), done
+    // at 50 s.
+    let out = f.step(Input::Submit {
+        id: "tight".into(),
+        spec: value_job(100.0, 100.0, 60.0, 70.0),
+    });
+    let (_, start) = Fixture::sent(&out, "tight", "start").expect("placed");
+    f.ok(1, &start, Fixture::started(1));
+    f.register(2, "w2", 2.0);
+    // 200 s of work without a curve: w2, where nothing is ahead of it.
+    let out = f.step(Input::Submit {
+        id: "plain".into(),
+        spec: JobSpec {
+            cpus: 0.1,
+            estimated_runtime_s: 200.0,
+            ..JobSpec::default()
+        },
+    });
+    let (conn, start) = Fixture::sent(&out, "plain", "start").expect("placed");
+    assert_eq!(conn, 2);
+    f.ok(2, &start, Fixture::started(2));
+    // 50 s of work worth 10. By completion times the two workers tie (it goes first on either
+    // and delays one job by 25 s), and the first would be w1; there it would push `tight`
+    // from 50 s to 75 s, past its zero. On w2 it costs no value.
+    let out = f.step(Input::Submit {
+        id: "new".into(),
+        spec: value_job(50.0, 10.0, 1000.0, 2000.0),
+    });
+    let (conn, _) = Fixture::sent(&out, "new", "start").expect("placed");
+    assert_eq!(conn, 2);
+    let reason = out
+        .iter()
+        .find_map(|e| match e {
+            Effect::Event(e) if e.kind == EventKind::JobPlaced => Some(e.reason.clone()),
+            _ => None,
+        })
+        .expect("a placement event");
+    assert!(
+        reason.contains("placed on w2") && reason.contains("would lose 0.0 of theirs"),
         "{reason}"
     );
 }

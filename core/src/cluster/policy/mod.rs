@@ -50,6 +50,12 @@ pub struct ClusterView<'a> {
     pub archived_downtime: Option<f64>,
 }
 
+/// What a job's user said it needs (`estimated_runtime_s`), less the service it has had.
+fn declared_left(job: &Job) -> Option<f64> {
+    let declared = job.spec.estimated_runtime_s;
+    (declared > 0.0).then(|| (declared - job.cpu_s).max(0.0))
+}
+
 /// What a placer sees of worker `w`: its reservations and its jobs' last reports.
 pub fn snapshot(w: &Worker, jobs: &Jobs) -> WorkerSnapshot {
     let jobs: Vec<&Job> = w
@@ -130,6 +136,31 @@ impl<'a> ClusterView<'a> {
     pub fn estimate(&self, job: &Job) -> Option<Estimate> {
         self.points_estimate(job)
             .or_else(|| estimate::from_attained(job.cpu_s, self.history))
+    }
+
+    /// Core-seconds of work `job` has left, by what is known of it: its progress points, else
+    /// what its user declared (`estimated_runtime_s`, less the service it has had), else what
+    /// finished jobs of its attained service needed. The user's word comes before the other
+    /// jobs': it is about this job (placed by the others' median, a new job of the value study
+    /// was counted ~460 s whatever its user said). Placement, the limits' order and the ETA
+    /// forecast all read this, so the order a decision assumes is the order the weights give.
+    pub fn remaining_work(&self, job: &Job) -> Option<f64> {
+        self.points_estimate(job)
+            .map(|e| e.work)
+            .or_else(|| declared_left(job))
+            .or_else(|| self.history.expected_remaining(job.cpu_s))
+    }
+
+    /// [`ClusterView::remaining_work`] when it comes from the job itself, not from other jobs,
+    /// and can be trusted to shrink as the job runs: its points, or its user's estimate less
+    /// the service it has had while that service is known (before its first start, or once a
+    /// heartbeat reported its CPU use: an agent that reports none would leave it at the full
+    /// estimate however long the job has run). What a job is turned away or given up on.
+    pub fn own_remaining_work(&self, job: &Job) -> Option<f64> {
+        let service_known = job.started_at.is_none() || job.view_at.is_some();
+        self.points_estimate(job)
+            .map(|e| e.work)
+            .or_else(|| declared_left(job).filter(|_| service_known))
     }
 
     /// What the job's own progress points say of its remaining work, if they say anything

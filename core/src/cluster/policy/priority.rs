@@ -171,37 +171,54 @@ struct ValueNet {
     loss: f64,
 }
 
-/// Placing a job on `w` whose value curve, age and work are `new`: under
-/// shortest-remaining-first each job there finishes after the work of the jobs no longer than
-/// it, at `w`'s speed (the guards aside). The new job finishes after the shorter ones and its
-/// own work; each longer one is delayed by the new job's work, and the value it loses by that
-/// is counted against the new job's (a job without a curve loses nothing by this measure).
+/// The jobs of `w` that shortest-remaining-first serves before a job of work `x` and id `id`:
+/// no more work than it, ties broken by id (as [`split`] orders them), so that a job placed
+/// and the job it is placed beside agree on which of them goes first. Their work, and `w`'s
+/// jobs served after it, with their work.
+fn served_before<'a>(
+    w: &'a Worker,
+    works: &Works<'_>,
+    (x, id): (f64, &str),
+) -> (f64, Vec<(f64, &'a str)>) {
+    let mut ahead = 0.0;
+    let mut after = Vec::new();
+    for other in w.jobs.iter().filter(|o| o.as_str() != id) {
+        let y = works.get(other);
+        if (y, other.as_str()) <= (x, id) {
+            ahead += y;
+        } else {
+            after.push((y, other.as_str()));
+        }
+    }
+    (ahead, after)
+}
+
+/// Placing job `job`, whose value curve, age and work are `new`, on `w`: under
+/// shortest-remaining-first each job there finishes after the work of the jobs served before
+/// it ([`served_before`]), at `w`'s speed (the guards aside). The new job finishes after those
+/// served before it and its own work; each one served after it is delayed by its work, and the
+/// value that one loses by the delay is counted against the new job's (a job without a curve
+/// loses nothing by this measure).
 fn value_net(
     now: Time,
     w: &Worker,
     view: ClusterView<'_>,
     works: &Works<'_>,
-    (curve, age, x): (converge_policy::value::ValueCurve, f64, f64),
+    (job, curve, age, x): (&str, converge_policy::value::ValueCurve, f64, f64),
 ) -> ValueNet {
     let speed = speed(w);
-    let mut here: Vec<(f64, Option<&Job>)> = w
-        .jobs
-        .iter()
-        .map(|id| (works.get(id), view.jobs.get(id).map(|j| &**j)))
-        .collect();
-    here.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let (mut done, mut loss) = (0.0, 0.0);
-    for (y, j) in here {
-        done += y;
-        if y <= x {
+    let (ahead, after) = served_before(w, works, (x, job));
+    let mut loss = 0.0;
+    for (y, other) in after {
+        let Some(j) = view.jobs.get(other) else {
             continue;
-        }
-        if let Some(c) = j.and_then(|j| Some((j.spec.value_curve?, now - j.submitted_at))) {
-            let finish = c.1 + done / speed;
-            loss += c.0.value_at(finish) - c.0.value_at(finish + x / speed);
+        };
+        if let Some(c) = j.spec.value_curve {
+            let (before, _) = served_before(w, works, (y, other));
+            let finish = now - j.submitted_at + (before + y) / speed;
+            loss += c.value_at(finish) - c.value_at(finish + x / speed);
         }
     }
-    let (ahead, _) = queue(works.of_worker(w), x, None);
     let finish_in = (ahead + x) / speed;
     ValueNet {
         finish_in,
@@ -336,17 +353,9 @@ impl PriorityPolicy {
         })
     }
 
-    /// Work a job will need, for placement: what its progress points say, else what its user
-    /// said (`estimated_runtime_s`, less the service it has had), else what finished jobs of
-    /// its attained service needed; `None` when nothing tells. The user's word comes before the
-    /// other jobs': it is about this job (a new job placed by the others' median was counted
-    /// ~460 s in the value study whatever its user said).
+    /// Work a job will need ([`ClusterView::remaining_work`]).
     fn work(view: ClusterView<'_>, job: &Job) -> Option<f64> {
-        let declared = job.spec.estimated_runtime_s;
-        view.points_estimate(job)
-            .map(|e| e.work)
-            .or((declared > 0.0).then(|| (declared - job.cpu_s).max(0.0)))
-            .or_else(|| view.history.expected_remaining(job.cpu_s))
+        view.remaining_work(job)
     }
 
     /// A job's place in the order, from its work left and the service it has had (the
@@ -368,7 +377,7 @@ impl PriorityPolicy {
             .iter()
             .map(|j| Claim {
                 job: j.id.clone(),
-                key: self.key_of(view.estimate(j).map(|e| e.work), j.cpu_s),
+                key: self.key_of(view.remaining_work(j), j.cpu_s),
             })
             .collect();
         let cores = split(w.cpu_capacity, &claims, BETA);
@@ -489,17 +498,21 @@ impl ClusterPolicy for PriorityPolicy {
             .map(|(i, _)| i);
         // A job with a value curve is placed where it adds the most value net of what it
         // costs the jobs it delays, and turned away where that is nothing anywhere
-        // ([`value_net`]): the value paper's admission (value-based-allocation.txt :104-106:
+        // ([`value_net`]): the value paper's admission (value-based-allocation.txt :104:
         // place where the expected value is highest, reject when it is not positive), with
         // converge's own predictions of the finishes. Checked at its first placement only: a
         // job placed again (restored, drained) is not turned away.
-        let mut best = best;
-        if let (Some(curve), Key::Remaining, 0) = (job.spec.value_curve, self.key, job.epoch) {
+        // Weighed only on what is known of the job itself (its user's estimate, before it
+        // reports): turned away on other jobs' median it would be turned away on nothing.
+        let own = view.own_remaining_work(job);
+        if let (Some(curve), Key::Remaining, 0, Some(x)) =
+            (job.spec.value_curve, self.key, job.epoch, own)
+        {
             let age = now - job.submitted_at;
             let nets: Vec<Option<ValueNet>> = workers
                 .iter()
                 .zip(&queues)
-                .map(|(w, q)| q.map(|_| value_net(now, w, view, &works, (curve, age, new))))
+                .map(|(w, q)| q.map(|_| value_net(now, w, view, &works, (&job.id, curve, age, x))))
                 .collect();
             let top = nets
                 .iter()
@@ -511,19 +524,33 @@ impl ClusterPolicy for PriorityPolicy {
                         .then_with(|| scores[b.0].total_cmp(&scores[a.0]))
                 });
             if let Some((i, n)) = top {
-                if n.gain - n.loss <= 0.0 {
-                    return Admission::Reject {
+                let terms = format!(
+                    "it would finish {:.0} s after submission, worth {:.1} of its value {:.1}, and the jobs it would go ahead of there would lose {:.1} of theirs",
+                    age + n.finish_in,
+                    n.gain,
+                    curve.max_value,
+                    n.loss
+                );
+                let attributes = BTreeMap::from([("scores".into(), scores_text(ids, &scores, i))]);
+                return if n.gain - n.loss <= 0.0 {
+                    Admission::Reject {
                         reason: format!(
-                            "rejected by converge: at best (on {}) it would finish {:.0} s after submission, worth {:.1} of its {:.1}, and cost the jobs it delays there {:.1}",
-                            ids[i],
-                            age + n.finish_in,
-                            n.gain,
-                            curve.max_value,
-                            n.loss
+                            "rejected by converge: it adds no value net of what it costs the jobs it delays on any worker; at best (on {}) {terms}",
+                            ids[i]
                         ),
-                    };
-                }
-                best = Some(i);
+                    }
+                } else {
+                    Admission::Place {
+                        worker: ids[i].clone(),
+                        cpu_shares: 0,
+                        victims: Vec::new(),
+                        reason: format!(
+                            "placed on {} by converge: the most value net of what it costs the jobs it delays; {terms}",
+                            ids[i]
+                        ),
+                        attributes,
+                    }
+                };
             }
         }
         match best {
@@ -566,9 +593,11 @@ impl ClusterPolicy for PriorityPolicy {
         // A job whose value curve has reached zero, or will have by the soonest it can
         // finish, is given up (value-based-allocation.txt :65): what it would still compute is
         // worth nothing to its user, and its CPU goes to jobs it can still earn for. The
-        // soonest is shortest-remaining-first's: after the work of the jobs no longer than it
-        // on its worker, at the worker's speed, so a later arrival that overtakes it can only
-        // make it later.
+        // soonest is shortest-remaining-first's: after the jobs served before it on its worker
+        // ([`served_before`]), at the worker's speed, so a later arrival that overtakes it can
+        // only make it later. Judged early only on what is known of the job itself
+        // ([`ClusterView::own_remaining_work`]), and only while it runs or starts: a job being
+        // saved (a move, a stop at convergence) is left to finish that.
         let mut out = Vec::new();
         if self.key == Key::Remaining && view.jobs.values().any(|j| j.spec.value_curve.is_some()) {
             let works = Works::of(view);
@@ -576,23 +605,31 @@ impl ClusterPolicy for PriorityPolicy {
                 let Some(curve) = j.spec.value_curve else {
                     continue;
                 };
+                if matches!(j.phase, JobPhase::Stopping { .. }) {
+                    continue;
+                }
                 let since = now - j.submitted_at;
-                let soonest = j
-                    .worker()
-                    .and_then(|w| view.workers.get(w))
-                    .filter(|w| speed(w) > 0.0)
-                    .map(|w| {
-                        let own = works.get(&j.id);
-                        let (ahead, _) = queue(works.of_worker(w), own, None);
-                        since + ahead / speed(w)
-                    });
+                let soonest = match (&j.phase, view.own_remaining_work(j)) {
+                    (
+                        JobPhase::Running { worker } | JobPhase::Starting { worker, .. },
+                        Some(own),
+                    ) => view
+                        .workers
+                        .get(worker)
+                        .filter(|w| speed(w) > 0.0)
+                        .map(|w| {
+                            let (ahead, _) = served_before(w, &works, (own, &j.id));
+                            since + (ahead + own) / speed(w)
+                        }),
+                    _ => None,
+                };
                 let reason = if curve.value_at(since) <= 0.0 {
                     format!(
                         "dropped by converge: its value curve reached zero {since:.0} s after submission"
                     )
                 } else if let Some(at) = soonest.filter(|&at| curve.value_at(at) <= 0.0) {
                     format!(
-                        "dropped by converge: it cannot finish before its value curve reaches zero ({:.0} s after submission); at best it finishes {at:.0} s after",
+                        "dropped by converge: it cannot finish before its value curve reaches zero ({:.0} s after submission): with the work it has left and the jobs served before it, it would finish {at:.0} s after submission at the soonest",
                         curve.zero_value_at_s
                     )
                 } else {
@@ -612,7 +649,18 @@ impl ClusterPolicy for PriorityPolicy {
             return out;
         }
         self.next_rebalance = Some(now + every);
-        out.extend(self.even_out(view));
+        // Not a job given up this tick: the move would find it gone and spend the turn.
+        let dropped: Vec<JobId> = out
+            .iter()
+            .filter_map(|d| match d {
+                Decision::Drop { job, .. } => Some(job.clone()),
+                _ => None,
+            })
+            .collect();
+        out.extend(
+            self.even_out(view)
+                .filter(|d| !matches!(d, Decision::Move { job, .. } if dropped.contains(job))),
+        );
         out
     }
 
