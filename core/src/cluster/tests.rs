@@ -2139,6 +2139,67 @@ fn converge_places_a_value_job_where_it_costs_the_others_least_value() {
     );
 }
 
+/// Rebalancing makes no move that costs value: moving a job that would lower the sum of
+/// completion times, but would go ahead of a job with a value curve on the target and push it
+/// past its zero, is not made.
+#[test]
+fn converge_makes_no_move_that_costs_a_value_job_its_value() {
+    let mut f = Fixture::new("converge");
+    f.register(1, "w1", 1.0);
+    let plain = |work: f64| JobSpec {
+        cpus: 0.1,
+        estimated_runtime_s: work,
+        ..JobSpec::default()
+    };
+    for id in ["a", "b", "c"] {
+        let out = f.step(Input::Submit {
+            id: id.into(),
+            spec: plain(45.0),
+        });
+        let (_, start) = Fixture::sent(&out, id, "start").unwrap();
+        f.ok(1, &start, Fixture::started(1));
+    }
+    f.register(2, "w2", 1.0);
+    // 100 s of work, worth 100 until 110 s and nothing from 130 s: alone on w2, done at 100 s.
+    let out = f.step(Input::Submit {
+        id: "v".into(),
+        spec: value_job(100.0, 100.0, 110.0, 130.0),
+    });
+    let (conn, start) = Fixture::sent(&out, "v", "start").expect("placed");
+    assert_eq!(conn, 2);
+    f.ok(2, &start, Fixture::started(2));
+    // a, b and c share w1 (a quarter core each); v has w2. Moving the last of w1's jobs to w2
+    // would save it waiting behind the other two, and push v from 100 s to past 130 s.
+    let status = |job: &str, cpu_usage: f64| JobStatus {
+        job: job.into(),
+        epoch: 1,
+        category: None,
+        growth_efficiency: None,
+        cpu_limit: None,
+        cpu_usage,
+    };
+    for _ in 0..40 {
+        let jobs = ["a", "b", "c"].iter().map(|j| status(j, 0.25)).collect();
+        f.msg(
+            1,
+            AgentMessage::Heartbeat(Heartbeat {
+                jobs,
+                ..Heartbeat::default()
+            }),
+        );
+        f.heartbeat_of(2, "v", 1, 1.0);
+        let out = f.advance(1.0);
+        for id in ["a", "b", "c", "v"] {
+            assert!(
+                Fixture::sent(&out, id, "save").is_none(),
+                "{id} moved at {} s",
+                f.now
+            );
+        }
+    }
+    assert_eq!(f.state("v"), JobState::Running);
+}
+
 // ---- stop at convergence, ETAs ----
 
 #[test]

@@ -206,8 +206,26 @@ fn value_net(
     works: &Works<'_>,
     (job, curve, age, x): (&str, converge_policy::value::ValueCurve, f64, f64),
 ) -> ValueNet {
+    let (ahead, _) = served_before(w, works, (x, job));
+    let finish_in = (ahead + x) / speed(w);
+    ValueNet {
+        finish_in,
+        gain: curve.value_at(age + finish_in),
+        loss: value_loss(now, w, view, works, (job, x)),
+    }
+}
+
+/// The value `w`'s jobs with value curves lose when job `job` of work `x` joins them: each one
+/// served after it ([`served_before`]) finishes `x` later.
+fn value_loss(
+    now: Time,
+    w: &Worker,
+    view: ClusterView<'_>,
+    works: &Works<'_>,
+    (job, x): (&str, f64),
+) -> f64 {
     let speed = speed(w);
-    let (ahead, after) = served_before(w, works, (x, job));
+    let (_, after) = served_before(w, works, (x, job));
     let mut loss = 0.0;
     for (y, other) in after {
         let Some(j) = view.jobs.get(other) else {
@@ -219,12 +237,7 @@ fn value_net(
             loss += c.value_at(finish) - c.value_at(finish + x / speed);
         }
     }
-    let finish_in = (ahead + x) / speed;
-    ValueNet {
-        finish_in,
-        gain: curve.value_at(age + finish_in),
-        loss,
-    }
+    loss
 }
 
 /// Reference core-seconds a worker does per second.
@@ -288,7 +301,7 @@ impl PriorityPolicy {
     /// checkpoint). That work is not charged as a cost: a move saves at the current step, and
     /// charging it held back every move of a job that had never checkpointed (most of the
     /// simulator's, and makespan suffered).
-    fn even_out(&mut self, view: ClusterView<'_>) -> Option<Decision> {
+    fn even_out(&mut self, now: Time, view: ClusterView<'_>) -> Option<Decision> {
         let works = Works::of(view);
         let cost = view.longest_downtime().unwrap_or(MOVE_COST_S);
         let live: Vec<&Worker> = view
@@ -303,6 +316,7 @@ impl PriorityPolicy {
             .map(|w| &all[view.index_of(&w.id).expect("every worker is indexed")])
             .collect();
         let lists: Vec<Vec<f64>> = live.iter().map(|w| works.of_worker(w)).collect();
+        let valued = view.jobs.values().any(|j| j.spec.value_curve.is_some());
         let mut best: Option<(f64, f64, &Job, &Worker, f64, f64)> = None;
         for (src, here_works) in live.iter().zip(&lists) {
             let on_src = src
@@ -323,6 +337,12 @@ impl PriorityPolicy {
                     }
                     let there = marginal(dst, there_works, x, None);
                     let gain = here - there - cost;
+                    if gain > 0.0
+                        && valued
+                        && !Self::keeps_value(now, view, &works, (j, x), (src, dst), cost)
+                    {
+                        continue;
+                    }
                     if gain > 0.0
                         && best.is_none_or(|(g, r, ..)| {
                             gain > g + 1e-9 || (gain > g - 1e-9 && risk < r)
@@ -351,6 +371,26 @@ impl PriorityPolicy {
                 ("work_at_risk_s".into(), format!("{risk:.2}")),
             ]),
         })
+    }
+
+    /// Whether moving job `j` (work `x`) from `src` to `dst`, a move of `cost` seconds, costs
+    /// no value: the value the target's jobs lose by it going ahead of them ([`value_loss`]) is
+    /// no more than what `j` gains by finishing elsewhere. What the source's jobs gain is not
+    /// counted: a move it would pay for is not made, but no move loses value.
+    fn keeps_value(
+        now: Time,
+        view: ClusterView<'_>,
+        works: &Works<'_>,
+        (j, x): (&Job, f64),
+        (src, dst): (&Worker, &Worker),
+        cost: f64,
+    ) -> bool {
+        let finish = |w: &Worker| (served_before(w, works, (x, &j.id)).0 + x) / speed(w);
+        let own = j.spec.value_curve.map_or(0.0, |c| {
+            let age = now - j.submitted_at;
+            c.value_at(age + cost + finish(dst)) - c.value_at(age + finish(src))
+        });
+        value_loss(now, dst, view, works, (&j.id, x)) <= own
     }
 
     /// Work a job will need ([`ClusterView::remaining_work`]).
@@ -658,7 +698,7 @@ impl ClusterPolicy for PriorityPolicy {
             })
             .collect();
         out.extend(
-            self.even_out(view)
+            self.even_out(now, view)
                 .filter(|d| !matches!(d, Decision::Move { job, .. } if dropped.contains(job))),
         );
         out
