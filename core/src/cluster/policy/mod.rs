@@ -142,8 +142,9 @@ impl<'a> ClusterView<'a> {
     /// what its user declared (`estimated_runtime_s`, less the service it has had), else what
     /// finished jobs of its attained service needed. The user's word comes before the other
     /// jobs': it is about this job (placed by the others' median, a new job of the value study
-    /// was counted ~460 s whatever its user said). Placement, the limits' order and the ETA
-    /// forecast all read this, so the order a decision assumes is the order the weights give.
+    /// was counted ~460 s whatever its user said). Placement, the limits' order and the
+    /// forecast of each worker's running jobs all read this, so the order a decision assumes
+    /// is the order the weights give (a pending job's ETA still starts from its estimate).
     pub fn remaining_work(&self, job: &Job) -> Option<f64> {
         self.points_estimate(job)
             .map(|e| e.work)

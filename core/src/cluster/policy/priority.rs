@@ -98,7 +98,7 @@ pub fn split(capacity: f64, claims: &[Claim], beta: f64) -> Vec<f64> {
     cores
 }
 
-/// The work each live job will need (`PriorityPolicy::work`), read once per decision:
+/// The work each live job will need ([`ClusterView::remaining_work`]), read once per decision:
 /// placement and moves ask for every job of every worker.
 struct Works<'a> {
     known: BTreeMap<&'a str, f64>,
@@ -114,7 +114,7 @@ impl<'a> Works<'a> {
             .jobs
             .values()
             .filter(|j| !j.is_terminal())
-            .filter_map(|j| Some((j.id.as_str(), PriorityPolicy::work(view, j)?)))
+            .filter_map(|j| Some((j.id.as_str(), view.remaining_work(j)?)))
             .collect();
         let mut sorted: Vec<f64> = known.values().copied().collect();
         sorted.sort_by(f64::total_cmp);
@@ -171,26 +171,17 @@ struct ValueNet {
     loss: f64,
 }
 
-/// The jobs of `w` that shortest-remaining-first serves before a job of work `x` and id `id`:
-/// no more work than it, ties broken by id (as [`split`] orders them), so that a job placed
-/// and the job it is placed beside agree on which of them goes first. Their work, and `w`'s
-/// jobs served after it, with their work.
-fn served_before<'a>(
-    w: &'a Worker,
-    works: &Works<'_>,
-    (x, id): (f64, &str),
-) -> (f64, Vec<(f64, &'a str)>) {
-    let mut ahead = 0.0;
-    let mut after = Vec::new();
-    for other in w.jobs.iter().filter(|o| o.as_str() != id) {
-        let y = works.get(other);
-        if (y, other.as_str()) <= (x, id) {
-            ahead += y;
-        } else {
-            after.push((y, other.as_str()));
-        }
-    }
-    (ahead, after)
+/// The work of `w`'s jobs that shortest-remaining-first serves before a job of work `x` and
+/// id `id`: no more work than it, ties broken by id (as [`split`] orders them), so that a job
+/// placed and the job it is placed beside agree on which of them goes first.
+fn served_before(w: &Worker, works: &Works<'_>, (x, id): (f64, &str)) -> f64 {
+    w.jobs
+        .iter()
+        .filter(|o| o.as_str() != id)
+        .map(|o| (works.get(o), o.as_str()))
+        .filter(|&other| other <= (x, id))
+        .map(|(y, _)| y)
+        .sum()
 }
 
 /// Placing job `job`, whose value curve, age and work are `new`, on `w`: under
@@ -206,7 +197,7 @@ fn value_net(
     works: &Works<'_>,
     (job, curve, age, x): (&str, converge_policy::value::ValueCurve, f64, f64),
 ) -> ValueNet {
-    let (ahead, _) = served_before(w, works, (x, job));
+    let ahead = served_before(w, works, (x, job));
     let finish_in = (ahead + x) / speed(w);
     ValueNet {
         finish_in,
@@ -216,7 +207,8 @@ fn value_net(
 }
 
 /// The value `w`'s jobs with value curves lose when job `job` of work `x` joins them: each one
-/// served after it ([`served_before`]) finishes `x` later.
+/// served after it ([`served_before`]: by work, ties by id) finishes `x` later. One sort of
+/// the worker's jobs gives each its own finish (the work served before it, its own included).
 fn value_loss(
     now: Time,
     w: &Worker,
@@ -225,16 +217,26 @@ fn value_loss(
     (job, x): (&str, f64),
 ) -> f64 {
     let speed = speed(w);
-    let (_, after) = served_before(w, works, (x, job));
-    let mut loss = 0.0;
-    for (y, other) in after {
-        let Some(j) = view.jobs.get(other) else {
+    let mut order: Vec<(f64, &str)> = w
+        .jobs
+        .iter()
+        .filter(|o| o.as_str() != job)
+        .map(|o| (works.get(o), o.as_str()))
+        .collect();
+    order.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1)));
+    let (mut done, mut loss) = (0.0, 0.0);
+    for (y, other) in order {
+        done += y;
+        if (y, other) <= (x, job) {
             continue;
-        };
-        if let Some(c) = j.spec.value_curve {
-            let (before, _) = served_before(w, works, (y, other));
-            let finish = now - j.submitted_at + (before + y) / speed;
-            loss += c.value_at(finish) - c.value_at(finish + x / speed);
+        }
+        if let Some(c) = view
+            .jobs
+            .get(other)
+            .and_then(|j| Some((j.spec.value_curve?, j)))
+        {
+            let finish = now - c.1.submitted_at + done / speed;
+            loss += c.0.value_at(finish) - c.0.value_at(finish + x / speed);
         }
     }
     loss
@@ -301,8 +303,12 @@ impl PriorityPolicy {
     /// checkpoint). That work is not charged as a cost: a move saves at the current step, and
     /// charging it held back every move of a job that had never checkpointed (most of the
     /// simulator's, and makespan suffered).
-    fn even_out(&mut self, now: Time, view: ClusterView<'_>) -> Option<Decision> {
-        let works = Works::of(view);
+    fn even_out(
+        &mut self,
+        now: Time,
+        view: ClusterView<'_>,
+        works: &Works<'_>,
+    ) -> Option<Decision> {
         let cost = view.longest_downtime().unwrap_or(MOVE_COST_S);
         let live: Vec<&Worker> = view
             .workers
@@ -339,7 +345,7 @@ impl PriorityPolicy {
                     let gain = here - there - cost;
                     if gain > 0.0
                         && valued
-                        && !Self::keeps_value(now, view, &works, (j, x), (src, dst), cost)
+                        && !Self::keeps_value(now, view, works, (j, x), (src, dst), cost)
                     {
                         continue;
                     }
@@ -385,17 +391,12 @@ impl PriorityPolicy {
         (src, dst): (&Worker, &Worker),
         cost: f64,
     ) -> bool {
-        let finish = |w: &Worker| (served_before(w, works, (x, &j.id)).0 + x) / speed(w);
+        let finish = |w: &Worker| (served_before(w, works, (x, &j.id)) + x) / speed(w);
         let own = j.spec.value_curve.map_or(0.0, |c| {
             let age = now - j.submitted_at;
             c.value_at(age + cost + finish(dst)) - c.value_at(age + finish(src))
         });
         value_loss(now, dst, view, works, (&j.id, x)) <= own
-    }
-
-    /// Work a job will need ([`ClusterView::remaining_work`]).
-    fn work(view: ClusterView<'_>, job: &Job) -> Option<f64> {
-        view.remaining_work(job)
     }
 
     /// A job's place in the order, from its work left and the service it has had (the
@@ -639,8 +640,10 @@ impl ClusterPolicy for PriorityPolicy {
         // ([`ClusterView::own_remaining_work`]), and only while it runs or starts: a job being
         // saved (a move, a stop at convergence) is left to finish that.
         let mut out = Vec::new();
+        // Read once for the drops and the rebalancing, and only if either is due.
+        let mut works = None;
         if self.key == Key::Remaining && view.jobs.values().any(|j| j.spec.value_curve.is_some()) {
-            let works = Works::of(view);
+            let works = works.get_or_insert_with(|| Works::of(view));
             for j in view.jobs.values().filter(|j| !j.is_terminal()) {
                 let Some(curve) = j.spec.value_curve else {
                     continue;
@@ -658,7 +661,7 @@ impl ClusterPolicy for PriorityPolicy {
                         .get(worker)
                         .filter(|w| speed(w) > 0.0)
                         .map(|w| {
-                            let (ahead, _) = served_before(w, &works, (own, &j.id));
+                            let ahead = served_before(w, works, (own, &j.id));
                             since + (ahead + own) / speed(w)
                         }),
                     _ => None,
@@ -698,7 +701,7 @@ impl ClusterPolicy for PriorityPolicy {
             })
             .collect();
         out.extend(
-            self.even_out(now, view)
+            self.even_out(now, view, works.get_or_insert_with(|| Works::of(view)))
                 .filter(|d| !matches!(d, Decision::Move { job, .. } if dropped.contains(job))),
         );
         out
