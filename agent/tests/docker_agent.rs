@@ -231,19 +231,7 @@ async fn start_report_limit_and_readopt_after_an_agent_restart() {
     assert_eq!(m.result("c5", T).await.error, "stale epoch 0 < 1");
 
     // Save: SIGTERM, the trainer checkpoints and exits 0.
-    m.send(command(
-        "c6",
-        "job-a",
-        1,
-        Action::Save(pb::Save {
-            deadline_ms: 10_000,
-        }),
-    ));
-    let (r, exited) = m.result_and_exit("c6", "job-a", T).await;
-    assert!(r.ok, "{r:?}");
-    let Some(Detail::Saved(saved)) = r.detail else {
-        panic!("no Saved detail: {r:?}")
-    };
+    let (saved, exited) = m.save(("c6", "job-a", 1), 10_000, T).await;
     assert!(!saved.killed);
     assert!(saved.checkpoint_bytes > 0);
     assert!(saved.step >= adopted_step);
@@ -344,19 +332,7 @@ async fn a_job_with_its_own_user_runs_as_that_user_and_checkpoints() {
     let user = inspect.config.and_then(|c| c.user);
     assert_eq!(user.as_deref(), Some("1000:1000"));
 
-    m.send(command(
-        "u2",
-        "job-u",
-        1,
-        Action::Save(pb::Save {
-            deadline_ms: 10_000,
-        }),
-    ));
-    let (r, exited) = m.result_and_exit("u2", "job-u", T).await;
-    assert!(r.ok, "{r:?}");
-    let Some(Detail::Saved(saved)) = r.detail else {
-        panic!("no Saved detail: {r:?}")
-    };
+    let (saved, exited) = m.save(("u2", "job-u", 1), 10_000, T).await;
     assert!(!saved.killed, "the trainer saved in time: {saved:?}");
     assert!(saved.checkpoint_bytes > 0, "{saved:?}");
     assert_eq!(exited.exit_code, 0, "{exited:?}");
@@ -486,17 +462,7 @@ async fn a_save_past_its_deadline_kills_the_container() {
     m.send(command("k1", "job-k", 2, start));
     assert!(m.result("k1", T).await.ok);
     m.samples("job-k", 1, T).await;
-    m.send(command(
-        "k2",
-        "job-k",
-        2,
-        Action::Save(pb::Save { deadline_ms: 500 }),
-    ));
-    let (r, exited) = m.result_and_exit("k2", "job-k", T).await;
-    assert!(r.ok, "{r:?}");
-    let Some(Detail::Saved(saved)) = r.detail else {
-        panic!("{r:?}")
-    };
+    let (saved, exited) = m.save(("k2", "job-k", 2), 500, T).await;
     assert!(saved.killed, "{saved:?}");
     assert!(exited.requested);
     assert_ne!(exited.exit_code, 0, "a killed container does not exit 0");

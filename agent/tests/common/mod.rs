@@ -197,6 +197,28 @@ impl Manager {
         (result.unwrap(), exit.unwrap())
     }
 
+    /// Sends a Save of incarnation `epoch` of `job` with `deadline_ms`, and waits for its
+    /// result, which must be a success with its Saved detail, and for the job's exit.
+    pub async fn save(
+        &mut self,
+        (command_id, job, epoch): (&str, &str, u64),
+        deadline_ms: u32,
+        timeout: Duration,
+    ) -> (pb::Saved, pb::ContainerExited) {
+        self.send(command(
+            command_id,
+            job,
+            epoch,
+            pb::command::Action::Save(pb::Save { deadline_ms }),
+        ));
+        let (r, exited) = self.result_and_exit(command_id, job, timeout).await;
+        assert!(r.ok, "{r:?}");
+        let Some(pb::command_result::Detail::Saved(saved)) = r.detail else {
+            panic!("no Saved detail: {r:?}")
+        };
+        (saved, exited)
+    }
+
     /// Collects progress samples of a job until `n` have arrived.
     pub async fn samples(
         &mut self,
