@@ -236,6 +236,18 @@ impl Fixture {
         })
     }
 
+    /// Submits `spec` as `id`, which must be placed at once, and acknowledges its Start:
+    /// the connection of the worker it went to.
+    fn start(&mut self, id: &str, spec: JobSpec) -> ConnId {
+        let out = self.step(Input::Submit {
+            id: id.into(),
+            spec,
+        });
+        let (conn, start) = Fixture::sent(&out, id, "start").expect("placed");
+        self.ok(conn, &start, Fixture::started(conn));
+        conn
+    }
+
     fn msg(&mut self, conn: ConnId, message: AgentMessage) -> Vec<Effect> {
         self.step(Input::Agent { conn, message })
     }
@@ -1980,12 +1992,7 @@ fn converge_rejects_a_job_worthless_by_its_finish_and_drops_one_whose_value_ran_
     );
     // 10 s of work worth something until 60 s: placed; still running at 60 s, it is given up.
     let submitted = f.now;
-    let out = f.step(Input::Submit {
-        id: "ok".into(),
-        spec: value_job(10.0, 10.0, 0.0, 60.0),
-    });
-    let (_, start) = Fixture::sent(&out, "ok", "start").expect("placed");
-    f.ok(1, &start, Fixture::started(1));
+    f.start("ok", value_job(10.0, 10.0, 0.0, 60.0));
     // Its agent never reports its CPU use, so what it has left is not known to shrink: it is
     // not given up early on its user's estimate (10 s, which would put its soonest finish past
     // 60 s from 50 s on), but once 60 s have passed since its submission, not before.
@@ -2009,6 +2016,15 @@ fn value_job(work: f64, max: f64, full: f64, zero: f64) -> JobSpec {
             full_value_until_s: full,
             zero_value_at_s: zero,
         }),
+        ..JobSpec::default()
+    }
+}
+
+/// A job without a value curve and `work` seconds of declared work.
+fn plain_job(work: f64) -> JobSpec {
+    JobSpec {
+        cpus: 0.1,
+        estimated_runtime_s: work,
         ..JobSpec::default()
     }
 }
@@ -2047,12 +2063,7 @@ fn converge_weighs_what_a_job_earns_against_what_it_costs_the_jobs_it_delays() {
     let mut f = Fixture::new("converge");
     f.register(1, "w1", 1.0);
     // 100 s of work, worth 100 if done by 100 s and nothing from 120 s: placed.
-    let out = f.step(Input::Submit {
-        id: "long".into(),
-        spec: value_job(100.0, 100.0, 100.0, 120.0),
-    });
-    let (_, start) = Fixture::sent(&out, "long", "start").expect("placed");
-    f.ok(1, &start, Fixture::started(1));
+    f.start("long", value_job(100.0, 100.0, 100.0, 120.0));
     // 50 s of work worth 10: it would go first and push `long` from 100 s to 150 s, past
     // its zero: 10 earned for 100 lost. Turned away, saying so.
     let out = f.step(Input::Submit {
@@ -2069,16 +2080,7 @@ fn converge_weighs_what_a_job_earns_against_what_it_costs_the_jobs_it_delays() {
     );
     // A job without a value curve is not weighed so, and goes first: `long` can now finish
     // 150 s after its submission at best, and is given up at once, long before 120 s.
-    let out = f.step(Input::Submit {
-        id: "plain".into(),
-        spec: JobSpec {
-            cpus: 0.1,
-            estimated_runtime_s: 50.0,
-            ..JobSpec::default()
-        },
-    });
-    let (_, start) = Fixture::sent(&out, "plain", "start").expect("placed");
-    f.ok(1, &start, Fixture::started(1));
+    f.start("plain", plain_job(50.0));
     let at = f
         .stopped_within(1, "long", Some(0.5), 10)
         .expect("given up early");
@@ -2098,25 +2100,10 @@ fn converge_places_a_value_job_where_it_costs_the_others_least_value() {
     f.register(1, "w1", 2.0);
     // 100 s of work, worth 100 if done by 60 s and nothing from 70 s: on w1 (2 cores), done
     // at 50 s.
-    let out = f.step(Input::Submit {
-        id: "tight".into(),
-        spec: value_job(100.0, 100.0, 60.0, 70.0),
-    });
-    let (_, start) = Fixture::sent(&out, "tight", "start").expect("placed");
-    f.ok(1, &start, Fixture::started(1));
+    f.start("tight", value_job(100.0, 100.0, 60.0, 70.0));
     f.register(2, "w2", 2.0);
     // 200 s of work without a curve: w2, where nothing is ahead of it.
-    let out = f.step(Input::Submit {
-        id: "plain".into(),
-        spec: JobSpec {
-            cpus: 0.1,
-            estimated_runtime_s: 200.0,
-            ..JobSpec::default()
-        },
-    });
-    let (conn, start) = Fixture::sent(&out, "plain", "start").expect("placed");
-    assert_eq!(conn, 2);
-    f.ok(2, &start, Fixture::started(2));
+    assert_eq!(f.start("plain", plain_job(200.0)), 2);
     // 50 s of work worth 10. By completion times the two workers tie (it goes first on either
     // and delays one job by 25 s), and the first would be w1; there it would push `tight`
     // from 50 s to 75 s, past its zero. On w2 it costs no value.
@@ -2146,28 +2133,12 @@ fn converge_places_a_value_job_where_it_costs_the_others_least_value() {
 fn converge_makes_no_move_that_costs_a_value_job_its_value() {
     let mut f = Fixture::new("converge");
     f.register(1, "w1", 1.0);
-    let plain = |work: f64| JobSpec {
-        cpus: 0.1,
-        estimated_runtime_s: work,
-        ..JobSpec::default()
-    };
     for id in ["a", "b", "c"] {
-        let out = f.step(Input::Submit {
-            id: id.into(),
-            spec: plain(45.0),
-        });
-        let (_, start) = Fixture::sent(&out, id, "start").unwrap();
-        f.ok(1, &start, Fixture::started(1));
+        f.start(id, plain_job(45.0));
     }
     f.register(2, "w2", 1.0);
     // 100 s of work, worth 100 until 110 s and nothing from 130 s: alone on w2, done at 100 s.
-    let out = f.step(Input::Submit {
-        id: "v".into(),
-        spec: value_job(100.0, 100.0, 110.0, 130.0),
-    });
-    let (conn, start) = Fixture::sent(&out, "v", "start").expect("placed");
-    assert_eq!(conn, 2);
-    f.ok(2, &start, Fixture::started(2));
+    assert_eq!(f.start("v", value_job(100.0, 100.0, 110.0, 130.0)), 2);
     // a, b and c share w1 (a quarter core each); v has w2. Moving the last of w1's jobs to w2
     // would save it waiting behind the other two, and push v from 100 s to past 130 s.
     let status = |job: &str, cpu_usage: f64| JobStatus {
