@@ -504,3 +504,122 @@ async fn logs_prints_the_output_the_jobs_worker_sends_and_refuses_another_worker
     assert_eq!(code, 3, "{err}");
     manager.stop().await;
 }
+
+/// Answers the manager's Read for `job`'s incarnation `epoch` on `agent` with `lines`, in one
+/// chunk that ends it.
+async fn answer_logs(agent: &mut ScriptedAgent, job: &str, epoch: u64, lines: &[&str]) {
+    let asked = next_logs_request(agent).await;
+    assert_eq!((asked.job_id.as_str(), asked.epoch), (job, epoch));
+    agent
+        .outbox
+        .send(Kind::Logs(pb::LogChunk {
+            request_id: asked.request_id,
+            lines: lines.iter().map(|l| log_line(l, false)).collect(),
+            end: true,
+            error: String::new(),
+        }))
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_of_a_moved_job_show_each_incarnations_part_from_the_worker_that_ran_it() {
+    let manager = TestManager::start(|_| {}).await.expect("manager");
+    let m = manager.endpoint();
+    let mut w1 = ScriptedAgent::connect(&m, "w1", 2.0, Duration::from_millis(100))
+        .await
+        .expect("agent");
+    let id = submit_and_start(&m, &mut w1, "moved-job").await;
+    let mut w2 = ScriptedAgent::connect(&m, "w2", 2.0, Duration::from_millis(100))
+        .await
+        .expect("agent");
+
+    // Drained, w1 saves the job and w2 restores it: epoch 1 ran on w1, epoch 2 runs on w2.
+    let mut control = manager.control().await.expect("control");
+    control
+        .drain_worker(pb::DrainWorkerRequest {
+            worker_id: "w1".into(),
+        })
+        .await
+        .expect("drain");
+    let save = next_command(&mut w1).await;
+    assert!(
+        matches!(save.action, Some(pb::command::Action::Save(_))),
+        "{save:?}"
+    );
+    w1.outbox
+        .send(Kind::Result(pb::CommandResult {
+            command_id: save.command_id,
+            job_id: id.clone(),
+            epoch: 1,
+            ok: true,
+            detail: Some(pb::command_result::Detail::Saved(pb::Saved {
+                step: 40,
+                checkpoint_bytes: 1000,
+                save_ms: 5,
+                killed: false,
+                ..Default::default()
+            })),
+            ..Default::default()
+        }))
+        .await;
+    let restore = next_command(&mut w2).await;
+    assert!(
+        matches!(restore.action, Some(pb::command::Action::Start(_))) && restore.epoch == 2,
+        "{restore:?}"
+    );
+    w2.outbox
+        .send(Kind::Result(pb::CommandResult {
+            command_id: restore.command_id,
+            job_id: id.clone(),
+            epoch: 2,
+            ok: true,
+            detail: Some(pb::command_result::Detail::Started(pb::Started {
+                container_id: "ctr-moved-job-2".into(),
+                from_checkpoint: true,
+            })),
+            ..Default::default()
+        }))
+        .await;
+
+    // As a table: each part on stdout in order, the second headed on stderr by its epoch and
+    // worker; each asked of the worker that ran it.
+    let reader = tokio::spawn({
+        let (m, id) = (m.clone(), id.clone());
+        async move { ctl(&m, &["logs", &id]).await }
+    });
+    answer_logs(&mut w1, &id, 1, &["step 1\n", "saved at 40\n"]).await;
+    answer_logs(&mut w2, &id, 2, &["restored at 40\n", "step 41\n"]).await;
+    let (code, out, err) = reader.await.expect("reader");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "step 1\nsaved at 40\nrestored at 40\nstep 41\n");
+    assert!(err.contains("── epoch 2 on w2 ──"), "{err}");
+
+    // As JSON: every line says which incarnation and worker it came from.
+    let reader = tokio::spawn({
+        let (m, id) = (m.clone(), id.clone());
+        async move { ctl(&m, &["logs", &id, "-o", "json"]).await }
+    });
+    answer_logs(&mut w1, &id, 1, &["saved at 40\n"]).await;
+    answer_logs(&mut w2, &id, 2, &["step 41\n"]).await;
+    let (code, out, err) = reader.await.expect("reader");
+    assert_eq!(code, 0, "{err}");
+    let parts: Vec<(u64, String, String)> = out
+        .lines()
+        .map(json)
+        .map(|l| {
+            (
+                l["epoch"].as_u64().unwrap(),
+                l["worker"].as_str().unwrap().to_string(),
+                l["line"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        parts,
+        [
+            (1, "w1".to_string(), "saved at 40".to_string()),
+            (2, "w2".to_string(), "step 41".to_string())
+        ]
+    );
+    manager.stop().await;
+}

@@ -74,6 +74,50 @@ async fn kill_and_restart(m: &ManagerContainer, when: &str) -> anyhow::Result<Cl
     Ok(c)
 }
 
+/// Job `id`'s events from the first on (its history as a user reads it after the restarts).
+async fn history(c: &mut Client, id: &str) -> anyhow::Result<Vec<pb::Event>> {
+    let mut stream = c
+        .watch_events(pb::WatchEventsRequest {
+            job_id: id.to_string(),
+            from_seq: 1,
+        })
+        .await?
+        .into_inner();
+    let mut events = Vec::new();
+    while let Ok(Some(e)) = tokio::time::timeout(Duration::from_millis(500), stream.next()).await {
+        events.push(e?);
+    }
+    Ok(events)
+}
+
+/// The steps of the job's moves, in order: (the step its old incarnation saved, the step its
+/// new one first reported). A move resumes from its checkpoint when the two agree; a restart
+/// from 0 would show a first step of 0.
+fn moves(events: &[pb::Event]) -> anyhow::Result<Vec<(u64, u64)>> {
+    let step = |e: &pb::Event| -> anyhow::Result<u64> {
+        Ok(e.attributes
+            .get("step")
+            .ok_or_else(|| anyhow::anyhow!("no step in {e:?}"))?
+            .parse()?)
+    };
+    let mut saved = None;
+    let mut out = Vec::new();
+    for e in events {
+        if e.kind != pb::EventKind::Migration as i32 {
+            continue;
+        }
+        if e.reason.contains("saved at step") {
+            saved = Some(step(e)?);
+        } else if e.reason.starts_with("resumed on") {
+            let s = saved
+                .take()
+                .ok_or_else(|| anyhow::anyhow!("resumed without a save: {events:#?}"))?;
+            out.push((s, step(e)?));
+        }
+    }
+    Ok(out)
+}
+
 /// All events from number 1 on: their numbers must run 1, 2, 3, … with no gap or repeat.
 async fn assert_events_continuous(c: &mut Client) -> anyhow::Result<u64> {
     let mut stream = c
@@ -192,6 +236,12 @@ async fn kill_9_at_any_moment_loses_no_job_and_never_runs_one_twice() -> anyhow:
     .await?;
     assert!(moved.epoch >= 2, "(c) a new incarnation: {moved:?}");
     docker.assert_one_incarnation_at_a_time(&a)?;
+    let (saved, resumed) = moves(&history(&mut client, &a).await?)?[0];
+    assert!(
+        saved >= step_before_move,
+        "(c) saved at {saved}, ran to {step_before_move}"
+    );
+    assert_eq!(resumed, saved, "(c) resumed from its checkpoint");
 
     // (d) Killed during a Restore: drain its new worker and kill the manager as soon as the
     // job's restore is announced.
@@ -244,6 +294,15 @@ async fn kill_9_at_any_moment_loses_no_job_and_never_runs_one_twice() -> anyhow:
     .await?;
     assert!(restored.epoch > moved.epoch, "(d) {restored:?}");
     docker.assert_one_incarnation_at_a_time(&a)?;
+    let both = moves(&history(&mut client, &a).await?)?;
+    assert_eq!(both.len(), 2, "(d) two moves: {both:?}");
+    let (saved, resumed) = both[1];
+    assert!(
+        saved >= moved.step,
+        "(d) saved at {saved}, ran to {}",
+        moved.step
+    );
+    assert_eq!(resumed, saved, "(d) resumed from its checkpoint");
 
     // (e) Killed right after CancelJob returned: cancelled it stays, and its container goes.
     client
@@ -323,6 +382,31 @@ async fn kill_9_at_any_moment_loses_no_job_and_never_runs_one_twice() -> anyhow:
         .jobs;
     assert_eq!(jobs.len(), 3);
     assert!(assert_events_continuous(&mut client).await? > 20);
+    // A's own history, read after six restarts, tells its whole life in order: placed,
+    // running, two moves, cancelled.
+    let told = history(&mut client, &a).await?;
+    use pb::EventKind::{JobPlaced, JobState as State, Migration};
+    let life = [
+        (JobPlaced, ""),
+        (State, "running on"),
+        (Migration, "saved at step"),
+        (Migration, "resumed on"),
+        (Migration, "saved at step"),
+        (Migration, "resumed on"),
+        (State, "cancelled"),
+    ];
+    let mut at = 0;
+    for e in &told {
+        if at < life.len() && e.kind == life[at].0 as i32 && e.reason.contains(life[at].1) {
+            at += 1;
+        }
+    }
+    assert_eq!(
+        at,
+        life.len(),
+        "A's history lacks {:?}: {told:#?}",
+        life.get(at)
+    );
     for j in [&a, &low, &high] {
         docker.assert_one_incarnation_at_a_time(j)?;
     }

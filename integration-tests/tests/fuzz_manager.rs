@@ -1,9 +1,12 @@
 //! A fuzz run against a real manager over real tonic with TLS (issue 15): 10,000 random and
 //! mutated agent messages (from an agent holding a valid certificate for its own worker) and
-//! control requests. The manager never panics or hangs, every control call gets an answer or a
-//! status it documents, and the jobs on the other worker, which nothing sent was allowed to
-//! change, are exactly as they were. The seed is printed; set `FUZZ_SEED` to replay a run.
+//! control requests. The manager never panics (a panic hook records any, on any thread) or
+//! hangs; every control call gets an answer or a status it documents; every agent stream
+//! carries only well-formed messages and ends, if the manager ends it, with a status it
+//! documents; and the jobs on the other worker, which nothing sent was allowed to change, are
+//! exactly as they were. The seed is printed; set `FUZZ_SEED` to replay a run.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use converge_integration_tests::{ScriptedAgent, TestManager, eventually, tempfile_dir};
@@ -12,6 +15,7 @@ use converge_messenger::pb::{
     control_service_client::ControlServiceClient,
 };
 use converge_messenger::tls::{self, TlsFiles};
+use prost::Message;
 use rand::{Rng, SeedableRng, seq::IndexedRandom};
 use rand_chacha::ChaCha8Rng;
 use tonic::Code;
@@ -138,10 +142,112 @@ fn agent_message(rng: &mut ChaCha8Rng, bystanders: &[String], own: &[String]) ->
     AgentMessage { kind: Some(kind) }
 }
 
+/// A message w1 may send (about one of its own jobs, at its epoch), then mutated: its encoding
+/// with bits flipped, cut short or a tail repeated; when that no longer decodes, one field is
+/// changed instead. Mutations of valid input get past the first checks that most random
+/// messages fail. The flag says whether the bytes were mutated.
+fn mutated(
+    rng: &mut ChaCha8Rng,
+    bystanders: &[String],
+    own: &[String],
+    step: &mut u64,
+) -> (AgentMessage, bool) {
+    let job_id = own.choose(rng).cloned().unwrap_or_default();
+    *step += 10;
+    let kind = match rng.random_range(0..4) {
+        0 => Kind::Progress(pb::ProgressBatch {
+            samples: vec![pb::ProgressSample {
+                job_id,
+                epoch: 1,
+                step: *step,
+                total_steps: Some(1_000_000),
+                value: Some(1.0 / *step as f64),
+                ..Default::default()
+            }],
+            malformed: vec![],
+        }),
+        1 => Kind::Heartbeat(pb::Heartbeat {
+            seq: *step,
+            jobs: vec![pb::JobStatus {
+                job_id,
+                epoch: 1,
+                cpu_limit: Some(1.0),
+                cpu_usage: 0.9,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        2 => Kind::Usage(pb::UsageBatch {
+            samples: vec![pb::UsageSample {
+                job_id,
+                epoch: 1,
+                cpu_cores: 0.9,
+                ..Default::default()
+            }],
+        }),
+        _ => Kind::MigrationRequest(pb::MigrationRequest {
+            job_id,
+            epoch: 1,
+            reason: "converged".into(),
+        }),
+    };
+    let valid = AgentMessage { kind: Some(kind) };
+    let mut bytes = valid.encode_to_vec();
+    match rng.random_range(0..3) {
+        0 => {
+            for _ in 0..rng.random_range(1..4) {
+                let i = rng.random_range(0..bytes.len());
+                bytes[i] ^= 1 << rng.random_range(0..8);
+            }
+        }
+        1 => bytes.truncate(rng.random_range(0..bytes.len())),
+        _ => {
+            let tail = bytes[rng.random_range(0..bytes.len())..].to_vec();
+            bytes.extend_from_slice(&tail);
+        }
+    }
+    if let Ok(m) = AgentMessage::decode(bytes.as_slice()) {
+        return (m, true);
+    }
+    let mut m = valid;
+    match m.kind.as_mut() {
+        Some(Kind::Progress(b)) => match rng.random_range(0..3) {
+            0 => b.samples[0].job_id = bystanders.choose(rng).cloned().unwrap_or_default(),
+            1 => b.samples[0].epoch = 2,
+            _ => b.samples[0].step = u64::MAX,
+        },
+        Some(Kind::Heartbeat(h)) => h.jobs[0].cpu_usage = number(rng),
+        Some(Kind::Usage(u)) => {
+            u.samples[0].job_id = bystanders.choose(rng).cloned().unwrap_or_default()
+        }
+        Some(Kind::MigrationRequest(r)) => r.epoch = u64::MAX,
+        _ => {}
+    }
+    (m, false)
+}
+
+/// What ends an agent stream from the manager's side: the codes `messenger::manager` and the
+/// actor document (a refused Register, a replaced stream, a shutdown, a flood).
+fn ends_as_documented(code: Code) -> bool {
+    matches!(
+        code,
+        Code::Unauthenticated
+            | Code::DeadlineExceeded
+            | Code::Cancelled
+            | Code::FailedPrecondition
+            | Code::InvalidArgument
+            | Code::PermissionDenied
+            | Code::Unavailable
+            | Code::Aborted
+            | Code::ResourceExhausted
+    )
+}
+
 /// w1's fuzzing stream: a sender whose messages go to the manager.
 async fn open_w1(
     addr: std::net::SocketAddr,
     tls: ClientTlsConfig,
+    problems: Arc<Mutex<Vec<String>>>,
 ) -> anyhow::Result<tokio::sync::mpsc::Sender<AgentMessage>> {
     let channel = Endpoint::from_shared(format!("https://{addr}"))?
         .tls_config(tls)?
@@ -161,8 +267,31 @@ async fn open_w1(
         .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await?
         .into_inner();
-    // Drain what the manager sends (commands for jobs placed on w1) so its queue never fills.
-    tokio::spawn(async move { while let Ok(Some(_)) = replies.message().await {} });
+    // Drain what the manager sends (commands for jobs placed on w1) so its queue never fills,
+    // and note anything it should not have sent.
+    tokio::spawn(async move {
+        loop {
+            match replies.message().await {
+                Ok(Some(m)) if m.kind.is_none() => {
+                    problems
+                        .lock()
+                        .unwrap()
+                        .push(format!("an empty message: {m:?}"));
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(s) if ends_as_documented(s.code()) => break,
+                Err(s) => {
+                    problems.lock().unwrap().push(format!(
+                        "the stream ended with {:?}: {}",
+                        s.code(),
+                        s.message()
+                    ));
+                    break;
+                }
+            }
+        }
+    });
     Ok(tx)
 }
 
@@ -287,6 +416,19 @@ async fn ten_thousand_random_inputs_break_nothing_and_touch_no_other_workers_job
         .unwrap_or_else(rand::random);
     eprintln!("fuzz seed {seed} (FUZZ_SEED={seed} replays this run)");
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    // Any panic on any thread of this process (the manager runs in it): tokio would catch one
+    // in a task and the manager might go on without that task, so a hook is the only sure way
+    // to see it.
+    let panics = Arc::new(Mutex::new(Vec::<String>::new()));
+    let default_hook = std::panic::take_hook();
+    {
+        let panics = panics.clone();
+        std::panic::set_hook(Box::new(move |info| {
+            panics.lock().unwrap().push(info.to_string());
+            default_hook(info);
+        }));
+    }
+    let problems = Arc::new(Mutex::new(Vec::<String>::new()));
 
     let certs = tempfile_dir("fuzz-certs")?;
     tls::generate(
@@ -340,7 +482,7 @@ async fn ten_thousand_random_inputs_break_nothing_and_touch_no_other_workers_job
 
     // The fuzzing agent: w1, with w1's own valid certificate.
     let w1_tls = tls_for(certs.path(), "w1");
-    let mut w1 = open_w1(manager.addr, w1_tls.clone()).await?;
+    let mut w1 = open_w1(manager.addr, w1_tls.clone(), problems.clone()).await?;
     // A few jobs of the fuzzer's own that land on w1, so that some of what w1 says is about
     // jobs it may speak of.
     let mut submitted = Vec::new();
@@ -354,7 +496,7 @@ async fn ten_thousand_random_inputs_break_nothing_and_touch_no_other_workers_job
         assert_eq!(id.job.as_ref().map(|j| j.worker_id.as_str()), Some("w1"));
         submitted.push(id.job_id);
     }
-    let (mut sent, mut asked, mut reopened) = (0, 0, 0);
+    let (mut sent, mut asked, mut reopened, mut bytes_mutated, mut step) = (0, 0, 0, 0, 0);
     while sent < MESSAGES || asked < REQUESTS {
         if asked < REQUESTS && (sent >= MESSAGES || rng.random_bool(0.2)) {
             asked += 1;
@@ -374,17 +516,24 @@ async fn ten_thousand_random_inputs_break_nothing_and_touch_no_other_workers_job
             }
         } else {
             sent += 1;
-            let m = agent_message(&mut rng, &bystanders, &submitted);
+            let m = if rng.random_bool(0.5) {
+                agent_message(&mut rng, &bystanders, &submitted)
+            } else {
+                let (m, bytes) = mutated(&mut rng, &bystanders, &submitted, &mut step);
+                bytes_mutated += usize::from(bytes);
+                m
+            };
             if w1.send(m).await.is_err() {
                 // The manager ended the stream: open another.
                 reopened += 1;
-                w1 = open_w1(manager.addr, w1_tls.clone()).await?;
+                w1 = open_w1(manager.addr, w1_tls.clone(), problems.clone()).await?;
             }
         }
     }
     drop(w1);
     eprintln!(
-        "sent {sent} agent messages, {asked} control requests; reopened w1's stream {reopened} times"
+        "sent {sent} agent messages ({bytes_mutated} of them valid ones with mutated bytes), \
+         {asked} control requests; reopened w1's stream {reopened} times"
     );
 
     // Still serving, and the bystanders are exactly as they were.
@@ -399,6 +548,16 @@ async fn ten_thousand_random_inputs_break_nothing_and_touch_no_other_workers_job
     })
     .await?;
     assert_eq!(snapshot(&jobs), before, "bystanders changed (seed {seed})");
+    assert_eq!(
+        *problems.lock().unwrap(),
+        Vec::<String>::new(),
+        "w1's streams (seed {seed})"
+    );
+    assert_eq!(
+        *panics.lock().unwrap(),
+        Vec::<String>::new(),
+        "panics (seed {seed})"
+    );
 
     // What the fuzz left in the store reads back: the manager starts again on it.
     let addr = manager.addr;
@@ -424,5 +583,10 @@ async fn ten_thousand_random_inputs_break_nothing_and_touch_no_other_workers_job
         "bystanders after a restart (seed {seed})"
     );
     manager.stop().await;
+    assert_eq!(
+        *panics.lock().unwrap(),
+        Vec::<String>::new(),
+        "panics (seed {seed})"
+    );
     Ok(())
 }

@@ -350,15 +350,23 @@ impl Core {
             if s.epoch != j.epoch {
                 continue;
             }
-            j.step = j.step.max(s.step);
+            let starting = matches!(j.phase, JobPhase::Starting { .. });
+            let resumed = j.resuming.take_if(|r| r.to == worker);
+            // An incarnation's first line says where it really starts: from its checkpoint,
+            // or from 0 if it had none. Within one the step only goes up (lines may arrive out
+            // of order across a reconnect).
+            j.step = if starting || resumed.is_some() {
+                s.step
+            } else {
+                j.step.max(s.step)
+            };
             if let Some(t) = s.total_steps {
                 j.total_steps = t;
             }
             if s.value.is_some() {
                 j.metric_value = s.value;
             }
-            let resumed = j.resuming.take_if(|r| r.to == worker).map(|r| (r, j.step));
-            let starting = matches!(j.phase, JobPhase::Starting { .. });
+            let resumed = resumed.map(|r| (r, j.step));
             if let Some((r, step)) = resumed {
                 let downtime = self.now - r.started;
                 // A move counts once the new incarnation has shown progress: until then it

@@ -849,6 +849,38 @@ fn first_progress_after_a_restore_records_the_downtime() {
     assert!(done, "{out:?}");
 }
 
+/// A new incarnation's first line is where the job is: the step of the checkpoint it really
+/// restored, lower than the old incarnation reached when the checkpoint is older (or 0 when
+/// there was none). Keeping the old high-water mark would hide a restart from the start.
+#[test]
+fn the_step_after_a_move_is_where_the_new_incarnation_starts() {
+    let mut f = Fixture::running();
+    f.progress(1, "a", 1, 12);
+    let out = f.step(Input::Drain {
+        worker: "w1".into(),
+    });
+    let (_, save) = Fixture::sent(&out, "a", "save").expect("drain saves");
+    // The checkpoint holds step 10 (saved before the line at 12 was sent, say).
+    let out = f.ok(1, &save, Fixture::saved());
+    let (_, start) = Fixture::sent(&out, "a", "start").expect("restore");
+    assert_eq!(f.core.job("a").unwrap().step, 12);
+    f.ok(2, &start, Fixture::started(2));
+    let out = f.progress(2, "a", 2, 10);
+    assert_eq!(f.core.job("a").unwrap().step, 10);
+    let said: Vec<&str> = out
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Event(e) => e.attributes.get("step").map(String::as_str),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(said, ["10"], "{out:?}");
+    // Within the incarnation the step only goes up: a late line changes nothing.
+    f.progress(2, "a", 2, 20);
+    f.progress(2, "a", 2, 15);
+    assert_eq!(f.core.job("a").unwrap().step, 20);
+}
+
 // ---- NodeRestriction ----
 
 #[test]
