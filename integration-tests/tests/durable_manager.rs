@@ -292,6 +292,13 @@ async fn finished_jobs_beyond_those_kept_are_answered_for_from_the_store() -> an
         Some(3.0),
         "{text}"
     );
+    // Every submission was written before it was answered: at least one commit was timed.
+    let commits = converge_integration_tests::metric_value(
+        &text,
+        "converge_manager_store_commit_seconds_count",
+        "",
+    );
+    assert!(commits.is_some_and(|n| n >= 1.0), "{text}");
     check(client.clone(), ids.clone()).await?;
     drop(agent);
     first.stop().await;

@@ -118,6 +118,7 @@ pub struct ManagerMetrics {
     tasks: Gauge,
     archived: Counter,
     pruned: Counter,
+    store_commit: Histogram,
 }
 
 impl Default for ManagerMetrics {
@@ -241,6 +242,14 @@ impl ManagerMetrics {
             "Finished jobs deleted from the state store past --finished-retention",
             pruned.clone(),
         );
+        // 20 us .. ~0.3 s: a WAL commit of a few pages, up to a batch of thousands of records.
+        let store_commit = Histogram::new(exponential_buckets(2e-5, 2.0, 14));
+        r.register(
+            "store_commit_seconds",
+            "Writes to the state store, each one transaction (what answers and commands wait \
+             for); count is the number of commits",
+            store_commit.clone(),
+        );
         Self {
             registry: Arc::new(root),
             jobs,
@@ -259,6 +268,7 @@ impl ManagerMetrics {
             tasks,
             archived,
             pruned,
+            store_commit,
         }
     }
 
@@ -327,6 +337,10 @@ impl ManagerMetrics {
 
     pub(crate) fn pruned(&self, jobs: usize) {
         self.pruned.inc_by(jobs as u64);
+    }
+
+    pub(crate) fn store_commit(&self, took: Duration) {
+        self.store_commit.observe(took.as_secs_f64());
     }
 
     pub(crate) fn tasks(&self, alive: usize) {

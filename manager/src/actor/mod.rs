@@ -581,7 +581,9 @@ impl Actor {
                 .collect(),
             events: &unsaved.events,
         };
+        let began = Instant::now();
         let result = store.commit(&batch);
+        self.metrics.store_commit(began.elapsed());
         unsaved.events.clear();
         match result {
             // Stored: finished jobs beyond what is kept leave memory, the store answers for them.
