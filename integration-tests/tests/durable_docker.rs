@@ -385,19 +385,32 @@ async fn kill_9_at_any_moment_loses_no_job_and_never_runs_one_twice() -> anyhow:
     // A's own history, read after six restarts, tells its whole life in order: placed,
     // running, two moves, cancelled.
     let told = history(&mut client, &a).await?;
-    use pb::EventKind::{JobPlaced, JobState as State, Migration};
-    let life = [
-        (JobPlaced, ""),
-        (State, "running on"),
-        (Migration, "saved at step"),
-        (Migration, "resumed on"),
-        (Migration, "saved at step"),
-        (Migration, "resumed on"),
-        (State, "cancelled"),
+    // Its life in order: submitted, placed, running (from the Start's answer, or re-adopted
+    // when (a)'s kill came first), two moves, cancelled.
+    let migration = |what: &'static str| {
+        move |e: &pb::Event| e.kind == pb::EventKind::Migration as i32 && e.reason.contains(what)
+    };
+    let life: [(&str, Box<dyn Fn(&pb::Event) -> bool>); 7] = [
+        (
+            "placed",
+            Box::new(|e| e.kind == pb::EventKind::JobPlaced as i32),
+        ),
+        (
+            "running",
+            Box::new(|e| e.to_state == JobState::Running as i32),
+        ),
+        ("saved", Box::new(migration("saved at step"))),
+        ("resumed", Box::new(migration("resumed on"))),
+        ("saved again", Box::new(migration("saved at step"))),
+        ("resumed again", Box::new(migration("resumed on"))),
+        (
+            "cancelled",
+            Box::new(|e| e.to_state == JobState::Cancelled as i32),
+        ),
     ];
     let mut at = 0;
     for e in &told {
-        if at < life.len() && e.kind == life[at].0 as i32 && e.reason.contains(life[at].1) {
+        if at < life.len() && (life[at].1)(e) {
             at += 1;
         }
     }
@@ -405,7 +418,7 @@ async fn kill_9_at_any_moment_loses_no_job_and_never_runs_one_twice() -> anyhow:
         at,
         life.len(),
         "A's history lacks {:?}: {told:#?}",
-        life.get(at)
+        life.get(at).map(|l| l.0)
     );
     for j in [&a, &low, &high] {
         docker.assert_one_incarnation_at_a_time(j)?;
