@@ -10,8 +10,8 @@
 use std::time::Duration;
 
 use converge_integration_tests::{
-    DockerEvents, MANAGER_IMAGE, ManagerContainer, TRAINER_IMAGE, TestAgent, eventually, job,
-    require_docker, tempfile_dir, trainer_spec, unique, unix_nanos, value_spec,
+    DockerEvents, MANAGER_IMAGE, ManagerContainer, TRAINER_IMAGE, TestAgent, events_of, eventually,
+    job, require_docker, tempfile_dir, trainer_spec, unique, unix_nanos, value_spec,
 };
 use converge_messenger::pb::{self, JobState, control_service_client::ControlServiceClient};
 use tokio_stream::StreamExt;
@@ -74,22 +74,6 @@ async fn kill_and_restart(m: &ManagerContainer, when: &str) -> anyhow::Result<Cl
     Ok(c)
 }
 
-/// Job `id`'s events from the first on (its history as a user reads it after the restarts).
-async fn history(c: &mut Client, id: &str) -> anyhow::Result<Vec<pb::Event>> {
-    let mut stream = c
-        .watch_events(pb::WatchEventsRequest {
-            job_id: id.to_string(),
-            from_seq: 1,
-        })
-        .await?
-        .into_inner();
-    let mut events = Vec::new();
-    while let Ok(Some(e)) = tokio::time::timeout(Duration::from_millis(500), stream.next()).await {
-        events.push(e?);
-    }
-    Ok(events)
-}
-
 /// The steps of the job's moves, in order: (the step its old incarnation saved, the step its
 /// new one first reported). A move resumes from its checkpoint when the two agree; a restart
 /// from 0 would show a first step of 0.
@@ -120,17 +104,8 @@ fn moves(events: &[pb::Event]) -> anyhow::Result<Vec<(u64, u64)>> {
 
 /// All events from number 1 on: their numbers must run 1, 2, 3, … with no gap or repeat.
 async fn assert_events_continuous(c: &mut Client) -> anyhow::Result<u64> {
-    let mut stream = c
-        .watch_events(pb::WatchEventsRequest {
-            from_seq: 1,
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
-    let mut seqs = Vec::new();
-    while let Ok(Some(e)) = tokio::time::timeout(Duration::from_millis(500), stream.next()).await {
-        seqs.push(e?.seq);
-    }
+    // Every job's (an empty job id): the whole log.
+    let seqs: Vec<u64> = events_of(c, "").await?.iter().map(|e| e.seq).collect();
     assert!(!seqs.is_empty());
     assert_eq!(
         seqs,
@@ -236,7 +211,7 @@ async fn kill_9_at_any_moment_loses_no_job_and_never_runs_one_twice() -> anyhow:
     .await?;
     assert!(moved.epoch >= 2, "(c) a new incarnation: {moved:?}");
     docker.assert_one_incarnation_at_a_time(&a)?;
-    let (saved, resumed) = moves(&history(&mut client, &a).await?)?[0];
+    let (saved, resumed) = moves(&events_of(&mut client, &a).await?)?[0];
     assert!(
         saved >= step_before_move,
         "(c) saved at {saved}, ran to {step_before_move}"
@@ -294,7 +269,7 @@ async fn kill_9_at_any_moment_loses_no_job_and_never_runs_one_twice() -> anyhow:
     .await?;
     assert!(restored.epoch > moved.epoch, "(d) {restored:?}");
     docker.assert_one_incarnation_at_a_time(&a)?;
-    let both = moves(&history(&mut client, &a).await?)?;
+    let both = moves(&events_of(&mut client, &a).await?)?;
     assert_eq!(both.len(), 2, "(d) two moves: {both:?}");
     let (saved, resumed) = both[1];
     assert!(
@@ -384,7 +359,7 @@ async fn kill_9_at_any_moment_loses_no_job_and_never_runs_one_twice() -> anyhow:
     assert!(assert_events_continuous(&mut client).await? > 20);
     // A's own history, read after six restarts, tells its whole life in order: placed,
     // running, two moves, cancelled.
-    let told = history(&mut client, &a).await?;
+    let told = events_of(&mut client, &a).await?;
     // Its life in order: submitted, placed, running (from the Start's answer, or re-adopted
     // when (a)'s kill came first), two moves, cancelled.
     let migration = |what: &'static str| {

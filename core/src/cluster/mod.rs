@@ -581,14 +581,15 @@ impl Core {
         // A placement snapshot reads a job's worker, spec and view: a transition changes the
         // first when the job comes or goes, the last when an incarnation starts (its view is
         // reset). Any other (Starting to Running, a pause) leaves the snapshot as it was;
-        // rebuilding it anyway walked every job of the worker for each Start's answer (a third
-        // of the manager's time submitting 6,000 jobs to three workers, `docs/performance.md`).
-        if old_worker != new_worker || new_incarnation {
+        // rebuilding it anyway walked every job of the worker for each Start's answer (29% of
+        // a `store_bench` round's samples, 15% after; `docs/performance.md`).
+        let moved = old_worker != new_worker;
+        if moved || new_incarnation {
             for w in old_worker.iter().chain(&new_worker) {
                 self.index.touch(w);
             }
         }
-        if old_worker != new_worker {
+        if moved {
             // The per-worker index is rebuilt from the phases on restore: no store write.
             if let Some(w) = old_worker.as_ref().and_then(|w| self.workers.get_mut(w)) {
                 w.jobs.remove(id);

@@ -248,6 +248,17 @@ impl Fixture {
         conn
     }
 
+    /// Submits `id`, expects it turned away (no Start, Rejected) and returns why.
+    fn rejected(&mut self, id: &str, spec: JobSpec) -> String {
+        let out = self.step(Input::Submit {
+            id: id.into(),
+            spec,
+        });
+        assert!(Fixture::sent(&out, id, "start").is_none(), "{out:?}");
+        assert_eq!(self.state(id), JobState::Rejected);
+        self.core.job(id).unwrap().reason.clone()
+    }
+
     fn msg(&mut self, conn: ConnId, message: AgentMessage) -> Vec<Effect> {
         self.step(Input::Agent { conn, message })
     }
@@ -2017,13 +2028,7 @@ fn converge_rejects_a_job_worthless_by_its_finish_and_drops_one_whose_value_ran_
     let mut f = Fixture::new("converge");
     f.register(1, "w1", 1.0);
     // 100 s of work on one core, worthless from 50 s: rejected, nothing started.
-    let out = f.step(Input::Submit {
-        id: "late".into(),
-        spec: value_job(100.0, 10.0, 0.0, 50.0),
-    });
-    assert!(Fixture::sent(&out, "late", "start").is_none());
-    assert_eq!(f.state("late"), JobState::Rejected);
-    let reason = &f.core.job("late").unwrap().reason;
+    let reason = f.rejected("late", value_job(100.0, 10.0, 0.0, 50.0));
     assert!(
         reason.contains("finish 100 s after submission")
             && reason.contains("worth 0.0 of its value 10.0"),
@@ -2105,13 +2110,7 @@ fn converge_weighs_what_a_job_earns_against_what_it_costs_the_jobs_it_delays() {
     f.start("long", value_job(100.0, 100.0, 100.0, 120.0));
     // 50 s of work worth 10: it would go first and push `long` from 100 s to 150 s, past
     // its zero: 10 earned for 100 lost. Turned away, saying so.
-    let out = f.step(Input::Submit {
-        id: "small".into(),
-        spec: value_job(50.0, 10.0, 1000.0, 2000.0),
-    });
-    assert!(Fixture::sent(&out, "small", "start").is_none());
-    assert_eq!(f.state("small"), JobState::Rejected);
-    let reason = &f.core.job("small").unwrap().reason;
+    let reason = f.rejected("small", value_job(50.0, 10.0, 1000.0, 2000.0));
     assert!(
         reason.contains("worth 10.0 of its value 10.0")
             && reason.contains("would lose 100.0 of theirs"),
