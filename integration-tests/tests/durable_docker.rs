@@ -362,26 +362,19 @@ async fn kill_9_at_any_moment_loses_no_job_and_never_runs_one_twice() -> anyhow:
     let told = events_of(&mut client, &a).await?;
     // Its life in order: submitted, placed, running (from the Start's answer, or re-adopted
     // when (a)'s kill came first), two moves, cancelled.
-    let migration = |what: &'static str| {
-        move |e: &pb::Event| e.kind == pb::EventKind::Migration as i32 && e.reason.contains(what)
-    };
-    let life: [(&str, Box<dyn Fn(&pb::Event) -> bool>); 7] = [
-        (
-            "placed",
-            Box::new(|e| e.kind == pb::EventKind::JobPlaced as i32),
-        ),
-        (
-            "running",
-            Box::new(|e| e.to_state == JobState::Running as i32),
-        ),
-        ("saved", Box::new(migration("saved at step"))),
-        ("resumed", Box::new(migration("resumed on"))),
-        ("saved again", Box::new(migration("saved at step"))),
-        ("resumed again", Box::new(migration("resumed on"))),
-        (
-            "cancelled",
-            Box::new(|e| e.to_state == JobState::Cancelled as i32),
-        ),
+    type Is = fn(&pb::Event) -> bool;
+    let saved: Is =
+        |e| e.kind == pb::EventKind::Migration as i32 && e.reason.contains("saved at step");
+    let resumed: Is =
+        |e| e.kind == pb::EventKind::Migration as i32 && e.reason.contains("resumed on");
+    let life: [(&str, Is); 7] = [
+        ("placed", |e| e.kind == pb::EventKind::JobPlaced as i32),
+        ("running", |e| e.to_state == JobState::Running as i32),
+        ("saved", saved),
+        ("resumed", resumed),
+        ("saved again", saved),
+        ("resumed again", resumed),
+        ("cancelled", |e| e.to_state == JobState::Cancelled as i32),
     ];
     let mut at = 0;
     for e in &told {
