@@ -289,7 +289,8 @@ async fn round(
                     step: c.step,
                     total_steps: c.total,
                     metric: "loss".into(),
-                    value: Some(1.0 / c.step as f64),
+                    // A loss computed in f32, as our trainer's and most frameworks' are.
+                    value: Some(f64::from(1.0f32 / c.step as f32)),
                     ..Default::default()
                 }],
                 malformed: vec![],
