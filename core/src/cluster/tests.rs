@@ -2130,6 +2130,53 @@ fn converge_weighs_what_a_job_earns_against_what_it_costs_the_jobs_it_delays() {
     );
 }
 
+/// `converge` places on the workers with the fewest jobs per core, and only among those by
+/// what the job adds to the sum of completion times: a big worker full of nearly finished jobs
+/// looks fastest by the sum (it would run the job after 40 s of work at four cores), but the
+/// job would share it with four others, and an empty small worker has a core for it alone.
+#[test]
+fn converge_places_on_the_fewest_jobs_per_core_before_the_sum_of_completion_times() {
+    let mut f = Fixture::new("converge");
+    f.register(1, "big", 4.0);
+    for k in 0..4 {
+        assert_eq!(f.start(&format!("short-{k}"), plain_job(10.0)), 1);
+    }
+    f.register(2, "small", 1.0);
+    let out = f.step(Input::Submit {
+        id: "new".into(),
+        spec: plain_job(100.0),
+    });
+    let (conn, _) = Fixture::sent(&out, "new", "start").expect("placed");
+    let reason = out
+        .iter()
+        .find_map(|e| match e {
+            Effect::Event(e) if e.kind == EventKind::JobPlaced => Some(e.reason.clone()),
+            _ => None,
+        })
+        .expect("a placement event");
+    assert_eq!(conn, 2, "{reason}");
+    assert!(
+        reason.contains("placed on small")
+            && reason.contains("fewest jobs per core (1.00 with it)"),
+        "{reason}"
+    );
+    // The sum of completion times alone would have chosen `big`: (40 + 100) / 4 = 35 s there
+    // against 100 s on `small`, as the scores it lists say.
+    let scores = out
+        .iter()
+        .find_map(|e| match e {
+            Effect::Event(e) if e.kind == EventKind::JobPlaced => {
+                e.attributes.get("scores").cloned()
+            }
+            _ => None,
+        })
+        .expect("scores");
+    assert!(
+        scores.contains("big=35") && scores.contains("small=100"),
+        "{scores}"
+    );
+}
+
 /// Among workers, a job with a value curve goes where it earns most net of what it costs the
 /// jobs it delays, not where it adds least to the sum of completion times.
 #[test]
