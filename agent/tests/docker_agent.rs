@@ -460,7 +460,8 @@ async fn a_save_past_its_deadline_kills_the_container() {
             .push("--ignore-sigterm".into());
     }
     m.send(command("k1", "job-k", 2, start));
-    assert!(m.result("k1", T).await.ok);
+    let started = m.result("k1", T).await;
+    assert!(started.ok, "the Start failed: {}", started.error);
     m.samples("job-k", 1, T).await;
     let (saved, exited) = m.save(("k2", "job-k", 2), 500, T).await;
     assert!(saved.killed, "{saved:?}");
