@@ -281,8 +281,9 @@ async fn agent_killed_during_drain_recovers_job_from_checkpoint() -> anyhow::Res
     const RECOVER: Duration = Duration::from_secs(3);
     // Steps of a few tenths of a second (size 24): after its SIGTERM the trainer finishes the
     // step under way before it saves and exits, which leaves the test the time to kill the
-    // agent before that agent can see the exit and report the save.
-    let mut spec = trainer_spec("cnn-digits", 50, 1);
+    // agent before that agent can see the exit and report the save. 200 of them: with 50, on a
+    // slow machine the job had finished before the drain reached it (CI, 2026-11-25).
+    let mut spec = trainer_spec("cnn-digits", 200, 1);
     spec.args.extend(["--size".into(), "24".into()]);
     let s = running_on_w1("kr", spec, 3, |c| {
         // Twelve missed heartbeats (3 s), not three: with this file's three tests and their
@@ -311,6 +312,15 @@ async fn agent_killed_during_drain_recovers_job_from_checkpoint() -> anyhow::Res
             |e| e.epoch == "1" && e.is_sigterm(),
         )
         .await?;
+    // Follow the source's log from now: the container is still alive (finishing its step and
+    // saving), and the agent's exit watcher, a task of its own that aborting the agent does
+    // not stop, may remove it as soon as it exits (CI saw `docker logs` find it gone).
+    let source_log = std::process::Command::new("docker")
+        .args(["logs", "--follow", &sigterm.container])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .context("docker logs --follow")?;
     s.a1.kill();
 
     wait_worker_state(
@@ -391,7 +401,7 @@ async fn agent_killed_during_drain_recovers_job_from_checkpoint() -> anyhow::Res
 
     // The restart continued from the checkpoint the unobserved save wrote: its first report
     // is at the step the source saved (read from the source's own log), not at 0.
-    let saved_step = saved_step_in_logs(&sigterm.container)?;
+    let saved_step = saved_step_in_log(&sigterm.container, source_log)?;
     assert!(saved_step > 0, "saved at step {saved_step}");
     let first_new = done
         .progress
@@ -408,17 +418,12 @@ async fn agent_killed_during_drain_recovers_job_from_checkpoint() -> anyhow::Res
     Ok(())
 }
 
-/// The step of the last "checkpoint saved" progress line in a container's log.
-fn saved_step_in_logs(container: &str) -> anyhow::Result<u64> {
-    let out = std::process::Command::new("docker")
-        .args(["logs", container])
-        .output()
-        .context("docker logs")?;
-    anyhow::ensure!(
-        out.status.success(),
-        "docker logs {container}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+/// The step of the last "checkpoint saved" progress line in a container's log, read by
+/// `follower` (`docker logs --follow`, which ends when the container stops).
+fn saved_step_in_log(container: &str, follower: std::process::Child) -> anyhow::Result<u64> {
+    let out = follower
+        .wait_with_output()
+        .context("docker logs --follow")?;
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .rev()
