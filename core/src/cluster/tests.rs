@@ -282,6 +282,14 @@ impl Fixture {
         self.core.job(id).unwrap().epoch
     }
 
+    /// The first event of `kind` in `out`.
+    fn event(out: &[Effect], kind: EventKind) -> Option<&Event> {
+        out.iter().find_map(|e| match e {
+            Effect::Event(e) if e.kind == kind => Some(e),
+            _ => None,
+        })
+    }
+
     /// The last command of `action` for `job` in `out`.
     fn sent(out: &[Effect], job: &str, action: &str) -> Option<(ConnId, Command)> {
         out.iter().rev().find_map(|e| match e {
@@ -2147,13 +2155,8 @@ fn converge_places_on_the_fewest_jobs_per_core_before_the_sum_of_completion_time
         spec: plain_job(100.0),
     });
     let (conn, _) = Fixture::sent(&out, "new", "start").expect("placed");
-    let reason = out
-        .iter()
-        .find_map(|e| match e {
-            Effect::Event(e) if e.kind == EventKind::JobPlaced => Some(e.reason.clone()),
-            _ => None,
-        })
-        .expect("a placement event");
+    let placed = Fixture::event(&out, EventKind::JobPlaced).expect("a placement event");
+    let reason = placed.reason.clone();
     assert_eq!(conn, 2, "{reason}");
     assert!(
         reason.contains("placed on small")
@@ -2162,15 +2165,7 @@ fn converge_places_on_the_fewest_jobs_per_core_before_the_sum_of_completion_time
     );
     // The sum of completion times alone would have chosen `big`: (40 + 100) / 4 = 35 s there
     // against 100 s on `small`, as the scores it lists say.
-    let scores = out
-        .iter()
-        .find_map(|e| match e {
-            Effect::Event(e) if e.kind == EventKind::JobPlaced => {
-                e.attributes.get("scores").cloned()
-            }
-            _ => None,
-        })
-        .expect("scores");
+    let scores = placed.attributes.get("scores").cloned().expect("scores");
     assert!(
         scores.contains("big=35") && scores.contains("small=100"),
         "{scores}"
@@ -2198,13 +2193,8 @@ fn converge_places_a_value_job_where_it_costs_the_others_least_value() {
     });
     let (conn, _) = Fixture::sent(&out, "new", "start").expect("placed");
     assert_eq!(conn, 2);
-    let reason = out
-        .iter()
-        .find_map(|e| match e {
-            Effect::Event(e) if e.kind == EventKind::JobPlaced => Some(e.reason.clone()),
-            _ => None,
-        })
-        .expect("a placement event");
+    let placed = Fixture::event(&out, EventKind::JobPlaced).expect("a placement event");
+    let reason = placed.reason.clone();
     assert!(
         reason.contains("placed on w2") && reason.contains("would lose 0.0 of theirs"),
         "{reason}"
@@ -2493,14 +2483,8 @@ fn converge_evens_out_predicted_finishes_moving_the_job_with_least_work_at_risk(
         (1, "b"),
         "the job with nothing at risk moves"
     );
-    let why = out
-        .iter()
-        .find_map(|e| match e {
-            Effect::Event(ev) if ev.kind == EventKind::Migration => {
-                ev.attributes.get("why").cloned()
-            }
-            _ => None,
-        })
+    let why = Fixture::event(&out, EventKind::Migration)
+        .and_then(|ev| ev.attributes.get("why").cloned())
         .expect("the move says why");
     assert!(why.contains("since its last checkpoint"), "{why}");
     assert_eq!(f.core.job("b").unwrap().state(), JobState::Migrating);
