@@ -456,6 +456,12 @@ pub fn containers_of(label: &str) -> Vec<(String, String)> {
         ])
         .output()
         .expect("docker ps");
+    // An empty answer from a failed `docker ps` would read as "no containers".
+    assert!(
+        out.status.success(),
+        "docker ps --filter label={label}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| l.split_once(' '))
@@ -574,14 +580,19 @@ pub fn cgroup_cpu(
     Ok((quota, cpu_ns))
 }
 
-/// The one running container of a job (short id), if there is exactly one.
-pub fn running_container_of(job_id: &str) -> Option<String> {
-    let running: Vec<String> = containers_of(&format!("converge.job={job_id}"))
-        .into_iter()
+/// The one running container of a job (short id); an error listing every container of the job
+/// and its state when there is not exactly one running.
+pub fn running_container_of(job_id: &str) -> Result<String> {
+    let all = containers_of(&format!("converge.job={job_id}"));
+    let running: Vec<&String> = all
+        .iter()
         .filter(|(_, state)| state == "running")
         .map(|(id, _)| id)
         .collect();
-    (running.len() == 1).then(|| running[0].clone())
+    match running.as_slice() {
+        [one] => Ok((*one).clone()),
+        _ => bail!("not one running container of job {job_id}: {all:?}"),
+    }
 }
 
 /// How Docker runs container `id`: `(capabilities dropped, read-only root, security options,

@@ -100,7 +100,7 @@ async fn a_completing_job_is_held_to_its_lower_bound_when_a_new_job_arrives() ->
         },
     )
     .await?;
-    let a_container = running_container_of(&a).expect("one running container of the first job");
+    let a_container = running_container_of(&a)?;
     let (a_full, a_nano) = inspect_nano_cpus(&a_container)?;
     assert_eq!(
         a_nano, 1_000_000_000,
@@ -146,17 +146,60 @@ async fn a_completing_job_is_held_to_its_lower_bound_when_a_new_job_arrives() ->
         (la.limit - 0.25).abs() < 1e-9,
         "completing job at 1/(β·n): {round:#?}"
     );
-    let b_container = running_container_of(&b).expect("one running container of the newcomer");
-    let (b_full, b_nano) = inspect_nano_cpus(&b_container)?;
-    let (_, a_nano) = inspect_nano_cpus(&a_full)?;
+    let applied_a = round
+        .applied
+        .iter()
+        .find(|l| l.job_id == a)
+        .unwrap_or_else(|| panic!("{a} applied in the round: {round:#?}"));
+    assert_eq!(
+        (applied_a.cpus, applied_a.error.as_deref()),
+        (0.25, None),
+        "the round's Docker update of the completing job: {round:#?}"
+    );
+    let b_container = running_container_of(&b)?;
+    let b_full = inspect_nano_cpus(&b_container)?.0;
+    // What Docker and the cgroups enforce, against the latest round the agent reported: a
+    // periodic round may run while the test reads (each `docker inspect` takes a while on a
+    // busy host), so the reading is taken again until no round reported meanwhile.
+    let mut latest = round.clone();
+    let enforced = loop {
+        while let Ok(r) = reports.try_recv() {
+            latest = r;
+        }
+        let seen = (
+            inspect_nano_cpus(&a_full)?.1,
+            inspect_nano_cpus(&b_full)?.1,
+            cgroup_cpu(&config, &a_full)?.0.expect("a CFS quota"),
+            cgroup_cpu(&config, &b_full)?.0.expect("a CFS quota"),
+        );
+        match reports.try_recv() {
+            Ok(r) => latest = r,
+            Err(_) => break seen,
+        }
+    };
+    let (a_nano, b_nano, a_quota, b_quota) = enforced;
+    let in_force = |id: &str| {
+        latest
+            .applied
+            .iter()
+            .find(|l| l.job_id == id)
+            .map(|l| l.cpus)
+            .unwrap_or_else(|| panic!("{id} in the latest round: {latest:#?}"))
+    };
+    assert_eq!(
+        in_force(&a),
+        0.25,
+        "the completing job stays at its lower bound: {latest:#?}"
+    );
     assert_eq!(
         a_nano, 250_000_000,
         "docker inspect: completing job at 0.25 CPUs"
     );
-    assert_eq!(b_nano, 1_000_000_000, "docker inspect: newcomer at 1 CPU");
-    let (a_quota, _) = cgroup_cpu(&config, &a_full)?;
-    let (b_quota, _) = cgroup_cpu(&config, &b_full)?;
-    let (a_quota, b_quota) = (a_quota.expect("a CFS quota"), b_quota.expect("a CFS quota"));
+    assert_eq!(
+        b_nano,
+        (in_force(&b) * 1e9).round() as i64,
+        "docker inspect: newcomer at the latest round's limit: {latest:#?}"
+    );
     assert!(
         b_quota > a_quota,
         "cgroup quotas: newcomer {b_quota} <= completing {a_quota}"
@@ -413,7 +456,7 @@ async fn limits_flowcon_set_are_released_when_the_policy_turns_free() -> anyhow:
             let ids = ids.clone();
             async move {
                 for id in &ids {
-                    if let Some(c) = running_container_of(id)
+                    if let Ok(c) = running_container_of(id)
                         && inspect_nano_cpus(&c)?.1 < 1_000_000_000
                     {
                         return Ok(Some(()));
@@ -437,7 +480,7 @@ async fn limits_flowcon_set_are_released_when_the_policy_turns_free() -> anyhow:
         let ids = ids.clone();
         async move {
             for id in &ids {
-                let c = running_container_of(id).expect("the job keeps running");
+                let c = running_container_of(id)?;
                 if inspect_nano_cpus(&c)?.1 != 1_000_000_000 {
                     return Ok(None);
                 }

@@ -56,17 +56,23 @@ async fn drain_while_running(
         .await?
         .into_inner()
         .job_id;
-    eventually(Duration::from_secs(60), "the job to run on w1", || {
+    let running = eventually(Duration::from_secs(60), "the job to run on w1", || {
         let mut c = client.clone();
         let id = id.clone();
         async move {
             let j = job(&mut c, &id, false).await?;
-            Ok((j.state == JobState::Running as i32 && j.step >= running_step).then_some(()))
+            Ok((j.state == JobState::Running as i32 && j.step >= running_step).then_some(j))
         }
     })
     .await?;
     // The job runs without privileges (and, below, still checkpoints and resumes).
-    let container = converge_integration_tests::running_container_of(&id).expect("one container");
+    let container = match converge_integration_tests::running_container_of(&id) {
+        Ok(c) => c,
+        Err(e) => {
+            let now = job(&mut client, &id, false).await;
+            anyhow::bail!("{e}; the job when seen running: {running:?}; now: {now:?}");
+        }
+    };
     let (caps, readonly, security, pids, tmpfs) =
         converge_integration_tests::inspect_privileges(&container)?;
     assert_eq!(caps, r#"["ALL"]"#);
