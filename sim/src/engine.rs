@@ -378,6 +378,12 @@ pub struct Simulation<'a> {
     timer: Option<Box<dyn Fn() -> f64>>,
     failure: Option<String>,
     flowcon_config: Option<FlowConConfig>,
+    /// Whether the workers share one host whose busy CPUs slow each other down (some job
+    /// carries [`crate::measured::Sharing::host`] factors: the testbed's workers are
+    /// containers on one machine).
+    one_host: bool,
+    /// Workers with a job on the CPU, as the rates in force were computed with.
+    busy_workers: usize,
 }
 
 impl std::fmt::Debug for Simulation<'_> {
@@ -549,6 +555,12 @@ impl<'a> Simulation<'a> {
             timer: None,
             failure: None,
             flowcon_config: policies::flowcon_config(policy),
+            one_host: jobs.iter().any(|j| {
+                j.runtime
+                    .as_ref()
+                    .is_some_and(|r| !r.sharing.host.is_empty())
+            }),
+            busy_workers: 0,
         };
         // Every agent registers at time 0; its node core hears the answer.
         for w in 0..sim.workers.len() {
@@ -674,7 +686,16 @@ impl<'a> Simulation<'a> {
                 }
             }
         }
-        for w in std::mem::take(&mut self.dirty) {
+        let mut dirty = std::mem::take(&mut self.dirty);
+        if self.one_host {
+            let busy = self.workers.iter().filter(|w| !w.jobs.is_empty()).count();
+            if busy != self.busy_workers {
+                // A worker went busy or idle: every busy worker's jobs change speed.
+                self.busy_workers = busy;
+                dirty.extend((0..self.workers.len()).filter(|&w| !self.workers[w].jobs.is_empty()));
+            }
+        }
+        for w in dirty {
             self.reallocate(w);
         }
         if let Some(due) = self.core.next_due()
@@ -1386,10 +1407,12 @@ impl<'a> Simulation<'a> {
                     .then(|| worker.jobs.iter().find(|&&o| o != j))
                     .flatten()
                     .and_then(|&o| jobs[o].spec.runtime.as_ref());
-                match other {
-                    Some(r) => costs.beside(&r.model, limited),
-                    None => costs.factor(limited, sharing),
-                }
+                let on_host = costs.on_host(self.busy_workers);
+                on_host
+                    * match other {
+                        Some(r) => costs.beside(&r.model, limited),
+                        None => costs.factor(limited, sharing),
+                    }
             })
             .collect();
         for ((&j, a), shared) in worker.jobs.iter().zip(alloc).zip(factors) {

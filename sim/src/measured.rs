@@ -164,6 +164,37 @@ pub struct PairsFile {
     pub pairs: Vec<PairPoint>,
 }
 
+/// `host.json`: one-thread jobs of one model, each in a container of its own limited to one
+/// core (as each of the testbed's workers holds its jobs), 1 to `nproc` of them at once. The
+/// testbed's workers are containers on this one machine, so a busy worker may slow the others
+/// down: on a machine whose CPUs are hyperthreads of one core (or share one core's budget in
+/// the hypervisor), two busy one-core workers each get far less than a core's throughput.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct HostFile {
+    /// Provenance.
+    pub header: Header,
+    /// One point per model × number of jobs at once.
+    pub points: Vec<HostPoint>,
+}
+
+/// `jobs` copies of one model at once, each under `--cpus 1`.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct HostPoint {
+    /// `--model`.
+    pub model: String,
+    /// `--size`.
+    pub size: u32,
+    /// How many ran at once.
+    pub jobs: usize,
+    /// Each one's rate over the common window.
+    pub rates: Vec<Rate>,
+    /// Their mean steps/s over the same model's alone (the point with `jobs` = 1): what each
+    /// gets done while that many are busy; `None` when a rate is missing.
+    pub relative: Option<f64>,
+    /// Why the point has no measurement.
+    pub error: Option<String>,
+}
+
 /// One job of a pair, or one alone.
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct PairJob {
@@ -340,7 +371,7 @@ pub struct CurveRow {
 // What the simulator takes from the files.
 
 /// The measured files of one directory, loaded (`step_time.json`, `colocation.json`,
-/// `checkpoint.json`, `start.json`, `curves.json`; each may be missing, and a question whose
+/// `checkpoint.json`, `start.json`, `curves.json`, `pairs.json`, `host.json`; each may be missing, and a question whose
 /// file is missing gets an error naming it).
 #[derive(Debug, Clone, Default)]
 pub struct Measured {
@@ -358,6 +389,8 @@ pub struct Measured {
     pub curves: Option<CurvesFile>,
     /// `pairs.json`.
     pub pairs: Option<PairsFile>,
+    /// `host.json`.
+    pub host: Option<HostFile>,
     /// Step-time factors by (model, size) from probes taken beside live runs
     /// ([`Measured::at_speed_of`]); empty when the table's step times stand as measured.
     pub speed: BTreeMap<(String, u32), f64>,
@@ -424,6 +457,7 @@ impl Measured {
             start: read(dir, "start.json")?,
             curves: read(dir, "curves.json")?,
             pairs: read(dir, "pairs.json")?,
+            host: read(dir, "host.json")?,
             speed: BTreeMap::new(),
         })
     }
@@ -468,6 +502,8 @@ impl Measured {
             self.checkpoint.as_ref().map(|f| &f.header),
             self.start.as_ref().map(|f| &f.header),
             self.curves.as_ref().map(|f| &f.header),
+            self.pairs.as_ref().map(|f| &f.header),
+            self.host.as_ref().map(|f| &f.header),
         ];
         headers.into_iter().flatten().any(|h| h.quick)
     }
@@ -623,6 +659,7 @@ impl Measured {
                 free: factors("free"),
                 split: factors("split"),
                 beside: self.beside(model, size),
+                host: self.host(model, size),
             },
             start_s,
             save_s,
@@ -648,6 +685,34 @@ impl Measured {
             }
         }
         out
+    }
+
+    /// What `model` at `size` gets done while 1, 2, ... one-core workers of the testbed's host
+    /// are busy (`host.json`, index n − 1): its own model's points where measured, else the
+    /// median over the measured models; empty (no cost) without the file. Consecutive from one
+    /// job only, as the co-location factors are.
+    fn host(&self, model: &str, size: u32) -> Vec<f64> {
+        let Some(f) = &self.host else {
+            return Vec::new();
+        };
+        let most = f.points.iter().map(|p| p.jobs).max().unwrap_or(0);
+        let own = |n: usize| {
+            f.points
+                .iter()
+                .find(|p| p.model == model && p.size == size && p.jobs == n)
+                .and_then(|p| p.relative)
+        };
+        let all = |n: usize| {
+            median(
+                f.points
+                    .iter()
+                    .filter(|p| p.jobs == n)
+                    .filter_map(|p| p.relative),
+            )
+        };
+        (1..=most)
+            .map_while(|n| own(n).or_else(|| all(n)))
+            .collect()
     }
 
     /// The held-out loss of `model` at `size` by step, from its `calibrate` run.
@@ -709,7 +774,9 @@ impl Measured {
             sharing: Sharing {
                 free,
                 split: table("split"),
+                // The papers' workers are machines of their own.
                 beside: BTreeMap::new(),
+                host: Vec::new(),
             },
             source: format!(
                 "co-location of `--threads 1` jobs, median over models, `{}/colocation.json`, {}",
@@ -749,6 +816,11 @@ pub struct Sharing {
     /// [`model_key`] (`pairs.json`): the cost of sharing depends on the pair of working sets.
     #[serde(default)]
     pub beside: BTreeMap<String, f64>,
+    /// What a job gets done while n one-core workers of the testbed's host are busy, itself
+    /// included, over alone (`host.json`, index n − 1): the testbed's workers share one
+    /// machine. Empty (no cost) for workers that are machines of their own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host: Vec<f64>,
 }
 
 /// How a measured (model, size) is named in [`Sharing::beside`].
@@ -766,6 +838,16 @@ impl Sharing {
             .get(other)
             .copied()
             .unwrap_or_else(|| self.factor(limited, 2))
+    }
+
+    /// The factor for a job while `busy` workers of its host (its own included) have jobs
+    /// running: 1 alone or where nothing was measured, the last measured factor beyond the
+    /// table.
+    pub fn on_host(&self, busy: usize) -> f64 {
+        if busy <= 1 || self.host.is_empty() {
+            return 1.0;
+        }
+        self.host[(busy - 1).min(self.host.len() - 1)]
     }
 
     /// The factor for a job sharing its worker with `n − 1` others, held below the worker by
@@ -916,6 +998,7 @@ pub(crate) mod tests {
                 }],
             }),
             pairs: None,
+            host: None,
             speed: BTreeMap::new(),
         }
     }
@@ -1053,7 +1136,10 @@ pub(crate) mod tests {
             free: vec![1.0, 0.9, 0.8],
             split: vec![1.0, 0.95],
             beside: BTreeMap::new(),
+            host: vec![1.0, 0.6],
         };
+        assert_eq!((s.on_host(1), s.on_host(2), s.on_host(3)), (1.0, 0.6, 0.6));
+        assert_eq!(Sharing::default().on_host(2), 1.0);
         assert_eq!(s.factor(false, 1), 1.0);
         assert_eq!(s.factor(false, 2), 0.9);
         assert_eq!(s.factor(false, 7), 0.8);

@@ -417,4 +417,42 @@ mod tests {
             run.jobs[0].jct
         );
     }
+    #[test]
+    fn busy_workers_on_one_host_slow_each_other_down_as_host_measured() {
+        let mut t = trace(&["spread"], &[("a", 0.0, 1000), ("b", 0.0, 500)]);
+        t.workers = 2;
+        let jct = |m: &Measured| -> Vec<f64> {
+            let run = t.simulate("spread", m, false).unwrap();
+            let mut out: Vec<(String, f64)> =
+                run.jobs.iter().map(|j| (j.id.clone(), j.jct)).collect();
+            out.sort_by(|x, y| x.0.cmp(&y.0));
+            out.into_iter().map(|x| x.1).collect()
+        };
+        // Workers of their own: each job alone on its worker (spread), start 0.5 s + work.
+        let apart = jct(&measured());
+        assert!(
+            (apart[0] - 8.5).abs() < 1e-6 && (apart[1] - 4.5).abs() < 1e-6,
+            "{apart:?}"
+        );
+        // On one host where two busy one-core workers each get half a core's throughput: b's
+        // 4 s of work take 8, then a, alone on the host, does its last 4 s at full speed.
+        let mut shared = measured();
+        let point = |jobs: usize, relative: f64| crate::measured::HostPoint {
+            model: "mlp".into(),
+            size: 12,
+            jobs,
+            rates: Vec::new(),
+            relative: Some(relative),
+            error: None,
+        };
+        shared.host = Some(crate::measured::HostFile {
+            header: shared.step_time.as_ref().unwrap().header.clone(),
+            points: vec![point(1, 1.0), point(2, 0.5)],
+        });
+        let together = jct(&shared);
+        assert!(
+            (together[0] - 12.5).abs() < 1e-6 && (together[1] - 8.5).abs() < 1e-6,
+            "{together:?}"
+        );
+    }
 }

@@ -81,7 +81,14 @@ pub const BEGIN: &str = "<!-- measured:begin -->";
 pub const END: &str = "<!-- measured:end -->";
 
 /// Table names for `--only`.
-const TABLES: &[&str] = &["step-time", "colocation", "pairs", "checkpoint", "curves"];
+const TABLES: &[&str] = &[
+    "step-time",
+    "colocation",
+    "pairs",
+    "host",
+    "checkpoint",
+    "curves",
+];
 
 /// `cargo xtask measure` options.
 #[derive(clap::Args, Debug)]
@@ -111,7 +118,8 @@ pub struct Args {
     /// a step's cost: the default is what the testbed's experiments run (xtask/src/experiment.rs).
     #[arg(long, default_value_t = 25)]
     pub report_every: u64,
-    /// Only these tables (step-time, colocation, checkpoint, curves; comma-separated). The
+    /// Only these tables (step-time, colocation, pairs, host, checkpoint, curves;
+    /// comma-separated). The
     /// README is rendered from every file in --out.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
@@ -130,8 +138,8 @@ pub struct Args {
 use converge_sim::measured::median;
 pub use converge_sim::measured::{
     CheckpointFile, CheckpointSample, CheckpointSummary, ColocationFile, ColocationPoint, CurveRow,
-    CurveRun, CurvesFile, Header, Machine, PairJob, PairPoint, PairsFile, Probe, Rate, Settings,
-    StartFile, StartSample, StartSummary, StepPoint, StepTimeFile,
+    CurveRun, CurvesFile, Header, HostFile, HostPoint, Machine, PairJob, PairPoint, PairsFile,
+    Probe, Rate, Settings, StartFile, StartSample, StartSummary, StepPoint, StepTimeFile,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -807,7 +815,14 @@ impl Plan {
 
     /// A rough duration, from the grid and the per-point overheads seen on the 2-core VM
     /// (`docker run` ~0.3 s, first line ~0.3 s, removal ~0.3 s).
-    fn estimate_s(&self, tables: &[&str], warmup: f64, window: f64, reps: usize) -> f64 {
+    fn estimate_s(
+        &self,
+        tables: &[&str],
+        nproc: usize,
+        warmup: f64,
+        window: f64,
+        reps: usize,
+    ) -> f64 {
         let mut t = 0.0;
         if tables.contains(&"step-time") {
             t += self.step_points() as f64 * (warmup + window + 1.0);
@@ -823,6 +838,12 @@ impl Plan {
         if tables.contains(&"pairs") {
             let n = self.colocation_pairs.len();
             t += (n + n * n.saturating_sub(1) / 2) as f64 * (warmup + window + 1.4);
+        }
+        if tables.contains(&"host") {
+            t += (1..=nproc)
+                .map(|n| warmup + window + 0.7 * n as f64)
+                .sum::<f64>()
+                * self.colocation_pairs.len() as f64;
         }
         if tables.contains(&"checkpoint") {
             t += (self.pairs.len() * reps) as f64 * (TRAIN_BEFORE_STOP_S + 3.0);
@@ -883,7 +904,7 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
     }
     let nproc = std::thread::available_parallelism().map_or(1, usize::from);
     let plan = Plan::new(&models, &trace_sizes(root)?, nproc, args.quick);
-    let est = plan.estimate_s(&tables, warmup, window, reps);
+    let est = plan.estimate_s(&tables, nproc, warmup, window, reps);
     eprintln!(
         "measure: {} ({} step-time points, {} co-location points, {} save/restore cycles, {} calibrate runs): about {:.0} min{}",
         tables.join(", "),
@@ -969,6 +990,11 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
         let f = pairs(&ctx)?;
         failures += f.pairs.iter().filter(|p| p.error.is_some()).count();
         write_json(&out_dir.join("pairs.json"), &f)?;
+    }
+    if tables.contains(&"host") {
+        let f = host(&ctx)?;
+        failures += f.points.iter().filter(|p| p.error.is_some()).count();
+        write_json(&out_dir.join("host.json"), &f)?;
     }
     if tables.contains(&"checkpoint") {
         let (ck, st) = checkpoint(&ctx)?;
@@ -1270,6 +1296,15 @@ fn split<T>(r: std::result::Result<T, String>) -> (Option<T>, Option<String>) {
     }
 }
 
+/// `n` containers of `spec` started together and measured over one common window.
+fn measure_together(ctx: &Ctx, n: usize, spec: &Spec) -> Result<Vec<Rate>> {
+    let cs = (0..n)
+        .map(|_| ctx.session.run(spec))
+        .collect::<Result<Vec<_>>>()?;
+    let refs: Vec<&Container> = cs.iter().collect();
+    measure_window(&refs, ctx.settings.warmup_s, ctx.settings.window_s)
+}
+
 fn colocation(ctx: &Ctx) -> Result<ColocationFile> {
     let mut header = header(ctx);
     let budget = ctx.settings.budget;
@@ -1287,22 +1322,15 @@ fn colocation(ctx: &Ctx) -> Result<ColocationFile> {
                     "{jobs} × {model} --size {size} --threads {threads}, {mode} in {budget} cores"
                 );
                 eprintln!("colocation {}/{total}: {what}", points.len() + 1);
-                let r = attempt(&what, || {
-                    let cs = (0..jobs)
-                        .map(|_| {
-                            ctx.session.run(&Spec {
-                                model,
-                                size: *size,
-                                threads,
-                                cpus: per_job_cpus,
-                                parent: &parent,
-                                checkpoint: None,
-                            })
-                        })
-                        .collect::<Result<Vec<_>>>()?;
-                    let refs: Vec<&Container> = cs.iter().collect();
-                    measure_window(&refs, ctx.settings.warmup_s, ctx.settings.window_s)
-                })?;
+                let spec = Spec {
+                    model,
+                    size: *size,
+                    threads,
+                    cpus: per_job_cpus,
+                    parent: &parent,
+                    checkpoint: None,
+                };
+                let r = attempt(&what, || measure_together(ctx, jobs, &spec))?;
                 let (rates, error) = split(r);
                 let rates = rates.unwrap_or_default();
                 let aggregate =
@@ -1350,6 +1378,62 @@ fn colocation(ctx: &Ctx) -> Result<ColocationFile> {
         budget,
         points,
     })
+}
+
+/// 1 to `nproc` jobs of one model at once, each in a container of its own limited to one core
+/// (as each of the testbed's one-core workers holds its jobs): what the testbed's workers,
+/// which share this machine, cost each other when more than one is busy.
+fn host(ctx: &Ctx) -> Result<HostFile> {
+    let mut header = header(ctx);
+    let parent = ctx.session.cgroups.parent("");
+    let models = &ctx.plan.colocation_pairs;
+    let total = models.len() * ctx.nproc;
+    let mut points: Vec<HostPoint> = Vec::new();
+    for (model, size) in models {
+        let first = points.len();
+        for jobs in 1..=ctx.nproc {
+            let what = format!("{jobs} × {model} --size {size} --threads 1, each --cpus 1");
+            eprintln!("host {}/{total}: {what}", points.len() + 1);
+            let spec = Spec {
+                model,
+                size: *size,
+                threads: 1,
+                cpus: Some(1.0),
+                parent: &parent,
+                checkpoint: None,
+            };
+            let r = attempt(&what, || measure_together(ctx, jobs, &spec))?;
+            let (rates, error) = split(r);
+            let rates = rates.unwrap_or_default();
+            if !rates.is_empty() {
+                eprintln!(
+                    "  {:.1} steps/s each on average",
+                    rates.iter().map(|r| r.steps_per_s).sum::<f64>() / rates.len() as f64
+                );
+            }
+            points.push(HostPoint {
+                model: model.clone(),
+                size: *size,
+                jobs,
+                rates,
+                relative: None,
+                error,
+            });
+        }
+        let mean = |p: &HostPoint| {
+            (p.rates.len() == p.jobs)
+                .then(|| p.rates.iter().map(|r| r.steps_per_s).sum::<f64>() / p.jobs as f64)
+        };
+        let alone = points[first..].iter().find(|p| p.jobs == 1).and_then(mean);
+        for p in &mut points[first..] {
+            p.relative = match (mean(p), alone) {
+                (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+                _ => None,
+            };
+        }
+    }
+    header.machine.loadavg_end = loadavg();
+    Ok(HostFile { header, points })
 }
 
 fn checkpoint(ctx: &Ctx) -> Result<(CheckpointFile, StartFile)> {
@@ -1885,6 +1969,41 @@ fn render(out_dir: &Path, out_rel: &Path) -> String {
         }
         let _ = writeln!(s);
     }
+    if let Some(f) = read_json::<HostFile>(&out_dir.join("host.json")) {
+        let _ = writeln!(
+            s,
+            "#### Busy workers on one host (`{out}/host.json`)\n\n{}\n\nOne-thread jobs of one \
+             model started together, each in a container of its own with `--cpus 1`, as the \
+             testbed's one-core workers hold their jobs. Cells: each job's steps/s (mean over \
+             them) over the same job alone (1.00 = the other busy workers cost it nothing).\n",
+            provenance(&f.header),
+        );
+        let most = f.points.iter().map(|p| p.jobs).max().unwrap_or(0);
+        let _ = write!(s, "| model | size |");
+        for n in 1..=most {
+            let _ = write!(s, " {n} at once |");
+        }
+        let _ = writeln!(s, "\n|---|---:|{}", "---:|".repeat(most));
+        let mut keys: Vec<(String, u32)> = Vec::new();
+        for p in &f.points {
+            if !keys.contains(&(p.model.clone(), p.size)) {
+                keys.push((p.model.clone(), p.size));
+            }
+        }
+        for (model, size) in &keys {
+            let _ = write!(s, "| {model} | {size} |");
+            for n in 1..=most {
+                let cell = f
+                    .points
+                    .iter()
+                    .find(|p| &p.model == model && p.size == *size && p.jobs == n)
+                    .and_then(|p| p.relative);
+                let _ = write!(s, " {} |", cell.map_or("–".into(), |c| format!("{c:.2}")));
+            }
+            let _ = writeln!(s);
+        }
+        let _ = writeln!(s);
+    }
     let ck = read_json::<CheckpointFile>(&out_dir.join("checkpoint.json"));
     let st = read_json::<StartFile>(&out_dir.join("start.json"));
     if let Some(ck) = &ck {
@@ -1955,6 +2074,7 @@ fn render(out_dir: &Path, out_rel: &Path) -> String {
     let summary = summary(
         read_json::<StepTimeFile>(&out_dir.join("step_time.json")).as_ref(),
         read_json::<ColocationFile>(&out_dir.join("colocation.json")).as_ref(),
+        read_json::<HostFile>(&out_dir.join("host.json")).as_ref(),
     );
     if !summary.is_empty() {
         s = format!("{summary}\n{s}");
@@ -1964,7 +2084,11 @@ fn render(out_dir: &Path, out_rel: &Path) -> String {
 
 /// The tables' effects as ratios, computed here so the reading text can refer to them rather
 /// than quote numbers: for each effect, the median over the measured models and the range.
-fn summary(steps: Option<&StepTimeFile>, coloc: Option<&ColocationFile>) -> String {
+fn summary(
+    steps: Option<&StepTimeFile>,
+    coloc: Option<&ColocationFile>,
+    host: Option<&HostFile>,
+) -> String {
     let mut rows: Vec<(String, Vec<f64>)> = Vec::new();
     if let Some(c) = coloc {
         for threads in [1, 0] {
@@ -2022,6 +2146,22 @@ fn summary(steps: Option<&StepTimeFile>, coloc: Option<&ColocationFile>) -> Stri
             format!("`--threads 0` at `--cpus {most}` (the whole machine): speed-up over `--threads 1` at `--cpus 1`"),
             per(&|m, s| Some(rate(m, s, 1.0, 1)? / rate(m, s, most, 0)?)),
         ));
+    }
+    if let Some(f) = host {
+        let most = f.points.iter().map(|p| p.jobs).max().unwrap_or(0);
+        if most > 1 {
+            rows.push((
+                format!(
+                    "{most} one-core jobs at once, one per CPU of the machine (the testbed's busy \
+                     workers): each one's throughput over one alone"
+                ),
+                f.points
+                    .iter()
+                    .filter(|p| p.jobs == most)
+                    .filter_map(|p| p.relative)
+                    .collect(),
+            ));
+        }
     }
     let rows: Vec<&(String, Vec<f64>)> = rows.iter().filter(|r| !r.1.is_empty()).collect();
     if rows.is_empty() {
