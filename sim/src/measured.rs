@@ -844,22 +844,24 @@ impl Sharing {
     /// running: 1 alone or where nothing was measured, the last measured factor beyond the
     /// table.
     pub fn on_host(&self, busy: usize) -> f64 {
-        if busy <= 1 || self.host.is_empty() {
-            return 1.0;
-        }
-        self.host[(busy - 1).min(self.host.len() - 1)]
+        nth_factor(&self.host, busy)
     }
 
     /// The factor for a job sharing its worker with `n − 1` others, held below the worker by
     /// its quota (`limited`) or not: 1 alone or where nothing was measured, the last measured
     /// factor beyond the table.
     pub fn factor(&self, limited: bool, n: usize) -> f64 {
-        let table = if limited { &self.split } else { &self.free };
-        if n <= 1 || table.is_empty() {
-            return 1.0;
-        }
-        table[(n - 1).min(table.len() - 1)]
+        nth_factor(if limited { &self.split } else { &self.free }, n)
     }
+}
+
+/// A factor table's entry for `n` (index n − 1): 1 for one or where nothing was measured, the
+/// last measured entry beyond the table.
+fn nth_factor(table: &[f64], n: usize) -> f64 {
+    if n <= 1 || table.is_empty() {
+        return 1.0;
+    }
+    table[(n - 1).min(table.len() - 1)]
 }
 
 #[cfg(test)]

@@ -489,6 +489,21 @@ struct Spec<'a> {
     checkpoint: Option<&'a Path>,
 }
 
+impl<'a> Spec<'a> {
+    /// One thread under `--cpus 1`, no checkpoint: the reference point every step time is
+    /// scaled from, and how a testbed worker of one core holds a job.
+    fn one_core(model: &'a str, size: u32, parent: &'a str) -> Self {
+        Spec {
+            model,
+            size,
+            threads: 1,
+            cpus: Some(1.0),
+            parent,
+            checkpoint: None,
+        }
+    }
+}
+
 /// One progress line as the daemon stamped it.
 #[derive(Clone, Debug)]
 struct Sample {
@@ -1179,14 +1194,7 @@ pub fn probe(pairs: &[(String, u32)], table: &Settings) -> Result<Vec<Probe>> {
     let parent = session.cgroups.parent("");
     let mut out = Vec::new();
     for (model, size) in pairs {
-        let c = session.run(&Spec {
-            model,
-            size: *size,
-            threads: 1,
-            cpus: Some(1.0),
-            parent: &parent,
-            checkpoint: None,
-        })?;
+        let c = session.run(&Spec::one_core(model, *size, &parent))?;
         let r = measure_window(&[&c], table.warmup_s, table.window_s)
             .with_context(|| format!("probing {model} --size {size}"))?
             .remove(0);
@@ -1394,14 +1402,7 @@ fn host(ctx: &Ctx) -> Result<HostFile> {
         for jobs in 1..=ctx.nproc {
             let what = format!("{jobs} × {model} --size {size} --threads 1, each --cpus 1");
             eprintln!("host {}/{total}: {what}", points.len() + 1);
-            let spec = Spec {
-                model,
-                size: *size,
-                threads: 1,
-                cpus: Some(1.0),
-                parent: &parent,
-                checkpoint: None,
-            };
+            let spec = Spec::one_core(model, *size, &parent);
             let r = attempt(&what, || measure_together(ctx, jobs, &spec))?;
             let (rates, error) = split(r);
             let rates = rates.unwrap_or_default();
