@@ -2489,3 +2489,56 @@ fn converge_evens_out_predicted_finishes_moving_the_job_with_least_work_at_risk(
     assert!(why.contains("since its last checkpoint"), "{why}");
     assert_eq!(f.core.job("b").unwrap().state(), JobState::Migrating);
 }
+
+/// A move never leaves its destination with more jobs per core than its source had: the
+/// marginal alone would move a job from a crowded small worker onto a big worker of short
+/// jobs, more crowded still.
+#[test]
+fn converge_moves_no_job_onto_a_worker_more_crowded_per_core_than_its_own() {
+    let mut f = Fixture::new("converge");
+    f.register(1, "big", 4.0);
+    for k in 0..8 {
+        assert_eq!(f.start(&format!("short-{k}"), plain_job(10.0)), 1);
+    }
+    f.register(2, "small", 1.0);
+    for id in ["a", "b"] {
+        assert_eq!(
+            f.start(id, plain_job(500.0)),
+            2,
+            "fewest jobs per core: small"
+        );
+    }
+    // By the marginal, `a` adds (500 + 500) / 1 = 1000 s on `small` (behind `b`) and
+    // (80 + 500) / 4 = 145 s on `big` (behind the short jobs): a move would gain far more
+    // than it costs. But `big` would hold 9 jobs on 4 cores, more than `small`'s 2 on 1.
+    for _ in 0..90 {
+        f.heartbeat(1);
+        f.heartbeat(2);
+        let out = f.advance(1.0);
+        assert!(
+            Fixture::sent(&out, "a", "save").is_none()
+                && Fixture::sent(&out, "b", "save").is_none(),
+            "a move onto the more crowded worker"
+        );
+        assert!(Fixture::event(&out, EventKind::Migration).is_none());
+    }
+    // Once `big` is less crowded than `small` would be, the move is made.
+    for k in 0..6 {
+        f.exited(1, &format!("short-{k}"), 1, 0, false);
+    }
+    let mut moved = false;
+    for _ in 0..90 {
+        f.heartbeat(1);
+        f.heartbeat(2);
+        let out = f.advance(1.0);
+        if Fixture::sent(&out, "a", "save").is_some() || Fixture::sent(&out, "b", "save").is_some()
+        {
+            moved = true;
+            break;
+        }
+    }
+    assert!(
+        moved,
+        "with 3 jobs on 4 cores after it, big takes one of small's"
+    );
+}

@@ -243,6 +243,12 @@ fn value_loss(
     loss
 }
 
+/// Jobs per core on `w` with `extra` more: what placement fills first and what a move may not
+/// raise ([`PriorityPolicy::place`], [`PriorityPolicy::even_out`]).
+fn per_core(w: &Worker, extra: usize) -> f64 {
+    (w.jobs.len() + extra) as f64 / w.cpu_capacity
+}
+
 /// Reference core-seconds a worker does per second.
 fn speed(w: &Worker) -> f64 {
     w.cpu_capacity * w.calibration.max(1e-6)
@@ -297,7 +303,8 @@ impl PriorityPolicy {
     }
 
     /// One move that lowers the sum of completion times by more than it costs, if there is
-    /// one: for every running job and every other worker, what the job adds where it is
+    /// one: for every running job and every other worker that would not then hold more jobs
+    /// per core than the job's own does now ([`per_core`]), what the job adds where it is
     /// ([`marginal`]) less what it would add there, less the move's downtime. The best
     /// such move is made; among equal gains, the one with the least work since its last
     /// checkpoint (what a move loses if its save fails and the job restarts from that
@@ -339,7 +346,17 @@ impl PriorityPolicy {
                 let here = marginal(src, here_works, x, Some(k));
                 let risk = view.work_at_risk(j);
                 for ((dst, snap), there_works) in live.iter().zip(&snaps).zip(&lists) {
-                    if dst.id == src.id || !snap.fits(&request(&j.spec)) {
+                    // Never onto a worker that would then hold more jobs per core than the
+                    // source holds now: placement's first rule, kept by the moves. The
+                    // marginal sees a big worker as one fast server, but a job uses only its
+                    // threads' cores there, and jobs crowding a worker slow each other down
+                    // (sim/README.md, "co-location"). Without this rule the moves undid
+                    // placement's spreading: on the simulator's heterogeneous traces they
+                    // gathered most jobs onto the big workers (sim/CONVERGE.md).
+                    if dst.id == src.id
+                        || per_core(dst, 1) > per_core(src, 0) + 1e-9
+                        || !snap.fits(&request(&j.spec))
+                    {
                         continue;
                     }
                     let there = marginal(dst, there_works, x, None);
@@ -540,10 +557,7 @@ impl ClusterPolicy for PriorityPolicy {
         // took most jobs: on the simulator's `hetero-8w-40job` `converge` was level with
         // Kubernetes' least-allocated spreading, and 5.8% ahead of it with this rule
         // (sim/CONVERGE.md); the other traces moved by about a point either way.
-        let crowd: Vec<f64> = workers
-            .iter()
-            .map(|w| (w.jobs.len() + 1) as f64 / w.cpu_capacity)
-            .collect();
+        let crowd: Vec<f64> = workers.iter().map(|w| per_core(w, 1)).collect();
         let best = scores
             .iter()
             .enumerate()
