@@ -1390,6 +1390,16 @@ impl<'a> Simulation<'a> {
         };
         let mut next = f64::INFINITY;
         let (cpus, sharing) = (worker.cpus, worker.jobs.len());
+        // Threads per core: a job runs as many threads as the cores it can use, rounded up
+        // (the papers' models 1 to 4; our trace jobs one). The co-location tables were measured
+        // on one core, so a big worker's jobs pay for how crowded its cores are, not for how
+        // many jobs it holds.
+        let load = worker
+            .jobs
+            .iter()
+            .map(|&j| jobs[j].spec.max_cores.min(cpus).ceil().max(1.0))
+            .sum::<f64>()
+            / cpus.max(1e-9);
         // Each job's factor, read before any job changes: the measured cost of sharing, under
         // free competition or under a hard quota that holds it below the worker (FlowCon's
         // limits), and beside exactly one other job the cost of that pair of models if measured.
@@ -1411,7 +1421,7 @@ impl<'a> Simulation<'a> {
                 on_host
                     * match other {
                         Some(r) => costs.beside(&r.model, limited),
-                        None => costs.factor(limited, sharing),
+                        None => costs.factor_at(limited, load),
                     }
             })
             .collect();

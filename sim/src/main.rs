@@ -111,6 +111,10 @@ enum Command {
         /// The markdown file to write.
         #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/CONVERGE.md"))]
         out: PathBuf,
+        /// Also write every run of every experiment, job by job, as JSON to this file (to see
+        /// which job a row's worst case is, where it ran and when it finished under each policy).
+        #[arg(long)]
+        json: Option<PathBuf>,
     },
     /// Regenerate RESULTS.md and its plots from every experiment file.
     Results {
@@ -226,7 +230,11 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             eprintln!("{}: {:.1} s", e.name, started.elapsed().as_secs_f64());
         }
         Command::Results { experiments, out } => results(&catalog, &plain, &experiments, &out)?,
-        Command::Compare { experiments, out } => {
+        Command::Compare {
+            experiments,
+            out,
+            json,
+        } => {
             let mut evals = Vec::new();
             for dir in &experiments {
                 for e in report::load_all(dir)? {
@@ -238,6 +246,11 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             std::fs::write(&out, &doc).with_context(|| format!("writing {}", out.display()))?;
             println!("{doc}");
             eprintln!("wrote {}", out.display());
+            if let Some(path) = json {
+                std::fs::write(&path, serde_json::to_string_pretty(&evals)?)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                eprintln!("wrote {}", path.display());
+            }
         }
         Command::Scale {
             workers,
@@ -373,8 +386,10 @@ fn results(catalog: &Catalog, plain: &Catalog, dir: &Path, out: &Path) -> anyhow
         };
         format!(
             "**Cost of sharing a worker (measured):** the papers' jobs pay what our one-thread \
-             trainer jobs pay ({}); aggregate throughput of 1, 2, ... co-located jobs over one \
-             alone: free competition {}; under quotas that split the worker {}. A thread pool \
+             trainer jobs pay ({}); aggregate throughput of 1, 2, ... co-located jobs on one \
+             core over one alone, which a worker pays at as many threads per core (each job \
+             running as many threads as the cores it can use; between whole numbers \
+             linearly): free competition {}; under quotas that split the worker {}. A thread pool \
              sized to the machine pays far more under free competition (`sim/README.md`, \
              co-location table, `--threads 0`); that is not charged here, since the papers do \
              not say how their frameworks' pools were sized.\n\n",

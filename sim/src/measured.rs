@@ -853,6 +853,26 @@ impl Sharing {
     pub fn factor(&self, limited: bool, n: usize) -> f64 {
         nth_factor(if limited { &self.split } else { &self.free }, n)
     }
+
+    /// The factor for a job on a worker whose jobs' threads number `load` per core: the
+    /// tables were measured with n one-thread jobs on one core, so n threads per core read
+    /// as n jobs there, and a load between two whole numbers reads between their factors
+    /// (linearly; 1 at a thread per core or fewer). At a whole number it is
+    /// [`Sharing::factor`]'s, so a worker of one core and one-thread jobs (the testbed's)
+    /// pays exactly what its job count does.
+    pub fn factor_at(&self, limited: bool, load: f64) -> f64 {
+        let table = if limited { &self.split } else { &self.free };
+        if load <= 1.0 || table.is_empty() {
+            return 1.0;
+        }
+        let whole = load.floor();
+        let n = whole as usize;
+        let below = nth_factor(table, n);
+        if load == whole {
+            return below;
+        }
+        below + (nth_factor(table, n + 1) - below) * (load - whole)
+    }
 }
 
 /// A factor table's entry for `n` (index n − 1): 1 for one or where nothing was measured, the
@@ -1147,6 +1167,12 @@ pub(crate) mod tests {
         assert_eq!(s.factor(false, 7), 0.8);
         assert_eq!(s.factor(true, 2), 0.95);
         assert_eq!(Sharing::default().factor(true, 3), 1.0);
+        // By threads per core: whole numbers read as job counts, between them linearly.
+        assert_eq!(s.factor_at(false, 2.0), 0.9);
+        assert_eq!(s.factor_at(false, 0.5), 1.0);
+        assert!((s.factor_at(false, 1.5) - 0.95).abs() < 1e-12);
+        assert!((s.factor_at(false, 2.25) - 0.875).abs() < 1e-12);
+        assert_eq!(s.factor_at(false, 9.5), 0.8);
         // Beside a model measured as a pair, the pair's factor; beside another, the count's.
         s.beside.insert(model_key("gru", 2), 0.85);
         assert_eq!(s.beside("gru/2", false), 0.85);
