@@ -851,7 +851,7 @@ impl Sharing {
     /// its quota (`limited`) or not: 1 alone or where nothing was measured, the last measured
     /// factor beyond the table.
     pub fn factor(&self, limited: bool, n: usize) -> f64 {
-        nth_factor(if limited { &self.split } else { &self.free }, n)
+        self.factor_at(limited, n as f64)
     }
 
     /// The factor for a job on a worker whose jobs' threads number `load` per core: the
