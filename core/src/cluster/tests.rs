@@ -2160,7 +2160,7 @@ fn converge_places_on_the_fewest_jobs_per_core_before_the_sum_of_completion_time
     assert_eq!(conn, 2, "{reason}");
     assert!(
         reason.contains("placed on small")
-            && reason.contains("fewest jobs per core (1.00 with it)"),
+            && reason.contains("fewest jobs per reference core (1.00 with it)"),
         "{reason}"
     );
     // The sum of completion times alone would have chosen `big`: (40 + 100) / 4 = 35 s there
@@ -2169,6 +2169,74 @@ fn converge_places_on_the_fewest_jobs_per_core_before_the_sum_of_completion_time
     assert!(
         scores.contains("big=35") && scores.contains("small=100"),
         "{scores}"
+    );
+}
+
+/// A slow core counts for what it does: an empty worker of 2 cores at 0.6 speed (1.2
+/// reference cores) is more crowded with one job than a worker of 8 cores holding four.
+#[test]
+fn converge_counts_a_slow_workers_cores_at_their_speed() {
+    let mut f = Fixture::new("converge");
+    f.register(1, "big", 8.0);
+    for k in 0..4 {
+        assert_eq!(f.start(&format!("long-{k}"), plain_job(1000.0)), 1);
+    }
+    f.step(Input::Connected {
+        conn: 2,
+        register: Register {
+            worker: "slow".into(),
+            cpu_capacity: 2.0,
+            calibration: 0.6,
+            instance_id: "slow-a".into(),
+            ..Register::default()
+        },
+    });
+    let out = f.step(Input::Submit {
+        id: "new".into(),
+        spec: plain_job(100.0),
+    });
+    let placed = Fixture::event(&out, EventKind::JobPlaced).expect("a placement event");
+    // By cores alone `slow` holds 0.50 jobs per core with it and `big` 0.62.
+    assert!(
+        placed.reason.contains("placed on big")
+            && placed
+                .reason
+                .contains("fewest jobs per reference core (0.62 with it)"),
+        "{}",
+        placed.reason
+    );
+}
+
+/// Workers whose speeds differ by a few percent (the calibration benchmark's noise) are
+/// equally crowded: the sum of completion times decides between them, not the benchmark.
+#[test]
+fn converge_leaves_alike_workers_to_the_sum_of_completion_times() {
+    let mut f = Fixture::new("converge");
+    for (conn, w, speed) in [(1, "fast", 1.03), (2, "slow", 1.0)] {
+        f.step(Input::Connected {
+            conn,
+            register: Register {
+                worker: w.into(),
+                cpu_capacity: 1.0,
+                calibration: speed,
+                instance_id: format!("{w}-a"),
+                ..Register::default()
+            },
+        });
+    }
+    // A long job on the faster worker, a short one on the other.
+    assert_eq!(f.start("long", plain_job(1000.0)), 1);
+    assert_eq!(f.start("short", plain_job(10.0)), 2);
+    let out = f.step(Input::Submit {
+        id: "new".into(),
+        spec: plain_job(100.0),
+    });
+    let placed = Fixture::event(&out, EventKind::JobPlaced).expect("a placement event");
+    // Behind the short job it adds 10 + 100 s; ahead of the long one 100 + 100 s.
+    assert!(
+        placed.reason.contains("placed on slow"),
+        "{}",
+        placed.reason
     );
 }
 

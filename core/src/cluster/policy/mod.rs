@@ -16,7 +16,7 @@
 //! - [`value::ValuePolicy`]: value-based allocation (DwoP, DwP): `value`, `value-dwop`.
 //! - [`priority::PriorityPolicy`]: CPU split on every worker by a priority, set from here as
 //!   CPU weights: `converge` (Converge's own: shortest predicted remaining work first, placement
-//!   on the fewest jobs per core, then by the marginal sum of completion times) and `las`
+//!   on the fewest jobs per reference core, then by the marginal sum of completion times) and `las`
 //!   (Tiresias' least attained service, spread placement).
 //!
 //! [`by_name`] builds a policy from its `--policy` name.
@@ -512,7 +512,7 @@ pub const POLICIES: &[&str] = &[
 ///   agents, Alg. 2 on their requests, Alg. 3 rebalancing on a timer).
 /// - `flowcon-specon`: FlowCon placement and limits together with SpeCon migration.
 /// - `converge`: Converge's own policy: shortest predicted remaining work first on every
-///   worker (with a guard against starvation), placement on the fewest jobs per core, then by
+///   worker (with a guard against starvation), placement on the fewest jobs per reference core, then by
 ///   the marginal sum of completion times.
 /// - `las`: least attained service first (Tiresias), spread placement.
 /// - `value` / `value-dwop`: value-based allocation with / without preemption.

@@ -1,7 +1,8 @@
 //! Policies that split each worker's CPU by a priority, as CPU weights set from the manager:
 //!
 //! - `converge` (Converge's own): shortest predicted remaining work first
-//!   ([`converge_policy::estimate`]); placement on the workers with the fewest jobs per core,
+//!   ([`converge_policy::estimate`]); placement on the workers with the fewest jobs per
+//!   reference core,
 //!   and among them where the job adds least to the sum of completion times.
 //! - `las` (Tiresias' discretization-free form, Gu et al., NSDI'19): least attained service
 //!   first, no knowledge of durations, spread placement. The strongest peer that needs no hooks
@@ -243,10 +244,26 @@ fn value_loss(
     loss
 }
 
-/// Jobs per core on `w` with `extra` more: what placement fills first and what a move may not
-/// raise ([`PriorityPolicy::place`], [`PriorityPolicy::even_out`]).
+/// Jobs per reference core on `w` with `extra` more: what placement fills first and what a
+/// move may not raise ([`PriorityPolicy::place`], [`PriorityPolicy::even_out`]). A slow core
+/// counts for what it does: on `hetero-heavy-tail-6w-50job` jobs per core alone sent two short
+/// four-thread jobs to an empty 2-core worker at 0.6 speed (1.2 reference cores) rather than
+/// to an 8-core one holding four jobs, and they took 2.3 and 3.3 times as long as under
+/// least-allocated (sim/CONVERGE.md's worst-job column).
 fn per_core(w: &Worker, extra: usize) -> f64 {
-    (w.jobs.len() + extra) as f64 / w.cpu_capacity
+    (w.jobs.len() + extra) as f64 / speed(w)
+}
+
+/// Crowding ([`per_core`]) within this fraction of another's counts as the same: a worker's
+/// speed is a measurement (the agent's calibration benchmark), and a worker measured a few
+/// percent faster than its twin is not less crowded. Without it, placement ties between
+/// alike workers on the testbed would be decided by the benchmark's noise instead of by the
+/// sum of completion times.
+const SAME_CROWD: f64 = 0.05;
+
+/// Whether crowding `a` is beyond `b` by more than [`SAME_CROWD`].
+fn more_crowded(a: f64, b: f64) -> bool {
+    a > b * (1.0 + SAME_CROWD) + 1e-9
 }
 
 /// Reference core-seconds a worker does per second.
@@ -258,7 +275,8 @@ fn speed(w: &Worker) -> f64 {
 pub struct PriorityPolicy {
     name: &'static str,
     key: Key,
-    /// `las` places by spread; `converge` on the fewest jobs per core, then by the marginal sum of completion times.
+    /// `las` places by spread; `converge` on the fewest jobs per reference core, then by the
+    /// marginal sum of completion times.
     spread: Option<Placing>,
     /// `converge` evens out predicted finish times across workers every this many seconds.
     rebalance: Option<Time>,
@@ -276,7 +294,8 @@ pub struct PriorityPolicy {
 const MOVE_COST_S: f64 = 5.0;
 
 impl PriorityPolicy {
-    /// `converge`: SRPT limits, placement on the fewest jobs per core, then by the marginal sum of completion times.
+    /// `converge`: SRPT limits, placement on the fewest jobs per reference core, then by the
+    /// marginal sum of completion times.
     pub fn converge(rebalance_interval: Time) -> Self {
         PriorityPolicy {
             name: "converge",
@@ -354,7 +373,7 @@ impl PriorityPolicy {
                     // placement's spreading: on the simulator's heterogeneous traces they
                     // gathered most jobs onto the big workers (sim/CONVERGE.md).
                     if dst.id == src.id
-                        || per_core(dst, 1) > per_core(src, 0) + 1e-9
+                        || more_crowded(per_core(dst, 1), per_core(src, 0))
                         || !snap.fits(&request(&j.spec))
                     {
                         continue;
@@ -549,7 +568,8 @@ impl ClusterPolicy for PriorityPolicy {
                 })
             })
             .collect();
-        // Fewest jobs per core first (counting this one), and only among those the marginal:
+        // Fewest jobs per reference core first (counting this one; [`SAME_CROWD`] apart counts
+        // as the same), and only among those the marginal:
         // the marginal sees a worker as one server that runs its jobs one after another at its
         // whole capacity, but a job uses only as many cores as its threads (the simulator's
         // models 0.8 to 4), and jobs sharing a worker slow each other down (measured:
@@ -558,11 +578,17 @@ impl ClusterPolicy for PriorityPolicy {
         // Kubernetes' least-allocated spreading, and 5.8% ahead of it with this rule
         // (sim/CONVERGE.md); the other traces moved by about a point either way.
         let crowd: Vec<f64> = workers.iter().map(|w| per_core(w, 1)).collect();
+        let least = scores
+            .iter()
+            .zip(&crowd)
+            .filter(|(s, _)| s.is_finite())
+            .map(|(_, c)| *c)
+            .fold(f64::INFINITY, f64::min);
         let best = scores
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.is_finite())
-            .min_by(|a, b| crowd[a.0].total_cmp(&crowd[b.0]).then(a.1.total_cmp(b.1)))
+            .filter(|&(i, s)| s.is_finite() && !more_crowded(crowd[i], least))
+            .min_by(|a, b| a.1.total_cmp(b.1).then(crowd[a.0].total_cmp(&crowd[b.0])))
             .map(|(i, _)| i);
         // A job with a value curve is placed where it adds the most value net of what it
         // costs the jobs it delays, and turned away where that is nothing anywhere
@@ -627,7 +653,7 @@ impl ClusterPolicy for PriorityPolicy {
                 cpu_shares: 0,
                 victims: Vec::new(),
                 reason: format!(
-                    "placed on {} by converge: of the workers with the fewest jobs per core ({:.2} with it), it adds the least to the sum of completion times there ({:.1} s)",
+                    "placed on {} by converge: of the workers with the fewest jobs per reference core ({:.2} with it), it adds the least to the sum of completion times there ({:.1} s)",
                     ids[i], crowd[i], scores[i]
                 ),
                 attributes: BTreeMap::from([("scores".into(), scores_text(ids, &scores, i))]),
