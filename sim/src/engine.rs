@@ -1271,7 +1271,8 @@ impl<'a> Simulation<'a> {
 
     // ---- what the modelled containers report ----
 
-    /// The metric job `j` prints now: its curve at its progress, with seeded noise.
+    /// The metric job `j` prints now: its curve at its progress, with seeded noise of its
+    /// model's measured scatter (trace jobs), else the system's.
     fn metric(&mut self, j: usize) -> f64 {
         let job = &self.jobs[j];
         let clean = self
@@ -1279,11 +1280,17 @@ impl<'a> Simulation<'a> {
             .get(job.spec.model)
             .curve
             .value(job.done / job.spec.work);
+        let noise = job
+            .spec
+            .runtime
+            .as_ref()
+            .and_then(|r| r.noise)
+            .unwrap_or(self.system.noise);
         // Box-Muller from two uniforms of the run's generator.
         let u1: f64 = self.rng.random::<f64>().max(1e-12);
         let u2: f64 = self.rng.random::<f64>();
         let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
-        clean * (1.0 + self.system.noise * z)
+        clean * (1.0 + noise * z)
     }
 
     /// A progress line of job `j` for the cluster core.

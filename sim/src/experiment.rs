@@ -452,6 +452,11 @@ pub struct Runtime {
     pub checkpoint_bytes: Option<u64>,
     /// Seconds from a restore's start to its first progress line.
     pub restore_s: f64,
+    /// Relative scatter of its held-out loss between reports, measured (the `loss noise`
+    /// column of `converge-trainer calibrate`); the system's [`SystemModel::noise`] when
+    /// unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub noise: Option<f64>,
 }
 
 impl Experiment {

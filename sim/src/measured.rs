@@ -433,6 +433,9 @@ pub struct JobCost {
     pub restore_s: f64,
     /// Held-out loss by step: `(step, loss)` from the trainer's `calibrate` run.
     pub curve: Vec<(f64, f64)>,
+    /// The relative scatter of that loss between reports (`calibrate`'s `loss noise`), when
+    /// measured.
+    pub noise: Option<f64>,
 }
 
 impl Measured {
@@ -666,6 +669,7 @@ impl Measured {
             checkpoint_bytes,
             restore_s,
             curve: self.curve(model, size)?,
+            noise: self.noise(model, size),
         })
     }
 
@@ -715,18 +719,30 @@ impl Measured {
             .collect()
     }
 
+    /// The `calibrate` row of `model` at `size`.
+    fn curve_row(&self, model: &str, size: u32) -> Option<&CurveRow> {
+        self.curves.as_ref().and_then(|f| {
+            f.runs
+                .iter()
+                .filter(|r| r.size == size)
+                .flat_map(|r| &r.rows)
+                .find(|r| r.model == model)
+        })
+    }
+
+    /// The relative scatter of `model`'s held-out loss between reports at `size`
+    /// (`calibrate`'s `loss noise` column); `None` in files measured before it was.
+    pub fn noise(&self, model: &str, size: u32) -> Option<f64> {
+        self.curve_row(model, size)?
+            .columns
+            .get("loss noise")?
+            .as_f64()
+    }
+
     /// The held-out loss of `model` at `size` by step, from its `calibrate` run.
     pub fn curve(&self, model: &str, size: u32) -> Result<Vec<(f64, f64)>> {
         let row = self
-            .curves
-            .as_ref()
-            .and_then(|f| {
-                f.runs
-                    .iter()
-                    .filter(|r| r.size == size)
-                    .flat_map(|r| &r.rows)
-                    .find(|r| r.model == model)
-            })
+            .curve_row(model, size)
             .ok_or_else(|| self.missing("a loss curve (curves.json)", model, size))?;
         let steps = row
             .columns

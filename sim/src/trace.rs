@@ -264,6 +264,7 @@ impl TraceFile {
                     save_s: cost.save_s,
                     checkpoint_bytes: cost.checkpoint_bytes,
                     restore_s: cost.restore_s,
+                    noise: cost.noise,
                 }),
             });
         }
@@ -364,6 +365,47 @@ mod tests {
         let curve = &catalog.get(jobs[0].model).curve;
         assert!((curve.value(1.0) - 0.4).abs() < 1e-12);
         assert!((curve.value(0.5) - (2.3 + 0.4) / 2.0).abs() < 1e-12);
+    }
+
+    /// Each trace job reports its loss with its model's measured scatter: two jobs of one model
+    /// started together under FlowCon, whose limits follow the growth of their reported loss,
+    /// get the same limits throughout when the model's loss was measured not to scatter, and
+    /// different ones when it scatters as a small CNN's does.
+    #[test]
+    fn a_trace_jobs_loss_scatters_as_its_models_was_measured_to() {
+        let with_noise = |noise: f64| {
+            let mut m = measured();
+            for r in m.curves.iter_mut().flat_map(|f| &mut f.runs) {
+                for row in &mut r.rows {
+                    row.columns
+                        .insert("loss noise".into(), serde_json::json!(noise));
+                }
+            }
+            m
+        };
+        let mut t = trace(&["flowcon"], &[("a", 0.0, 20_000), ("b", 0.0, 20_000)]);
+        t.settings.flowcon_interval_s = 5.0;
+        let (_, _, jobs) = t.to_simulation(&with_noise(0.1)).unwrap();
+        assert_eq!(jobs[0].runtime.as_ref().unwrap().noise, Some(0.1));
+        let splits = |noise: f64| -> Vec<(f64, f64)> {
+            let run = t.simulate("flowcon", &with_noise(noise), true).unwrap();
+            let cpu = run.trace.unwrap().cpu;
+            cpu.iter()
+                .filter(|(_, jobs)| jobs.len() == 2)
+                .map(|(_, jobs)| (jobs[0].1, jobs[1].1))
+                .collect()
+        };
+        let calm = splits(0.0);
+        assert!(!calm.is_empty(), "{calm:?}");
+        assert!(
+            calm.iter().all(|(a, b)| (a - b).abs() < 1e-9),
+            "same model, same progress, no scatter: the same limits ({calm:?})"
+        );
+        let noisy = splits(0.1);
+        assert!(
+            noisy.iter().any(|(a, b)| (a - b).abs() > 0.05),
+            "a scattering loss ranks them apart in some round ({noisy:?})"
+        );
     }
 
     #[test]

@@ -46,6 +46,9 @@ pub struct Row {
     pub cores_used: Option<f64>,
     /// Every reported `(step, held-out loss)`, step 0 and the last step included.
     pub curve: Vec<(u64, f64)>,
+    /// How much the held-out loss scatters from one report to the next around its trend
+    /// ([`loss_noise`]); `None` with too few reports.
+    pub noise: Option<f64>,
 }
 
 /// Fractions of the run at which [`curve_table`] samples the held-out loss.
@@ -148,6 +151,7 @@ fn measure(exe: &Path, m: ModelKind, size: usize, steps: u64) -> Result<Row> {
         peak_rss_kib: field("peak RSS ", "KiB").map(|v| v as u64),
         checkpoint_bytes,
         cores_used,
+        noise: loss_noise(&points),
         curve: points,
     })
 }
@@ -166,17 +170,57 @@ pub fn steps_to_fraction(points: &[(u64, f64)], fraction: f64) -> Option<u64> {
         .map(|&(s, _)| s)
 }
 
+/// The relative scatter of the held-out loss between reports, once past the first tenth of
+/// the run (where the curve's own fall dominates): the standard deviation of `ln(loss)` about
+/// its local trend, from second differences (a straight trend cancels; white noise of
+/// deviation σ gives second differences of deviation σ·√6) and their median absolute
+/// deviation (a robust σ: one outlier report does not make a noisy model). What a
+/// simulator adds to each reported value of the curve. `None` with fewer than eight reports
+/// past the first tenth, or a loss that is not positive.
+///
+/// Why it matters: a policy that ranks jobs by the growth of their metric between rounds
+/// (FlowCon) ranks by this scatter once curves flatten. The trainer's is far from alike
+/// across models (a 6-wide CNN's held-out loss jumps by about a tenth between reports, a VAE's
+/// by a fraction of a percent), so a simulator with one noise level for all ranks them
+/// differently from the testbed.
+pub fn loss_noise(points: &[(u64, f64)]) -> Option<f64> {
+    let last = points.last()?.0;
+    let logs: Vec<f64> = points
+        .iter()
+        .filter(|(step, _)| *step * 10 >= last)
+        .map(|&(_, v)| (v > 0.0 && v.is_finite()).then(|| v.ln()))
+        .collect::<Option<_>>()?;
+    if logs.len() < 8 {
+        return None;
+    }
+    let second: Vec<f64> = logs.windows(3).map(|w| w[2] - 2.0 * w[1] + w[0]).collect();
+    let center = median(second.clone());
+    let mad = median(second.iter().map(|d| (d - center).abs()).collect());
+    // 1.4826: the MAD of a normal distribution over its standard deviation, inverted.
+    Some(mad * 1.4826 / 6f64.sqrt())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
 /// The markdown table.
 pub fn table(rows: &[Row]) -> String {
     let mut s = String::from(
         "| model | size | steps | batch | CPU s/step | wall s/step | steps to 90% | initial loss | final loss \
-         | peak RSS (MiB) | checkpoint (KiB) | CPU / wall |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         | loss noise | peak RSS (MiB) | checkpoint (KiB) | CPU / wall |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let opt = |v: Option<String>| v.unwrap_or_else(|| "n/a".into());
     for r in rows {
         s += &format!(
-            "| {} | {} | {} | {} | {} | {:.6} | {} | {:.4} | {:.4} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {:.6} | {} | {:.4} | {:.4} | {} | {} | {} | {} |\n",
             r.model,
             r.size,
             r.steps,
@@ -186,6 +230,7 @@ pub fn table(rows: &[Row]) -> String {
             opt(r.steps_to_90.map(|v| v.to_string())),
             r.initial,
             r.last,
+            opt(r.noise.map(|n| format!("{n:.4}"))),
             opt(r.peak_rss_kib.map(|k| format!("{:.1}", k as f64 / 1024.0))),
             opt(r
                 .checkpoint_bytes
@@ -230,5 +275,36 @@ mod tests {
         // Total improvement 9; 90% of it is reached at a loss of 1.9 or lower.
         assert_eq!(steps_to_fraction(&pts, 0.9), Some(30));
         assert_eq!(steps_to_fraction(&[(0, 1.0), (5, 2.0)], 0.9), None);
+    }
+
+    #[test]
+    fn loss_noise_is_the_scatter_about_the_trend_not_the_trend() {
+        // A curve falling fast at first, then a slow decline, times white noise of 5% in
+        // log space (a fixed xorshift stream and Box-Muller): the fall and the decline are
+        // trend, the noise is what is measured.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut uniform = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let trend = |k: f64| 0.1 + 2.0 * (-k / 3.0).exp() - 0.0002 * k;
+        let noisy: Vec<(u64, f64)> = (0..=200u64)
+            .map(|k| {
+                let (u1, u2) = (uniform().max(1e-12), uniform());
+                let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+                (k * 10, trend(k as f64) * (0.05 * z).exp())
+            })
+            .collect();
+        let n = loss_noise(&noisy).expect("enough reports");
+        assert!((0.04..0.06).contains(&n), "{n}");
+        let smooth: Vec<(u64, f64)> = (0..=200u64).map(|k| (k * 10, trend(k as f64))).collect();
+        assert!(loss_noise(&smooth).unwrap() < 1e-3);
+        assert_eq!(
+            loss_noise(&noisy[..8]),
+            None,
+            "too few reports past a tenth"
+        );
     }
 }

@@ -172,31 +172,18 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
         .flat_map(|r| r.probe.iter().cloned())
         .collect();
     let measured = Measured::load(&root.join("sim/measured"))?.at_speed_of(&probes)?;
-    let mut sims = BTreeMap::new();
-    for policy in &trace.policies {
-        let run = trace
-            .simulate(policy, &measured, false)
-            .with_context(|| format!("simulating {} under {policy}", trace.name))?;
-        // A trace's catalog names each job's model after the job.
-        sims.insert(
-            policy.clone(),
-            SimRun {
-                jct: run.jobs.iter().map(|j| (j.model.clone(), j.jct)).collect(),
-                worker: run
-                    .jobs
-                    .iter()
-                    .map(|j| (j.model.clone(), format!("worker-{}", j.worker + 1)))
-                    .collect(),
-                migrations: run.migrations,
-                eta: run
-                    .jobs
-                    .iter()
-                    .map(|j| (j.model.clone(), j.eta_error))
-                    .collect(),
-            },
-        );
-    }
-    let report = Report::new(&trace, &live, &sims, &measured);
+    let sims = simulate(&trace, &measured)?;
+    let mut report = Report::new(&trace, &live, &sims, &measured);
+    // The same trace under other seeds of the simulator's noise (the reported loss scatters
+    // as measured): how much of one simulated run's agreement with the testbed is its draw.
+    let others = (1..=OTHER_SEEDS)
+        .map(|k| {
+            let mut t = trace.clone();
+            t.seed = trace.seed.wrapping_add(k);
+            Ok(Report::new(&t, &live, &simulate(&t, &measured)?, &measured))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    report.seeds = report.seed_spread(&others);
     let text = report.markdown();
     println!("{text}");
     std::fs::write(dir.join("results.md"), &text)?;
@@ -219,6 +206,38 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
     }
     println!("wrote {}", dir.display());
     Ok(())
+}
+
+/// Seeds of the simulator's noise the trace is also simulated with, besides its own.
+const OTHER_SEEDS: u64 = 10;
+
+/// Every policy of the trace, simulated once with the trace's seed.
+fn simulate(trace: &TraceFile, measured: &Measured) -> Result<BTreeMap<String, SimRun>> {
+    let mut sims = BTreeMap::new();
+    for policy in &trace.policies {
+        let run = trace
+            .simulate(policy, measured, false)
+            .with_context(|| format!("simulating {} under {policy}", trace.name))?;
+        // A trace's catalog names each job's model after the job.
+        sims.insert(
+            policy.clone(),
+            SimRun {
+                jct: run.jobs.iter().map(|j| (j.model.clone(), j.jct)).collect(),
+                worker: run
+                    .jobs
+                    .iter()
+                    .map(|j| (j.model.clone(), format!("worker-{}", j.worker + 1)))
+                    .collect(),
+                migrations: run.migrations,
+                eta: run
+                    .jobs
+                    .iter()
+                    .map(|j| (j.model.clone(), j.eta_error))
+                    .collect(),
+            },
+        );
+    }
+    Ok(sims)
 }
 
 fn run_path(runs_dir: &Path, policy: &str, k: usize) -> PathBuf {
@@ -509,6 +528,19 @@ struct Report {
     trace: TraceFile,
     rows: Vec<PolicyRow>,
     provenance: String,
+    /// Per policy, what [`OTHER_SEEDS`] other seeds of the simulator's noise give.
+    seeds: Vec<SeedSpread>,
+}
+
+/// One policy's goals under other seeds of the simulator's noise, one value per seed.
+#[derive(Serialize)]
+struct SeedSpread {
+    policy: String,
+    /// Median absolute error per job.
+    errors: Vec<f64>,
+    /// Points between the live and the simulated policy/baseline ratios (the baseline's row:
+    /// none).
+    ratio_differences: Vec<f64>,
 }
 
 /// Per model (and size), the median ETA errors of its jobs live (over every run) and
@@ -655,7 +687,34 @@ impl Report {
             trace: trace.clone(),
             rows,
             provenance: provenance(measured),
+            seeds: Vec::new(),
         }
+    }
+
+    /// Points between the live and the simulated ratio of `row`'s policy to the baseline.
+    fn ratio_difference(&self, row: &PolicyRow) -> Option<f64> {
+        let (l, s) = self.ratios(row);
+        l.zip(s).map(|(l, s)| 100.0 * (s - l).abs())
+    }
+
+    /// Each policy's goals in `others`, the same trace simulated with other seeds.
+    fn seed_spread(&self, others: &[Report]) -> Vec<SeedSpread> {
+        self.rows
+            .iter()
+            .enumerate()
+            .map(|(i, row)| SeedSpread {
+                policy: row.policy.clone(),
+                errors: others
+                    .iter()
+                    .filter_map(|o| o.rows[i].median_abs_error)
+                    .collect(),
+                ratio_differences: others
+                    .iter()
+                    .filter(|_| i > 0)
+                    .filter_map(|o| o.ratio_difference(&o.rows[i]))
+                    .collect(),
+            })
+            .collect()
     }
 
     /// (live, sim) ratio of a policy's average completion time to the baseline's.
@@ -682,6 +741,7 @@ impl Report {
             "measured": self.provenance,
             "policies": self.rows,
             "ratios_to_baseline": ratios,
+            "other_seeds": self.seeds,
         })
     }
 
@@ -737,12 +797,51 @@ impl Report {
                     r.policy,
                     f(l, 3),
                     f(sm, 3),
-                    f(l.zip(sm).map(|(l, s)| 100.0 * (s - l).abs()), 1),
+                    f(self.ratio_difference(r), 1),
                     f(
                         r.live_makespan.zip(base.live_makespan).map(|(p, b)| p / b),
                         3
                     ),
                     f(r.sim_makespan.zip(base.sim_makespan).map(|(p, b)| p / b), 3),
+                );
+            }
+        }
+        if !self.seeds.is_empty() {
+            let _ = writeln!(
+                s,
+                "\nThe simulator reports each job's loss with the scatter its model was measured to have, so one simulated run is one draw of that noise. The same trace with {OTHER_SEEDS} other seeds: per policy, the median and range over the seeds, and how many meet the goal.\n\n| policy | median abs. error per job: median | range | seeds ≤ 10% | ratio difference (points): median | range | seeds ≤ 5 |\n|---|---:|---:|---:|---:|---:|---:|"
+            );
+            let range = |v: &[f64], scale: f64, d: usize| {
+                let lo = v.iter().copied().fold(f64::INFINITY, f64::min) * scale;
+                let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max) * scale;
+                if v.is_empty() {
+                    "–".to_string()
+                } else {
+                    format!("{lo:.d$}–{hi:.d$}")
+                }
+            };
+            for sp in &self.seeds {
+                let within = |v: &[f64], goal: f64| {
+                    if v.is_empty() {
+                        "–".to_string()
+                    } else {
+                        format!(
+                            "{} of {}",
+                            v.iter().filter(|&&x| x <= goal).count(),
+                            v.len()
+                        )
+                    }
+                };
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {}% | {} | {} | {} | {} |",
+                    sp.policy,
+                    abs_pct(median(sp.errors.clone())),
+                    range(&sp.errors, 100.0, 1),
+                    within(&sp.errors, 0.10),
+                    f(median(sp.ratio_differences.clone()), 1),
+                    range(&sp.ratio_differences, 1.0, 1),
+                    within(&sp.ratio_differences, 5.0),
                 );
             }
         }
