@@ -143,8 +143,13 @@ pub struct ColocationPoint {
     /// Sum of the jobs' steps/s.
     pub aggregate_steps_per_s: Option<f64>,
     /// `aggregate_steps_per_s` over that of one job alone with the whole budget (free mode,
-    /// same model, size and threads): 1.0 = no cost of sharing.
+    /// same model, size and threads): 1.0 = no cost of sharing. With repetitions, the median of
+    /// [`ColocationPoint::repeats`].
     pub relative: Option<f64>,
+    /// Each repetition's `relative`, against the job alone measured in the same repetition
+    /// (`cargo xtask measure --reps`); empty in files measured before repetitions were.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub repeats: Vec<f64>,
     /// Sum of the jobs' cores (should not exceed the budget).
     pub cores_total: Option<f64>,
     /// Why the point has no measurement.
@@ -963,6 +968,7 @@ pub(crate) mod tests {
             rates: Vec::new(),
             aggregate_steps_per_s: None,
             relative,
+            repeats: Vec::new(),
             cores_total: None,
             error: None,
         }

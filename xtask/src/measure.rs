@@ -107,7 +107,8 @@ pub struct Args {
     /// 1 with --quick].
     #[arg(long)]
     pub warmup: Option<f64>,
-    /// Save/restore/start cycles per model and size [default: 3; 1 with --quick].
+    /// Repetitions: save/restore/start cycles per model and size, and passes over the
+    /// co-location table [default: 3; 1 with --quick].
     #[arg(long)]
     pub reps: Option<usize>,
     /// CPU budget (cores) of the co-location worker's cgroup, and the `--cpus` of the
@@ -848,7 +849,8 @@ impl Plan {
                 .iter()
                 .map(|&(_, n)| warmup + window + 0.7 * n as f64)
                 .sum();
-            t += per_pair * (self.colocation_pairs.len() * self.colocation_threads.len()) as f64;
+            t += per_pair
+                * (self.colocation_pairs.len() * self.colocation_threads.len() * reps) as f64;
         }
         if tables.contains(&"pairs") {
             let n = self.colocation_pairs.len();
@@ -1319,21 +1321,35 @@ fn colocation(ctx: &Ctx) -> Result<ColocationFile> {
     let parent = ctx.session.cgroups.create_budget("budget", budget)?;
     let plan = ctx.plan;
     let cells = plan.colocation_cells();
-    let total = cells.len() * plan.colocation_pairs.len() * plan.colocation_threads.len();
-    let mut points: Vec<ColocationPoint> = Vec::new();
-    for (model, size) in &plan.colocation_pairs {
-        for &threads in &plan.colocation_threads {
-            let first = points.len();
-            for &(mode, jobs) in &cells {
+    let reps = ctx.settings.reps;
+    let groups: Vec<(&(String, u32), u32)> = plan
+        .colocation_pairs
+        .iter()
+        .flat_map(|pair| plan.colocation_threads.iter().map(move |&t| (pair, t)))
+        .collect();
+    let total = cells.len() * groups.len() * reps;
+    // One entry per (group, cell), each with every repetition's measurement. Repetitions are
+    // the outer loop, and each group's cells are measured one after the other, job alone
+    // first: a repetition's ratios compare points taken within a minute of each other, so a
+    // drift of the machine's speed over the half hour moves a ratio less than a cell's value.
+    // One pass per cell was not enough here: a second pass an hour and a half later moved
+    // single cells by as much as the effects they measure (sim/README.md).
+    let mut measured: Vec<Vec<(Vec<Rate>, Option<String>)>> =
+        vec![Vec::new(); groups.len() * cells.len()];
+    let mut done = 0;
+    for rep in 0..reps {
+        for (g, ((model, size), threads)) in groups.iter().enumerate() {
+            for (c, &(mode, jobs)) in cells.iter().enumerate() {
                 let per_job_cpus = (mode == "split").then(|| budget / jobs as f64);
                 let what = format!(
                     "{jobs} × {model} --size {size} --threads {threads}, {mode} in {budget} cores"
                 );
-                eprintln!("colocation {}/{total}: {what}", points.len() + 1);
+                done += 1;
+                eprintln!("colocation {done}/{total}: {what} (repetition {})", rep + 1);
                 let spec = Spec {
                     model,
                     size: *size,
-                    threads,
+                    threads: *threads,
                     cpus: per_job_cpus,
                     parent: &parent,
                     checkpoint: None,
@@ -1341,43 +1357,69 @@ fn colocation(ctx: &Ctx) -> Result<ColocationFile> {
                 let r = attempt(&what, || measure_together(ctx, jobs, &spec))?;
                 let (rates, error) = split(r);
                 let rates = rates.unwrap_or_default();
-                let aggregate =
-                    (!rates.is_empty()).then(|| rates.iter().map(|r| r.steps_per_s).sum::<f64>());
-                let cores_total = rates
-                    .iter()
-                    .map(|r| r.cores)
-                    .sum::<Option<f64>>()
-                    .filter(|_| !rates.is_empty());
-                if let Some(a) = aggregate {
+                if !rates.is_empty() {
                     eprintln!(
-                        "  {a:.1} steps/s in all, {} cores",
-                        cores_total.map_or("?".into(), |c| format!("{c:.2}"))
+                        "  {:.1} steps/s in all",
+                        rates.iter().map(|r| r.steps_per_s).sum::<f64>()
                     );
                 }
-                points.push(ColocationPoint {
-                    model: model.clone(),
-                    size: *size,
-                    threads,
-                    mode: mode.into(),
-                    jobs,
-                    per_job_cpus,
-                    rates,
-                    aggregate_steps_per_s: aggregate,
-                    relative: None,
-                    cores_total,
-                    error,
-                });
+                measured[g * cells.len() + c].push((rates, error));
             }
-            let alone = points[first..]
+        }
+    }
+    let aggregate = |rates: &[Rate]| {
+        (!rates.is_empty()).then(|| rates.iter().map(|r| r.steps_per_s).sum::<f64>())
+    };
+    let mut points: Vec<ColocationPoint> = Vec::new();
+    for (g, ((model, size), threads)) in groups.iter().enumerate() {
+        let runs = |c: usize| &measured[g * cells.len() + c];
+        let alone = cells
+            .iter()
+            .position(|&(mode, jobs)| mode == "free" && jobs == 1)
+            .map(runs);
+        for (c, &(mode, jobs)) in cells.iter().enumerate() {
+            let reps_here = runs(c);
+            // Each repetition against the job alone of the same repetition.
+            let repeats: Vec<f64> = reps_here
                 .iter()
-                .find(|p| p.mode == "free" && p.jobs == 1)
-                .and_then(|p| p.aggregate_steps_per_s);
-            for p in &mut points[first..] {
-                p.relative = match (p.aggregate_steps_per_s, alone) {
-                    (Some(a), Some(b)) if b > 0.0 => Some(a / b),
-                    _ => None,
-                };
-            }
+                .enumerate()
+                .filter_map(|(k, (rates, _))| {
+                    let a = aggregate(rates)?;
+                    let b = aggregate(&alone?.get(k)?.0)?;
+                    (b > 0.0).then(|| a / b)
+                })
+                .collect();
+            let aggregates: Vec<f64> = reps_here.iter().filter_map(|(r, _)| aggregate(r)).collect();
+            // The rates shown are those of the repetition nearest the median.
+            let agg = median(aggregates.iter().copied());
+            let shown = reps_here
+                .iter()
+                .filter(|(r, _)| !r.is_empty())
+                .min_by(|a, b| {
+                    let d = |r: &[Rate]| (aggregate(r).unwrap_or(0.0) - agg.unwrap_or(0.0)).abs();
+                    d(&a.0).total_cmp(&d(&b.0))
+                });
+            let rates = shown.map(|(r, _)| r.clone()).unwrap_or_default();
+            let cores_total = rates
+                .iter()
+                .map(|r| r.cores)
+                .sum::<Option<f64>>()
+                .filter(|_| !rates.is_empty());
+            let errors: Vec<&str> = reps_here.iter().filter_map(|(_, e)| e.as_deref()).collect();
+            points.push(ColocationPoint {
+                model: model.clone(),
+                size: *size,
+                threads: *threads,
+                mode: mode.into(),
+                jobs,
+                per_job_cpus: (mode == "split").then(|| budget / jobs as f64),
+                rates,
+                aggregate_steps_per_s: agg,
+                relative: median(repeats.iter().copied()),
+                repeats,
+                cores_total,
+                error: (!errors.is_empty()).then(|| errors.join("; ")),
+            });
         }
     }
     header.machine.loadavg_end = loadavg();
@@ -1881,8 +1923,10 @@ fn render(out_dir: &Path, out_rel: &Path) -> String {
             "#### Co-location (`{out}/colocation.json`)\n\n{}\n\nJobs of one model started together \
              under a parent cgroup capped at {} CPUs. `free`: no per-container limit; `split`: \
              each container has `--cpus` = budget / jobs. Cells: the jobs' steps/s summed, over \
-             one job alone with the whole budget (column `1 job`, in steps/s); in parentheses the \
-             slowest job's share of the sum times the number of jobs (1.00 = an even split).\n",
+             one job alone with the whole budget (column `1 job`, in steps/s), the median over the \
+             repetitions, each against the job alone measured in the same repetition; in brackets \
+             the range over the repetitions; in parentheses the slowest job's share of the sum \
+             times the number of jobs (1.00 = an even split).\n",
             provenance(&f.header),
             f.budget
         );
@@ -1927,7 +1971,14 @@ fn render(out_dir: &Path, out_rel: &Path) -> String {
                                 .iter()
                                 .map(|r| r.steps_per_s)
                                 .fold(f64::INFINITY, f64::min);
-                            format!("{r:.2} ({:.2})", slowest * p.jobs as f64 / a)
+                            let range = if p.repeats.len() > 1 {
+                                let lo = p.repeats.iter().copied().fold(f64::INFINITY, f64::min);
+                                let hi = p.repeats.iter().copied().fold(0.0, f64::max);
+                                format!(" [{lo:.2}–{hi:.2}]")
+                            } else {
+                                String::new()
+                            };
+                            format!("{r:.2}{range} ({:.2})", slowest * p.jobs as f64 / a)
                         }
                         _ => "n/a".into(),
                     }
