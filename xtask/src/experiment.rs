@@ -530,6 +530,8 @@ struct Report {
     provenance: String,
     /// Per policy, what [`OTHER_SEEDS`] other seeds of the simulator's noise give.
     seeds: Vec<SeedSpread>,
+    /// What sharing a worker cost each model live, against the tables.
+    sharing: Vec<SharingRow>,
 }
 
 /// One policy's goals under other seeds of the simulator's noise, one value per seed.
@@ -584,6 +586,135 @@ fn spread_around(values: &[f64], center: f64) -> Option<f64> {
 
 fn mean(v: &[f64]) -> Option<f64> {
     (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+/// What sharing a worker cost one model on the testbed, against what the simulator charges.
+#[derive(Serialize)]
+struct SharingRow {
+    /// Model and size.
+    model: String,
+    /// Jobs running on its worker.
+    jobs: usize,
+    /// CPU-seconds of the job measured at that count.
+    cpu_s: f64,
+    /// Its steps per CPU-second over its speed probe alone (1 = as fast as alone).
+    live: f64,
+    /// The co-location table's factor for that many copies, under free competition: what the
+    /// simulator charges it with no pair measured.
+    table: Option<f64>,
+}
+
+/// Each model's steps per CPU-second in the live runs while its worker ran k jobs, over its
+/// speed probe. From every run of every policy that leaves the CPU to free competition
+/// (FlowCon's quotas change what a CPU-second is worth), between consecutive progress samples
+/// of a job that never moved, during which every per-second CPU sample saw the same number of
+/// busy jobs (above 0.02 cores) on its worker.
+fn live_sharing(
+    trace: &TraceFile,
+    live: &BTreeMap<String, Vec<LiveRun>>,
+    measured: &Measured,
+) -> Vec<SharingRow> {
+    // (model, size) -> jobs -> (CPU-seconds, CPU-seconds × efficiency)
+    let mut acc: BTreeMap<(String, u32), BTreeMap<usize, (f64, f64)>> = BTreeMap::new();
+    let by_name: BTreeMap<&str, (&str, u32)> = trace
+        .jobs
+        .iter()
+        .map(|j| (j.name.as_str(), (j.model.as_str(), j.size)))
+        .collect();
+    for (policy, runs) in live {
+        if policy.starts_with("flowcon") {
+            continue;
+        }
+        for r in runs {
+            let probe: BTreeMap<(&str, u32), f64> = r
+                .probe
+                .iter()
+                .map(|p| ((p.model.as_str(), p.size), p.s_per_step))
+                .collect();
+            let moved: Vec<&str> = r.migrations.iter().map(|m| m.job.as_str()).collect();
+            // Per sample time: each job's cores.
+            let mut samples: BTreeMap<i64, BTreeMap<&str, f64>> = BTreeMap::new();
+            for (t, job, cores) in &r.cpu {
+                samples
+                    .entry((t * 10.0).round() as i64)
+                    .or_default()
+                    .insert(job.as_str(), *cores);
+            }
+            let worker = |job: &str| r.jobs.get(job).map(|j| j.worker.as_str());
+            for (name, &(model, size)) in &by_name {
+                let (Some(&s_per_step), Some(w)) = (probe.get(&(model, size)), worker(name)) else {
+                    continue;
+                };
+                if moved.contains(name) {
+                    continue;
+                }
+                let points: Vec<(f64, u64)> = r
+                    .progress
+                    .iter()
+                    .filter(|p| p.1 == *name)
+                    .map(|p| (p.0, p.2))
+                    .collect();
+                for pair in points.windows(2) {
+                    let ((t0, s0), (t1, s1)) = (pair[0], pair[1]);
+                    if s1 <= s0 {
+                        continue;
+                    }
+                    let inside: Vec<&BTreeMap<&str, f64>> = samples
+                        .range((t0 * 10.0).round() as i64 + 1..=(t1 * 10.0).round() as i64)
+                        .map(|(_, v)| v)
+                        .collect();
+                    if inside.is_empty() {
+                        continue;
+                    }
+                    let busy: Vec<usize> = inside
+                        .iter()
+                        .map(|v| {
+                            v.iter()
+                                .filter(|(j, c)| **c > 0.02 && worker(j) == Some(w))
+                                .count()
+                        })
+                        .collect();
+                    let k = busy[0];
+                    if k == 0 || busy.iter().any(|&b| b != k) {
+                        continue;
+                    }
+                    let mean_cores = inside
+                        .iter()
+                        .map(|v| v.get(name).copied().unwrap_or(0.0))
+                        .sum::<f64>()
+                        / inside.len() as f64;
+                    let cpu = mean_cores * (t1 - t0);
+                    if cpu < 0.05 {
+                        continue;
+                    }
+                    let eff = (s1 - s0) as f64 * s_per_step / cpu;
+                    let e = acc
+                        .entry((model.to_string(), size))
+                        .or_default()
+                        .entry(k)
+                        .or_default();
+                    e.0 += cpu;
+                    e.1 += cpu * eff;
+                }
+            }
+        }
+    }
+    acc.into_iter()
+        .flat_map(|((model, size), by_k)| {
+            let free = measured
+                .cost(&model, size, 1)
+                .map(|c| c.sharing.free)
+                .unwrap_or_default();
+            by_k.into_iter()
+                .map(move |(jobs, (cpu_s, weighted))| SharingRow {
+                    model: format!("{model} {size}"),
+                    jobs,
+                    cpu_s,
+                    live: weighted / cpu_s,
+                    table: free.get(jobs - 1).copied(),
+                })
+        })
+        .collect()
 }
 
 impl Report {
@@ -688,6 +819,7 @@ impl Report {
             rows,
             provenance: provenance(measured),
             seeds: Vec::new(),
+            sharing: live_sharing(trace, live, measured),
         }
     }
 
@@ -742,6 +874,7 @@ impl Report {
             "policies": self.rows,
             "ratios_to_baseline": ratios,
             "other_seeds": self.seeds,
+            "sharing_live": self.sharing,
         })
     }
 
@@ -872,6 +1005,29 @@ impl Report {
                     pct(j.error),
                     j.live_workers.join(" "),
                     j.sim_worker
+                );
+            }
+        }
+        if !self.sharing.is_empty() {
+            let _ = writeln!(
+                s,
+                "\n## Sharing a worker, live against the tables\n\nEach model's steps per CPU-second on the testbed while its worker ran k jobs, over its speed probe alone (1.00: as fast as alone), from every live run under free competition (intervals between two progress samples of a job that never moved, during which its worker's count of busy jobs did not change); beside it, the same over the model's own one-job row (what sharing cost it there), and what the simulator charges k jobs of that model under free competition (the co-location table's factor for k copies; beside exactly one job of a measured pair, the pair's instead).\n\n| model | jobs on its worker | CPU-seconds measured | live, over the probe | live, over live with 1 job | table, k copies |\n|---|---:|---:|---:|---:|---:|"
+            );
+            for row in &self.sharing {
+                let alone = self
+                    .sharing
+                    .iter()
+                    .find(|o| o.model == row.model && o.jobs == 1)
+                    .map(|o| o.live);
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {:.0} | {:.2} | {} | {} |",
+                    row.model,
+                    row.jobs,
+                    row.cpu_s,
+                    row.live,
+                    f(alone.map(|a| row.live / a), 2),
+                    f(row.table, 2),
                 );
             }
         }
