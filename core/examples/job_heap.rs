@@ -72,7 +72,7 @@ fn run(n: usize) -> f64 {
             Input::Connected {
                 conn: w,
                 register: Register {
-                    worker: format!("worker-{w:03}"),
+                    worker: format!("worker-{w:03}").into(),
                     cpu_capacity: cpus,
                     instance_id: format!("worker-{w:03}-agent"),
                     ..Register::default()
@@ -95,7 +95,7 @@ fn run(n: usize) -> f64 {
         let out = core.step(
             now,
             Input::Submit {
-                id: id(k),
+                id: id(k).into(),
                 spec: JobSpec {
                     cpus: 1.0,
                     ..JobSpec::default()
@@ -121,7 +121,7 @@ fn run(n: usize) -> f64 {
                         }),
                     },
                 );
-                placed.push((conn, command.job));
+                placed.push((conn, command.job.to_string()));
             }
         }
     }
@@ -137,7 +137,7 @@ fn run(n: usize) -> f64 {
                 .iter()
                 .filter(|(c, _)| *c == w)
                 .map(|(_, job)| JobStatus {
-                    job: job.clone(),
+                    job: job.clone().into(),
                     epoch: 1,
                     category: None,
                     growth_efficiency: None,
@@ -158,7 +158,7 @@ fn run(n: usize) -> f64 {
         }
         for (k, (conn, job)) in placed.iter().enumerate() {
             let samples = vec![ProgressSample {
-                job: job.clone(),
+                job: job.clone().into(),
                 epoch: 1,
                 unix_ms: start_ms + (t as i64) * 1000 + (k % 997) as i64,
                 step: t,

@@ -265,7 +265,7 @@ fn recover(
     let mut specs = actor::Specs::default();
     for (id, bytes) in got.specs {
         specs
-            .insert_encoded(id.clone(), bytes)
+            .insert_encoded(id.clone().into(), bytes)
             .map_err(|e| bad(format!("the spec of job {id} cannot be decoded: {e}")))?;
     }
     let mut history = Vec::with_capacity(got.events.len());

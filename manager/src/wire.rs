@@ -59,7 +59,7 @@ fn bounded(text: String, max: usize) -> String {
 /// An agent's registration.
 pub fn register(r: pb::Register) -> core::Register {
     core::Register {
-        worker: r.worker_id,
+        worker: r.worker_id.into(),
         cpu_capacity: finite(r.cpu_capacity),
         memory_bytes: r.memory_bytes,
         calibration: finite(r.calibration),
@@ -70,7 +70,7 @@ pub fn register(r: pb::Register) -> core::Register {
             .into_iter()
             .map(|c| core::ContainerReport {
                 running: c.state() != pb::ContainerState::Exited,
-                job: c.job_id,
+                job: c.job_id.into(),
                 epoch: c.epoch,
                 container_id: c.container_id,
                 last_step: c.last_step,
@@ -91,7 +91,7 @@ pub fn agent_message(kind: AgentKind) -> Option<core::AgentMessage> {
                 .into_iter()
                 .map(|s| core::JobStatus {
                     category: category(s.category()),
-                    job: s.job_id,
+                    job: s.job_id.into(),
                     epoch: s.epoch,
                     growth_efficiency: s.growth_efficiency.filter(|v| v.is_finite()),
                     cpu_limit: s.cpu_limit.filter(|v| v.is_finite()),
@@ -107,7 +107,7 @@ pub fn agent_message(kind: AgentKind) -> Option<core::AgentMessage> {
                 .into_iter()
                 .map(|s| core::ProgressSample {
                     checkpointed: s.checkpoint() != pb::CheckpointEvent::None,
-                    job: s.job_id,
+                    job: s.job_id.into(),
                     epoch: s.epoch,
                     unix_ms: s.unix_ms,
                     step: s.step,
@@ -122,7 +122,7 @@ pub fn agent_message(kind: AgentKind) -> Option<core::AgentMessage> {
                 .malformed
                 .into_iter()
                 .map(|m| core::Malformed {
-                    job: m.job_id,
+                    job: m.job_id.into(),
                     epoch: m.epoch,
                     count: m.count,
                 })
@@ -141,14 +141,14 @@ pub fn agent_message(kind: AgentKind) -> Option<core::AgentMessage> {
                 },
                 _ => core::ResultDetail::None,
             },
-            command: r.command_id,
-            job: r.job_id,
+            command: r.command_id.into(),
+            job: r.job_id.into(),
             epoch: r.epoch,
             ok: r.ok,
             error: r.error,
         }),
         AgentKind::Exited(e) => core::AgentMessage::Exited(core::ContainerExited {
-            job: e.job_id,
+            job: e.job_id.into(),
             epoch: e.epoch,
             exit_code: e.exit_code,
             oom_killed: e.oom_killed,
@@ -158,7 +158,7 @@ pub fn agent_message(kind: AgentKind) -> Option<core::AgentMessage> {
             stderr_tail: bounded(e.stderr_tail, MAX_STDERR_TAIL),
         }),
         AgentKind::MigrationRequest(m) => core::AgentMessage::MigrationRequest {
-            job: m.job_id,
+            job: m.job_id.into(),
             epoch: m.epoch,
             reason: m.reason,
         },
@@ -190,7 +190,7 @@ pub fn command(c: core::Command, spec: Option<&pb::JobSpec>) -> pb::Command {
             spec: spec.cloned(),
             // The checkpoint directory is the job's for its whole life: every incarnation
             // resumes from the same one.
-            checkpoint_dir: c.job.clone(),
+            checkpoint_dir: c.job.to_string(),
             // Elastic limits come from the worker's own rounds (FlowCon) or none at all.
             cpus: 0.0,
             cpu_shares,
@@ -207,8 +207,8 @@ pub fn command(c: core::Command, spec: Option<&pb::JobSpec>) -> pb::Command {
         }),
     };
     pb::Command {
-        command_id: c.id,
-        job_id: c.job,
+        command_id: c.id.to_string(),
+        job_id: c.job.to_string(),
         epoch: c.epoch,
         traceparent: String::new(),
         action: Some(action),
@@ -287,8 +287,8 @@ pub fn event(e: core::Event) -> pb::Event {
             core::EventKind::WorkerState => pb::EventKind::WorkerState,
             core::EventKind::Limits => pb::EventKind::Limits,
         } as i32,
-        job_id: e.job.unwrap_or_default(),
-        worker_id: e.worker.unwrap_or_default(),
+        job_id: e.job.unwrap_or_default().to_string(),
+        worker_id: e.worker.unwrap_or_default().to_string(),
         epoch: e.epoch,
         from_state: e.from.map_or(pb::JobState::Unspecified, job_state) as i32,
         to_state: e.to.map_or(pb::JobState::Unspecified, job_state) as i32,
@@ -324,11 +324,11 @@ pub fn job(
     eta: Option<converge_core::cluster::Eta>,
 ) -> pb::Job {
     pb::Job {
-        id: j.id.clone(),
+        id: j.id.to_string(),
         spec: spec.cloned(),
         state: job_state(j.state()) as i32,
         reason: j.reason.clone(),
-        worker_id: j.shown_worker().cloned().unwrap_or_default(),
+        worker_id: j.shown_worker().cloned().unwrap_or_default().to_string(),
         epoch: j.epoch,
         container_id: j.container_id.clone(),
         submitted_unix_ms: ms(Some(j.submitted_at)),
@@ -373,7 +373,7 @@ pub fn worker(
     policy: &str,
 ) -> pb::Worker {
     pb::Worker {
-        id: w.id.clone(),
+        id: w.id.to_string(),
         state: worker_state(w.state.state()) as i32,
         cpu_capacity: w.cpu_capacity,
         memory_bytes: w.memory_bytes,
@@ -385,7 +385,7 @@ pub fn worker(
             .filter_map(|id| jobs.get(id))
             .map(|j| j.spec.cpus)
             .sum(),
-        job_ids: w.jobs.iter().cloned().collect(),
+        job_ids: w.jobs.iter().map(|j| j.to_string()).collect(),
         last_heartbeat_unix_ms: ms(Some(w.last_seen)),
         policy: policy.to_string(),
         alpha: w.alpha,

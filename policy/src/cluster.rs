@@ -3,6 +3,7 @@
 //! Nothing here knows where the numbers came from: the manager builds [`WorkerSnapshot`]s from
 //! agent heartbeats, the simulator from its own model. Placement policies implement [`Placer`].
 
+use crate::Id;
 use serde::{Deserialize, Serialize};
 
 /// What a job asks for when it is placed.
@@ -44,7 +45,7 @@ impl JobRequest {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobSnapshot {
     /// The job's id.
-    pub job_id: String,
+    pub job_id: Id,
     /// The job's category in the worker's last policy round.
     pub category: Category,
     /// The job's last growth efficiency, if it has one yet.
@@ -81,7 +82,7 @@ impl Category {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkerSnapshot {
     /// The worker's id (for messages).
-    pub id: String,
+    pub id: Id,
     /// CPU capacity, in cores.
     pub cpu_capacity: f64,
     /// Sum of the cpus requested by jobs placed there.
@@ -242,7 +243,7 @@ pub(crate) mod test_support {
     /// A worker with `cpus` cores, 8 GiB, nothing placed.
     pub fn worker(id: &str, cpus: f64) -> WorkerSnapshot {
         WorkerSnapshot {
-            id: id.to_string(),
+            id: id.into(),
             cpu_capacity: cpus,
             cpu_requested: 0.0,
             memory_capacity: 8 << 30,

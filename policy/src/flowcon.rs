@@ -211,7 +211,7 @@ impl FlowCon {
         self.jobs
             .iter()
             .map(|(id, j)| JobSnapshot {
-                job_id: id.clone(),
+                job_id: id.clone().into(),
                 category: j.category,
                 growth_efficiency: j.growth,
                 cpu_limit: Some(j.limit),

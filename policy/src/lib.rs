@@ -11,6 +11,7 @@
 //! - [`baseline`]: the papers' baselines: Docker Swarm [`Spread`], Kubernetes
 //!   [`LeastAllocated`], SpeCon's fixed [`RoundRobin`] initial placement, and
 //!   [`FreeCompetition`] (no limits).
+//! - [`Id`]: job and worker ids, shared rather than copied.
 //! - [`growth`]: progress (Eq. 1) and growth efficiency (Eq. 2), normalized by the job's own
 //!   initial metric, direction respected.
 //! - [`estimate`]: remaining-time estimates (steps over measured throughput, Optimus' curve
@@ -44,6 +45,7 @@ mod error;
 pub mod estimate;
 pub mod flowcon;
 pub mod growth;
+pub mod id;
 pub mod limits;
 pub mod share;
 pub mod specon;
@@ -52,3 +54,4 @@ pub mod value;
 pub use baseline::{FreeCompetition, LeastAllocated, RoundRobin, Spread};
 pub use cluster::{Category, JobRequest, JobSnapshot, Placement, Placer, WorkerSnapshot};
 pub use error::{Error, Result};
+pub use id::Id;

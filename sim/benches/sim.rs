@@ -36,7 +36,7 @@ const WORKERS: usize = 10_000;
 fn cluster() -> Vec<WorkerSnapshot> {
     (0..WORKERS)
         .map(|i| WorkerSnapshot {
-            id: format!("worker-{i}"),
+            id: format!("worker-{i}").into(),
             cpu_capacity: 16.0,
             cpu_requested: (i % 13) as f64,
             memory_capacity: 64 << 30,
@@ -48,7 +48,7 @@ fn cluster() -> Vec<WorkerSnapshot> {
             schedulable: i % 101 != 0,
             jobs: (0..(i % 5))
                 .map(|k| JobSnapshot {
-                    job_id: format!("j{i}-{k}"),
+                    job_id: format!("j{i}-{k}").into(),
                     category: [Category::New, Category::Watching, Category::Completing]
                         [(i + k) % 3],
                     growth_efficiency: Some(((i * 7 + k) % 100) as f64 / 1000.0),

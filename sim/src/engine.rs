@@ -448,7 +448,12 @@ impl<'a> Simulation<'a> {
                 Some(
                     jobs.iter()
                         .zip(plan)
-                        .map(|(j, p)| (j.id.clone(), p.map(|(w, s)| (worker_ids[w].clone(), s))))
+                        .map(|(j, p)| {
+                            (
+                                j.id.as_str().into(),
+                                p.map(|(w, s)| (worker_ids[w].as_str().into(), s)),
+                            )
+                        })
                         .collect(),
                 )
             }
@@ -568,7 +573,7 @@ impl<'a> Simulation<'a> {
             sim.queue.push_back(Msg::Core(Input::Connected {
                 conn: w as u64 + 1,
                 register: wire::Register {
-                    worker: worker.id.clone(),
+                    worker: worker.id.clone().into(),
                     cpu_capacity: worker.cpus,
                     calibration: worker.calibration,
                     instance_id: format!("{}-agent", worker.id),
@@ -712,12 +717,12 @@ impl<'a> Simulation<'a> {
         match e {
             Effect::Send { conn, command, .. } => {
                 let w = conn as usize - 1;
-                let Some(&j) = self.index_of.get(&command.job) else {
+                let Some(&j) = self.index_of.get(command.job.as_str()) else {
                     return;
                 };
                 let action = match command.action {
                     wire::Action::Start { cpu_shares } => {
-                        self.start_shares.insert(command.id.clone(), cpu_shares);
+                        self.start_shares.insert(command.id.to_string(), cpu_shares);
                         nd::Action::Start {
                             direction: Some(self.jobs[j].direction),
                             // The simulated jobs ask for no cores: no limit.
@@ -746,8 +751,8 @@ impl<'a> Simulation<'a> {
                 self.queue.push_back(Msg::Node(
                     w,
                     NodeInput::Command(nd::Command {
-                        id: command.id,
-                        job_id: command.job,
+                        id: command.id.to_string(),
+                        job_id: command.job.to_string(),
                         epoch: command.epoch,
                         action,
                     }),
@@ -806,8 +811,8 @@ impl<'a> Simulation<'a> {
                 self.queue.push_back(Msg::Core(Input::Agent {
                     conn,
                     message: wire::AgentMessage::Result(wire::CommandResult {
-                        command: r.command_id,
-                        job: r.job_id,
+                        command: r.command_id.into(),
+                        job: r.job_id.into(),
                         epoch: r.epoch,
                         ok: r.ok,
                         error: r.error,
@@ -824,7 +829,7 @@ impl<'a> Simulation<'a> {
                 self.queue.push_back(Msg::Core(Input::Agent {
                     conn,
                     message: wire::AgentMessage::Exited(wire::ContainerExited {
-                        job: x.job_id,
+                        job: x.job_id.into(),
                         epoch: x.epoch,
                         exit_code: x.exit_code.unwrap_or(0),
                         oom_killed: false,
@@ -846,7 +851,7 @@ impl<'a> Simulation<'a> {
                 self.queue.push_back(Msg::Core(Input::Agent {
                     conn,
                     message: wire::AgentMessage::MigrationRequest {
-                        job: m.job_id,
+                        job: m.job_id.into(),
                         epoch: m.epoch,
                         reason: m.reason,
                     },
@@ -1105,7 +1110,7 @@ impl<'a> Simulation<'a> {
     fn arrival(&mut self, j: usize) {
         let spec = &self.jobs[j].spec;
         let input = Input::Submit {
-            id: spec.id.clone(),
+            id: spec.id.clone().into(),
             spec: wire::JobSpec {
                 name: spec.id.clone(),
                 // The experiments' jobs reserve nothing (placement never waits for room); a
@@ -1168,7 +1173,7 @@ impl<'a> Simulation<'a> {
                     .iter()
                     .find(|p| p.job_id == job.spec.id && p.epoch == job.epoch);
                 statuses.push(wire::JobStatus {
-                    job: job.spec.id.clone(),
+                    job: job.spec.id.clone().into(),
                     epoch: job.epoch,
                     category: policy.map(|p| p.category),
                     growth_efficiency: policy.and_then(|p| p.growth_efficiency),
@@ -1298,7 +1303,7 @@ impl<'a> Simulation<'a> {
         let value = self.metric(j);
         let job = &self.jobs[j];
         wire::ProgressSample {
-            job: job.spec.id.clone(),
+            job: job.spec.id.clone().into(),
             epoch: job.epoch,
             unix_ms: (self.now * 1000.0).round() as i64,
             step: job.step(),

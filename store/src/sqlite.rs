@@ -328,11 +328,11 @@ impl Store for Sqlite {
                 .map_err(self.sql())?;
             for j in &saved.jobs {
                 if let Some(spec) = q
-                    .query_row([&j.id], |r| r.get::<_, Vec<u8>>(0))
+                    .query_row([j.id.as_str()], |r| r.get::<_, Vec<u8>>(0))
                     .optional()
                     .map_err(self.sql())?
                 {
-                    specs.push((j.id.clone(), spec));
+                    specs.push((j.id.to_string(), spec));
                 }
             }
         }
@@ -394,7 +394,7 @@ impl Store for Sqlite {
             for j in &batch.jobs {
                 let record = serde_json::to_string(j).map_err(|e| json(&j.id, e))?;
                 put.execute(params![
-                    j.id,
+                    j.id.as_str(),
                     j.seq as i64,
                     j.state().label(),
                     record,
@@ -407,7 +407,7 @@ impl Store for Sqlite {
                 .map_err(sql)?;
             for w in &batch.workers {
                 let record = serde_json::to_string(w).map_err(|e| json(&w.id, e))?;
-                put.execute(params![w.id, record]).map_err(sql)?;
+                put.execute(params![w.id.as_str(), record]).map_err(sql)?;
             }
             let mut put = tx
                 .prepare_cached("INSERT OR IGNORE INTO specs (id, spec) VALUES (?1, ?2)")

@@ -328,7 +328,7 @@ fn four_finished_one_pending(store: &mut Sqlite) -> (Core, [&'static str; 5]) {
         step_stored(store, &mut core, 1.0 + i as f64, submit(id));
     }
     for (i, id) in ids[..4].iter().enumerate() {
-        let cancel = Input::Cancel { id: id.to_string() };
+        let cancel = Input::Cancel { id: id.into() };
         step_stored(store, &mut core, 10.0 + i as f64, cancel);
     }
     (core, ids)
@@ -395,7 +395,7 @@ fn pruning_deletes_only_jobs_finished_before_the_cutoff_with_their_specs() {
         .unwrap();
     let stored = |store: &mut Sqlite| -> Vec<String> {
         let jobs = store.jobs(None, None).unwrap();
-        jobs.into_iter().map(|j| j.job.id).collect()
+        jobs.into_iter().map(|j| j.job.id.to_string()).collect()
     };
 
     // A limit of one takes one of the two due; the next pass the other; then none is due.
@@ -433,7 +433,7 @@ fn a_store_of_the_first_schema_is_migrated_and_reads_as_before() {
         core.step(1.0 + i as f64, submit(id));
     }
     for (i, id) in ids[..3].iter().enumerate() {
-        core.step(10.0 + i as f64, Input::Cancel { id: id.to_string() });
+        core.step(10.0 + i as f64, Input::Cancel { id: id.into() });
     }
     // A file as the first release wrote it: schema 1, exactly (this text must not change
     // with the schema; it is what is on users' disks).
@@ -455,7 +455,7 @@ fn a_store_of_the_first_schema_is_migrated_and_reads_as_before() {
             c.execute(
                 "INSERT INTO jobs (id, seq, state, record) VALUES (?1, ?2, ?3, ?4)",
                 rusqlite::params![
-                    j.id,
+                    j.id.as_str(),
                     j.seq as i64,
                     j.state().label(),
                     serde_json::to_string(j).unwrap()

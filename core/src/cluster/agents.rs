@@ -111,7 +111,7 @@ impl Core {
                     self.transition(
                         &id,
                         JobPhase::Running {
-                            worker: worker.to_string(),
+                            worker: self.worker_id(worker),
                         },
                         format!("re-adopted on {worker}"),
                     );
@@ -264,7 +264,7 @@ impl Core {
         if what == Refusal::ForeignJob {
             warn!(%worker, %job, epoch, "refused: a message about a job this worker never ran");
         }
-        self.refuse(what, Some(worker.to_string()));
+        self.refuse(what, Some(worker.into()));
         false
     }
 
@@ -311,13 +311,13 @@ impl Core {
                 self.transition(
                     &s.job,
                     JobPhase::Running {
-                        worker: worker.to_string(),
+                        worker: self.worker_id(worker),
                     },
                     format!("{worker} is back and runs it"),
                 );
             }
         }
-        let worker = worker.to_string();
+        let worker = WorkerId::from(worker);
         let view = policy_view!(self);
         let decisions =
             self.policy
@@ -377,8 +377,8 @@ impl Core {
                 let ms = (downtime * 1000.0).round() as u64;
                 let attributes = BTreeMap::from([
                     ("downtime_ms".to_string(), ms.to_string()),
-                    ("from".to_string(), r.from.clone()),
-                    ("to".to_string(), r.to.clone()),
+                    ("from".to_string(), r.from.to_string()),
+                    ("to".to_string(), r.to.to_string()),
                     ("reason".to_string(), r.reason.as_str().to_string()),
                     ("step".to_string(), step.to_string()),
                     ("outcome".to_string(), "completed".to_string()),
@@ -393,7 +393,7 @@ impl Core {
                 self.transition(
                     &s.job,
                     JobPhase::Running {
-                        worker: worker.to_string(),
+                        worker: self.worker_id(worker),
                     },
                     format!("running on {worker}"),
                 );
@@ -529,7 +529,7 @@ impl Core {
                     self.transition(
                         &id,
                         JobPhase::Running {
-                            worker: worker.to_string(),
+                            worker: self.worker_id(worker),
                         },
                         format!("could not stop at convergence: {}", r.error),
                     );
@@ -563,7 +563,7 @@ impl Core {
         self.transition(
             id,
             JobPhase::Running {
-                worker: worker.to_string(),
+                worker: self.worker_id(worker),
             },
             format!("running on {worker}"),
         );
@@ -670,7 +670,7 @@ impl Core {
             debug!(%job, "migration request ignored (stale or not running)");
             return;
         }
-        let (worker, job) = (worker.to_string(), job.to_string());
+        let (worker, job) = (WorkerId::from(worker), JobId::from(job));
         let view = policy_view!(self);
         let decisions = self.policy.on_report(
             self.now,

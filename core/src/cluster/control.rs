@@ -68,7 +68,7 @@ impl Core {
         let job = self
             .jobs
             .get(id)
-            .ok_or_else(|| RequestError::JobNotFound(id.to_string()))?;
+            .ok_or_else(|| RequestError::JobNotFound(id.into()))?;
         if job.is_terminal() {
             return Err(RequestError::FailedPrecondition(format!(
                 "job {id} is already {}",
@@ -89,7 +89,7 @@ impl Core {
             );
         }
         self.transition(id, JobPhase::Cancelled, "cancelled by user");
-        Ok(Reply::Job(id.to_string()))
+        Ok(Reply::Job(id.into()))
     }
 
     pub(super) fn drain(&mut self, worker: &str) -> Result<Reply, RequestError> {
@@ -112,7 +112,7 @@ impl Core {
             self.worker_event(worker, state, "drained by user".into());
         }
         self.dirty = true;
-        Ok(Reply::Worker(worker.to_string()))
+        Ok(Reply::Worker(worker.into()))
     }
 
     /// Moves the running jobs of every draining, connected worker elsewhere, as far as the

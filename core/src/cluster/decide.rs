@@ -73,14 +73,14 @@ impl Core {
     ) {
         let command = self.next_command_id();
         let to = JobPhase::Starting {
-            worker: worker.to_string(),
+            worker: self.worker_id(worker),
             command: command.clone(),
         };
         let epoch = self.jobs[id].epoch + 1;
         attributes.insert("policy".into(), self.policy.name().into());
         let mut e = Event::new(EventKind::JobPlaced, reason);
-        e.job = Some(id.to_string());
-        e.worker = Some(worker.to_string());
+        e.job = Some(id.into());
+        e.worker = Some(worker.into());
         e.epoch = epoch;
         e.attributes = attributes;
         if !self.transition(id, to, format!("starting on {worker}")) {
@@ -92,7 +92,7 @@ impl Core {
             worker,
             Command {
                 id: command,
-                job: id.to_string(),
+                job: id.into(),
                 epoch,
                 action: Action::Start { cpu_shares },
             },

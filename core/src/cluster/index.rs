@@ -36,7 +36,7 @@ impl PlacementIndex {
     /// Notes that worker `id` (or one of its jobs) changed.
     pub fn touch(&mut self, id: &str) {
         if !self.stale.contains(id) {
-            self.stale.insert(id.to_string());
+            self.stale.insert(id.into());
         }
     }
 

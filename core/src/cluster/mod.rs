@@ -522,7 +522,9 @@ impl Core {
         let Some(job) = self.jobs.get_mut(id) else {
             return false;
         };
-        self.changes.jobs.insert(id.to_string());
+        // The job's own id, shared by every set and queue that names it.
+        let id = job.id.clone();
+        self.changes.jobs.insert(id.clone());
         if !lifecycle::allowed(&job.phase, &to) {
             warn!(job = %id, from = job.state().label(), to = to.state().label(), "transition refused");
             self.out.push(Effect::Refused {
@@ -556,7 +558,7 @@ impl Core {
             self.pending.remove(&job.seq);
         }
         if to.state() == JobState::Pending {
-            self.pending.insert(job.seq, id.to_string());
+            self.pending.insert(job.seq, id.clone());
             self.dirty = true;
         }
         if to.state() == JobState::Running {
@@ -568,7 +570,7 @@ impl Core {
             job.finished_at = Some(now);
             job.resuming = None;
             if !from_state.is_terminal() {
-                self.finished.push_back(id.to_string());
+                self.finished.push_back(id.clone());
             }
         }
         if to.state() == JobState::Completed {
@@ -592,13 +594,13 @@ impl Core {
         if moved {
             // The per-worker index is rebuilt from the phases on restore: no store write.
             if let Some(w) = old_worker.as_ref().and_then(|w| self.workers.get_mut(w)) {
-                w.jobs.remove(id);
+                w.jobs.remove(&id);
             }
             if let Some(w) = new_worker.as_ref().and_then(|w| self.workers.get_mut(w)) {
-                w.jobs.insert(id.to_string());
+                w.jobs.insert(id.clone());
             }
             if let Some(w) = old_worker.clone() {
-                self.departures.push_back((w, id.to_string()));
+                self.departures.push_back((w, id.clone()));
                 self.dirty = true;
             }
         }
@@ -614,7 +616,7 @@ impl Core {
             info!(job = %id, from = from_state.label(), to = to_state.label(), %reason, "job state");
             let mut e = Event::new(EventKind::JobState, reason);
             e.attributes = attributes;
-            e.job = Some(id.to_string());
+            e.job = Some(id);
             e.worker = new_worker.or(old_worker);
             e.epoch = epoch;
             e.from = Some(from_state);
@@ -629,7 +631,7 @@ impl Core {
     pub(super) fn job_mut(&mut self, id: &str) -> Option<&mut Job> {
         let j = self.jobs.get_mut(id)?;
         if !self.changes.jobs.contains(id) {
-            self.changes.jobs.insert(id.to_string());
+            self.changes.jobs.insert(j.id.clone());
         }
         // No placement snapshot reads what a progress line changes; the job fields one does
         // read (its view) are written only in its worker's heartbeat, which touches the
@@ -643,7 +645,7 @@ impl Core {
     pub(super) fn job_soft(&mut self, id: &str) -> Option<&mut Job> {
         let j = self.jobs.get_mut(id)?;
         if !self.changes.jobs.contains(id) && !self.changes.soft.contains(id) {
-            self.changes.soft.insert(id.to_string());
+            self.changes.soft.insert(j.id.clone());
         }
         Some(j)
     }
@@ -652,15 +654,25 @@ impl Core {
     pub(super) fn worker_mut(&mut self, id: &str) -> Option<&mut Worker> {
         let w = self.workers.get_mut(id)?;
         if !self.changes.workers.contains(id) {
-            self.changes.workers.insert(id.to_string());
+            self.changes.workers.insert(w.id.clone());
         }
         self.index.touch(id);
         Some(w)
     }
 
+    /// Worker `id`'s own id, shared: a phase, an incarnation or an effect that names the
+    /// worker holds a clone of the registered id, not a copy of the text it was given (a
+    /// copy per running job, 64 bytes at the allocator; `docs/performance.md`). A new one for
+    /// a worker the core does not hold.
+    pub(super) fn worker_id(&self, id: &str) -> WorkerId {
+        self.workers
+            .get_key_value(id)
+            .map_or_else(|| id.into(), |(k, _)| k.clone())
+    }
+
     pub(super) fn next_command_id(&mut self) -> CommandId {
         self.next_command += 1;
-        format!("{}-{}", self.config.id_prefix, self.next_command)
+        format!("{}-{}", self.config.id_prefix, self.next_command).into()
     }
 
     /// The Save (checkpoint and stop) command `id` for incarnation `epoch` of `job`, with the
@@ -671,7 +683,7 @@ impl Core {
             .clamp(0.0, u32::MAX as f64) as u32;
         Command {
             id,
-            job: job.to_string(),
+            job: job.into(),
             epoch,
             action: Action::Save { deadline_ms },
         }
@@ -681,7 +693,7 @@ impl Core {
     pub(super) fn send_to(&mut self, worker: &str, job: &str, epoch: u64, action: Action) {
         let cmd = Command {
             id: self.next_command_id(),
-            job: job.to_string(),
+            job: job.into(),
             epoch,
             action,
         };
@@ -694,7 +706,7 @@ impl Core {
         match self.workers.get(worker).and_then(|w| w.conn) {
             Some(conn) => self.out.push(Effect::Send {
                 conn,
-                worker: worker.to_string(),
+                worker: self.worker_id(worker),
                 command,
             }),
             None => {
@@ -705,7 +717,7 @@ impl Core {
 
     pub(super) fn worker_event(&mut self, worker: &str, state: WorkerState, reason: String) {
         let mut e = Event::new(EventKind::WorkerState, reason);
-        e.worker = Some(worker.to_string());
+        e.worker = Some(worker.into());
         e.worker_state = Some(state);
         self.out.push(Effect::Event(e));
     }
@@ -730,8 +742,8 @@ impl Core {
         attributes: BTreeMap<String, String>,
     ) {
         let mut e = Event::new(kind, reason);
-        e.job = Some(id.to_string());
-        e.worker = Some(worker.to_string());
+        e.job = Some(id.into());
+        e.worker = Some(worker.into());
         e.epoch = self.jobs.get(id).map_or(0, |j| j.epoch);
         e.attributes = attributes;
         self.out.push(Effect::Event(e));

@@ -24,7 +24,7 @@ impl Core {
         let command = self.next_command_id();
         let m = Move {
             from: from.clone(),
-            to: to.to_string(),
+            to: self.worker_id(to),
             reason,
             phase: MovePhase::Saving {
                 command: command.clone(),
@@ -41,7 +41,7 @@ impl Core {
         }
         info!(job = %id, %from, %to, reason = reason.as_str(), "migration started");
         attributes.insert("reason".into(), reason.as_str().into());
-        attributes.insert("from".into(), from.clone());
+        attributes.insert("from".into(), from.to_string());
         attributes.insert("to".into(), to.to_string());
         attributes.insert("outcome".into(), "started".into());
         self.migration_event(
@@ -151,7 +151,7 @@ impl Core {
         };
         let command = self.next_command_id();
         let mut next = m;
-        next.to = to.to_string();
+        next.to = to.into();
         next.restore_attempts += 1;
         next.phase = MovePhase::Restoring {
             command: command.clone(),
@@ -175,10 +175,10 @@ impl Core {
         let epoch = self.jobs[id].epoch;
         let cmd = Command {
             id: command,
-            job: id.to_string(),
+            job: id.into(),
             epoch,
             action: Action::Start {
-                cpu_shares: self.policy.start_shares(&id.to_string()),
+                cpu_shares: self.policy.start_shares(&id.into()),
             },
         };
         self.send(to, cmd);
@@ -189,7 +189,7 @@ impl Core {
             if let Some(j) = self.job_mut(id) {
                 j.resuming = Some(Box::new(Resuming {
                     from: m.from.clone(),
-                    to: worker.to_string(),
+                    to: worker.into(),
                     reason: m.reason,
                     started: m.started,
                 }));
@@ -200,7 +200,7 @@ impl Core {
             self.transition(
                 id,
                 JobPhase::Running {
-                    worker: worker.to_string(),
+                    worker: self.worker_id(worker),
                 },
                 format!("restored on {worker}"),
             );

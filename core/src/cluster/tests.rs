@@ -217,7 +217,7 @@ impl Fixture {
                 containers: running
                     .iter()
                     .map(|(job, epoch, step)| ContainerReport {
-                        job: job.to_string(),
+                        job: (*job).into(),
                         epoch: *epoch,
                         container_id: format!("{job}-{epoch}"),
                         running: true,
@@ -612,7 +612,7 @@ fn draining_worker_that_goes_silent_is_lost_and_its_job_recovered() {
     // w2 has no room: the drain waits.
     f.submit("b", 2.0);
     assert_eq!(
-        f.core.job("b").unwrap().worker().map(String::as_str),
+        f.core.job("b").unwrap().worker().map(WorkerId::as_str),
         Some("w2")
     );
     f.step(Input::Drain {
@@ -648,7 +648,7 @@ fn draining_worker_that_goes_silent_is_lost_and_its_job_recovered() {
     assert_eq!(f.state("a"), JobState::Starting);
     let job = f.core.job("a").unwrap();
     assert_eq!(
-        (job.worker().map(String::as_str), job.epoch),
+        (job.worker().map(WorkerId::as_str), job.epoch),
         (Some("w2"), 2)
     );
     // w1 comes back: still draining, and its stale container of `a` is stopped.
@@ -763,7 +763,7 @@ fn a_failed_save_leaves_the_job_running_where_it_was() {
     f.fail(1, &save, "container already gone");
     assert_eq!(f.state("a"), JobState::Running);
     assert_eq!(
-        f.core.job("a").unwrap().worker().map(String::as_str),
+        f.core.job("a").unwrap().worker().map(WorkerId::as_str),
         Some("w1")
     );
     assert_eq!(f.epoch("a"), 1);
@@ -1250,7 +1250,7 @@ fn a_converged_job_moves_by_specon_alg2_once() {
         f.ok(conn, &start, Fixture::started(conn));
     }
     assert_eq!(
-        f.core.job("c").unwrap().worker().map(String::as_str),
+        f.core.job("c").unwrap().worker().map(WorkerId::as_str),
         Some("w1")
     );
     let request = AgentMessage::MigrationRequest {
@@ -1434,15 +1434,15 @@ mod model {
                 Op::Submit => {
                     jobs += 1;
                     inputs.push(Input::Submit {
-                        id: format!("j{jobs}"),
+                        id: format!("j{jobs}").into(),
                         spec: spec(1.0),
                     });
                 }
                 Op::Cancel(j) => inputs.push(Input::Cancel {
-                    id: format!("j{}", j + 1),
+                    id: format!("j{}", j + 1).into(),
                 }),
                 Op::Drain(w) => inputs.push(Input::Drain {
-                    worker: format!("w{w}"),
+                    worker: format!("w{w}").into(),
                 }),
                 Op::Deliver(w) => {
                     let a = &mut agents[w];
@@ -1627,7 +1627,7 @@ mod model {
 
     fn register(w: usize, a: &Agent) -> Register {
         Register {
-            worker: format!("w{w}"),
+            worker: format!("w{w}").into(),
             cpu_capacity: 2.0,
             containers: a
                 .running
@@ -1919,7 +1919,7 @@ fn converge_gives_the_shortest_predicted_job_the_cpu_and_las_the_least_served() 
             let jobs = [("near", use_of(a, 0.9)), ("far", use_of(b, 0.1))]
                 .iter()
                 .map(|(j, u)| JobStatus {
-                    job: j.to_string(),
+                    job: (*j).into(),
                     epoch: 1,
                     category: None,
                     growth_efficiency: None,
@@ -2497,7 +2497,7 @@ fn converge_evens_out_predicted_finishes_moving_the_job_with_least_work_at_risk(
         let jobs = jobs
             .iter()
             .map(|j| JobStatus {
-                job: j.to_string(),
+                job: (*j).into(),
                 epoch: 1,
                 category: None,
                 growth_efficiency: None,

@@ -58,7 +58,7 @@ impl Core {
             self.transition(
                 &j,
                 JobPhase::Lost {
-                    worker: id.to_string(),
+                    worker: id.into(),
                     since: now,
                 },
                 format!("worker {id} lost: {reason}"),

@@ -9,11 +9,14 @@ use converge_policy::value::ValueCurve;
 use serde::{Deserialize, Serialize};
 
 /// A job's id: a UUID made by the shell (the manager) or a name (the simulator).
-pub type JobId = String;
+pub type JobId = Id;
 /// A worker's id, as its agent registered it.
-pub type WorkerId = String;
+pub type WorkerId = Id;
 /// A command's id: unique per manager incarnation (see [`super::Config::id_prefix`]).
-pub type CommandId = String;
+pub type CommandId = Id;
+
+/// Ids are shared, not copied ([`converge_policy::Id`]).
+pub use converge_policy::Id;
 /// One agent stream, numbered by the shell. A reconnecting agent gets a new one.
 pub type ConnId = u64;
 /// Time in seconds: Unix time for the manager, virtual time for the simulator.

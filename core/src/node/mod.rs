@@ -246,7 +246,7 @@ impl NodeCore {
             for s in f.flowcon().snapshots() {
                 if let Some(&epoch) = epochs.get(s.job_id.as_str()) {
                     jobs.push(JobPolicy {
-                        job_id: s.job_id,
+                        job_id: s.job_id.to_string(),
                         epoch,
                         category: s.category,
                         growth_efficiency: s.growth_efficiency,

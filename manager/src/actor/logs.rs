@@ -94,7 +94,7 @@ impl Actor {
         self.logs.readers.insert(
             rid,
             Reader {
-                job: id.to_string(),
+                job: id.into(),
                 follow,
                 tail,
                 incarnations: now.incarnations,
@@ -179,7 +179,7 @@ impl Actor {
                 Some((conn, link)) => link
                     .send(ManagerKind::Logs(pb::LogsRequest {
                         request_id: request,
-                        job_id: job.clone(),
+                        job_id: job.to_string(),
                         epoch: inc.epoch,
                         follow: reader.follow,
                         tail: reader.tail,
@@ -338,7 +338,7 @@ impl Actor {
 fn part(inc: &Incarnation, lines: Vec<pb::LogLine>, unavailable: String) -> pb::JobLogsResponse {
     pb::JobLogsResponse {
         epoch: inc.epoch,
-        worker_id: inc.worker.clone(),
+        worker_id: inc.worker.to_string(),
         lines,
         unavailable,
     }

@@ -222,7 +222,7 @@ pub(crate) fn now() -> Time {
 impl From<RequestError> for Error {
     fn from(e: RequestError) -> Self {
         match e {
-            RequestError::JobNotFound(id) => Error::JobNotFound(id),
+            RequestError::JobNotFound(id) => Error::JobNotFound(id.to_string()),
             RequestError::Invalid { field, message } => Error::InvalidArgument {
                 field: field.to_string(),
                 message,
@@ -736,7 +736,9 @@ impl Actor {
                     .jobs()
                     .values()
                     .filter(|j| want.is_none_or(|s| j.state() == s))
-                    .filter(|j| worker_id.is_empty() || j.shown_worker() == Some(&worker_id))
+                    .filter(|j| {
+                        worker_id.is_empty() || j.shown_worker().is_some_and(|w| *w == worker_id)
+                    })
                     .collect();
                 jobs.sort_by_key(|j| j.seq);
                 let policy = self.core.policy_name();
@@ -756,7 +758,8 @@ impl Actor {
                                 archived
                                     .iter()
                                     .filter(|(j, _)| {
-                                        worker_id.is_empty() || j.shown_worker() == Some(&worker_id)
+                                        worker_id.is_empty()
+                                            || j.shown_worker().is_some_and(|w| *w == worker_id)
                                     })
                                     .map(|a| self.archived_pb(a)),
                             );
@@ -773,7 +776,9 @@ impl Actor {
                     .traces
                     .job_span(&id, info_span!(parent: None, "cancel", job = %id));
                 let _entered = span.enter();
-                let r = match self.answer(Input::Cancel { id: id.clone() }) {
+                let r = match self.answer(Input::Cancel {
+                    id: id.clone().into(),
+                }) {
                     // Archived: finished long ago, as the core would say of a finished job.
                     Err(Error::JobNotFound(_)) => match self.archived(Some(&id), None) {
                         Ok(a) if !a.is_empty() => Err(Error::FailedPrecondition(format!(
@@ -802,7 +807,7 @@ impl Actor {
                 let span = info_span!(parent: None, "drain", worker = %worker_id);
                 let _entered = span.enter();
                 let r = self.answer(Input::Drain {
-                    worker: worker_id.clone(),
+                    worker: worker_id.clone().into(),
                 });
                 let r = r.map(|_| {
                     let w = self.core.worker(&worker_id).expect("drained worker exists");
@@ -912,7 +917,8 @@ impl Actor {
         // submissions writes a few pages, not several per job (`docs/performance.md`, "The
         // state store"); listing by id lists by submission. The millisecond of submission it
         // shows is what GetJob says anyway.
-        let id = uuid::Uuid::now_v7().to_string();
+        // One id, shared by the core's records, the specs and the store's queue.
+        let id = JobId::from(uuid::Uuid::now_v7().to_string());
         span.record("job", id.as_str());
         span.record("image", spec.image.as_str());
         self.traces.submitted(&id, &span);

@@ -36,7 +36,7 @@ impl JobTraces {
     pub fn submitted(&mut self, id: &str, span: &Span) {
         let root = span.context();
         if root.has_active_span() {
-            self.roots.insert(id.to_string(), root);
+            self.roots.insert(id.into(), root);
         }
     }
 
@@ -116,12 +116,12 @@ impl JobTraces {
     /// restore step of its move, or its root.
     pub fn command_span(&mut self, cmd: &pb::Command, worker: &str) -> Span {
         let action = cmd.action.as_ref().map_or("none", |a| a.name());
-        let job = &cmd.job_id;
+        let job = cmd.job_id.as_str();
         if action == "start"
             && let Some(m) = self.moves.get_mut(job)
         {
             m.step = info_span!(parent: &m.span, "migration.restore", job = %job, worker = %worker);
-            self.current.insert(job.clone(), m.step.clone());
+            self.current.insert(job.into(), m.step.clone());
         }
         let parent = self
             .current

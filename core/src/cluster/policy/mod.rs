@@ -578,7 +578,7 @@ mod tests {
 
     #[test]
     fn few_workers_show_every_score() {
-        let ids: Vec<WorkerId> = ["a", "b", "c"].map(String::from).to_vec();
+        let ids: Vec<WorkerId> = ["a", "b", "c"].map(WorkerId::from).to_vec();
         assert_eq!(
             scores_text(&ids, &[1.0, f64::INFINITY, 0.5], 2),
             "a=1 b=inf c=0.5"
@@ -588,7 +588,7 @@ mod tests {
     #[test]
     fn many_workers_show_the_chosen_one_and_its_nearest_rivals() {
         let n = 1000;
-        let ids: Vec<WorkerId> = (0..n).map(|i| format!("w{i:04}")).collect();
+        let ids: Vec<WorkerId> = (0..n).map(|i| format!("w{i:04}").into()).collect();
         // Worker i scores i; odd workers are ineligible; w0500 is chosen.
         let scores: Vec<f64> = (0..n)
             .map(|i| if i % 2 == 1 { f64::INFINITY } else { i as f64 })

@@ -528,7 +528,7 @@ impl ClusterPolicy for PriorityPolicy {
         let claims: Vec<Claim> = jobs
             .iter()
             .map(|l| Claim {
-                job: l.job.to_string(),
+                job: l.job.into(),
                 key: self.key_of(l.remaining, l.attained),
             })
             .collect();

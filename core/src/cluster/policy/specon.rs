@@ -138,7 +138,7 @@ impl SpeConPolicy {
                     .map(|j| j.view.cpu_usage)
                     .sum();
                 WorkerLoad {
-                    id: w.id.clone(),
+                    id: w.id.to_string(),
                     resource_use: if w.cpu_capacity > 0.0 {
                         used / w.cpu_capacity
                     } else {
@@ -152,7 +152,7 @@ impl SpeConPolicy {
 
     /// Whether worker index `to` has room for `job` by reservation: Alg. 2 and 3 count jobs,
     /// not cores, and reservations still hold.
-    fn fits(view: ClusterView<'_>, to: usize, job: &JobId) -> bool {
+    fn fits(view: ClusterView<'_>, to: usize, job: &str) -> bool {
         let Some(j) = view.jobs.get(job) else {
             return false;
         };
@@ -256,7 +256,7 @@ impl ClusterPolicy for SpeConPolicy {
             .filter(|m| Self::fits(view, m.to, &m.job_id))
             .map(|m| Decision::Move {
                 to: ids[m.to].clone(),
-                job: m.job_id,
+                job: m.job_id.into(),
                 reason: MoveReason::Rebalance,
                 attributes: BTreeMap::from([("balance_factor".into(), bf.to_string())]),
             })

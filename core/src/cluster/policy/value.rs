@@ -63,6 +63,7 @@ impl ValuePolicy {
                     reason,
                     ..
                 } => {
+                    let job: JobId = job.into();
                     self.shares.insert(job.clone(), cpu_shares);
                     Decision::Resume {
                         job,
@@ -70,7 +71,10 @@ impl ValuePolicy {
                         reason,
                     }
                 }
-                ValueAction::Drop { job, reason, .. } => Decision::Drop { job, reason },
+                ValueAction::Drop { job, reason, .. } => Decision::Drop {
+                    job: job.into(),
+                    reason,
+                },
             })
             .collect()
     }
@@ -83,7 +87,7 @@ pub fn value_job(job: &Job) -> Option<ValueJob> {
         return None;
     }
     Some(ValueJob {
-        id: job.id.clone(),
+        id: job.id.to_string(),
         // AT_j: the curve's origin is the job's release (:65), its submission here.
         released_at: job.submitted_at,
         estimated_s: job.spec.estimated_runtime_s,
@@ -115,7 +119,7 @@ pub fn node_states(view: ClusterView<'_>, shares: &BTreeMap<JobId, u32>) -> Vec<
             // Ordered by submission so decisions are deterministic.
             jobs.sort_by_key(|j| j.seq);
             NodeState {
-                id: w.id.clone(),
+                id: w.id.to_string(),
                 speed: w.calibration,
                 schedulable: w.schedulable(),
                 containers: jobs
@@ -178,7 +182,7 @@ impl ClusterPolicy for ValuePolicy {
                     victims: victims
                         .into_iter()
                         .map(|p| Victim {
-                            job: p.job,
+                            job: p.job.into(),
                             how: match p.action {
                                 PreemptAction::Pause => Preempt::Pause,
                                 PreemptAction::Stop => Preempt::Stop,
