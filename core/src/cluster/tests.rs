@@ -189,11 +189,17 @@ impl Fixture {
 
     /// Worker `w` (conn = its number) registers with `cpus` cores.
     fn register(&mut self, conn: ConnId, w: &str, cpus: f64) -> Vec<Effect> {
+        self.register_at(conn, w, cpus, Register::default().calibration)
+    }
+
+    /// Worker `w` registers with `cpus` cores at `speed` (its calibration).
+    fn register_at(&mut self, conn: ConnId, w: &str, cpus: f64, speed: f64) -> Vec<Effect> {
         self.step(Input::Connected {
             conn,
             register: Register {
                 worker: w.into(),
                 cpu_capacity: cpus,
+                calibration: speed,
                 instance_id: format!("{w}-a"),
                 ..Register::default()
             },
@@ -2181,16 +2187,7 @@ fn converge_counts_a_slow_workers_cores_at_their_speed() {
     for k in 0..4 {
         assert_eq!(f.start(&format!("long-{k}"), plain_job(1000.0)), 1);
     }
-    f.step(Input::Connected {
-        conn: 2,
-        register: Register {
-            worker: "slow".into(),
-            cpu_capacity: 2.0,
-            calibration: 0.6,
-            instance_id: "slow-a".into(),
-            ..Register::default()
-        },
-    });
+    f.register_at(2, "slow", 2.0, 0.6);
     let out = f.step(Input::Submit {
         id: "new".into(),
         spec: plain_job(100.0),
@@ -2212,18 +2209,8 @@ fn converge_counts_a_slow_workers_cores_at_their_speed() {
 #[test]
 fn converge_leaves_alike_workers_to_the_sum_of_completion_times() {
     let mut f = Fixture::new("converge");
-    for (conn, w, speed) in [(1, "fast", 1.03), (2, "slow", 1.0)] {
-        f.step(Input::Connected {
-            conn,
-            register: Register {
-                worker: w.into(),
-                cpu_capacity: 1.0,
-                calibration: speed,
-                instance_id: format!("{w}-a"),
-                ..Register::default()
-            },
-        });
-    }
+    f.register_at(1, "fast", 1.0, 1.03);
+    f.register_at(2, "slow", 1.0, 1.0);
     // A long job on the faster worker, a short one on the other.
     assert_eq!(f.start("long", plain_job(1000.0)), 1);
     assert_eq!(f.start("short", plain_job(10.0)), 2);
