@@ -395,18 +395,23 @@ impl SpeCon {
     /// Progressing and not migrated (line 2); `t_c` (Alg. 3) is the first report of Converged
     /// and is forgotten when the job stops being converged.
     pub fn observe(&mut self, now: f64, job_id: &str, worker: usize, category: Option<Category>) {
-        let job = self
-            .jobs
-            .entry(job_id.to_string())
-            .or_insert_with(|| SpeConJob {
-                category: Category::PROGRESSING,
-                worker,
-                last_gain: None,
-                migrated: false,
-                rebalanced: false,
-                converged_at: None,
-                tracker: ProgressTracker::new(Direction::Minimize, None),
-            });
+        // Looked up before inserting: an entry by an owned key would copy the id at every
+        // observation, and most observe a job SpeCon already holds.
+        if !self.jobs.contains_key(job_id) {
+            self.jobs.insert(
+                job_id.to_string(),
+                SpeConJob {
+                    category: Category::PROGRESSING,
+                    worker,
+                    last_gain: None,
+                    migrated: false,
+                    rebalanced: false,
+                    converged_at: None,
+                    tracker: ProgressTracker::new(Direction::Minimize, None),
+                },
+            );
+        }
+        let job = self.jobs.get_mut(job_id).expect("inserted above");
         job.worker = worker;
         if let Some(c) = category {
             job.category = c;

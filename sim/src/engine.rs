@@ -265,6 +265,9 @@ impl Stage {
 #[derive(Debug)]
 struct SimJob {
     spec: JobSpec,
+    /// `spec.id` as the core holds it: every report names the job by a clone of this, not by
+    /// a fresh copy of the text (an allocation per job per heartbeat and progress line).
+    id: converge_core::cluster::types::Id,
     /// Reference core-seconds of work done.
     done: f64,
     /// CPU-seconds the current container used.
@@ -496,6 +499,7 @@ impl<'a> Simulation<'a> {
             .iter()
             .map(|spec| SimJob {
                 spec: spec.clone(),
+                id: spec.id.as_str().into(),
                 done: 0.0,
                 cpu_seconds: 0.0,
                 stage: Stage::Idle,
@@ -1110,7 +1114,7 @@ impl<'a> Simulation<'a> {
     fn arrival(&mut self, j: usize) {
         let spec = &self.jobs[j].spec;
         let input = Input::Submit {
-            id: spec.id.clone().into(),
+            id: self.jobs[j].id.clone(),
             spec: wire::JobSpec {
                 name: spec.id.clone(),
                 // The experiments' jobs reserve nothing (placement never waits for room); a
@@ -1173,7 +1177,7 @@ impl<'a> Simulation<'a> {
                     .iter()
                     .find(|p| p.job_id == job.spec.id && p.epoch == job.epoch);
                 statuses.push(wire::JobStatus {
-                    job: job.spec.id.clone().into(),
+                    job: job.id.clone(),
                     epoch: job.epoch,
                     category: policy.map(|p| p.category),
                     growth_efficiency: policy.and_then(|p| p.growth_efficiency),
@@ -1303,7 +1307,7 @@ impl<'a> Simulation<'a> {
         let value = self.metric(j);
         let job = &self.jobs[j];
         wire::ProgressSample {
-            job: job.spec.id.clone().into(),
+            job: job.id.clone(),
             epoch: job.epoch,
             unix_ms: (self.now * 1000.0).round() as i64,
             step: job.step(),

@@ -256,16 +256,44 @@ impl Core {
     /// Whether `worker` may speak of incarnation `epoch` of `job` (it was started there); if
     /// not, the message is refused and counted.
     pub(super) fn may_speak(&mut self, worker: &str, job: &str, epoch: u64) -> bool {
-        let what = match self.jobs.get(job) {
-            None => Refusal::UnknownJob,
-            Some(j) if j.ran_on(worker, epoch) => return true,
-            Some(_) => Refusal::ForeignJob,
-        };
-        if what == Refusal::ForeignJob {
-            warn!(%worker, %job, epoch, "refused: a message about a job this worker never ran");
+        match refusal(self.jobs.get(job).map(|j| &**j), worker, epoch) {
+            None => true,
+            Some(what) => {
+                self.out.push(refused_speaker(what, worker, job, epoch));
+                false
+            }
         }
-        self.refuse(what, Some(worker.into()));
-        false
+    }
+
+    /// The job of a report (a heartbeat's job or a progress line), to record what its agent
+    /// says (progress, usage, the worker's view: a [soft](saved::Changes::soft) change), if
+    /// `worker` may speak of it ([`Core::may_speak`]). Anything the decisions stand on goes
+    /// through [`Core::job_mut`] or [`Core::transition`]. One lookup where checking and
+    /// then fetching took two: this is every reported job's path, and at 100,000 jobs the
+    /// lookups were most of it.
+    fn reported_job(&mut self, worker: &str, job: &str, epoch: u64) -> Option<&mut Job> {
+        let found = match self.jobs.get_mut(job) {
+            Some(j) => match refusal(Some(j), worker, epoch) {
+                None => Ok(j),
+                Some(what) => Err(what),
+            },
+            None => Err(Refusal::UnknownJob),
+        };
+        match found {
+            Ok(j) => {
+                let changes = &mut self.changes;
+                if !changes.jobs.contains(job) && !changes.soft.contains(job) {
+                    changes.soft.insert(j.id.clone());
+                }
+                Some(j)
+            }
+            // Fields, not `refuse`: the job's borrow is returned above, so only the other
+            // fields of `self` are free here.
+            Err(what) => {
+                self.out.push(refused_speaker(what, worker, job, epoch));
+                None
+            }
+        }
     }
 
     pub(super) fn refuse(&mut self, what: Refusal, worker: Option<WorkerId>) {
@@ -288,10 +316,9 @@ impl Core {
         }
         let (now, speed) = (self.now, self.workers[worker].calibration);
         for s in hb.jobs {
-            if !self.may_speak(worker, &s.job, s.epoch) {
+            let Some(j) = self.reported_job(worker, &s.job, s.epoch) else {
                 continue;
-            }
-            let j = self.job_soft(&s.job).expect("checked by may_speak");
+            };
             if s.epoch != j.epoch || j.worker().is_none_or(|w| w != worker) {
                 continue;
             }
@@ -328,10 +355,9 @@ impl Core {
     pub(super) fn progress(&mut self, worker: &str, batch: ProgressBatch) {
         let cap = self.config.progress_history;
         for s in batch.samples {
-            if !self.may_speak(worker, &s.job, s.epoch) {
+            let Some(j) = self.reported_job(worker, &s.job, s.epoch) else {
                 continue;
-            }
-            let j = self.job_soft(&s.job).expect("checked by may_speak");
+            };
             if j.is_terminal() {
                 continue;
             }
@@ -682,5 +708,25 @@ impl Core {
             view,
         );
         self.apply(decisions);
+    }
+}
+
+/// Why an agent on `worker` may not speak of incarnation `epoch` of `job`, if it may not.
+fn refusal(job: Option<&Job>, worker: &str, epoch: u64) -> Option<Refusal> {
+    match job {
+        None => Some(Refusal::UnknownJob),
+        Some(j) if j.ran_on(worker, epoch) => None,
+        Some(_) => Some(Refusal::ForeignJob),
+    }
+}
+
+/// The refusal of what an agent on `worker` said about incarnation `epoch` of `job`.
+fn refused_speaker(what: Refusal, worker: &str, job: &str, epoch: u64) -> Effect {
+    if what == Refusal::ForeignJob {
+        warn!(%worker, %job, epoch, "refused: a message about a job this worker never ran");
+    }
+    Effect::Refused {
+        what,
+        worker: Some(worker.into()),
     }
 }

@@ -118,11 +118,12 @@ impl Core {
     /// Moves the running jobs of every draining, connected worker elsewhere, as far as the
     /// policy finds room; the others wait (and say so) until capacity appears.
     pub(super) fn continue_drains(&mut self) {
+        self.index.refresh(&self.workers, &self.jobs);
         let draining: Vec<WorkerId> = self
-            .workers
-            .values()
-            .filter(|w| w.state == WorkerPhase::Draining && w.conn.is_some())
-            .map(|w| w.id.clone())
+            .index
+            .draining()
+            .filter(|id| self.workers[*id].conn.is_some())
+            .cloned()
             .collect();
         for worker in draining {
             let jobs: Vec<JobId> = self.workers[&worker]

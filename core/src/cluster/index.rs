@@ -10,6 +10,10 @@
 //! `worker_mut`). Progress lines, the bulk of the traffic, touch nothing here. Tests check after
 //! every step that each snapshot equals one built afresh (`Core::index_is_fresh`, in tests).
 //!
+//! It also keeps the set of draining workers, for the same reason: the core looks for drains
+//! to continue after every change, and finding them by walking every worker cost more than
+//! the rest of a step at 10,000 workers.
+//!
 //! Placers still compare every worker (a contiguous array of plain structs, no allocation per
 //! worker); an ordered index per placer would have to reproduce each placer's tie rules and
 //! could not serve FlowCon's Alg. 4, whose score depends on every reported job. The benchmark in
@@ -19,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use converge_policy::cluster::WorkerSnapshot;
 
-use super::lifecycle::{Jobs, Worker};
+use super::lifecycle::{Jobs, Worker, WorkerPhase};
 use super::policy::snapshot;
 use super::types::WorkerId;
 
@@ -30,6 +34,10 @@ pub struct PlacementIndex {
     snaps: Vec<WorkerSnapshot>,
     /// Workers written since their snapshot was taken.
     stale: BTreeSet<WorkerId>,
+    /// Workers that are draining, whatever their connection: the core looks for drains to
+    /// continue after every placement and departure, and walking every worker for them was
+    /// the simulator's largest cost at 10,000 workers (`docs/performance.md`).
+    draining: BTreeSet<WorkerId>,
 }
 
 impl PlacementIndex {
@@ -40,22 +48,46 @@ impl PlacementIndex {
         }
     }
 
-    /// Brings every changed snapshot up to date; a worker the index has not seen (workers are
-    /// only ever added) rebuilds the order.
+    /// Brings every changed snapshot up to date. A worker the index has not seen (workers are
+    /// only ever added) goes in at its place in the order: rebuilding every snapshot for each
+    /// registration made registering W workers cost W² snapshots, most of a 10,000-worker
+    /// simulation's time (`docs/performance.md`). Workers the core holds but never touched
+    /// (none today) would rebuild the whole order, so that it can never miss one.
     pub fn refresh(&mut self, workers: &BTreeMap<WorkerId, Worker>, jobs: &Jobs) {
-        let known = self.ids.len() == workers.len()
-            && self.stale.iter().all(|id| self.position(id).is_some());
-        if !known {
-            self.ids = workers.keys().cloned().collect();
-            self.snaps = workers.values().map(|w| snapshot(w, jobs)).collect();
-            self.stale.clear();
-            return;
-        }
         for id in std::mem::take(&mut self.stale) {
-            if let (Some(i), Some(w)) = (self.position(&id), workers.get(&id)) {
-                self.snaps[i] = snapshot(w, jobs);
+            let Some(w) = workers.get(&id) else {
+                continue;
+            };
+            self.note_draining(w);
+            match self.ids.binary_search_by(|x| x.as_str().cmp(&id)) {
+                Ok(i) => self.snaps[i] = snapshot(w, jobs),
+                Err(i) => {
+                    self.ids.insert(i, w.id.clone());
+                    self.snaps.insert(i, snapshot(w, jobs));
+                }
             }
         }
+        if self.ids.len() != workers.len() {
+            self.ids = workers.keys().cloned().collect();
+            self.snaps = workers.values().map(|w| snapshot(w, jobs)).collect();
+            self.draining.clear();
+            workers.values().for_each(|w| self.note_draining(w));
+        }
+    }
+
+    fn note_draining(&mut self, w: &Worker) {
+        if w.state == WorkerPhase::Draining {
+            if !self.draining.contains(&w.id) {
+                self.draining.insert(w.id.clone());
+            }
+        } else {
+            self.draining.remove(&w.id);
+        }
+    }
+
+    /// The workers in state Draining, in id order (as of the last refresh).
+    pub fn draining(&self) -> impl Iterator<Item = &WorkerId> {
+        self.draining.iter()
     }
 
     /// Worker ids, in the order of [`PlacementIndex::snapshots`].
@@ -78,6 +110,10 @@ impl PlacementIndex {
     pub(crate) fn is_fresh(&self, workers: &BTreeMap<WorkerId, Worker>, jobs: &Jobs) -> bool {
         self.stale.is_empty()
             && self.ids.iter().eq(workers.keys())
+            && self.draining.iter().eq(workers
+                .values()
+                .filter(|w| w.state == WorkerPhase::Draining)
+                .map(|w| &w.id))
             && self
                 .snaps
                 .iter()

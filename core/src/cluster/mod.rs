@@ -311,6 +311,10 @@ pub struct Core {
     /// The longest migration downtime of the archived jobs (what `last_migration_downtime`
     /// of every job still says, when some are no longer in memory).
     archived_downtime: Option<f64>,
+    /// Jobs in phase Lost, kept by [`Core::transition`]: when there are none, the timer need
+    /// not look every live job up for one to recover (at 100,000 jobs that lookup, every
+    /// tick, was a fifth of the simulator's time; `docs/performance.md`).
+    lost: usize,
 }
 
 /// The longer of two migration downtimes, either of which may be unknown.
@@ -360,6 +364,7 @@ impl Core {
             index: Default::default(),
             finished: VecDeque::new(),
             archived_downtime: None,
+            lost: 0,
         }
     }
 
@@ -427,12 +432,16 @@ impl Core {
         forecast::Etas::new(self, now)
     }
 
-    /// Whether every placement snapshot equals one built afresh from the workers and jobs
-    /// (tests check it after every step: a write that bypassed the core's three doors would
-    /// leave a stale snapshot).
+    /// Whether every placement snapshot equals one built afresh from the workers and jobs, and
+    /// the count of Lost jobs is right (tests check it after every step: a write that
+    /// bypassed the core's three doors would leave a stale snapshot or a wrong count).
     #[cfg(test)]
     pub(crate) fn index_is_fresh(&self) -> bool {
-        self.index.is_fresh(&self.workers, &self.jobs)
+        let lost = self
+            .jobs
+            .values()
+            .filter(|j| matches!(j.phase, JobPhase::Lost { .. }));
+        self.index.is_fresh(&self.workers, &self.jobs) && lost.count() == self.lost
     }
 
     /// A read-only view for policies and shells (between steps its placement index is up to
@@ -577,6 +586,8 @@ impl Core {
             self.history.record(job.cpu_s);
             self.changes.history = true;
         }
+        self.lost -= usize::from(matches!(job.phase, JobPhase::Lost { .. }));
+        self.lost += usize::from(matches!(to, JobPhase::Lost { .. }));
         job.phase = to;
         job.reason = reason.clone();
         let (epoch, to_state) = (job.epoch, job.state());
@@ -636,17 +647,6 @@ impl Core {
         // No placement snapshot reads what a progress line changes; the job fields one does
         // read (its view) are written only in its worker's heartbeat, which touches the
         // worker, or by `transition` (`index`).
-        Some(j)
-    }
-
-    /// Job `id`, to change what its agent reports (progress, usage, the worker's view): a
-    /// [soft](saved::Changes::soft) change. Anything the decisions stand on goes through
-    /// [`Core::job_mut`] or [`Core::transition`].
-    pub(super) fn job_soft(&mut self, id: &str) -> Option<&mut Job> {
-        let j = self.jobs.get_mut(id)?;
-        if !self.changes.jobs.contains(id) && !self.changes.soft.contains(id) {
-            self.changes.soft.insert(j.id.clone());
-        }
         Some(j)
     }
 

@@ -161,6 +161,7 @@ impl Core {
             {
                 return Err(RestoreError::Duplicate(j.id));
             }
+            core.lost += usize::from(matches!(j.phase, JobPhase::Lost { .. }));
             let id = j.id.clone();
             if core.jobs.insert(id.clone(), Box::new(j)).is_some() {
                 return Err(RestoreError::Duplicate(id));

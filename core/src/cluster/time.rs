@@ -70,6 +70,9 @@ impl Core {
     /// then the old incarnation has stopped: its agent fences itself when cut off, and one that
     /// is connected again is told to stop it.
     pub(super) fn recover_lost(&mut self) {
+        if self.lost == 0 {
+            return;
+        }
         let now = self.now;
         let grace = self.config.recover_lost_after;
         let lost: Vec<(JobId, WorkerId, u64)> = self

@@ -55,30 +55,29 @@ impl SpeConPolicy {
     }
 
     /// Brings SpeCon's per-job state in line with the running jobs: their workers (by index in
-    /// the view's order) and their reported categories; finished jobs leave it.
+    /// the view's order) and their reported categories; finished jobs leave it. It walks the
+    /// workers' jobs, not every job the core holds (the simulator keeps every finished job),
+    /// and builds no set of the running ones: at a migration request on 10,000 workers those
+    /// were most of the time (`docs/performance.md`).
     fn sync(&mut self, now: Time, view: ClusterView<'_>) {
-        let index: BTreeMap<&WorkerId, usize> = view
-            .workers
-            .keys()
-            .enumerate()
-            .map(|(i, w)| (w, i))
-            .collect();
-        let running: Vec<(&Job, usize)> = view
-            .running()
-            .filter_map(|j| Some((j, *index.get(j.worker()?)?)))
-            .collect();
-        let live: std::collections::BTreeSet<&str> =
-            running.iter().map(|(j, _)| j.id.as_str()).collect();
-        self.specon
-            .retain(|id| live.contains(id) || Self::kept(view, id));
+        let running = |id: &str| {
+            view.jobs
+                .get(id)
+                .is_some_and(|j| matches!(j.phase, JobPhase::Running { .. }))
+        };
+        self.specon.retain(|id| running(id) || Self::kept(view, id));
         self.seen.clear();
-        for (j, w) in running {
-            self.specon.observe(now, &j.id, w, j.view.category);
-            if let Some(on) = j.worker() {
-                self.seen
-                    .entry(on.clone())
-                    .or_default()
-                    .insert(j.id.clone());
+        // The view's order of workers is the index SpeCon knows them by.
+        for (index, w) in view.workers.values().enumerate() {
+            let mut here = BTreeSet::new();
+            for j in w.jobs.iter().filter_map(|id| view.jobs.get(id)) {
+                if matches!(j.phase, JobPhase::Running { .. }) {
+                    self.specon.observe(now, &j.id, index, j.view.category);
+                    here.insert(j.id.clone());
+                }
+            }
+            if !here.is_empty() {
+                self.seen.insert(w.id.clone(), here);
             }
         }
     }
