@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ValueCurve;
 use super::model::clamp_shares;
+use crate::Ranked;
 
 /// One container of a static workload.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -26,21 +27,6 @@ pub struct OfflineJob {
     pub work: f64,
     /// VC_j.
     pub curve: ValueCurve,
-}
-
-/// Total order on f64 for the heap (finite values only).
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Tag(f64, usize);
-impl Eq for Tag {}
-impl PartialOrd for Tag {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Tag {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&other.0).then(self.1.cmp(&other.1))
-    }
 }
 
 /// Completion time of every job under `plan` (`plan[j] = Some((node, shares))` or `None` for
@@ -63,7 +49,7 @@ pub fn offline_completions(
     for (n, mut list) in per_node.into_iter().enumerate() {
         list.sort_by(|&a, &b| jobs[a].release.total_cmp(&jobs[b].release).then(a.cmp(&b)));
         let speed = speeds[n];
-        let mut heap: BinaryHeap<Reverse<Tag>> = BinaryHeap::new();
+        let mut heap: BinaryHeap<Reverse<Ranked>> = BinaryHeap::new();
         // Virtual time (work per unit share done by every running container) and total share.
         let (mut v, mut w, mut t) = (0.0_f64, 0.0_f64, f64::NEG_INFINITY);
         let mut next = 0;
@@ -71,7 +57,7 @@ pub fn offline_completions(
             let arrival = list.get(next).map(|&j| jobs[j].release);
             let finish = heap
                 .peek()
-                .map(|Reverse(Tag(f, _))| t + (f - v).max(0.0) * w / speed);
+                .map(|Reverse(Ranked(f, _))| t + (f - v).max(0.0) * w / speed);
             match (arrival, finish) {
                 (None, None) => break,
                 (Some(a), f) if f.is_none_or(|f| a <= f) => {
@@ -82,11 +68,11 @@ pub fn offline_completions(
                     let j = list[next];
                     next += 1;
                     let s = f64::from(clamp_shares(plan[j].expect("planned").1));
-                    heap.push(Reverse(Tag(v + jobs[j].work.max(0.0) / s, j)));
+                    heap.push(Reverse(Ranked(v + jobs[j].work.max(0.0) / s, j)));
                     w += s;
                 }
                 (_, Some(f)) => {
-                    let Reverse(Tag(tag, j)) = heap.pop().expect("peeked");
+                    let Reverse(Ranked(tag, j)) = heap.pop().expect("peeked");
                     v = tag;
                     t = f;
                     out[j] = Some(f);

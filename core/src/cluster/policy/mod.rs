@@ -28,6 +28,7 @@ pub mod value;
 
 use std::collections::BTreeMap;
 
+use converge_policy::Ranked;
 use converge_policy::cluster::{JobRequest, JobSnapshot, WorkerSnapshot};
 use converge_policy::estimate::{self, Estimate, Known, Point, ServiceHistory};
 
@@ -248,7 +249,7 @@ pub fn scores_text(ids: &[WorkerId], scores: &[f64], chosen: usize) -> String {
     // 10,000-worker simulation; `docs/performance.md`).
     let mut nearest = std::collections::BinaryHeap::with_capacity(SCORES_SHOWN);
     for i in (0..ids.len()).filter(|&i| i != chosen && scores[i].is_finite()) {
-        let rival = Rival((scores[i] - c).abs(), i);
+        let rival = Ranked((scores[i] - c).abs(), i);
         if nearest.len() < SCORES_SHOWN - 1 {
             nearest.push(rival);
         } else if nearest.peek().is_some_and(|far| rival < *far) {
@@ -263,25 +264,6 @@ pub fn scores_text(ids: &[WorkerId], scores: &[f64], chosen: usize) -> String {
     let mut text = rivals.into_iter().map(entry).collect::<Vec<_>>().join(" ");
     text.push_str(&format!(" (+{} more)", ids.len() - shown));
     text
-}
-
-/// A rival worker in [`scores_text`]: its distance from the chosen score, then its place in
-/// worker order (a total order, so the nearest are the same whichever way they are found).
-#[derive(PartialEq)]
-struct Rival(f64, usize);
-
-impl Eq for Rival {}
-
-impl PartialOrd for Rival {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Rival {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&other.0).then(self.1.cmp(&other.1))
-    }
 }
 
 /// A policy's answer for a pending job.
