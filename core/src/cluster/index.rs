@@ -12,7 +12,7 @@
 //!
 //! It also keeps the set of draining workers, for the same reason: the core looks for drains
 //! to continue after every change, and finding them by walking every worker was a fifth of
-//! the simulator's time at 10,000 workers.
+//! the simulator's profile at 10,000 workers.
 //!
 //! Placers still compare every worker (a contiguous array of plain structs, no allocation per
 //! worker); an ordered index per placer would have to reproduce each placer's tie rules and
@@ -36,7 +36,7 @@ pub struct PlacementIndex {
     stale: BTreeSet<WorkerId>,
     /// Workers that are draining, whatever their connection: the core looks for drains to
     /// continue after every placement and departure, and walking every worker for them was
-    /// the simulator's largest cost at 10,000 workers (`docs/performance.md`).
+    /// a fifth of the simulator's profile at 10,000 workers (`docs/performance.md`).
     draining: BTreeSet<WorkerId>,
 }
 
@@ -50,9 +50,8 @@ impl PlacementIndex {
 
     /// Brings every changed snapshot up to date. A worker the index has not seen (workers are
     /// only ever added) goes in at its place in the order: rebuilding every snapshot for each
-    /// registration made registering W workers cost W² snapshots, most of a 10,000-worker
-    /// simulation's time (`docs/performance.md`). Workers the core holds but never touched
-    /// (none today) would rebuild the whole order, so that it can never miss one.
+    /// registration made registering W workers cost W² snapshots. Workers the core holds but
+    /// never touched (none today) would rebuild the whole order, so that it can never miss one.
     pub fn refresh(&mut self, workers: &BTreeMap<WorkerId, Worker>, jobs: &Jobs) {
         for id in std::mem::take(&mut self.stale) {
             let Some(w) = workers.get(&id) else {

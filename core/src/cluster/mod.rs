@@ -312,8 +312,8 @@ pub struct Core {
     /// of every job still says, when some are no longer in memory).
     archived_downtime: Option<f64>,
     /// Jobs in phase Lost, kept by [`Core::transition`]: when there are none, the timer need
-    /// not look every live job up for one to recover (at 100,000 jobs that lookup, every
-    /// tick, was a fifth of the simulator's time; `docs/performance.md`).
+    /// not look every live job up for one to recover (a walk per tick that grows with the
+    /// jobs, for what is almost always nothing).
     lost: usize,
 }
 
