@@ -269,8 +269,8 @@ impl Core {
     /// says (progress, usage, the worker's view: a [soft](saved::Changes::soft) change), if
     /// `worker` may speak of it ([`Core::may_speak`]). Anything the decisions stand on goes
     /// through [`Core::job_mut`] or [`Core::transition`]. One lookup where checking and
-    /// then fetching took two: every reported job comes this way (the simulator at 10,000
-    /// workers took 8% less time; `docs/performance.md`).
+    /// then fetching took two: every reported job comes this way, which makes it the core's
+    /// busiest lookup (the profile at 10,000 workers in `docs/performance.md`).
     fn reported_job(&mut self, worker: &str, job: &str, epoch: u64) -> Option<&mut Job> {
         let found = match self.jobs.get_mut(job) {
             Some(j) => match refusal(Some(j), worker, epoch) {
