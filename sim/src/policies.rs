@@ -189,7 +189,7 @@ impl ClusterPolicy for PlanPolicy {
         None
     }
 
-    fn start_shares(&self, job: &JobId) -> u32 {
+    fn start_shares(&self, job: &str) -> u32 {
         self.plan
             .get(job)
             .cloned()

@@ -344,7 +344,7 @@ impl Core {
                 );
             }
         }
-        let worker = WorkerId::from(worker);
+        let worker = self.worker_id(worker);
         let view = policy_view!(self);
         let decisions =
             self.policy
@@ -696,7 +696,7 @@ impl Core {
             debug!(%job, "migration request ignored (stale or not running)");
             return;
         }
-        let (worker, job) = (WorkerId::from(worker), JobId::from(job));
+        let (worker, job) = (self.worker_id(worker), j.id.clone());
         let view = policy_view!(self);
         let decisions = self.policy.on_report(
             self.now,

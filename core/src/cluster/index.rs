@@ -8,7 +8,8 @@
 //! ([`super::Core::transition`]), the worker itself ([`super::Core::worker_mut`]), or its jobs'
 //! views, which only the worker's own heartbeat writes (and that step goes through
 //! `worker_mut`). Progress lines, the bulk of the traffic, touch nothing here. Tests check after
-//! every step that each snapshot equals one built afresh (`Core::index_is_fresh`, in tests).
+//! every step that each snapshot equals one built afresh (`Core::derived_state_is_fresh`, in
+//! tests).
 //!
 //! It also keeps the set of draining workers, for the same reason: the core looks for drains
 //! to continue after every change, and finding them by walking every worker was a fifth of

@@ -436,7 +436,7 @@ impl Core {
     /// the count of Lost jobs is right (tests check it after every step: a write that
     /// bypassed the core's three doors would leave a stale snapshot or a wrong count).
     #[cfg(test)]
-    pub(crate) fn index_is_fresh(&self) -> bool {
+    pub(crate) fn derived_state_is_fresh(&self) -> bool {
         let lost = self
             .jobs
             .values()

@@ -151,7 +151,7 @@ impl Core {
         };
         let command = self.next_command_id();
         let mut next = m;
-        next.to = to.into();
+        next.to = self.worker_id(to);
         next.restore_attempts += 1;
         next.phase = MovePhase::Restoring {
             command: command.clone(),
@@ -178,7 +178,7 @@ impl Core {
             job: id.into(),
             epoch,
             action: Action::Start {
-                cpu_shares: self.policy.start_shares(&id.into()),
+                cpu_shares: self.policy.start_shares(id),
             },
         };
         self.send(to, cmd);
@@ -186,10 +186,11 @@ impl Core {
 
     pub(super) fn restored(&mut self, id: &str, worker: &str, m: &Move, r: &CommandResult) {
         if r.ok {
+            let to = self.worker_id(worker);
             if let Some(j) = self.job_mut(id) {
                 j.resuming = Some(Box::new(Resuming {
                     from: m.from.clone(),
-                    to: worker.into(),
+                    to,
                     reason: m.reason,
                     started: m.started,
                 }));

@@ -169,8 +169,8 @@ impl Fixture {
         self.store.archive(&mut self.core);
         self.store.assert_complete(&self.core);
         assert!(
-            self.core.index_is_fresh(),
-            "a placement snapshot is out of date"
+            self.core.derived_state_is_fresh(),
+            "a placement snapshot or the Lost count is out of date"
         );
         out
     }
@@ -1569,7 +1569,10 @@ mod model {
                 };
                 let out = core.step(now, input);
                 store.after_step(&mut core, &out);
-                prop_assert!(core.index_is_fresh(), "a placement snapshot is out of date");
+                prop_assert!(
+                    core.derived_state_is_fresh(),
+                    "a placement snapshot or the Lost count is out of date"
+                );
                 if let (Some(id), Some(Effect::Reply(Ok(_)))) = (submitted, out.last()) {
                     acknowledged.insert(id);
                 }

@@ -58,7 +58,7 @@ impl Core {
             self.transition(
                 &j,
                 JobPhase::Lost {
-                    worker: id.into(),
+                    worker: self.worker_id(id),
                     since: now,
                 },
                 format!("worker {id} lost: {reason}"),

@@ -199,14 +199,6 @@ impl<'a> ClusterView<'a> {
         self.throughput(job)
             .map_or(job.cpu_s, |r| since as f64 / r.max(1e-9))
     }
-
-    /// The jobs that run now (Running), by id.
-    pub fn running(&self) -> impl Iterator<Item = &'a Job> + 'a {
-        self.jobs
-            .values()
-            .map(|j| &**j)
-            .filter(|j| matches!(j.phase, JobPhase::Running { .. }))
-    }
 }
 
 /// A job's kept progress as the estimators read it.
@@ -440,7 +432,7 @@ pub trait ClusterPolicy: Send {
     }
 
     /// The CPU weight every Start of `job` carries (a restore keeps what it was given).
-    fn start_shares(&self, _job: &JobId) -> u32 {
+    fn start_shares(&self, _job: &str) -> u32 {
         0
     }
 

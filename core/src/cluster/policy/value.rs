@@ -205,7 +205,7 @@ impl ClusterPolicy for ValuePolicy {
         self.fallback.target(job, view)
     }
 
-    fn start_shares(&self, job: &JobId) -> u32 {
+    fn start_shares(&self, job: &str) -> u32 {
         self.shares.get(job).copied().unwrap_or(0)
     }
 
