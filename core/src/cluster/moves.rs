@@ -124,7 +124,14 @@ impl Core {
             return;
         };
         let to = m.to.clone();
-        let target_ok = self.workers.get(&to).is_some_and(Worker::schedulable);
+        // A restarted manager hears its workers register again in any order: a target that
+        // has not yet is still the move's target until its grace period ends. The restore's
+        // Start is sent when it registers (`reconcile`), and if it never does it is declared
+        // lost and the job restarts elsewhere from the same checkpoint (`lose_worker`).
+        let recovering = self.now < self.grace_until;
+        let target_ok = self.workers.get(&to).is_some_and(|w| {
+            w.schedulable() || (recovering && w.conn.is_none() && w.state == WorkerPhase::Ready)
+        });
         let target = if target_ok {
             Some(to)
         } else {

@@ -1162,6 +1162,60 @@ fn a_restarted_core_keeps_its_jobs_readopts_them_and_waits_out_the_grace() {
     );
 }
 
+/// Killed during a drain's Save, the manager hears the source first: the save is done, and
+/// the move waits for its target to register within the grace period instead of giving up
+/// the move for a fresh placement (the flake of `durable_docker` (c)).
+#[test]
+fn a_move_saved_before_its_target_registers_again_restores_there() {
+    let (mut f, _save) = Fixture::saving();
+    f.restart("spread", 5.0);
+    // w1 comes back without a's container: it saved and exited while the manager was down.
+    let out = f.reregister(11, "w1", 2.0, &[]);
+    assert_eq!(f.state("a"), JobState::Migrating, "{out:?}");
+    assert!(
+        Fixture::sent(&out, "a", "start").is_none(),
+        "w2 has no stream yet"
+    );
+    let JobPhase::Migrating(m) = &f.core.job("a").unwrap().phase else {
+        unreachable!()
+    };
+    assert!(matches!(m.phase, MovePhase::Restoring { .. }));
+    assert_eq!(m.to.as_str(), "w2");
+    // w2 registers: the restore's Start, and it is the job's one new incarnation.
+    let out = f.reregister(12, "w2", 2.0, &[]);
+    let (conn, start) = Fixture::sent(&out, "a", "start").expect("restore sent to w2");
+    assert_eq!((conn, start.epoch), (12, 2));
+    f.ok(12, &start, Fixture::started(12));
+    f.progress(12, "a", 2, 40);
+    let events: Vec<_> = f
+        .effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Event(e) if e.kind == EventKind::Migration => Some(e.reason.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        events.iter().any(|r| r.starts_with("resumed on w2")),
+        "{events:?}"
+    );
+    assert_eq!(f.starts("a"), 2, "the first start and the restore");
+}
+
+/// Once the grace period is over, a saved move whose target has no stream does not wait
+/// for it: the job waits for any worker, from its checkpoint.
+#[test]
+fn after_the_grace_a_saved_move_does_not_wait_for_a_silent_target() {
+    let (mut f, save) = Fixture::saving();
+    f.restart("spread", 2.0);
+    let out = f.reregister(11, "w1", 2.0, &[("a", 1, 42)]);
+    assert!(Fixture::sent(&out, "a", "save").is_some());
+    f.heartbeat(11);
+    f.advance(3.0);
+    f.ok(11, &save, Fixture::saved());
+    assert_eq!(f.state("a"), JobState::Pending);
+}
+
 #[test]
 fn a_restart_with_a_shorter_progress_history_keeps_each_jobs_newest_points() {
     let mut f = Fixture::running();
