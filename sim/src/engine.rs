@@ -382,8 +382,8 @@ pub struct Simulation<'a> {
     failure: Option<String>,
     flowcon_config: Option<FlowConConfig>,
     /// Whether the workers share one host whose busy CPUs slow each other down (some job
-    /// carries [`crate::measured::Sharing::host`] factors: the testbed's workers are
-    /// containers on one machine).
+    /// carries [`crate::measured::Sharing::host`] factors or tables measured with the host
+    /// busy: the testbed's workers are containers on one machine).
     one_host: bool,
     /// Workers with a job on the CPU, as the rates in force were computed with.
     busy_workers: usize,
@@ -567,7 +567,7 @@ impl<'a> Simulation<'a> {
             one_host: jobs.iter().any(|j| {
                 j.runtime
                     .as_ref()
-                    .is_some_and(|r| !r.sharing.host.is_empty())
+                    .is_some_and(|r| !r.sharing.host.is_empty() || r.sharing.busy_host.is_some())
             }),
             busy_workers: 0,
         };
@@ -1428,12 +1428,13 @@ impl<'a> Simulation<'a> {
                     Some(r) => &r.sharing,
                     None => &self.catalog.contention().sharing,
                 };
+                let on_host = costs.on_host(self.busy_workers);
+                let costs = costs.on(self.busy_workers);
                 let limited = job.quota < cpus - 1e-9;
                 let other = (sharing == 2)
                     .then(|| worker.jobs.iter().find(|&&o| o != j))
                     .flatten()
                     .and_then(|&o| jobs[o].spec.runtime.as_ref());
-                let on_host = costs.on_host(self.busy_workers);
                 on_host
                     * match other {
                         Some(r) => costs.beside(&r.model, limited),

@@ -118,6 +118,10 @@ pub struct ColocationFile {
     pub header: Header,
     /// The parent cgroup's quota, cores.
     pub budget: f64,
+    /// One-core jobs kept busy on the machine's other CPUs while measuring (0: those CPUs
+    /// idle; `cargo xtask measure --busy-host`: the testbed's other workers, busy).
+    #[serde(default)]
+    pub neighbors: usize,
     /// One point per model × threads × mode × jobs.
     pub points: Vec<ColocationPoint>,
 }
@@ -163,6 +167,9 @@ pub struct PairsFile {
     pub header: Header,
     /// The parent cgroup's quota, cores.
     pub budget: f64,
+    /// As [`ColocationFile::neighbors`].
+    #[serde(default)]
+    pub neighbors: usize,
     /// Each model alone in the budget: the reference of the pairs' efficiencies.
     pub alone: Vec<PairJob>,
     /// One point per unordered pair of distinct (model, size).
@@ -376,8 +383,9 @@ pub struct CurveRow {
 // What the simulator takes from the files.
 
 /// The measured files of one directory, loaded (`step_time.json`, `colocation.json`,
-/// `checkpoint.json`, `start.json`, `curves.json`, `pairs.json`, `host.json`; each may be missing, and a question whose
-/// file is missing gets an error naming it).
+/// `checkpoint.json`, `start.json`, `curves.json`, `pairs.json`, `host.json`,
+/// `colocation_busy.json`, `pairs_busy.json`; each may be missing, and a question whose file
+/// is missing gets an error naming it).
 #[derive(Debug, Clone, Default)]
 pub struct Measured {
     /// Where the files were read.
@@ -396,6 +404,10 @@ pub struct Measured {
     pub pairs: Option<PairsFile>,
     /// `host.json`.
     pub host: Option<HostFile>,
+    /// `colocation_busy.json`: the co-location table with the machine's other CPUs busy.
+    pub colocation_busy: Option<ColocationFile>,
+    /// `pairs_busy.json`: the pairs with the machine's other CPUs busy.
+    pub pairs_busy: Option<PairsFile>,
     /// Step-time factors by (model, size) from probes taken beside live runs
     /// ([`Measured::at_speed_of`]); empty when the table's step times stand as measured.
     pub speed: BTreeMap<(String, u32), f64>,
@@ -466,6 +478,8 @@ impl Measured {
             curves: read(dir, "curves.json")?,
             pairs: read(dir, "pairs.json")?,
             host: read(dir, "host.json")?,
+            colocation_busy: read(dir, "colocation_busy.json")?,
+            pairs_busy: read(dir, "pairs_busy.json")?,
             speed: BTreeMap::new(),
         })
     }
@@ -569,43 +583,6 @@ impl Measured {
         let max_cores = rate_at(most)
             .map_or(1.0, |r| one.s_per_step / r.s_per_step)
             .max(1.0);
-        // Co-location was measured at each model's size in the traces' first use; another
-        // size of the same model borrows those factors.
-        let coloc_size = self.colocation.as_ref().and_then(|c| {
-            let of_model = |sz: u32| {
-                c.points
-                    .iter()
-                    .any(|p| p.model == model && p.size == sz && p.threads == threads)
-            };
-            if of_model(size) {
-                Some(size)
-            } else {
-                c.points
-                    .iter()
-                    .find(|p| p.model == model && p.threads == threads)
-                    .map(|p| p.size)
-            }
-        });
-        let factors = |mode: &str| -> Vec<f64> {
-            let (Some(c), Some(size)) = (&self.colocation, coloc_size) else {
-                return Vec::new();
-            };
-            let mut pts: Vec<(usize, f64)> = c
-                .points
-                .iter()
-                .filter(|p| p.model == model && p.size == size && p.threads == threads)
-                .filter(|p| p.mode == mode || p.jobs == 1)
-                .filter_map(|p| Some((p.jobs, p.relative?)))
-                .collect();
-            pts.sort_by_key(|p| p.0);
-            pts.dedup_by_key(|p| p.0);
-            // Consecutive from one job only: a gap would misplace every later factor.
-            pts.iter()
-                .enumerate()
-                .take_while(|(i, p)| p.0 == i + 1)
-                .map(|(_, p)| p.1)
-                .collect()
-        };
         let pick = |per: Vec<(&str, u32, f64)>| -> Option<f64> {
             let exact = per
                 .iter()
@@ -663,12 +640,7 @@ impl Measured {
         Ok(JobCost {
             s_per_step: one.s_per_step * speed,
             max_cores,
-            sharing: Sharing {
-                free: factors("free"),
-                split: factors("split"),
-                beside: self.beside(model, size),
-                host: self.host(model, size),
-            },
+            sharing: self.sharing(model, size, threads),
             start_s,
             save_s,
             checkpoint_bytes,
@@ -678,38 +650,53 @@ impl Measured {
         })
     }
 
-    /// What `model` at `size` was measured to get done per CPU-second beside each other model
-    /// (`pairs.json`), by the other's [`model_key`].
-    fn beside(&self, model: &str, size: u32) -> BTreeMap<String, f64> {
-        let mut out = BTreeMap::new();
-        for p in self.pairs.iter().flat_map(|f| &f.pairs) {
-            let [a, b] = p.jobs.as_slice() else { continue };
-            for (me, other) in [(a, b), (b, a)] {
-                if me.model == model
-                    && me.size == size
-                    && let Some(e) = me.efficiency
-                {
-                    out.insert(model_key(&other.model, other.size), e);
-                }
-            }
-        }
-        out
+    /// What sharing a worker costs `model` at `size` with `threads`: the co-location and
+    /// pairs tables, the host's, and the first two again as measured with the host's other
+    /// CPUs busy where they were (`--busy-host`; what that table lacks, the idle one gives).
+    fn sharing(&self, model: &str, size: u32, threads: u32) -> Sharing {
+        let idle = Sharing {
+            free: factors(self.colocation.as_ref(), model, size, threads, "free"),
+            split: factors(self.colocation.as_ref(), model, size, threads, "split"),
+            beside: beside(self.pairs.as_ref(), model, size),
+            host: self.host(model, size),
+            busy_host: None,
+        };
+        let busy_host = (self.colocation_busy.is_some() || self.pairs_busy.is_some()).then(|| {
+            // A table with no more than its one-job entry measured nothing of sharing.
+            let or_idle = |v: Vec<f64>, idle: &[f64]| if v.len() < 2 { idle.to_vec() } else { v };
+            let c = self.colocation_busy.as_ref();
+            let mut beside = idle.beside.clone();
+            beside.extend(self::beside(self.pairs_busy.as_ref(), model, size));
+            Box::new(Sharing {
+                free: or_idle(factors(c, model, size, threads, "free"), &idle.free),
+                split: or_idle(factors(c, model, size, threads, "split"), &idle.split),
+                beside,
+                host: Vec::new(),
+                busy_host: None,
+            })
+        });
+        Sharing { busy_host, ..idle }
     }
 
     /// What `model` at `size` gets done while 1, 2, ... one-core workers of the testbed's host
-    /// are busy (`host.json`, index n − 1): its own model's points where measured, else the
-    /// median over the measured models; empty (no cost) without the file. Consecutive from one
-    /// job only, as the co-location factors are.
+    /// are busy (`host.json`, index n − 1): its own model's points where measured (at its
+    /// size, else at the size measured), else the median over the measured models; empty (no
+    /// cost) without the file. Consecutive from one job only, as the co-location factors are.
     fn host(&self, model: &str, size: u32) -> Vec<f64> {
         let Some(f) = &self.host else {
             return Vec::new();
         };
         let most = f.points.iter().map(|p| p.jobs).max().unwrap_or(0);
+        // Its own size's point, else its model's at the size measured (as the co-location
+        // factors are borrowed), else the median over the models.
         let own = |n: usize| {
-            f.points
-                .iter()
-                .find(|p| p.model == model && p.size == size && p.jobs == n)
-                .and_then(|p| p.relative)
+            let of_model = |exact: bool| {
+                f.points
+                    .iter()
+                    .filter(|p| p.model == model && p.jobs == n && (!exact || p.size == size))
+                    .find_map(|p| p.relative)
+            };
+            of_model(true).or_else(|| of_model(false))
         };
         let all = |n: usize| {
             median(
@@ -798,6 +785,7 @@ impl Measured {
                 // The papers' workers are machines of their own.
                 beside: BTreeMap::new(),
                 host: Vec::new(),
+                busy_host: None,
             },
             source: format!(
                 "co-location of `--threads 1` jobs, median over models, `{}/colocation.json`, {}",
@@ -806,6 +794,72 @@ impl Measured {
             ),
         })
     }
+}
+
+/// The co-location factors of `model` at `size` with `threads` in `file`, under `mode`
+/// (`free` or `split`), for 1, 2, ... jobs (index n − 1); empty where not measured.
+/// Co-location was measured at each model's size in the traces' first use; another size of
+/// the same model borrows those factors.
+fn factors(
+    file: Option<&ColocationFile>,
+    model: &str,
+    size: u32,
+    threads: u32,
+    mode: &str,
+) -> Vec<f64> {
+    let Some(c) = file else {
+        return Vec::new();
+    };
+    let of_size = |sz: u32| {
+        c.points
+            .iter()
+            .any(|p| p.model == model && p.size == sz && p.threads == threads)
+    };
+    let size = if of_size(size) {
+        size
+    } else {
+        match c
+            .points
+            .iter()
+            .find(|p| p.model == model && p.threads == threads)
+        {
+            Some(p) => p.size,
+            None => return Vec::new(),
+        }
+    };
+    let mut pts: Vec<(usize, f64)> = c
+        .points
+        .iter()
+        .filter(|p| p.model == model && p.size == size && p.threads == threads)
+        .filter(|p| p.mode == mode || p.jobs == 1)
+        .filter_map(|p| Some((p.jobs, p.relative?)))
+        .collect();
+    pts.sort_by_key(|p| p.0);
+    pts.dedup_by_key(|p| p.0);
+    // Consecutive from one job only: a gap would misplace every later factor.
+    pts.iter()
+        .enumerate()
+        .take_while(|(i, p)| p.0 == i + 1)
+        .map(|(_, p)| p.1)
+        .collect()
+}
+
+/// What `model` at `size` was measured to get done per CPU-second beside each other model
+/// (`file`, a pairs table), by the other's [`model_key`].
+fn beside(file: Option<&PairsFile>, model: &str, size: u32) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for p in file.iter().flat_map(|f| &f.pairs) {
+        let [a, b] = p.jobs.as_slice() else { continue };
+        for (me, other) in [(a, b), (b, a)] {
+            if me.model == model
+                && me.size == size
+                && let Some(e) = me.efficiency
+            {
+                out.insert(model_key(&other.model, other.size), e);
+            }
+        }
+    }
+    out
 }
 
 /// The median of the finite values (the mean of the middle two for an even count); `None`
@@ -842,6 +896,12 @@ pub struct Sharing {
     /// machine. Empty (no cost) for workers that are machines of their own.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub host: Vec<f64>,
+    /// `free`, `split` and `beside` as measured with the host's other CPUs busy
+    /// (`colocation_busy.json`, `pairs_busy.json`): what they stand for while another worker
+    /// of the host is busy ([`Sharing::on`]). `None` where not measured, or for workers that
+    /// are machines of their own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy_host: Option<Box<Sharing>>,
 }
 
 /// How a measured (model, size) is named in [`Sharing::beside`].
@@ -866,6 +926,18 @@ impl Sharing {
     /// table.
     pub fn on_host(&self, busy: usize) -> f64 {
         nth_factor(&self.host, busy)
+    }
+
+    /// The tables that hold while `busy` workers of the host (the job's own included) have
+    /// jobs running: those measured with the other CPUs busy once another worker is, where
+    /// measured. On the testbed a job beside a busy worker pays the host's factor
+    /// ([`Sharing::on_host`]) times these: both were measured against the job alone under the
+    /// same host, so the product is what was measured with both.
+    pub fn on(&self, busy: usize) -> &Sharing {
+        match &self.busy_host {
+            Some(b) if busy >= 2 => b,
+            _ => self,
+        }
     }
 
     /// The factor for a job sharing its worker with `n − 1` others, held below the worker by
@@ -991,6 +1063,7 @@ pub(crate) mod tests {
             colocation: Some(ColocationFile {
                 header: header(),
                 budget: 1.0,
+                neighbors: 0,
                 points: vec![
                     coloc("free", 1, Some(1.0)),
                     coloc("free", 2, Some(0.9)),
@@ -1043,6 +1116,8 @@ pub(crate) mod tests {
             }),
             pairs: None,
             host: None,
+            colocation_busy: None,
+            pairs_busy: None,
             speed: BTreeMap::new(),
         }
     }
@@ -1152,6 +1227,7 @@ pub(crate) mod tests {
         m.pairs = Some(PairsFile {
             header: header(),
             budget: 1.0,
+            neighbors: 0,
             alone: Vec::new(),
             pairs: vec![
                 PairPoint {
@@ -1175,12 +1251,77 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn beside_a_busy_worker_a_job_pays_the_busy_host_tables_where_measured() {
+        let mut m = measured();
+        let idle = m.colocation.clone().unwrap();
+        // Measured with the other CPU busy: two free jobs cost nothing more; the split cells
+        // were not measured, and stay the idle host's.
+        m.colocation_busy = Some(ColocationFile {
+            neighbors: 1,
+            points: vec![coloc("free", 1, Some(1.0)), coloc("free", 2, Some(1.0))],
+            ..idle
+        });
+        let c = m.cost("mlp", 12, 1).unwrap();
+        let s = &c.sharing;
+        assert_eq!(
+            s.on(1).factor(false, 2),
+            0.9,
+            "its worker alone busy: idle host"
+        );
+        assert_eq!(
+            s.on(2).factor(false, 2),
+            1.0,
+            "another worker busy: busy host"
+        );
+        assert_eq!(
+            s.on(2).factor(true, 2),
+            s.factor(true, 2),
+            "split: not measured busy"
+        );
+        assert_eq!(
+            m.cost("mlp", 12, 0).unwrap().sharing.on(2).factor(false, 2),
+            m.cost("mlp", 12, 0).unwrap().sharing.factor(false, 2),
+            "no busy cell for its threads: the idle host's"
+        );
+        m.colocation_busy = None;
+        assert!(m.cost("mlp", 12, 1).unwrap().sharing.busy_host.is_none());
+    }
+
+    #[test]
+    fn a_size_not_measured_on_the_host_borrows_its_models_then_the_median() {
+        let mut m = measured();
+        let point = |model: &str, jobs, relative| HostPoint {
+            model: model.into(),
+            size: 12,
+            jobs,
+            rates: Vec::new(),
+            relative: Some(relative),
+            error: None,
+        };
+        m.host = Some(HostFile {
+            header: header(),
+            points: vec![
+                point("mlp", 1, 1.0),
+                point("mlp", 2, 0.6),
+                point("cnn", 1, 1.0),
+                point("cnn", 2, 1.0),
+                point("gru", 1, 1.0),
+                point("gru", 2, 0.9),
+            ],
+        });
+        assert_eq!(m.host("mlp", 12), vec![1.0, 0.6]);
+        assert_eq!(m.host("mlp", 8), vec![1.0, 0.6], "its model's, at size 12");
+        assert_eq!(m.host("vae", 32), vec![1.0, 0.9], "the median over the models");
+    }
+
+    #[test]
     fn factors_hold_beyond_the_table_and_are_one_alone() {
         let mut s = Sharing {
             free: vec![1.0, 0.9, 0.8],
             split: vec![1.0, 0.95],
             beside: BTreeMap::new(),
             host: vec![1.0, 0.6],
+            busy_host: None,
         };
         assert_eq!((s.on_host(1), s.on_host(2), s.on_host(3)), (1.0, 0.6, 0.6));
         assert_eq!(Sharing::default().on_host(2), 1.0);

@@ -437,6 +437,7 @@ mod tests {
         paired.pairs = Some(crate::measured::PairsFile {
             header: paired.step_time.as_ref().unwrap().header.clone(),
             budget: 1.0,
+            neighbors: 0,
             alone: Vec::new(),
             pairs: vec![crate::measured::PairPoint {
                 jobs: (0..2).map(half).collect(),
@@ -496,5 +497,55 @@ mod tests {
             (together[0] - 12.5).abs() < 1e-6 && (together[1] - 8.5).abs() < 1e-6,
             "{together:?}"
         );
+    }
+
+    #[test]
+    fn beside_a_busy_worker_jobs_pay_the_co_location_measured_with_the_host_busy() {
+        // a and c share w0 while b keeps w1 busy all along.
+        let mut t = trace(
+            &["spread"],
+            &[("a", 0.0, 1000), ("b", 0.0, 5000), ("c", 0.0, 1000)],
+        );
+        t.workers = 2;
+        // By the trace's order (a, b, c).
+        let jct = |m: &Measured, id: &str| -> f64 {
+            let run = t.simulate("spread", m, false).unwrap();
+            let mut out: Vec<(String, f64)> =
+                run.jobs.iter().map(|j| (j.id.clone(), j.jct)).collect();
+            out.sort_by(|x, y| x.0.cmp(&y.0));
+            out[usize::from(id == "c") * 2].1
+        };
+        let idle = measured();
+        let mut free_of_cost = measured();
+        free_of_cost.colocation = None;
+        let mut busy = measured();
+        busy.colocation_busy = Some(crate::measured::ColocationFile {
+            neighbors: 1,
+            points: busy
+                .colocation
+                .as_ref()
+                .unwrap()
+                .points
+                .iter()
+                .cloned()
+                .map(|mut p| {
+                    p.relative = Some(1.0);
+                    p
+                })
+                .collect(),
+            ..busy.colocation.clone().unwrap()
+        });
+        for id in ["a", "c"] {
+            assert!(
+                jct(&idle, id) > jct(&free_of_cost, id) + 1.0,
+                "the idle-host table charges sharing"
+            );
+            assert!(
+                (jct(&busy, id) - jct(&free_of_cost, id)).abs() < 1e-6,
+                "with w1 busy, the busy-host table (no cost) holds: {} vs {}",
+                jct(&busy, id),
+                jct(&free_of_cost, id)
+            );
+        }
     }
 }

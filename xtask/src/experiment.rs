@@ -602,6 +602,11 @@ struct SharingRow {
     /// The co-location table's factor for that many copies, under free competition: what the
     /// simulator charges it with no pair measured.
     table: Option<f64>,
+    /// What the simulator charges it for that many copies while another worker of the host
+    /// is busy: the host's factor for two busy workers times the co-location table measured
+    /// with the host busy (or the idle one where that was not measured); `None` on a trace of
+    /// one worker.
+    busy: Option<f64>,
 }
 
 /// Each model's steps per CPU-second in the live runs while its worker ran k jobs, over its
@@ -699,11 +704,12 @@ fn live_sharing(
             }
         }
     }
+    let several = trace.workers > 1;
     acc.into_iter()
         .flat_map(|((model, size), by_k)| {
-            let free = measured
+            let sharing = measured
                 .cost(&model, size, 1)
-                .map(|c| c.sharing.free)
+                .map(|c| c.sharing)
                 .unwrap_or_default();
             by_k.into_iter()
                 .map(move |(jobs, (cpu_s, weighted))| SharingRow {
@@ -711,7 +717,8 @@ fn live_sharing(
                     jobs,
                     cpu_s,
                     live: weighted / cpu_s,
-                    table: free.get(jobs - 1).copied(),
+                    table: sharing.free.get(jobs - 1).copied(),
+                    busy: several.then(|| sharing.on_host(2) * sharing.on(2).factor(false, jobs)),
                 })
         })
         .collect()
@@ -1009,11 +1016,28 @@ impl Report {
             }
         }
         if !self.sharing.is_empty() {
+            let several = self.sharing.iter().any(|r| r.busy.is_some());
             let _ = writeln!(
                 s,
-                "\n## Sharing a worker, live against the tables\n\nEach model's steps per CPU-second on the testbed while its worker ran k jobs, over its speed probe alone (1.00: as fast as alone), from every live run under free competition (intervals between two progress samples of a job that never moved, during which its worker's count of busy jobs did not change); beside it, the same over the model's own one-job row (what sharing cost it there), and what the simulator charges k jobs of that model under free competition (the co-location table's factor for k copies; beside exactly one job of a measured pair, the pair's instead).\n\n| model | jobs on its worker | CPU-seconds measured | live, over the probe | live, over live with 1 job | table, k copies |\n|---|---:|---:|---:|---:|---:|"
+                "\n## Sharing a worker, live against the tables\n\nEach model's steps per CPU-second on the testbed while its worker ran k jobs, over its speed probe alone (1.00: as fast as alone), from every live run under free competition (intervals between two progress samples of a job that never moved, during which its worker's count of busy jobs did not change); beside it, the same over the model's own one-job row (what sharing cost it there), and what the simulator charges k jobs of that model under free competition (the co-location table's factor for k copies; beside exactly one job of a measured pair, the pair's instead){}.\n\n| model | jobs on its worker | CPU-seconds measured | live, over the probe | live, over live with 1 job | table, k copies |{}\n|---|---:|---:|---:|---:|---:|{}",
+                if several {
+                    "; on a trace of several workers, also what it charges them while another worker of the host is busy (the host table's factor for two busy workers times the co-location table measured with the host busy, where it was)"
+                } else {
+                    ""
+                },
+                if several {
+                    " table, another worker busy |"
+                } else {
+                    ""
+                },
+                if several { "---:|" } else { "" },
             );
             for row in &self.sharing {
+                let busy = if several {
+                    format!(" {} |", f(row.busy, 2))
+                } else {
+                    String::new()
+                };
                 let alone = self
                     .sharing
                     .iter()
@@ -1021,7 +1045,7 @@ impl Report {
                     .map(|o| o.live);
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {:.0} | {:.2} | {} | {} |",
+                    "| {} | {} | {:.0} | {:.2} | {} | {} |{busy}",
                     row.model,
                     row.jobs,
                     row.cpu_s,

@@ -124,6 +124,12 @@ pub struct Args {
     /// README is rendered from every file in --out.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
+    /// Keep every other CPU of the machine busy with a one-core job of the measured model
+    /// while measuring co-location and pairs, as the testbed's other workers are in its
+    /// multi-worker traces: writes `colocation_busy.json` and `pairs_busy.json` (`--threads 1`
+    /// only, the traces' setting), and measures nothing else.
+    #[arg(long)]
+    pub busy_host: bool,
     /// Leave sim/README.md alone.
     #[arg(long)]
     pub no_readme: bool,
@@ -894,6 +900,20 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
             .filter(|t| args.only.iter().any(|o| o == t))
             .collect()
     };
+    // The busy-host variant exists for the two tables the testbed's other workers can move.
+    const BUSY_TABLES: [&str; 2] = ["colocation", "pairs"];
+    let tables: Vec<&str> = if !args.busy_host {
+        tables
+    } else if args.only.is_empty() {
+        BUSY_TABLES.to_vec()
+    } else if let Some(t) = tables.iter().find(|t| !BUSY_TABLES.contains(t)) {
+        bail!(
+            "--busy-host measures only {}, not `{t}`",
+            BUSY_TABLES.join(" and ")
+        );
+    } else {
+        tables
+    };
     let out_dir = root.join(&args.out);
     if args.render {
         return write_readme(root, &out_dir, args);
@@ -920,7 +940,14 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
         bail!("{IMAGE} --list-models printed no model");
     }
     let nproc = std::thread::available_parallelism().map_or(1, usize::from);
-    let plan = Plan::new(&models, &trace_sizes(root)?, nproc, args.quick);
+    let mut plan = Plan::new(&models, &trace_sizes(root)?, nproc, args.quick);
+    if args.busy_host {
+        if nproc < 2 {
+            bail!("--busy-host needs a machine of at least 2 CPUs (this one has {nproc})");
+        }
+        // The traces run one thread per job; an oversubscribed pool is measured idle-host.
+        plan.colocation_threads = vec![1];
+    }
     let est = plan.estimate_s(&tables, nproc, warmup, window, reps);
     eprintln!(
         "measure: {} ({} step-time points, {} co-location points, {} save/restore cycles, {} calibrate runs): about {:.0} min{}",
@@ -990,7 +1017,9 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
         image: &image,
         quick: args.quick,
         nproc,
+        busy_host: args.busy_host,
     };
+    let busy = if args.busy_host { "_busy" } else { "" };
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let mut failures = 0;
     if tables.contains(&"step-time") {
@@ -1001,12 +1030,12 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
     if tables.contains(&"colocation") {
         let f = colocation(&ctx)?;
         failures += f.points.iter().filter(|p| p.error.is_some()).count();
-        write_json(&out_dir.join("colocation.json"), &f)?;
+        write_json(&out_dir.join(format!("colocation{busy}.json")), &f)?;
     }
     if tables.contains(&"pairs") {
         let f = pairs(&ctx)?;
         failures += f.pairs.iter().filter(|p| p.error.is_some()).count();
-        write_json(&out_dir.join("pairs.json"), &f)?;
+        write_json(&out_dir.join(format!("pairs{busy}.json")), &f)?;
     }
     if tables.contains(&"host") {
         let f = host(&ctx)?;
@@ -1078,6 +1107,8 @@ struct Ctx<'a> {
     image: &'a str,
     quick: bool,
     nproc: usize,
+    /// `--busy-host`.
+    busy_host: bool,
 }
 
 /// A header for a table started now; `finish` fills in the closing load average.
@@ -1223,6 +1254,8 @@ fn pairs(ctx: &Ctx) -> Result<PairsFile> {
     let parent = ctx.session.cgroups.create_budget("pairs", budget)?;
     let models = &ctx.plan.colocation_pairs;
     let run = |which: &[&(String, u32)]| -> Result<Vec<Rate>> {
+        // The neighbours run the first job's model.
+        let _neighbors = neighbors(ctx, &which[0].0, which[0].1)?;
         let cs = which
             .iter()
             .map(|(m, sz)| {
@@ -1294,6 +1327,7 @@ fn pairs(ctx: &Ctx) -> Result<PairsFile> {
     Ok(PairsFile {
         header,
         budget,
+        neighbors: neighbor_count(ctx),
         alone,
         pairs,
     })
@@ -1307,6 +1341,38 @@ fn split<T>(r: std::result::Result<T, String>) -> (Option<T>, Option<String>) {
 }
 
 /// `n` containers of `spec` started together and measured over one common window.
+/// How a table's header names its neighbours ([`neighbors`]).
+fn neighbors_text(n: usize) -> String {
+    match n {
+        0 => String::new(),
+        1 => ", with the machine's other CPU busy with a one-core job of the same model (the \
+              first model, for a pair) in a container of its own (`--busy-host`)"
+            .into(),
+        n => format!(
+            ", with the machine's {n} other CPUs each busy with a one-core job of the same \
+             model (the first model, for a pair) in a container of its own (`--busy-host`)"
+        ),
+    }
+}
+
+/// With `--busy-host`, a one-core job of `model` on each of the machine's other CPUs, for as
+/// long as the containers returned live (dropping them removes them): the testbed's other
+/// workers, busy. None without it.
+fn neighbors(ctx: &Ctx, model: &str, size: u32) -> Result<Vec<Container>> {
+    if !ctx.busy_host {
+        return Ok(Vec::new());
+    }
+    let parent = ctx.session.cgroups.parent("");
+    (1..ctx.nproc)
+        .map(|_| ctx.session.run(&Spec::one_core(model, size, &parent)))
+        .collect()
+}
+
+/// How many one-core neighbours a table measured with ([`neighbors`]).
+fn neighbor_count(ctx: &Ctx) -> usize {
+    if ctx.busy_host { ctx.nproc - 1 } else { 0 }
+}
+
 fn measure_together(ctx: &Ctx, n: usize, spec: &Spec) -> Result<Vec<Rate>> {
     let cs = (0..n)
         .map(|_| ctx.session.run(spec))
@@ -1339,6 +1405,9 @@ fn colocation(ctx: &Ctx) -> Result<ColocationFile> {
     let mut done = 0;
     for rep in 0..reps {
         for (g, ((model, size), threads)) in groups.iter().enumerate() {
+            // Started before the group's first cell and kept through its last: each cell is
+            // measured beside neighbours already in their steady state.
+            let _neighbors = neighbors(ctx, model, *size)?;
             for (c, &(mode, jobs)) in cells.iter().enumerate() {
                 let per_job_cpus = (mode == "split").then(|| budget / jobs as f64);
                 let what = format!(
@@ -1426,6 +1495,7 @@ fn colocation(ctx: &Ctx) -> Result<ColocationFile> {
     Ok(ColocationFile {
         header,
         budget,
+        neighbors: neighbor_count(ctx),
         points,
     })
 }
@@ -1917,18 +1987,25 @@ fn render(out_dir: &Path, out_rel: &Path) -> String {
             let _ = writeln!(s);
         }
     }
-    if let Some(f) = read_json::<ColocationFile>(&out_dir.join("colocation.json")) {
+    for (file, heading) in [
+        ("colocation.json", "Co-location"),
+        ("colocation_busy.json", "Co-location with the host busy"),
+    ] {
+        let Some(f) = read_json::<ColocationFile>(&out_dir.join(file)) else {
+            continue;
+        };
         let _ = writeln!(
             s,
-            "#### Co-location (`{out}/colocation.json`)\n\n{}\n\nJobs of one model started together \
-             under a parent cgroup capped at {} CPUs. `free`: no per-container limit; `split`: \
+            "#### {heading} (`{out}/{file}`)\n\n{}\n\nJobs of one model started together \
+             under a parent cgroup capped at {} CPUs{}. `free`: no per-container limit; `split`: \
              each container has `--cpus` = budget / jobs. Cells: the jobs' steps/s summed, over \
              one job alone with the whole budget (column `1 job`, in steps/s), the median over the \
              repetitions, each against the job alone measured in the same repetition; in brackets \
              the range over the repetitions; in parentheses the slowest job's share of the sum \
              times the number of jobs (1.00 = an even split).\n",
             provenance(&f.header),
-            f.budget
+            f.budget,
+            neighbors_text(f.neighbors),
         );
         let mut cells: Vec<(String, usize)> = Vec::new();
         for p in &f.points {
@@ -1989,15 +2066,22 @@ fn render(out_dir: &Path, out_rel: &Path) -> String {
         }
         let _ = writeln!(s);
     }
-    if let Some(f) = read_json::<PairsFile>(&out_dir.join("pairs.json")) {
+    for (file, heading) in [
+        ("pairs.json", "Pairs of models"),
+        ("pairs_busy.json", "Pairs of models with the host busy"),
+    ] {
+        let Some(f) = read_json::<PairsFile>(&out_dir.join(file)) else {
+            continue;
+        };
         let _ = writeln!(
             s,
-            "#### Pairs of models (`{out}/pairs.json`)\n\n{}\n\nTwo one-thread jobs of different \
-             models started together under a parent cgroup capped at {} CPUs, no per-container \
+            "#### {heading} (`{out}/{file}`)\n\n{}\n\nTwo one-thread jobs of different \
+             models started together under a parent cgroup capped at {} CPUs{}, no per-container \
              limit. Cells: the row's job's steps per CPU-second beside the column's, over the \
              same alone in the budget (1.00 = sharing costs it nothing).\n",
             provenance(&f.header),
-            f.budget
+            f.budget,
+            neighbors_text(f.neighbors),
         );
         let name = |j: &PairJob| format!("{} {}", j.model, j.size);
         let cols: Vec<String> = f.alone.iter().map(name).collect();
@@ -2126,6 +2210,7 @@ fn render(out_dir: &Path, out_rel: &Path) -> String {
     let summary = summary(
         read_json::<StepTimeFile>(&out_dir.join("step_time.json")).as_ref(),
         read_json::<ColocationFile>(&out_dir.join("colocation.json")).as_ref(),
+        read_json::<ColocationFile>(&out_dir.join("colocation_busy.json")).as_ref(),
         read_json::<HostFile>(&out_dir.join("host.json")).as_ref(),
     );
     if !summary.is_empty() {
@@ -2139,10 +2224,12 @@ fn render(out_dir: &Path, out_rel: &Path) -> String {
 fn summary(
     steps: Option<&StepTimeFile>,
     coloc: Option<&ColocationFile>,
+    coloc_busy: Option<&ColocationFile>,
     host: Option<&HostFile>,
 ) -> String {
     let mut rows: Vec<(String, Vec<f64>)> = Vec::new();
-    if let Some(c) = coloc {
+    for (c, busy) in [(coloc, ""), (coloc_busy, ", the host's other CPUs busy")] {
+        let Some(c) = c else { continue };
         for threads in [1, 0] {
             for mode in ["free", "split"] {
                 for n in [2, 4] {
@@ -2157,9 +2244,12 @@ fn summary(
                     } else {
                         "quotas splitting the budget"
                     };
+                    if v.is_empty() {
+                        continue;
+                    }
                     rows.push((
                         format!(
-                            "{n} jobs, `--threads {threads}`, {what}: aggregate throughput over one job alone"
+                            "{n} jobs, `--threads {threads}`, {what}{busy}: aggregate throughput over one job alone"
                         ),
                         v,
                     ));
