@@ -1311,7 +1311,11 @@ pub(crate) mod tests {
         });
         assert_eq!(m.host("mlp", 12), vec![1.0, 0.6]);
         assert_eq!(m.host("mlp", 8), vec![1.0, 0.6], "its model's, at size 12");
-        assert_eq!(m.host("vae", 32), vec![1.0, 0.9], "the median over the models");
+        assert_eq!(
+            m.host("vae", 32),
+            vec![1.0, 0.9],
+            "the median over the models"
+        );
     }
 
     #[test]
