@@ -41,6 +41,11 @@ pub struct ProcSample {
     /// User + system CPU, seconds.
     pub cpu_s: f64,
     pub rss_bytes: u64,
+    /// Private writable memory mapped (`VmData`): what the process holds from the OS for its
+    /// heap, thread stacks and anonymous maps, whether its pages were touched yet or not.
+    /// RSS counts only the touched ones, so RSS climbing below a flat `VmData` is memory
+    /// already held being written for the first time, not more memory taken.
+    pub data_bytes: u64,
     pub threads: u64,
     pub fds: u64,
 }
@@ -240,6 +245,7 @@ pub fn proc_sample(pid: u32) -> anyhow::Result<ProcSample> {
         at: Instant::now(),
         cpu_s: ticks / clock_ticks(),
         rss_bytes: field("VmRSS:") * 1024,
+        data_bytes: field("VmData:") * 1024,
         threads: field("Threads:"),
         fds,
     })
