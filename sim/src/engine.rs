@@ -1428,18 +1428,17 @@ impl<'a> Simulation<'a> {
                     Some(r) => &r.sharing,
                     None => &self.catalog.contention().sharing,
                 };
-                let on_host = costs.on_host(self.busy_workers);
-                let costs = costs.on(self.busy_workers);
                 let limited = job.quota < cpus - 1e-9;
                 let other = (sharing == 2)
                     .then(|| worker.jobs.iter().find(|&&o| o != j))
                     .flatten()
                     .and_then(|&o| jobs[o].spec.runtime.as_ref());
-                on_host
-                    * match other {
-                        Some(r) => costs.beside(&r.model, limited),
-                        None => costs.factor_at(limited, load),
-                    }
+                costs.charged(
+                    self.busy_workers,
+                    limited,
+                    load,
+                    other.map(|r| r.model.as_str()),
+                )
             })
             .collect();
         for ((&j, a), shared) in worker.jobs.iter().zip(alloc).zip(factors) {

@@ -940,6 +940,20 @@ impl Sharing {
         }
     }
 
+    /// What a job's rate is multiplied by while `busy` workers of its host (its own included)
+    /// have jobs, on a worker whose jobs' threads number `load` per core: the host's factor
+    /// times its worker's, read from the tables that hold at `busy` ([`Sharing::on`]); beside
+    /// exactly one job of a measured model `beside` ([`model_key`]), that pair's. The one
+    /// place the factors compose: the engine charges it, and the reports show it.
+    pub fn charged(&self, busy: usize, limited: bool, load: f64, beside: Option<&str>) -> f64 {
+        let tables = self.on(busy);
+        self.on_host(busy)
+            * match beside {
+                Some(other) => tables.beside(other, limited),
+                None => tables.factor_at(limited, load),
+            }
+    }
+
     /// The factor for a job sharing its worker with `n − 1` others, held below the worker by
     /// its quota (`limited`) or not: 1 alone or where nothing was measured, the last measured
     /// factor beyond the table.
@@ -1283,6 +1297,12 @@ pub(crate) mod tests {
             m.cost("mlp", 12, 0).unwrap().sharing.factor(false, 2),
             "no busy cell for its threads: the idle host's"
         );
+        assert_eq!(
+            s.charged(1, false, 2.0, None),
+            0.9,
+            "what the engine charges"
+        );
+        assert_eq!(s.charged(2, false, 2.0, None), 1.0);
         m.colocation_busy = None;
         assert!(m.cost("mlp", 12, 1).unwrap().sharing.busy_host.is_none());
     }

@@ -718,7 +718,7 @@ fn live_sharing(
                     cpu_s,
                     live: weighted / cpu_s,
                     table: sharing.free.get(jobs - 1).copied(),
-                    busy: several.then(|| sharing.on_host(2) * sharing.on(2).factor(false, jobs)),
+                    busy: several.then(|| sharing.charged(2, false, jobs as f64, None)),
                 })
         })
         .collect()

@@ -9,7 +9,7 @@ impl Core {
         let limit = self.config.heartbeat_interval * self.config.lost_after_missed as f64;
         // Liveness applies in every state, draining included; a restarted manager first gives
         // every worker its grace period to register again (`saved`).
-        let recovering = now < self.grace_until;
+        let recovering = self.recovering();
         let silent: Vec<WorkerId> = self
             .workers
             .values()
@@ -29,6 +29,12 @@ impl Core {
         let view = policy_view!(self);
         let decisions = self.policy.on_tick(now, view);
         self.apply(decisions);
+    }
+
+    /// Whether a restarted manager is still giving its workers time to register again
+    /// ([`Core::from_saved`]'s grace period).
+    pub(super) fn recovering(&self) -> bool {
+        self.now < self.grace_until
     }
 
     pub(super) fn lose_worker(&mut self, id: &str) {
