@@ -1343,16 +1343,18 @@ fn split<T>(r: std::result::Result<T, String>) -> (Option<T>, Option<String>) {
 /// `n` containers of `spec` started together and measured over one common window.
 /// How a table's header names its neighbours ([`neighbors`]).
 fn neighbors_text(n: usize) -> String {
-    match n {
-        0 => String::new(),
-        1 => ", with the machine's other CPU busy with a one-core job of the same model (the \
-              first model, for a pair) in a container of its own (`--busy-host`)"
-            .into(),
-        n => format!(
-            ", with the machine's {n} other CPUs each busy with a one-core job of the same \
-             model (the first model, for a pair) in a container of its own (`--busy-host`)"
-        ),
+    if n == 0 {
+        return String::new();
     }
+    let other = if n == 1 {
+        "other CPU".to_string()
+    } else {
+        format!("{n} other CPUs each")
+    };
+    format!(
+        ", with the machine's {other} busy with a one-core job of the same model (the first \
+         model, for a pair) in a container of its own (`--busy-host`)"
+    )
 }
 
 /// With `--busy-host`, a one-core job of `model` on each of the machine's other CPUs, for as
