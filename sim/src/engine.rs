@@ -36,7 +36,7 @@
 use std::cmp::Ordering;
 use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
 
-use converge_core::cluster::lifecycle::JobPhase;
+use converge_core::cluster::lifecycle::{Job, JobPhase};
 use converge_core::cluster::types::{self as wire, EventKind, JobState, WorkerMode};
 use converge_core::cluster::{Config, Core, Effect, Input};
 use converge_core::node::{
@@ -362,6 +362,10 @@ pub struct Simulation<'a> {
     jobs: Vec<SimJob>,
     workers: Vec<SimWorker>,
     core: Core,
+    /// Finished jobs the core archived, for the report: the core keeps as many finished jobs
+    /// in memory as the manager does ([`converge_core::cluster::KEEP_FINISHED`]), so that the
+    /// decisions run over the maps they run over in a cluster, not over every job ever run.
+    archived: HashMap<converge_core::cluster::types::Id, Box<Job>>,
     sharing: Sharing,
     rng: ChaCha8Rng,
     queue: VecDeque<Msg>,
@@ -466,8 +470,8 @@ impl<'a> Simulation<'a> {
         let config = Config {
             heartbeat_interval: experiment.system.heartbeat,
             progress_history: converge_core::cluster::PROGRESS_HISTORY,
-            // The report reads every job's end from the core, and there is no store to archive to.
-            keep_finished: usize::MAX,
+            // As the manager keeps them: the report reads archived jobs from `archived`.
+            keep_finished: converge_core::cluster::KEEP_FINISHED,
             id_prefix: "sim".into(),
             ..Config::default()
         };
@@ -538,6 +542,7 @@ impl<'a> Simulation<'a> {
             jobs: sim_jobs,
             workers,
             core: Core::new(config, cluster_policy),
+            archived: HashMap::new(),
             sharing: if policy == PolicySpec::Oracle {
                 Sharing::Srpt
             } else {
@@ -680,9 +685,7 @@ impl<'a> Simulation<'a> {
             self.steps += 1;
             match m {
                 Msg::Core(input) => {
-                    let out = self.core.step(self.now, input);
-                    // No store: what changed is of no use here, and would pile up.
-                    let _ = self.core.take_changes();
+                    let out = self.core_step(input);
                     for e in out {
                         self.core_effect(e);
                     }
@@ -1139,8 +1142,7 @@ impl<'a> Simulation<'a> {
         // Value policies decide at arrival: time that step (the placement, victims included).
         let started = self.timer.as_ref().map(|t| t());
         self.steps += 1;
-        let out = self.core.step(self.now, input);
-        let _ = self.core.take_changes();
+        let out = self.core_step(input);
         if let (Some(t), Some(t0)) = (self.timer.as_ref(), started) {
             *self.value_stats.decision_seconds.get_or_insert(0.0) += t() - t0;
         }
@@ -1148,6 +1150,18 @@ impl<'a> Simulation<'a> {
         for e in out {
             self.core_effect(e);
         }
+    }
+
+    /// One step of the cluster core, as the manager's actor takes it: the step, then what it
+    /// changed taken (there is no store: it would only pile up), then finished jobs beyond
+    /// what the core keeps archived, here to `archived`.
+    fn core_step(&mut self, input: Input) -> Vec<Effect> {
+        let out = self.core.step(self.now, input);
+        let _ = self.core.take_changes();
+        for j in self.core.archive_records() {
+            self.archived.insert(j.id.clone(), j);
+        }
+        out
     }
 
     fn heartbeat(&mut self) {
@@ -1478,7 +1492,10 @@ impl<'a> Simulation<'a> {
             .jobs
             .iter()
             .map(|j| {
-                let core = self.core.job(&j.spec.id);
+                let core = self
+                    .core
+                    .job(&j.spec.id)
+                    .or_else(|| self.archived.get(j.spec.id.as_str()).map(|j| &**j));
                 let outcome = match core.map(|c| (&c.phase, c)) {
                     Some((JobPhase::Completed, _)) => Outcome::Completed,
                     Some((JobPhase::Rejected, c)) if c.epoch == 0 => {

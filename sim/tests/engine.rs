@@ -209,3 +209,33 @@ fn every_policy_runs_through_the_core_without_refusals() {
         );
     }
 }
+
+#[test]
+fn jobs_the_core_archived_are_reported_like_the_others() {
+    // The core keeps as many finished jobs as the manager does; the report reads the rest
+    // from what the shell kept when the core let them go.
+    let catalog = Catalog::builtin();
+    let jobs = converge_core::cluster::KEEP_FINISHED + 200;
+    let e = experiment(
+        40,
+        16.0,
+        Workload::Random {
+            jobs,
+            window: (0.0, 2000.0),
+            models: vec!["vae".into(), "mnist-pytorch".into(), "gru".into()],
+            sizes: Default::default(),
+        },
+    );
+    let run = run_policy(&e, &catalog, PolicySpec::DockerSwarm, false).unwrap();
+    assert_eq!(run.jobs.len(), jobs);
+    let unfinished: Vec<_> = (run.jobs.iter())
+        .filter(|j| !(j.outcome.is_completed() && j.jct > 0.0))
+        .map(|j| format!("{}: {:?}", j.id, j.outcome))
+        .collect();
+    assert!(
+        unfinished.is_empty(),
+        "{} not completed: {:?}",
+        unfinished.len(),
+        &unfinished[..unfinished.len().min(3)]
+    );
+}

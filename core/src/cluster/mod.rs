@@ -490,6 +490,14 @@ impl Core {
     /// stored: a job changed since then (its final record not yet taken) stays. Archived jobs'
     /// records stay in the store, which answers for them from then on.
     pub fn archive(&mut self) -> Vec<JobId> {
+        self.archive_records().into_iter().map(|j| j.id).collect()
+    }
+
+    /// [`Core::archive`], returning the dropped jobs' final records instead of their ids: for
+    /// a shell without a store that still answers for them (the simulator's report), so that
+    /// it runs the core with the manager's memory of finished jobs.
+    #[allow(clippy::vec_box)] // as `drop_finished`
+    pub fn archive_records(&mut self) -> Vec<Box<Job>> {
         self.drop_finished(|core, _| core.finished.len() > core.config.keep_finished)
     }
 
@@ -504,10 +512,16 @@ impl Core {
                 // No finish time counts as the oldest, as in the store and `from_saved`.
                 .is_none_or(|j| j.finished_at.is_none_or(|t| t < before))
         })
+        .into_iter()
+        .map(|j| j.id)
+        .collect()
     }
 
-    /// Drops the oldest finished jobs from memory while `more(self, oldest)` holds.
-    fn drop_finished(&mut self, more: impl Fn(&Self, &str) -> bool) -> Vec<JobId> {
+    /// Drops the oldest finished jobs from memory while `more(self, oldest)` holds, and
+    /// returns their records (in the boxes the map held them in: a job's record is large, and
+    /// moving it out of its box only to drop or keep it elsewhere would copy it).
+    #[allow(clippy::vec_box)]
+    fn drop_finished(&mut self, more: impl Fn(&Self, &str) -> bool) -> Vec<Box<Job>> {
         let mut dropped = Vec::new();
         while let Some(id) = self.finished.front() {
             if !more(self, id) || self.changes.jobs.contains(id) {
@@ -517,7 +531,7 @@ impl Core {
             if let Some(j) = self.jobs.remove(&id) {
                 self.archived_downtime =
                     max_downtime(self.archived_downtime, j.last_migration_downtime);
-                dropped.push(id);
+                dropped.push(j);
             }
         }
         dropped
