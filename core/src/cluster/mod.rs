@@ -434,14 +434,25 @@ impl Core {
 
     /// Whether every placement snapshot equals one built afresh from the workers and jobs, and
     /// the count of Lost jobs is right (tests check it after every step: a write that
-    /// bypassed the core's three doors would leave a stale snapshot or a wrong count).
+    /// bypassed the core's three doors would leave a stale snapshot or a wrong count), and
+    /// every job's current incarnation, where it has a worker, is among its incarnations (what
+    /// lets an agent's report about it be accepted without reading that list: `refusal`).
     #[cfg(test)]
     pub(crate) fn derived_state_is_fresh(&self) -> bool {
         let lost = self
             .jobs
             .values()
             .filter(|j| matches!(j.phase, JobPhase::Lost { .. }));
-        self.index.is_fresh(&self.workers, &self.jobs) && lost.count() == self.lost
+        let current_recorded = self.jobs.values().all(|j| {
+            j.worker().is_none_or(|w| {
+                j.incarnations
+                    .iter()
+                    .any(|i| i.epoch == j.epoch && i.worker == *w)
+            })
+        });
+        self.index.is_fresh(&self.workers, &self.jobs)
+            && lost.count() == self.lost
+            && current_recorded
     }
 
     /// A read-only view for policies and shells (between steps its placement index is up to
