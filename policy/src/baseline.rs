@@ -44,6 +44,10 @@ impl Placer for Spread {
             },
         }
     }
+
+    fn ranks_by_running(&self) -> bool {
+        true
+    }
 }
 
 /// Kubernetes `NodeResourcesLeastAllocated` scoring: for each fitting node,

@@ -167,6 +167,15 @@ pub trait Placer {
     fn name(&self) -> &'static str;
     /// Choose a worker for `job`. Deterministic: the same inputs give the same answer.
     fn place(&mut self, job: &JobRequest, workers: &[WorkerSnapshot]) -> Placement;
+    /// Whether this placer chooses, among the schedulable workers `job` fits on, the one with
+    /// the fewest running jobs, ties to the lowest index, and scores each such worker with its
+    /// running count (what [`crate::baseline::Spread`] does). A caller that keeps the workers
+    /// in that order may then find the answer without calling [`Placer::place`], which
+    /// compares every worker: the first workers in the order that fit are the choice and its
+    /// nearest rivals.
+    fn ranks_by_running(&self) -> bool {
+        false
+    }
 }
 
 /// Explains why no worker fits `job`, naming the tightest resource and the best candidate.

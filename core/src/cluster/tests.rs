@@ -2654,3 +2654,68 @@ fn converge_moves_no_job_onto_a_worker_more_crowded_per_core_than_its_own() {
         "with 3 jobs on 4 cores after it, big takes one of small's"
     );
 }
+
+/// Spread over more workers than an event lists is answered from the index's order by
+/// running jobs (`Placing::ranked`), not by comparing every worker: the worker, and the scores
+/// the event lists, must be what comparing every worker gives. Workers register out of id
+/// order (the order is rebuilt when one goes in before others), with unequal sizes so that
+/// some are full for some jobs, one drains, and jobs finish, so the order moves both ways.
+#[test]
+fn spread_read_off_the_order_by_running_jobs_places_as_comparing_every_worker_does() {
+    use converge_policy::baseline::Spread;
+    use converge_policy::cluster::{JobRequest, Placement, Placer};
+    let mut f = Fixture::new("spread");
+    let n = 3 * policy::SCORES_SHOWN;
+    // 7 is coprime with n: every worker registers once, out of order.
+    for k in 0..n {
+        let w = (k * 7) % n;
+        f.register(w as u64 + 1, &format!("w{w:02}"), [1.0, 2.0, 4.0][w % 3]);
+    }
+    let mut rng = 12345u64;
+    let mut placed = 0;
+    for j in 0..8 * n {
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let cpus = [0.0, 0.5, 1.0, 2.0][(rng >> 60) as usize % 4];
+        if j == 2 * n {
+            f.step(Input::Drain {
+                worker: "w05".into(),
+            });
+        }
+        let (ids, snaps) = f.core.view().snapshots();
+        let expected = match Spread.place(
+            &JobRequest {
+                cpus,
+                memory_bytes: 0,
+            },
+            snaps,
+        ) {
+            Placement::Worker { index, scores } => {
+                Some((ids[index].clone(), policy::scores_text(ids, &scores, index)))
+            }
+            Placement::Unschedulable { .. } => None,
+        };
+        let id = format!("j{j}");
+        let out = f.submit(&id, cpus);
+        let got = Fixture::event(&out, EventKind::JobPlaced).map(|e| {
+            (
+                e.worker.clone().expect("a placement names its worker"),
+                e.attributes["scores"].clone(),
+            )
+        });
+        assert_eq!(got, expected, "job {id} ({cpus} cpus)");
+        if let Some((conn, start)) = Fixture::sent(&out, &id, "start") {
+            placed += 1;
+            f.ok(conn, &start, Fixture::started(conn));
+            // Every third job ends at once: its worker's count goes down again.
+            if j % 3 == 0 {
+                f.exited(conn, &id, 1, 0, false);
+            }
+        }
+    }
+    assert!(
+        placed > n,
+        "only {placed} jobs placed: the test exercised too little"
+    );
+}

@@ -249,12 +249,21 @@ pub fn scores_text(ids: &[WorkerId], scores: &[f64], chosen: usize) -> String {
             nearest.push(rival);
         }
     }
-    let mut rivals: Vec<usize> = nearest.into_iter().map(|r| r.1).collect();
-    rivals.push(chosen);
-    rivals.sort_unstable();
-    let shown = rivals.len();
-    let mut text = rivals.into_iter().map(entry).collect::<Vec<_>>().join(" ");
-    text.push_str(&format!(" (+{} more)", ids.len() - shown));
+    let mut shown: Vec<usize> = nearest.into_iter().map(|r| r.1).collect();
+    shown.push(chosen);
+    shown_text(ids, shown, |i| scores[i])
+}
+
+/// The text of [`scores_text`] over more than [`SCORES_SHOWN`] workers, once the workers to
+/// show (the chosen one and its nearest rivals) are known, in any order.
+pub fn shown_text(ids: &[WorkerId], mut shown: Vec<usize>, score: impl Fn(usize) -> f64) -> String {
+    shown.sort_unstable();
+    let count = shown.len();
+    let mut text = (shown.into_iter())
+        .map(|i| format!("{}={}", ids[i], score(i)))
+        .collect::<Vec<_>>()
+        .join(" ");
+    text.push_str(&format!(" (+{} more)", ids.len() - count));
     text
 }
 
