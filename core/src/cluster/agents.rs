@@ -238,7 +238,10 @@ impl Core {
     }
 
     pub(super) fn agent_message(&mut self, worker: &str, message: AgentMessage) {
-        if let Some(w) = self.workers.get_mut(worker) {
+        // A heartbeat writes its worker anyway, and notes it heard from it there.
+        if !matches!(message, AgentMessage::Heartbeat(_))
+            && let Some(w) = self.workers.get_mut(worker)
+        {
             // Liveness only (`Worker::last_heard`): not a change the store or placement sees.
             w.last_heard = self.now;
         }
@@ -308,6 +311,7 @@ impl Core {
         // Read while the record is at hand: looking the worker up again by its text, twice
         // per heartbeat, was a measurable part of the simulator at 10,000 workers.
         let (speed, id) = (w.calibration, w.id.clone());
+        w.last_heard = now;
         w.last_seen = now;
         w.alpha = hb.alpha;
         w.interval_s = hb.interval_s;

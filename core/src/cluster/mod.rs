@@ -681,7 +681,7 @@ impl Core {
         if !self.changes.workers.contains(id) {
             self.changes.workers.insert(w.id.clone());
         }
-        self.index.touch(id);
+        self.index.touch(&w.id);
         Some(w)
     }
 
