@@ -305,7 +305,9 @@ impl Core {
 
     pub(super) fn heartbeat(&mut self, worker: &str, hb: Heartbeat) {
         let now = self.now;
-        let Some(w) = self.worker_mut(worker) else {
+        // What placement sees of the worker changes only if it comes back from Lost or a
+        // job's view changes what its snapshot shows: only then is the index touched.
+        let Some(w) = self.worker_record_mut(worker) else {
             return;
         };
         // Read while the record is at hand: looking the worker up again by its text, twice
@@ -315,9 +317,11 @@ impl Core {
         w.last_seen = now;
         w.alpha = hb.alpha;
         w.interval_s = hb.interval_s;
+        let mut reindex = false;
         if matches!(w.state, WorkerPhase::Lost { .. }) {
             w.state = w.state.heard_from();
             let state = w.state.state();
+            reindex = true;
             self.worker_event(worker, state, "heartbeats resumed".into());
             self.dirty = true;
         }
@@ -333,12 +337,17 @@ impl Core {
                 j.cpu_s += j.view.cpu_usage.max(0.0) * (now - t).max(0.0) * speed;
             }
             j.view_at = Some(now);
-            j.view = WorkerView {
+            let view = WorkerView {
                 category: s.category,
                 growth_efficiency: s.growth_efficiency,
                 cpu_limit: s.cpu_limit,
                 cpu_usage: s.cpu_usage,
             };
+            // What a placement snapshot shows of the job (`policy::snapshot`); its CPU use is
+            // not among it, and is what changes at nearly every heartbeat.
+            let shown = |v: &WorkerView| (v.category, v.growth_efficiency, v.cpu_limit);
+            reindex |= shown(&j.view) != shown(&view);
+            j.view = view;
             // Its worker is back and says the incarnation runs: it was never gone.
             if matches!(j.phase, JobPhase::Lost { .. }) {
                 self.transition(
@@ -347,6 +356,9 @@ impl Core {
                     format!("{worker} is back and runs it"),
                 );
             }
+        }
+        if reindex {
+            self.index.touch(&id);
         }
         let view = policy_view!(self);
         let decisions = self

@@ -677,11 +677,22 @@ impl Core {
 
     /// Worker `id`, to change it (as [`Core::job_mut`]).
     pub(super) fn worker_mut(&mut self, id: &str) -> Option<&mut Worker> {
+        let w = self.worker_record_mut(id)?;
+        let id = w.id.clone();
+        self.index.touch(&id);
+        self.workers.get_mut(&id)
+    }
+
+    /// Worker `id`, to change only what no placement snapshot shows (the store still hears):
+    /// a heartbeat, which touches the placement index itself when what it wrote changes the
+    /// worker's snapshot. Rebuilding the snapshot at every heartbeat was a sixth of the
+    /// simulator at 10,000 workers (`docs/performance.md`); tests check after every step
+    /// that every snapshot equals a fresh one.
+    pub(super) fn worker_record_mut(&mut self, id: &str) -> Option<&mut Worker> {
         let w = self.workers.get_mut(id)?;
         if !self.changes.workers.contains(id) {
             self.changes.workers.insert(w.id.clone());
         }
-        self.index.touch(&w.id);
         Some(w)
     }
 
