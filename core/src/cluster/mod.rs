@@ -86,8 +86,9 @@ pub struct Config {
     pub progress_history: usize,
     /// Finished jobs kept in memory (the most recently finished); older ones are archived:
     /// dropped from the core once stored ([`Core::archive`]), and the shell answers for them
-    /// from its store. `usize::MAX` keeps every job (the simulator,
-    /// which reports on every job at the end, and a manager without a store).
+    /// from its store. `usize::MAX` keeps every job (a manager without a store). The
+    /// simulator keeps what the manager keeps, and the archived records themselves
+    /// ([`Core::archive_records`]) for its report.
     pub keep_finished: usize,
     /// Command ids are `{id_prefix}-{n}`: unique per manager process (the shell passes its
     /// manager id), deterministic in the simulator.
@@ -315,6 +316,21 @@ pub struct Core {
     /// not look every live job up for one to recover (a walk per tick that grows with the
     /// jobs, for what is almost always nothing).
     lost: usize,
+}
+
+/// Worker `id`, to change, with the store told ([`Core::worker_record_mut`]). Over the two
+/// fields rather than the core, so that [`Core::worker_mut`] can touch the placement index
+/// while it holds the worker.
+fn worker_record<'a>(
+    workers: &'a mut BTreeMap<WorkerId, Worker>,
+    changes: &mut saved::Changes,
+    id: &str,
+) -> Option<&'a mut Worker> {
+    let w = workers.get_mut(id)?;
+    if !changes.workers.contains(id) {
+        changes.workers.insert(w.id.clone());
+    }
+    Some(w)
 }
 
 /// The longer of two migration downtimes, either of which may be unknown.
@@ -677,10 +693,9 @@ impl Core {
 
     /// Worker `id`, to change it (as [`Core::job_mut`]).
     pub(super) fn worker_mut(&mut self, id: &str) -> Option<&mut Worker> {
-        let w = self.worker_record_mut(id)?;
-        let id = w.id.clone();
-        self.index.touch(&id);
-        self.workers.get_mut(&id)
+        let w = worker_record(&mut self.workers, &mut self.changes, id)?;
+        self.index.touch(&w.id);
+        Some(w)
     }
 
     /// Worker `id`, to change only what no placement snapshot shows (the store still hears):
@@ -689,11 +704,7 @@ impl Core {
     /// simulator at 10,000 workers (`docs/performance.md`); tests check after every step
     /// that every snapshot equals a fresh one.
     pub(super) fn worker_record_mut(&mut self, id: &str) -> Option<&mut Worker> {
-        let w = self.workers.get_mut(id)?;
-        if !self.changes.workers.contains(id) {
-            self.changes.workers.insert(w.id.clone());
-        }
-        Some(w)
+        worker_record(&mut self.workers, &mut self.changes, id)
     }
 
     /// Worker `id`'s own id, shared: a phase, an incarnation or an effect that names the
