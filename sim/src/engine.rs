@@ -169,6 +169,11 @@ pub struct Run {
     /// Inputs the cluster core refused (an agent speaking of what it does not run, a forbidden
     /// transition): 0 unless the shell or a core is wrong.
     pub refusals: u64,
+    /// Finished jobs the cluster core let go of during the run, as the manager's does beyond
+    /// its newest [`converge_core::cluster::KEEP_FINISHED`] (their ends are reported all the
+    /// same). Not part of the results files.
+    #[serde(skip)]
+    pub archived: usize,
     /// Plots' data, if recorded.
     pub trace: Option<Trace>,
     /// Value-based allocation counts, for value-curve workloads.
@@ -1570,6 +1575,7 @@ impl<'a> Simulation<'a> {
             events: self.events,
             steps: self.steps,
             refusals: self.refusals,
+            archived: self.archived.len(),
             trace: self.trace,
         }
     }

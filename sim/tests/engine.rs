@@ -228,6 +228,11 @@ fn jobs_the_core_archived_are_reported_like_the_others() {
     );
     let run = run_policy(&e, &catalog, PolicySpec::DockerSwarm, false).unwrap();
     assert_eq!(run.jobs.len(), jobs);
+    assert_eq!(
+        run.archived,
+        jobs - converge_core::cluster::KEEP_FINISHED,
+        "the core kept only the manager's number of finished jobs"
+    );
     let unfinished: Vec<_> = (run.jobs.iter())
         .filter(|j| !(j.outcome.is_completed() && j.jct > 0.0))
         .map(|j| format!("{}: {:?}", j.id, j.outcome))

@@ -238,10 +238,7 @@ impl Core {
     }
 
     pub(super) fn agent_message(&mut self, worker: &str, message: AgentMessage) {
-        // A heartbeat writes its worker anyway, and notes it heard from it there.
-        if !matches!(message, AgentMessage::Heartbeat(_))
-            && let Some(w) = self.workers.get_mut(worker)
-        {
+        if let Some(w) = self.workers.get_mut(worker) {
             // Liveness only (`Worker::last_heard`): not a change the store or placement sees.
             w.last_heard = self.now;
         }
@@ -313,7 +310,6 @@ impl Core {
         // Read while the record is at hand: looking the worker up again by its text, twice
         // per heartbeat, was a measurable part of the simulator at 10,000 workers.
         let (speed, id) = (w.calibration, w.id.clone());
-        w.last_heard = now;
         w.last_seen = now;
         w.alpha = hb.alpha;
         w.interval_s = hb.interval_s;
@@ -343,10 +339,7 @@ impl Core {
                 cpu_limit: s.cpu_limit,
                 cpu_usage: s.cpu_usage,
             };
-            // What a placement snapshot shows of the job (`policy::snapshot`); its CPU use is
-            // not among it, and is what changes at nearly every heartbeat.
-            let shown = |v: &WorkerView| (v.category, v.growth_efficiency, v.cpu_limit);
-            reindex |= shown(&j.view) != shown(&view);
+            reindex |= j.view.shown() != view.shown();
             j.view = view;
             // Its worker is back and says the incarnation runs: it was never gone.
             if matches!(j.phase, JobPhase::Lost { .. }) {

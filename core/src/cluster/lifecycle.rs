@@ -197,6 +197,15 @@ pub struct WorkerView {
     pub cpu_usage: f64,
 }
 
+impl WorkerView {
+    /// What a placement snapshot shows of it ([`super::policy::snapshot`]): nothing for a job
+    /// with no category yet, and never its CPU use, which changes at nearly every heartbeat (a
+    /// heartbeat touches its worker's snapshot only when this changes).
+    pub fn shown(&self) -> Option<(Category, Option<f64>, Option<f64>)> {
+        Some((self.category?, self.growth_efficiency, self.cpu_limit))
+    }
+}
+
 /// One incarnation: which worker an epoch was started on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Incarnation {

@@ -459,13 +459,8 @@ impl Core {
             .jobs
             .values()
             .filter(|j| matches!(j.phase, JobPhase::Lost { .. }));
-        let current_recorded = self.jobs.values().all(|j| {
-            j.worker().is_none_or(|w| {
-                j.incarnations
-                    .iter()
-                    .any(|i| i.epoch == j.epoch && i.worker == *w)
-            })
-        });
+        let current_recorded =
+            (self.jobs.values()).all(|j| j.worker().is_none_or(|w| j.ran_on(w, j.epoch)));
         self.index.is_fresh(&self.workers, &self.jobs)
             && lost.count() == self.lost
             && current_recorded

@@ -2664,6 +2664,7 @@ fn converge_moves_no_job_onto_a_worker_more_crowded_per_core_than_its_own() {
 fn spread_read_off_the_order_by_running_jobs_places_as_comparing_every_worker_does() {
     use converge_policy::baseline::Spread;
     use converge_policy::cluster::{JobRequest, Placement, Placer};
+    use policy::placing::Placing;
     let mut f = Fixture::new("spread");
     let n = 3 * policy::SCORES_SHOWN;
     // 7 is coprime with n: every worker registers once, out of order.
@@ -2683,19 +2684,24 @@ fn spread_read_off_the_order_by_running_jobs_places_as_comparing_every_worker_do
                 worker: "w05".into(),
             });
         }
+        let need = JobRequest {
+            cpus,
+            memory_bytes: 0,
+        };
         let (ids, snaps) = f.core.view().snapshots();
-        let expected = match Spread.place(
-            &JobRequest {
-                cpus,
-                memory_bytes: 0,
-            },
-            snaps,
-        ) {
+        let expected = match Spread.place(&need, snaps) {
             Placement::Worker { index, scores } => {
                 Some((ids[index].clone(), policy::scores_text(ids, &scores, index)))
             }
             Placement::Unschedulable { .. } => None,
         };
+        // The core answers from the order, not by Spread's scan, whenever something fits.
+        let ranked = Placing::new(Box::new(Spread), WorkerMode::Free).ranked(&need, f.core.view());
+        assert_eq!(
+            ranked.map(|shown| ids[shown[0]].clone()),
+            expected.as_ref().map(|(w, _)| w.clone()),
+            "job j{j}: the order's first fitting worker"
+        );
         let id = format!("j{j}");
         let out = f.submit(&id, cpus);
         let got = Fixture::event(&out, EventKind::JobPlaced).map(|e| {

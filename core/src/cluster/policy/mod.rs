@@ -83,11 +83,12 @@ pub fn snapshot(w: &Worker, jobs: &Jobs) -> WorkerSnapshot {
         jobs: jobs
             .iter()
             .filter_map(|j| {
+                let (category, growth_efficiency, cpu_limit) = j.view.shown()?;
                 Some(JobSnapshot {
                     job_id: j.id.clone(),
-                    category: j.view.category?,
-                    growth_efficiency: j.view.growth_efficiency,
-                    cpu_limit: j.view.cpu_limit,
+                    category,
+                    growth_efficiency,
+                    cpu_limit,
                 })
             })
             .collect(),
@@ -230,9 +231,8 @@ pub const SCORES_SHOWN: usize = 16;
 /// the chosen one's and those of the eligible workers scored closest to it (its nearest rivals),
 /// in worker order, then how many were left out.
 pub fn scores_text(ids: &[WorkerId], scores: &[f64], chosen: usize) -> String {
-    let entry = |i: usize| format!("{}={}", ids[i], scores[i]);
     if ids.len() <= SCORES_SHOWN {
-        return (0..ids.len()).map(entry).collect::<Vec<_>>().join(" ");
+        return entries(ids, 0..ids.len(), |i| scores[i]);
     }
     let c = scores[chosen];
     // The SCORES_SHOWN - 1 nearest rivals, by distance then worker order, in one pass that
@@ -258,13 +258,20 @@ pub fn scores_text(ids: &[WorkerId], scores: &[f64], chosen: usize) -> String {
 /// show (the chosen one and its nearest rivals) are known, in any order.
 pub fn shown_text(ids: &[WorkerId], mut shown: Vec<usize>, score: impl Fn(usize) -> f64) -> String {
     shown.sort_unstable();
-    let count = shown.len();
-    let mut text = (shown.into_iter())
+    let more = ids.len() - shown.len();
+    format!("{} (+{more} more)", entries(ids, shown, score))
+}
+
+/// `w1=0.5 w2=0.25` for the workers `shown`, in the order given.
+fn entries(
+    ids: &[WorkerId],
+    shown: impl IntoIterator<Item = usize>,
+    score: impl Fn(usize) -> f64,
+) -> String {
+    (shown.into_iter())
         .map(|i| format!("{}={}", ids[i], score(i)))
         .collect::<Vec<_>>()
-        .join(" ");
-    text.push_str(&format!(" (+{} more)", ids.len() - count));
-    text
+        .join(" ")
 }
 
 /// A policy's answer for a pending job.

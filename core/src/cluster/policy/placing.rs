@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use converge_policy::cluster::{Placement, Placer};
+use converge_policy::cluster::{JobRequest, Placement, Placer};
 
 use super::{
     Admission, ClusterPolicy, ClusterView, SCORES_SHOWN, request, scores_text, shown_text,
@@ -26,12 +26,13 @@ impl Placing {
     /// The placer's answer for `job` as an admission (shared by every policy that places).
     pub fn admit(&mut self, job: &Job, view: ClusterView<'_>) -> Admission {
         let (ids, snaps) = view.snapshots();
-        let (index, scores) = match self.ranked(job, view) {
+        let need = request(&job.spec);
+        let (index, scores) = match self.ranked(&need, view) {
             Some(shown) => (
                 shown[0],
                 shown_text(ids, shown, |i| snaps[i].running as f64),
             ),
-            None => match self.placer.place(&request(&job.spec), snaps) {
+            None => match self.placer.place(&need, snaps) {
                 Placement::Worker { index, scores } => (index, scores_text(ids, &scores, index)),
                 Placement::Unschedulable { reason } => return Admission::Wait { reason },
             },
@@ -49,9 +50,10 @@ impl Placing {
     /// The placer's choice for a job that must leave its worker.
     pub fn target(&mut self, job: &Job, view: ClusterView<'_>) -> Option<WorkerId> {
         let (ids, snaps) = view.snapshots();
-        let index = match self.ranked(job, view) {
+        let need = request(&job.spec);
+        let index = match self.ranked(&need, view) {
             Some(shown) => Some(shown[0]),
-            None => self.placer.place(&request(&job.spec), snaps).index(),
+            None => self.placer.place(&need, snaps).index(),
         };
         index.map(|i| ids[i].clone())
     }
@@ -64,14 +66,13 @@ impl Placing {
     /// running jobs less its own, and the nearest are the next in the order, ties in id
     /// order as in `scores_text`. `None` when this does not apply or nothing fits (the placer
     /// then says why).
-    fn ranked(&self, job: &Job, view: ClusterView<'_>) -> Option<Vec<usize>> {
+    pub(crate) fn ranked(&self, need: &JobRequest, view: ClusterView<'_>) -> Option<Vec<usize>> {
         let (ids, snaps) = view.snapshots();
         if !self.placer.ranks_by_running() || ids.len() <= SCORES_SHOWN {
             return None;
         }
-        let need = request(&job.spec);
         let shown: Vec<usize> = (view.index.by_running())
-            .filter(|&i| snaps[i].fits(&need))
+            .filter(|&i| snaps[i].fits(need))
             .take(SCORES_SHOWN)
             .collect();
         (!shown.is_empty()).then_some(shown)
