@@ -532,6 +532,83 @@ struct Report {
     seeds: Vec<SeedSpread>,
     /// What sharing a worker cost each model live, against the tables.
     sharing: Vec<SharingRow>,
+    /// Each live run as the prediction of its policy's other runs, beside the simulator.
+    held_out: Vec<HeldOutRow>,
+}
+
+/// One live run taken as the prediction of its policy's other live runs, and the simulator
+/// held to the same reference: the goals asked of the testbed itself. A goal that a live run
+/// misses against its own repetitions is one the testbed does not reproduce to.
+#[derive(Serialize)]
+struct HeldOutRow {
+    policy: String,
+    /// The run taken out (1-based).
+    run: usize,
+    /// Median over jobs of |this run's completion − the other runs' median| / that median.
+    live_error: Option<f64>,
+    /// The simulator's median absolute error per job against the same medians.
+    sim_error: Option<f64>,
+    /// Points between this run's policy/baseline ratio of average completion (against the
+    /// baseline's run of the same round: rounds interleave the policies) and the ratio of the
+    /// other rounds' averages. `None` for the baseline.
+    live_ratio_difference: Option<f64>,
+    /// Points between the simulator's ratio and the other rounds' ratio.
+    sim_ratio_difference: Option<f64>,
+}
+
+/// [`HeldOutRow`]s of every policy with at least two live runs, run by run.
+fn held_out(rows: &[PolicyRow]) -> Vec<HeldOutRow> {
+    // A run's average completion over the trace's jobs, if every one completed in it.
+    let avg = |row: &PolicyRow, k: usize| -> Option<f64> {
+        let v: Option<Vec<f64>> = row
+            .jobs
+            .iter()
+            .map(|j| j.live.get(k).copied().flatten())
+            .collect();
+        v.and_then(|v| mean(&v))
+    };
+    let others_avg = |row: &PolicyRow, k: usize| -> Option<f64> {
+        let v: Option<Vec<f64>> = (0..row.runs)
+            .filter(|&i| i != k)
+            .map(|i| avg(row, i))
+            .collect();
+        v.and_then(|v| mean(&v))
+    };
+    let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b);
+    let points = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| 100.0 * (a - b).abs());
+    let base = &rows[0];
+    let mut out = Vec::new();
+    for (p, row) in rows.iter().enumerate().filter(|(_, r)| r.runs > 1) {
+        for k in 0..row.runs {
+            let (mut live, mut sim) = (Vec::new(), Vec::new());
+            for j in &row.jobs {
+                let others = j.live.iter().enumerate().filter(|&(i, _)| i != k);
+                let Some(m) = median(others.filter_map(|(_, v)| *v)) else {
+                    continue;
+                };
+                live.extend(j.live[k].map(|x| ((x - m) / m).abs()));
+                sim.extend(j.sim.map(|s| ((s - m) / m).abs()));
+            }
+            let (live_ratio_difference, sim_ratio_difference) = if p == 0 {
+                (None, None)
+            } else {
+                let others = ratio(others_avg(row, k), others_avg(base, k));
+                (
+                    points(ratio(avg(row, k), avg(base, k)), others),
+                    points(ratio(row.sim_avg_jct, base.sim_avg_jct), others),
+                )
+            };
+            out.push(HeldOutRow {
+                policy: row.policy.clone(),
+                run: k + 1,
+                live_error: median(live),
+                sim_error: median(sim),
+                live_ratio_difference,
+                sim_ratio_difference,
+            });
+        }
+    }
+    out
 }
 
 /// One policy's goals under other seeds of the simulator's noise, one value per seed.
@@ -732,7 +809,7 @@ impl Report {
         measured: &Measured,
     ) -> Self {
         let empty = Vec::new();
-        let rows = trace
+        let rows: Vec<PolicyRow> = trace
             .policies
             .iter()
             .map(|policy| {
@@ -823,6 +900,7 @@ impl Report {
             .collect();
         Report {
             trace: trace.clone(),
+            held_out: held_out(&rows),
             rows,
             provenance: provenance(measured),
             seeds: Vec::new(),
@@ -882,6 +960,7 @@ impl Report {
             "ratios_to_baseline": ratios,
             "other_seeds": self.seeds,
             "sharing_live": self.sharing,
+            "live_held_out": self.held_out,
         })
     }
 
@@ -982,6 +1061,24 @@ impl Report {
                     f(median(sp.ratio_differences.clone()), 1),
                     range(&sp.ratio_differences, 1.0, 1),
                     within(&sp.ratio_differences, 5.0),
+                );
+            }
+        }
+        if !self.held_out.is_empty() {
+            let _ = writeln!(
+                s,
+                "\n## The live runs against each other\n\nThe goals asked of the testbed itself: each live run taken as the prediction of its policy's other live runs (each job against the median of its completion times in the other runs; the run's policy/baseline ratio of average completion, against the baseline's run of the same round, against the ratio of the other rounds' averages), beside the simulator held to the same references. A goal that a live run misses here is one the testbed does not reproduce itself to with this many runs.\n\n| policy | run left out | median abs. error per job: that run | sim | ratio difference (points): that run | sim |\n|---|---:|---:|---:|---:|---:|"
+            );
+            for h in &self.held_out {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {} | {} |",
+                    h.policy,
+                    h.run,
+                    abs_pct(h.live_error),
+                    abs_pct(h.sim_error),
+                    f(h.live_ratio_difference, 1),
+                    f(h.sim_ratio_difference, 1),
                 );
             }
         }
@@ -1502,5 +1599,52 @@ mod tests {
             md.contains("| spread | mlp-digits 12 | 1 | 5.0% | 0.0% | 5.0% | 10.0% | 2.0% | – |"),
             "{md}"
         );
+    }
+
+    #[test]
+    fn each_live_run_is_held_out_against_the_others_as_the_simulator_is() {
+        let trace: TraceFile = serde_json::from_value(serde_json::json!({
+            "name": "t", "title": "test", "workers": 1, "policies": ["spread", "converge"],
+            "jobs": [{"name": "a", "at_s": 0, "model": "mlp-digits", "size": 12, "steps": 100}]
+        }))
+        .unwrap();
+        let runs = |p: &str, jcts: [f64; 3]| {
+            (
+                p.to_string(),
+                (0..3).map(|k| live(p, k + 1, jcts[k])).collect::<Vec<_>>(),
+            )
+        };
+        let runs = BTreeMap::from([
+            runs("spread", [10.0, 12.0, 11.0]),
+            runs("converge", [5.0, 7.2, 5.5]),
+        ]);
+        let sim = |jct: f64| SimRun {
+            jct: BTreeMap::from([("a".to_string(), jct)]),
+            worker: BTreeMap::from([("a".to_string(), "worker-1".to_string())]),
+            migrations: 0,
+            eta: BTreeMap::new(),
+        };
+        let sims = BTreeMap::from([
+            ("spread".to_string(), sim(12.1)),
+            ("converge".to_string(), sim(5.0)),
+        ]);
+        let r = Report::new(&trace, &runs, &sims, &Measured::default());
+        assert_eq!(r.held_out.len(), 6, "every run of both policies, one at a time");
+        let close = |a: Option<f64>, b: f64| (a.unwrap() - b).abs() < 1e-9;
+        // Spread's first run against the median of the other two (11.5), and the simulator
+        // against the same median.
+        let h = &r.held_out[0];
+        assert_eq!((h.policy.as_str(), h.run), ("spread", 1));
+        assert!(close(h.live_error, 1.5 / 11.5) && close(h.sim_error, 0.6 / 11.5));
+        assert!(h.live_ratio_difference.is_none(), "the baseline has no ratio");
+        // Converge's second run: 7.2 against spread's 12 of the same round is 0.6; the other
+        // rounds' averages, 5.25 against 10.5, are 0.5; the simulator's 5 / 12.1.
+        let h = &r.held_out[4];
+        assert_eq!((h.policy.as_str(), h.run), ("converge", 2));
+        assert!(close(h.live_error, 1.95 / 5.25));
+        assert!(close(h.live_ratio_difference, 10.0));
+        assert!(close(h.sim_ratio_difference, 100.0 * (0.5 - 5.0 / 12.1)));
+        let md = r.markdown();
+        assert!(md.contains("| converge | 2 | 37.1% | 4.8% | 10.0 | 8.7 |"), "{md}");
     }
 }
