@@ -1629,14 +1629,21 @@ mod tests {
             ("converge".to_string(), sim(5.0)),
         ]);
         let r = Report::new(&trace, &runs, &sims, &Measured::default());
-        assert_eq!(r.held_out.len(), 6, "every run of both policies, one at a time");
+        assert_eq!(
+            r.held_out.len(),
+            6,
+            "every run of both policies, one at a time"
+        );
         let close = |a: Option<f64>, b: f64| (a.unwrap() - b).abs() < 1e-9;
         // Spread's first run against the median of the other two (11.5), and the simulator
         // against the same median.
         let h = &r.held_out[0];
         assert_eq!((h.policy.as_str(), h.run), ("spread", 1));
         assert!(close(h.live_error, 1.5 / 11.5) && close(h.sim_error, 0.6 / 11.5));
-        assert!(h.live_ratio_difference.is_none(), "the baseline has no ratio");
+        assert!(
+            h.live_ratio_difference.is_none(),
+            "the baseline has no ratio"
+        );
         // Converge's second run: 7.2 against spread's 12 of the same round is 0.6; the other
         // rounds' averages, 5.25 against 10.5, are 0.5; the simulator's 5 / 12.1.
         let h = &r.held_out[4];
@@ -1645,6 +1652,9 @@ mod tests {
         assert!(close(h.live_ratio_difference, 10.0));
         assert!(close(h.sim_ratio_difference, 100.0 * (0.5 - 5.0 / 12.1)));
         let md = r.markdown();
-        assert!(md.contains("| converge | 2 | 37.1% | 4.8% | 10.0 | 8.7 |"), "{md}");
+        assert!(
+            md.contains("| converge | 2 | 37.1% | 4.8% | 10.0 | 8.7 |"),
+            "{md}"
+        );
     }
 }

@@ -19,7 +19,7 @@ impl Core {
             .workers
             .get(&id)
             .is_some_and(|w| w.instance_id != reg.instance_id);
-        self.workers.entry(id.clone()).or_insert_with(|| Worker {
+        self.workers.get_or_insert_with(&id, || Worker {
             id: id.clone(),
             state: WorkerPhase::Ready,
             cpu_capacity: 0.0,
@@ -256,7 +256,7 @@ impl Core {
     /// Whether `worker` may speak of incarnation `epoch` of `job` (it was started there); if
     /// not, the message is refused and counted.
     pub(super) fn may_speak(&mut self, worker: &str, job: &str, epoch: u64) -> bool {
-        match refusal(self.jobs.get(job).map(|j| &**j), worker, epoch) {
+        match refusal(self.jobs.get(job), worker, epoch) {
             None => true,
             Some(what) => {
                 self.out.push(refused_speaker(what, worker, job, epoch));

@@ -25,11 +25,11 @@
 //! worker): their scores depend on the job (least-allocated) or on every reported job
 //! (FlowCon's Alg. 4).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 
 use converge_policy::cluster::WorkerSnapshot;
 
-use super::lifecycle::{Jobs, Worker, WorkerPhase};
+use super::lifecycle::{Jobs, Worker, WorkerPhase, Workers};
 use super::policy::snapshot;
 use super::types::WorkerId;
 
@@ -64,7 +64,7 @@ impl PlacementIndex {
     /// only ever added) goes in at its place in the order: rebuilding every snapshot for each
     /// registration made registering W workers cost W² snapshots. Workers the core holds but
     /// never touched (none today) would rebuild the whole order, so that it can never miss one.
-    pub fn refresh(&mut self, workers: &BTreeMap<WorkerId, Worker>, jobs: &Jobs) {
+    pub fn refresh(&mut self, workers: &Workers, jobs: &Jobs) {
         // A worker inserted before others moves their places: the order is then rebuilt.
         let mut shifted = false;
         for id in std::mem::take(&mut self.stale) {
@@ -151,7 +151,7 @@ impl PlacementIndex {
 
     /// Whether every snapshot equals a fresh one (what tests check after every step).
     #[cfg(test)]
-    pub(crate) fn is_fresh(&self, workers: &BTreeMap<WorkerId, Worker>, jobs: &Jobs) -> bool {
+    pub(crate) fn is_fresh(&self, workers: &Workers, jobs: &Jobs) -> bool {
         self.stale.is_empty()
             && self.ids.iter().eq(workers.keys())
             && self.places.len() == self.ids.len()

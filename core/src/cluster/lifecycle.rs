@@ -18,6 +18,7 @@ use converge_policy::cluster::Category;
 use converge_policy::estimate::Estimate;
 use serde::{Deserialize, Serialize};
 
+use super::idmap::{IdMap, Keyed};
 use super::progress::Progress;
 use super::types::{CommandId, JobId, JobSpec, JobState, MoveReason, Time, WorkerId, WorkerState};
 
@@ -228,11 +229,23 @@ pub struct Resuming {
     pub started: Time,
 }
 
-/// Every job the core holds, by id. Boxed: a B-tree node holds eleven entries and, with random
-/// keys (UUIDs), is about two-thirds full, so with ~700-byte jobs inline a third of every node
-/// was empty job-sized slots (heaptrack at 10,000 jobs: 9.97 MiB of map nodes inline, 6.57 MiB
-/// of nodes and boxes boxed; `docs/performance.md`).
-pub type Jobs = BTreeMap<JobId, Box<Job>>;
+/// Every job the core holds, by id ([`IdMap`]: found by hash, walked in id order).
+pub type Jobs = IdMap<Job>;
+
+/// Every worker the core knows, by id ([`IdMap`]).
+pub type Workers = IdMap<Worker>;
+
+impl Keyed for Job {
+    fn key(&self) -> &JobId {
+        &self.id
+    }
+}
+
+impl Keyed for Worker {
+    fn key(&self) -> &WorkerId {
+        &self.id
+    }
+}
 
 /// A cache of what a job's points say, with the sample count it was read at
 /// ([`Job::points_estimate`]). A cache, not state: it prints as nothing, so a job that only

@@ -23,9 +23,11 @@
 //!
 //! Files: this one holds the types, the step and the transition function; `control` the user's
 //! requests; `agents` what agents say; `moves` checkpoint moves; `time` liveness and recovery;
-//! `decide` placement and carrying out the policy's decisions.
+//! `decide` placement and carrying out the policy's decisions. The records themselves are in
+//! `lifecycle` (jobs and workers, kept in [`idmap::IdMap`]s: found by hash, walked in id order).
 
 pub mod forecast;
+pub mod idmap;
 pub mod index;
 pub mod lifecycle;
 pub mod policy;
@@ -49,6 +51,7 @@ use tracing::{debug, info, warn};
 
 use lifecycle::{
     Incarnation, Job, JobPhase, Jobs, Move, MovePhase, Resuming, Worker, WorkerPhase, WorkerView,
+    Workers,
 };
 use policy::{Admission, ClusterPolicy, ClusterView, Decision, Preempt, Report, Victim};
 use progress::{Progress, ProgressPoint};
@@ -283,7 +286,7 @@ impl Refusal {
 pub struct Core {
     config: Config,
     policy: Box<dyn ClusterPolicy>,
-    workers: BTreeMap<WorkerId, Worker>,
+    workers: Workers,
     jobs: Jobs,
     /// Pending jobs by submission order.
     pending: BTreeMap<u64, JobId>,
@@ -322,7 +325,7 @@ pub struct Core {
 /// fields rather than the core, so that [`Core::worker_mut`] can touch the placement index
 /// while it holds the worker.
 fn worker_record<'a>(
-    workers: &'a mut BTreeMap<WorkerId, Worker>,
+    workers: &'a mut Workers,
     changes: &mut saved::Changes,
     id: &str,
 ) -> Option<&'a mut Worker> {
@@ -364,8 +367,8 @@ impl Core {
         Core {
             config,
             policy,
-            workers: BTreeMap::new(),
-            jobs: BTreeMap::new(),
+            workers: Workers::new(),
+            jobs: Jobs::new(),
             pending: BTreeMap::new(),
             conns: BTreeMap::new(),
             next_seq: 0,
@@ -386,7 +389,7 @@ impl Core {
 
     /// One job.
     pub fn job(&self, id: &str) -> Option<&Job> {
-        self.jobs.get(id).map(|j| &**j)
+        self.jobs.get(id)
     }
 
     /// Every job, by id.
@@ -400,7 +403,7 @@ impl Core {
     }
 
     /// Every worker, by id.
-    pub fn workers(&self) -> &BTreeMap<WorkerId, Worker> {
+    pub fn workers(&self) -> &Workers {
         &self.workers
     }
 

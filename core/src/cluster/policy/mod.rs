@@ -34,14 +34,14 @@ use converge_policy::estimate::{self, Estimate, Known, Point, ServiceHistory};
 
 use super::forecast::Load;
 use super::index::PlacementIndex;
-use super::lifecycle::{Job, JobPhase, Jobs, Worker};
+use super::lifecycle::{Job, JobPhase, Jobs, Worker, Workers};
 use super::types::{JobId, JobSpec, MoveReason, Time, WorkerId, WorkerMode};
 
 /// What the policies see: the core's workers and jobs, read-only.
 #[derive(Clone, Copy)]
 pub struct ClusterView<'a> {
     /// Workers by id (sorted: every policy sees them in the same order).
-    pub workers: &'a BTreeMap<WorkerId, Worker>,
+    pub workers: &'a Workers,
     /// Jobs by id.
     pub jobs: &'a Jobs,
     /// Sizes of completed jobs.
@@ -60,11 +60,7 @@ fn declared_left(job: &Job) -> Option<f64> {
 
 /// What a placer sees of worker `w`: its reservations and its jobs' last reports.
 pub fn snapshot(w: &Worker, jobs: &Jobs) -> WorkerSnapshot {
-    let jobs: Vec<&Job> = w
-        .jobs
-        .iter()
-        .filter_map(|id| jobs.get(id).map(|j| &**j))
-        .collect();
+    let jobs: Vec<&Job> = w.jobs.iter().filter_map(|id| jobs.get(id)).collect();
     WorkerSnapshot {
         id: w.id.clone(),
         cpu_capacity: w.cpu_capacity,
@@ -102,7 +98,7 @@ impl<'a> ClusterView<'a> {
         let jobs = self.jobs;
         w.jobs
             .iter()
-            .filter_map(|id| jobs.get(id).map(|j| &**j))
+            .filter_map(|id| jobs.get(id))
             .filter(|j| {
                 matches!(
                     j.phase,

@@ -111,11 +111,7 @@ pub fn node_states(view: ClusterView<'_>, shares: &BTreeMap<JobId, u32>) -> Vec<
     view.workers
         .values()
         .map(|w| {
-            let mut jobs: Vec<&Job> = w
-                .jobs
-                .iter()
-                .filter_map(|id| view.jobs.get(id).map(|j| &**j))
-                .collect();
+            let mut jobs: Vec<&Job> = w.jobs.iter().filter_map(|id| view.jobs.get(id)).collect();
             // Ordered by submission so decisions are deterministic.
             jobs.sort_by_key(|j| j.seq);
             NodeState {

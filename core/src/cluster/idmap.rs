@@ -1,0 +1,327 @@
+//! [`IdMap`]: the core's records by id, found by hash and walked in id order.
+
+use std::collections::BTreeMap;
+use std::hash::BuildHasher;
+
+use hashbrown::HashTable;
+
+use super::types::Id;
+
+/// A record that carries its own id: the hash table holds only slot numbers, and finds a
+/// record's id in the record.
+pub trait Keyed {
+    /// The record's id.
+    fn key(&self) -> &Id;
+}
+
+/// Records by id: found by hash, walked in id order.
+///
+/// Every agent report looks its worker and its jobs up by id. In a B-tree of 100,000 jobs that
+/// search loaded about five nodes and compared the id with a dozen keys, each comparison
+/// reading another key's text: each load a likely cache miss, and together the largest part of
+/// the core's time at 10,000 workers (the profile in `docs/performance.md`, "Simulator
+/// speed"). A hash lookup reads one bucket and one key. Decisions walk the records in id order
+/// (sums of floats and ties depend on the order), which the ordered index keeps, and a walk
+/// reads the records by slot number without hashing. Boxed, as the B-tree's jobs were: slots
+/// and tables move as they grow, and a ~700-byte job should not move with them.
+///
+/// Memory: the hash table holds 4-byte slot numbers and compares ids in the records (which a
+/// lookup reads next anyway), so the map costs a live job about ten bytes more than the
+/// B-tree of boxed jobs it replaced (`cargo run --release -p converge-core --example
+/// job_heap`), where a hash map of ids beside an ordered index took fifty.
+#[derive(Clone)]
+pub struct IdMap<V> {
+    /// The records by slot; `None` is a free slot (in `free`).
+    slots: Vec<Option<Box<V>>>,
+    free: Vec<u32>,
+    /// Slots, found by the hash of their record's id.
+    by_id: HashTable<u32>,
+    /// Foldhash rather than SipHash, which was a tenth of a lookup's time; randomly seeded, as
+    /// SipHash is, so ids cannot be chosen to collide.
+    hasher: foldhash::fast::RandomState,
+    /// Slot by id in id order, for walks.
+    order: BTreeMap<Id, u32>,
+}
+
+impl<V> Default for IdMap<V> {
+    fn default() -> Self {
+        IdMap {
+            slots: Vec::new(),
+            free: Vec::new(),
+            by_id: HashTable::new(),
+            hasher: Default::default(),
+            order: BTreeMap::new(),
+        }
+    }
+}
+
+impl<V: Keyed> IdMap<V> {
+    /// Empty.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The slot of `id`'s record.
+    fn find(&self, id: &str) -> Option<u32> {
+        let slots = &self.slots;
+        self.by_id
+            .find(self.hasher.hash_one(id), |&k| held(slots, k).key() == id)
+            .copied()
+    }
+
+    /// The record of `id`.
+    pub fn get(&self, id: &str) -> Option<&V> {
+        self.find(id).map(|k| held(&self.slots, k))
+    }
+
+    /// The record of `id` with the id as the map holds it (shared, not copied).
+    pub fn get_key_value(&self, id: &str) -> Option<(&Id, &V)> {
+        self.get(id).map(|v| (v.key(), v))
+    }
+
+    /// The record of `id`, to change.
+    pub fn get_mut(&mut self, id: &str) -> Option<&mut V> {
+        let k = self.find(id)?;
+        self.slots[k as usize].as_deref_mut()
+    }
+
+    /// Whether there is a record of `id`.
+    pub fn contains_key(&self, id: &str) -> bool {
+        self.find(id).is_some()
+    }
+
+    /// Adds `record` under `id` (its own id), returning the record it replaces.
+    pub fn insert(&mut self, id: Id, record: impl Into<Box<V>>) -> Option<Box<V>> {
+        let record = record.into();
+        assert!(
+            *record.key() == id,
+            "a record is kept under its own id: {} under {id}",
+            record.key()
+        );
+        if let Some(k) = self.find(&id) {
+            return self.slots[k as usize].replace(record);
+        }
+        let k = match self.free.pop() {
+            Some(k) => {
+                self.slots[k as usize] = Some(record);
+                k
+            }
+            None => {
+                self.slots.push(Some(record));
+                u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 records")
+            }
+        };
+        let (slots, hasher) = (&self.slots, &self.hasher);
+        self.by_id
+            .insert_unique(hasher.hash_one(id.as_str()), k, |&k| {
+                hasher.hash_one(held(slots, k).key().as_str())
+            });
+        self.order.insert(id, k);
+        None
+    }
+
+    /// The record of `id`, added by `new` if there is none.
+    pub fn get_or_insert_with(&mut self, id: &Id, new: impl FnOnce() -> V) -> &mut V {
+        if !self.contains_key(id) {
+            self.insert(id.clone(), new());
+        }
+        self.get_mut(id).expect(HELD)
+    }
+
+    /// Takes the record of `id` out.
+    pub fn remove(&mut self, id: &str) -> Option<Box<V>> {
+        let slots = &self.slots;
+        let found = self
+            .by_id
+            .find_entry(self.hasher.hash_one(id), |&k| held(slots, k).key() == id);
+        let (k, _) = found.ok()?.remove();
+        self.order.remove(id);
+        self.free.push(k);
+        self.slots[k as usize].take()
+    }
+}
+
+impl<V> IdMap<V> {
+    /// How many records.
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    /// Every record with its id, in id order.
+    pub fn iter(&self) -> Iter<'_, V> {
+        Iter {
+            order: self.order.iter(),
+            slots: &self.slots,
+        }
+    }
+
+    /// Every record, in id order.
+    pub fn values(&self) -> impl DoubleEndedIterator<Item = &V> + Clone {
+        self.iter().map(|(_, v)| v)
+    }
+
+    /// Every id, in order.
+    pub fn keys(&self) -> impl DoubleEndedIterator<Item = &Id> + Clone {
+        self.order.keys()
+    }
+}
+
+/// Why an indexed slot is never empty: `remove` frees a slot and unindexes it together.
+const HELD: &str = "an indexed slot holds its record";
+
+/// The record in indexed slot `k`.
+fn held<V>(slots: &[Option<Box<V>>], k: u32) -> &V {
+    slots[k as usize].as_deref().expect(HELD)
+}
+
+/// [`IdMap::iter`]: every record with its id, in id order.
+pub struct Iter<'a, V> {
+    order: std::collections::btree_map::Iter<'a, Id, u32>,
+    slots: &'a [Option<Box<V>>],
+}
+
+impl<V> Clone for Iter<'_, V> {
+    fn clone(&self) -> Self {
+        Iter {
+            order: self.order.clone(),
+            slots: self.slots,
+        }
+    }
+}
+
+impl<'a, V> Iter<'a, V> {
+    fn item(&self, (id, &k): (&'a Id, &'a u32)) -> (&'a Id, &'a V) {
+        (id, held(self.slots, k))
+    }
+}
+
+impl<'a, V> Iterator for Iter<'a, V> {
+    type Item = (&'a Id, &'a V);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let next = self.order.next()?;
+        Some(self.item(next))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.order.size_hint()
+    }
+}
+
+impl<V> DoubleEndedIterator for Iter<'_, V> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        let next = self.order.next_back()?;
+        Some(self.item(next))
+    }
+}
+
+impl<V> ExactSizeIterator for Iter<'_, V> {}
+
+impl<'a, V> IntoIterator for &'a IdMap<V> {
+    type Item = (&'a Id, &'a V);
+    type IntoIter = Iter<'a, V>;
+
+    fn into_iter(self) -> Iter<'a, V> {
+        self.iter()
+    }
+}
+
+impl<Q: AsRef<str> + ?Sized, V: Keyed> std::ops::Index<&Q> for IdMap<V> {
+    type Output = V;
+
+    /// The record of `id`; panics if there is none (as a map's index does).
+    fn index(&self, id: &Q) -> &V {
+        let id = id.as_ref();
+        self.get(id).unwrap_or_else(|| panic!("no record of {id}"))
+    }
+}
+
+impl<V: std::fmt::Debug> std::fmt::Debug for IdMap<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
+
+impl<V: Keyed, R: Into<Box<V>>> Extend<(Id, R)> for IdMap<V> {
+    fn extend<I: IntoIterator<Item = (Id, R)>>(&mut self, records: I) {
+        for (id, record) in records {
+            self.insert(id, record);
+        }
+    }
+}
+
+impl<V: Keyed, R: Into<Box<V>>> FromIterator<(Id, R)> for IdMap<V> {
+    fn from_iter<I: IntoIterator<Item = (Id, R)>>(records: I) -> Self {
+        let mut all = IdMap::new();
+        all.extend(records);
+        all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq)]
+    struct R(Id, u32);
+
+    impl Keyed for R {
+        fn key(&self) -> &Id {
+            &self.0
+        }
+    }
+
+    fn r(id: &str, v: u32) -> (Id, R) {
+        (Id::from(id), R(Id::from(id), v))
+    }
+
+    /// Records come back by id, in id order whatever the order of insertion, and a freed slot
+    /// is reused without disturbing either.
+    #[test]
+    fn found_by_id_and_walked_in_id_order_across_removals() {
+        let mut m: IdMap<R> = IdMap::new();
+        for (id, v) in [("c", 3), ("a", 1), ("d", 4), ("b", 2)] {
+            let (id, rec) = r(id, v);
+            assert!(m.insert(id, rec).is_none());
+        }
+        assert_eq!(m.remove("d").map(|b| b.1), Some(4));
+        assert!(m.remove("d").is_none(), "removed once");
+        m.extend([r("aa", 11)]);
+        let (id, rec) = r("b", 20);
+        assert_eq!(m.insert(id, rec).map(|b| b.1), Some(2), "replaced");
+        m.get_mut("c").unwrap().1 += 30;
+        let walked: Vec<(&str, u32)> = m.iter().map(|(k, v)| (k.as_str(), v.1)).collect();
+        assert_eq!(walked, [("a", 1), ("aa", 11), ("b", 20), ("c", 33)]);
+        assert_eq!(m.iter().next_back().map(|(k, _)| k.as_str()), Some("c"));
+        assert_eq!((m.len(), m["aa"].1, m.get("d")), (4, 11, None));
+        assert_eq!(m.slots.len(), 4, "the slot \"d\" freed was taken by \"aa\"");
+        let e = Id::from("e");
+        assert_eq!(m.get_or_insert_with(&e, || R(e.clone(), 5)).1, 5);
+        assert_eq!(m.get_or_insert_with(&e, || R(e.clone(), 6)).1, 5, "kept");
+    }
+
+    /// Enough records to make the table grow several times, some removed on the way: every one
+    /// is still found (growth rehashes slot numbers through the records' ids).
+    #[test]
+    fn every_record_is_found_after_the_table_grows() {
+        let mut m: IdMap<R> = (0..5000).map(|i| r(&format!("job-{i}"), i)).collect();
+        for i in (0..5000).step_by(3) {
+            assert!(m.remove(&format!("job-{i}")).is_some());
+        }
+        for i in 0..5000 {
+            let found = m.get(&format!("job-{i}")).map(|x| x.1);
+            assert_eq!(found, (i % 3 != 0).then_some(i), "job-{i}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "a record is kept under its own id")]
+    fn a_record_under_another_id_is_refused() {
+        IdMap::new().insert(Id::from("a"), R(Id::from("b"), 0));
+    }
+}
