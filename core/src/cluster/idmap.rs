@@ -20,7 +20,8 @@ pub trait Keyed {
 /// search loaded about five nodes and compared the id with a dozen keys, each comparison
 /// reading another key's text: each load a likely cache miss, and together the largest part of
 /// the core's time at 10,000 workers (the profile in `docs/performance.md`, "Simulator
-/// speed"). A hash lookup reads one bucket and one key. Decisions walk the records in id order
+/// speed"). A hash lookup reads one table entry and then the record it names (its slot, its box
+/// and its id's text), which the caller reads next anyway. Decisions walk the records in id order
 /// (sums of floats and ties depend on the order), which the ordered index keeps, and a walk
 /// reads the records by slot number without hashing. Boxed, as the B-tree's jobs were: slots
 /// and tables move as they grow, and a ~700-byte job should not move with them.
@@ -28,7 +29,9 @@ pub trait Keyed {
 /// Memory: the hash table holds 4-byte slot numbers and compares ids in the records (which a
 /// lookup reads next anyway), so the map costs a live job about ten bytes more than the
 /// B-tree of boxed jobs it replaced (`cargo run --release -p converge-core --example
-/// job_heap`), where a hash map of ids beside an ordered index took fifty.
+/// job_heap`), where a hash map of ids beside an ordered index took fifty. Slots and the
+/// table do not shrink when records leave: they keep room for the most records held at once,
+/// and new records reuse it (a manager's live jobs come and go; finished ones are archived).
 #[derive(Clone)]
 pub struct IdMap<V> {
     /// The records by slot; `None` is a free slot (in `free`).
@@ -36,8 +39,10 @@ pub struct IdMap<V> {
     free: Vec<u32>,
     /// Slots, found by the hash of their record's id.
     by_id: HashTable<u32>,
-    /// Foldhash rather than SipHash, which was a tenth of a lookup's time; randomly seeded, as
-    /// SipHash is, so ids cannot be chosen to collide.
+    /// Foldhash rather than SipHash, which was a tenth of a lookup's time. Seeded at random per
+    /// process (its `std` feature); unlike SipHash it promises nothing against ids chosen to
+    /// collide, and the ids it holds are not chosen by strangers: jobs' are UUIDs the manager
+    /// draws, workers' are names the cluster's CA certified (issue 15).
     hasher: foldhash::fast::RandomState,
     /// Slot by id in id order, for walks.
     order: BTreeMap<Id, u32>,
@@ -74,7 +79,7 @@ impl<V: Keyed> IdMap<V> {
         self.find(id).map(|k| held(&self.slots, k))
     }
 
-    /// The record of `id` with the id as the map holds it (shared, not copied).
+    /// The record of `id` with the record's own id (shared, not copied).
     pub fn get_key_value(&self, id: &str) -> Option<(&Id, &V)> {
         self.get(id).map(|v| (v.key(), v))
     }
@@ -161,12 +166,12 @@ impl<V> IdMap<V> {
     }
 
     /// Every record, in id order.
-    pub fn values(&self) -> impl DoubleEndedIterator<Item = &V> + Clone {
+    pub fn values(&self) -> impl DoubleEndedIterator<Item = &V> + ExactSizeIterator + Clone {
         self.iter().map(|(_, v)| v)
     }
 
     /// Every id, in order.
-    pub fn keys(&self) -> impl DoubleEndedIterator<Item = &Id> + Clone {
+    pub fn keys(&self) -> impl DoubleEndedIterator<Item = &Id> + ExactSizeIterator + Clone {
         self.order.keys()
     }
 }
