@@ -175,7 +175,7 @@ fn what_a_core_wrote_comes_back_as_the_same_core() {
     )
     .unwrap();
     assert_eq!(after.counters(), before.counters());
-    for (id, j) in before.jobs() {
+    for (id, j) in before.jobs().iter() {
         let a = after.job(id).expect("every job comes back");
         assert_eq!(
             (a.state(), a.epoch, a.worker(), a.step, &a.reason, &a.phase),
@@ -188,7 +188,7 @@ fn what_a_core_wrote_comes_back_as_the_same_core() {
         assert_eq!(a.progress.back(), j.progress.back());
         assert_eq!(a.checkpoint_step, j.checkpoint_step);
     }
-    for (id, w) in before.workers() {
+    for (id, w) in before.workers().iter() {
         let a = after.worker(id).expect("every worker comes back");
         assert_eq!(
             (a.state, &a.jobs, a.conn),

@@ -511,6 +511,9 @@ struct PolicyRow {
     runs: usize,
     /// Mean over the runs of each run's average completion time.
     live_avg_jct: Option<f64>,
+    /// Each live run's average completion time, if every job of the trace completed in it.
+    #[serde(skip)]
+    run_avgs: Vec<Option<f64>>,
     /// (max − min) / mean of the runs' average completion times.
     live_avg_spread: Option<f64>,
     sim_avg_jct: Option<f64>,
@@ -558,15 +561,7 @@ struct HeldOutRow {
 
 /// [`HeldOutRow`]s of every policy with at least two live runs, run by run.
 fn held_out(rows: &[PolicyRow]) -> Vec<HeldOutRow> {
-    // A run's average completion over the trace's jobs, if every one completed in it.
-    let avg = |row: &PolicyRow, k: usize| -> Option<f64> {
-        let v: Option<Vec<f64>> = row
-            .jobs
-            .iter()
-            .map(|j| j.live.get(k).copied().flatten())
-            .collect();
-        v.and_then(|v| mean(&v))
-    };
+    let avg = |row: &PolicyRow, k: usize| row.run_avgs.get(k).copied().flatten();
     let others_avg = |row: &PolicyRow, k: usize| -> Option<f64> {
         let v: Option<Vec<f64>> = (0..row.runs)
             .filter(|&i| i != k)
@@ -862,10 +857,15 @@ impl Report {
                         .all(|j| r.jobs.get(&j.name).is_some_and(LiveJob::completed))
                 };
                 let full: Vec<&LiveRun> = runs.iter().filter(|r| complete(r)).collect();
-                let avgs: Vec<f64> = full
+                let run_avgs: Vec<Option<f64>> = runs
                     .iter()
-                    .map(|r| r.jobs.values().map(LiveJob::jct).sum::<f64>() / r.jobs.len() as f64)
+                    .map(|r| {
+                        complete(r).then(|| {
+                            r.jobs.values().map(LiveJob::jct).sum::<f64>() / r.jobs.len() as f64
+                        })
+                    })
                     .collect();
+                let avgs: Vec<f64> = run_avgs.iter().flatten().copied().collect();
                 let spans: Vec<f64> = full
                     .iter()
                     .map(|r| r.jobs.values().map(|j| j.finished_s).fold(0.0, f64::max))
@@ -881,6 +881,7 @@ impl Report {
                     policy: policy.clone(),
                     runs: runs.len(),
                     live_avg_jct: live_avg,
+                    run_avgs,
                     live_avg_spread: live_avg.and_then(|m| spread_around(&avgs, m)),
                     sim_avg_jct: mean(&sim_values),
                     live_makespan: mean(&spans),
@@ -1516,6 +1517,25 @@ mod tests {
         }
     }
 
+    /// A trace of one job, `a`, under `spread` (the baseline) and `converge`.
+    fn one_job_trace() -> TraceFile {
+        serde_json::from_value(serde_json::json!({
+            "name": "t", "title": "test", "workers": 1, "policies": ["spread", "converge"],
+            "jobs": [{"name": "a", "at_s": 0, "model": "mlp-digits", "size": 12, "steps": 100}]
+        }))
+        .unwrap()
+    }
+
+    /// What the simulator says of job `a`: it completes in `jct` seconds on `worker`.
+    fn sim_run(jct: f64, worker: &str) -> SimRun {
+        SimRun {
+            jct: BTreeMap::from([("a".to_string(), jct)]),
+            worker: BTreeMap::from([("a".to_string(), worker.to_string())]),
+            migrations: 0,
+            eta: BTreeMap::new(),
+        }
+    }
+
     fn live(policy: &str, run: usize, jct: f64) -> LiveRun {
         LiveRun {
             policy: policy.into(),
@@ -1535,11 +1555,7 @@ mod tests {
 
     #[test]
     fn the_report_sets_each_job_against_the_median_of_its_live_runs() {
-        let trace: TraceFile = serde_json::from_value(serde_json::json!({
-            "name": "t", "title": "test", "workers": 1, "policies": ["spread", "converge"],
-            "jobs": [{"name": "a", "at_s": 0, "model": "mlp-digits", "size": 12, "steps": 100}]
-        }))
-        .unwrap();
+        let trace = one_job_trace();
         let runs = BTreeMap::from([
             (
                 "spread".to_string(),
@@ -1560,25 +1576,11 @@ mod tests {
             (5.0, "a".into(), 50, Some(5.0)),
             (7.5, "a".into(), 75, Some(3.0)),
         ];
+        let mut spread = sim_run(12.1, "worker-1");
+        spread.eta = BTreeMap::from([("a".to_string(), [Some(0.1), Some(0.02), None])]);
         let sims = BTreeMap::from([
-            (
-                "spread".to_string(),
-                SimRun {
-                    jct: BTreeMap::from([("a".to_string(), 12.1)]),
-                    worker: BTreeMap::from([("a".to_string(), "worker-1".to_string())]),
-                    migrations: 0,
-                    eta: BTreeMap::from([("a".to_string(), [Some(0.1), Some(0.02), None])]),
-                },
-            ),
-            (
-                "converge".to_string(),
-                SimRun {
-                    jct: BTreeMap::from([("a".to_string(), 5.0)]),
-                    worker: BTreeMap::from([("a".to_string(), "worker-2".to_string())]),
-                    migrations: 0,
-                    eta: BTreeMap::new(),
-                },
-            ),
+            ("spread".to_string(), spread),
+            ("converge".to_string(), sim_run(5.0, "worker-2")),
         ]);
         let r = Report::new(&trace, &runs, &sims, &Measured::default());
         let spread = &r.rows[0];
@@ -1603,11 +1605,7 @@ mod tests {
 
     #[test]
     fn each_live_run_is_held_out_against_the_others_as_the_simulator_is() {
-        let trace: TraceFile = serde_json::from_value(serde_json::json!({
-            "name": "t", "title": "test", "workers": 1, "policies": ["spread", "converge"],
-            "jobs": [{"name": "a", "at_s": 0, "model": "mlp-digits", "size": 12, "steps": 100}]
-        }))
-        .unwrap();
+        let trace = one_job_trace();
         let runs = |p: &str, jcts: [f64; 3]| {
             (
                 p.to_string(),
@@ -1618,15 +1616,9 @@ mod tests {
             runs("spread", [10.0, 12.0, 11.0]),
             runs("converge", [5.0, 7.2, 5.5]),
         ]);
-        let sim = |jct: f64| SimRun {
-            jct: BTreeMap::from([("a".to_string(), jct)]),
-            worker: BTreeMap::from([("a".to_string(), "worker-1".to_string())]),
-            migrations: 0,
-            eta: BTreeMap::new(),
-        };
         let sims = BTreeMap::from([
-            ("spread".to_string(), sim(12.1)),
-            ("converge".to_string(), sim(5.0)),
+            ("spread".to_string(), sim_run(12.1, "worker-1")),
+            ("converge".to_string(), sim_run(5.0, "worker-1")),
         ]);
         let r = Report::new(&trace, &runs, &sims, &Measured::default());
         assert_eq!(

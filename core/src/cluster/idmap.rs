@@ -66,17 +66,21 @@ impl<V: Keyed> IdMap<V> {
         Self::default()
     }
 
-    /// The slot of `id`'s record.
-    fn find(&self, id: &str) -> Option<u32> {
+    /// The slot of `id`'s record, by `id`'s hash.
+    fn find(&self, hash: u64, id: &str) -> Option<u32> {
         let slots = &self.slots;
         self.by_id
-            .find(self.hasher.hash_one(id), |&k| held(slots, k).key() == id)
+            .find(hash, |&k| held(slots, k).key() == id)
             .copied()
+    }
+
+    fn hash(&self, id: &str) -> u64 {
+        self.hasher.hash_one(id)
     }
 
     /// The record of `id`.
     pub fn get(&self, id: &str) -> Option<&V> {
-        self.find(id).map(|k| held(&self.slots, k))
+        self.find(self.hash(id), id).map(|k| held(&self.slots, k))
     }
 
     /// The record of `id` with the record's own id (shared, not copied).
@@ -86,26 +90,42 @@ impl<V: Keyed> IdMap<V> {
 
     /// The record of `id`, to change.
     pub fn get_mut(&mut self, id: &str) -> Option<&mut V> {
-        let k = self.find(id)?;
+        let k = self.find(self.hash(id), id)?;
         self.slots[k as usize].as_deref_mut()
     }
 
     /// Whether there is a record of `id`.
     pub fn contains_key(&self, id: &str) -> bool {
-        self.find(id).is_some()
+        self.get(id).is_some()
     }
 
-    /// Adds `record` under `id` (its own id), returning the record it replaces.
-    pub fn insert(&mut self, id: Id, record: impl Into<Box<V>>) -> Option<Box<V>> {
+    /// Adds `record` under its own id, returning the record of that id it replaces.
+    pub fn insert(&mut self, record: impl Into<Box<V>>) -> Option<Box<V>> {
         let record = record.into();
-        assert!(
-            *record.key() == id,
-            "a record is kept under its own id: {} under {id}",
-            record.key()
-        );
-        if let Some(k) = self.find(&id) {
-            return self.slots[k as usize].replace(record);
+        let hash = self.hash(record.key());
+        match self.find(hash, record.key()) {
+            Some(k) => self.slots[k as usize].replace(record),
+            None => {
+                self.add(hash, record);
+                None
+            }
         }
+    }
+
+    /// The record of `id`, added by `new` if there is none.
+    pub fn get_or_insert_with(&mut self, id: &str, new: impl FnOnce() -> V) -> &mut V {
+        let hash = self.hash(id);
+        let k = match self.find(hash, id) {
+            Some(k) => k,
+            None => self.add(hash, Box::new(new())),
+        };
+        self.slots[k as usize].as_deref_mut().expect(HELD)
+    }
+
+    /// Puts `record`, whose id the map does not hold and hashes to `hash`, in a slot; returns
+    /// the slot.
+    fn add(&mut self, hash: u64, record: Box<V>) -> u32 {
+        let id = record.key().clone();
         let k = match self.free.pop() {
             Some(k) => {
                 self.slots[k as usize] = Some(record);
@@ -118,19 +138,9 @@ impl<V: Keyed> IdMap<V> {
         };
         let (slots, hasher) = (&self.slots, &self.hasher);
         self.by_id
-            .insert_unique(hasher.hash_one(id.as_str()), k, |&k| {
-                hasher.hash_one(held(slots, k).key().as_str())
-            });
+            .insert_unique(hash, k, |&k| hasher.hash_one(held(slots, k).key().as_str()));
         self.order.insert(id, k);
-        None
-    }
-
-    /// The record of `id`, added by `new` if there is none.
-    pub fn get_or_insert_with(&mut self, id: &Id, new: impl FnOnce() -> V) -> &mut V {
-        if !self.contains_key(id) {
-            self.insert(id.clone(), new());
-        }
-        self.get_mut(id).expect(HELD)
+        k
     }
 
     /// Takes the record of `id` out.
@@ -158,11 +168,9 @@ impl<V> IdMap<V> {
     }
 
     /// Every record with its id, in id order.
-    pub fn iter(&self) -> Iter<'_, V> {
-        Iter {
-            order: self.order.iter(),
-            slots: &self.slots,
-        }
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = (&Id, &V)> + ExactSizeIterator + Clone {
+        let slots = &self.slots;
+        self.order.iter().map(move |(id, &k)| (id, held(slots, k)))
     }
 
     /// Every record, in id order.
@@ -184,58 +192,6 @@ fn held<V>(slots: &[Option<Box<V>>], k: u32) -> &V {
     slots[k as usize].as_deref().expect(HELD)
 }
 
-/// [`IdMap::iter`]: every record with its id, in id order.
-pub struct Iter<'a, V> {
-    order: std::collections::btree_map::Iter<'a, Id, u32>,
-    slots: &'a [Option<Box<V>>],
-}
-
-impl<V> Clone for Iter<'_, V> {
-    fn clone(&self) -> Self {
-        Iter {
-            order: self.order.clone(),
-            slots: self.slots,
-        }
-    }
-}
-
-impl<'a, V> Iter<'a, V> {
-    fn item(&self, (id, &k): (&'a Id, &'a u32)) -> (&'a Id, &'a V) {
-        (id, held(self.slots, k))
-    }
-}
-
-impl<'a, V> Iterator for Iter<'a, V> {
-    type Item = (&'a Id, &'a V);
-
-    fn next(&mut self) -> Option<Self::Item> {
-        let next = self.order.next()?;
-        Some(self.item(next))
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        self.order.size_hint()
-    }
-}
-
-impl<V> DoubleEndedIterator for Iter<'_, V> {
-    fn next_back(&mut self) -> Option<Self::Item> {
-        let next = self.order.next_back()?;
-        Some(self.item(next))
-    }
-}
-
-impl<V> ExactSizeIterator for Iter<'_, V> {}
-
-impl<'a, V> IntoIterator for &'a IdMap<V> {
-    type Item = (&'a Id, &'a V);
-    type IntoIter = Iter<'a, V>;
-
-    fn into_iter(self) -> Iter<'a, V> {
-        self.iter()
-    }
-}
-
 impl<Q: AsRef<str> + ?Sized, V: Keyed> std::ops::Index<&Q> for IdMap<V> {
     type Output = V;
 
@@ -252,22 +208,6 @@ impl<V: std::fmt::Debug> std::fmt::Debug for IdMap<V> {
     }
 }
 
-impl<V: Keyed, R: Into<Box<V>>> Extend<(Id, R)> for IdMap<V> {
-    fn extend<I: IntoIterator<Item = (Id, R)>>(&mut self, records: I) {
-        for (id, record) in records {
-            self.insert(id, record);
-        }
-    }
-}
-
-impl<V: Keyed, R: Into<Box<V>>> FromIterator<(Id, R)> for IdMap<V> {
-    fn from_iter<I: IntoIterator<Item = (Id, R)>>(records: I) -> Self {
-        let mut all = IdMap::new();
-        all.extend(records);
-        all
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,8 +221,8 @@ mod tests {
         }
     }
 
-    fn r(id: &str, v: u32) -> (Id, R) {
-        (Id::from(id), R(Id::from(id), v))
+    fn r(id: &str, v: u32) -> R {
+        R(Id::from(id), v)
     }
 
     /// Records come back by id, in id order whatever the order of insertion, and a freed slot
@@ -291,30 +231,31 @@ mod tests {
     fn found_by_id_and_walked_in_id_order_across_removals() {
         let mut m: IdMap<R> = IdMap::new();
         for (id, v) in [("c", 3), ("a", 1), ("d", 4), ("b", 2)] {
-            let (id, rec) = r(id, v);
-            assert!(m.insert(id, rec).is_none());
+            assert!(m.insert(r(id, v)).is_none());
         }
         assert_eq!(m.remove("d").map(|b| b.1), Some(4));
         assert!(m.remove("d").is_none(), "removed once");
-        m.extend([r("aa", 11)]);
-        let (id, rec) = r("b", 20);
-        assert_eq!(m.insert(id, rec).map(|b| b.1), Some(2), "replaced");
+        m.insert(r("aa", 11));
+        assert_eq!(m.insert(r("b", 20)).map(|b| b.1), Some(2), "replaced");
         m.get_mut("c").unwrap().1 += 30;
         let walked: Vec<(&str, u32)> = m.iter().map(|(k, v)| (k.as_str(), v.1)).collect();
         assert_eq!(walked, [("a", 1), ("aa", 11), ("b", 20), ("c", 33)]);
         assert_eq!(m.iter().next_back().map(|(k, _)| k.as_str()), Some("c"));
         assert_eq!((m.len(), m["aa"].1, m.get("d")), (4, 11, None));
         assert_eq!(m.slots.len(), 4, "the slot \"d\" freed was taken by \"aa\"");
-        let e = Id::from("e");
-        assert_eq!(m.get_or_insert_with(&e, || R(e.clone(), 5)).1, 5);
-        assert_eq!(m.get_or_insert_with(&e, || R(e.clone(), 6)).1, 5, "kept");
+        assert_eq!(m.get_or_insert_with("e", || r("e", 5)).1, 5);
+        assert_eq!(m.get_or_insert_with("e", || r("e", 6)).1, 5, "kept");
+        assert_eq!(m.keys().len(), 5);
     }
 
     /// Enough records to make the table grow several times, some removed on the way: every one
     /// is still found (growth rehashes slot numbers through the records' ids).
     #[test]
     fn every_record_is_found_after_the_table_grows() {
-        let mut m: IdMap<R> = (0..5000).map(|i| r(&format!("job-{i}"), i)).collect();
+        let mut m: IdMap<R> = IdMap::new();
+        for i in 0..5000 {
+            m.insert(r(&format!("job-{i}"), i));
+        }
         for i in (0..5000).step_by(3) {
             assert!(m.remove(&format!("job-{i}")).is_some());
         }
@@ -322,11 +263,5 @@ mod tests {
             let found = m.get(&format!("job-{i}")).map(|x| x.1);
             assert_eq!(found, (i % 3 != 0).then_some(i), "job-{i}");
         }
-    }
-
-    #[test]
-    #[should_panic(expected = "a record is kept under its own id")]
-    fn a_record_under_another_id_is_refused() {
-        IdMap::new().insert(Id::from("a"), R(Id::from("b"), 0));
     }
 }

@@ -132,7 +132,7 @@ impl Core {
             // Silence while this manager was down says nothing about the worker.
             w.last_seen = w.last_seen.max(now);
             w.last_heard = now;
-            core.workers.insert(w.id.clone(), w);
+            core.workers.insert(w);
         }
         let Counters {
             next_seq,
@@ -163,7 +163,7 @@ impl Core {
             }
             core.lost += usize::from(matches!(j.phase, JobPhase::Lost { .. }));
             let id = j.id.clone();
-            if core.jobs.insert(id.clone(), Box::new(j)).is_some() {
+            if core.jobs.insert(j).is_some() {
                 return Err(RestoreError::Duplicate(id));
             }
         }

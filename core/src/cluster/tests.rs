@@ -110,14 +110,14 @@ impl Shadow {
             core.jobs().len() + self.archived.len(),
             "jobs stored: those in memory and those archived"
         );
-        for (id, j) in core.jobs() {
+        for (id, j) in core.jobs().iter() {
             assert_eq!(
                 self.jobs.get(id).map(|s| format!("{s:?}")),
                 Some(format!("{j:?}")),
                 "job {id} changed without telling the store"
             );
         }
-        for (id, w) in core.workers() {
+        for (id, w) in core.workers().iter() {
             assert_eq!(
                 self.workers.get(id).map(unlinked),
                 Some(unlinked(w)),
@@ -1648,7 +1648,7 @@ mod model {
                 }
                 effects.extend(out);
                 // Nothing leaves a terminal state.
-                for (id, j) in core.jobs() {
+                for (id, j) in core.jobs().iter() {
                     if let Some(t) = terminal.get(id) {
                         prop_assert_eq!(*t, j.state(), "job {} left {:?}", id, t);
                     } else if j.is_terminal() {
@@ -1673,7 +1673,7 @@ mod model {
             }
         }
         // Healed, nothing is stuck between two states.
-        for (id, j) in core.jobs() {
+        for (id, j) in core.jobs().iter() {
             prop_assert!(
                 !matches!(
                     j.state(),
