@@ -396,6 +396,10 @@ pub struct Simulation<'a> {
     one_host: bool,
     /// Workers with a job on the CPU, as the rates in force were computed with.
     busy_workers: usize,
+    /// Whether a job's host factor depends on what the other busy workers run
+    /// ([`crate::measured::Sharing::host_beside`] measured): then a change on one worker
+    /// changes the speed of every busy worker's jobs.
+    host_neighbours: bool,
 }
 
 impl std::fmt::Debug for Simulation<'_> {
@@ -580,6 +584,11 @@ impl<'a> Simulation<'a> {
                     .is_some_and(|r| !r.sharing.host.is_empty() || r.sharing.busy_host.is_some())
             }),
             busy_workers: 0,
+            host_neighbours: jobs.iter().any(|j| {
+                j.runtime
+                    .as_ref()
+                    .is_some_and(|r| !r.sharing.host_beside.is_empty())
+            }),
         };
         // Every agent registers at time 0; its node core hears the answer.
         for w in 0..sim.workers.len() {
@@ -706,8 +715,9 @@ impl<'a> Simulation<'a> {
         let mut dirty = std::mem::take(&mut self.dirty);
         if self.one_host {
             let busy = self.workers.iter().filter(|w| !w.jobs.is_empty()).count();
-            if busy != self.busy_workers {
-                // A worker went busy or idle: every busy worker's jobs change speed.
+            // A worker went busy or idle, or (where what a busy neighbour costs depends on
+            // its model) a worker's jobs changed: every busy worker's jobs change speed.
+            if busy != self.busy_workers || (self.host_neighbours && !dirty.is_empty()) {
                 self.busy_workers = busy;
                 dirty.extend((0..self.workers.len()).filter(|&w| !self.workers[w].jobs.is_empty()));
             }
@@ -1435,6 +1445,24 @@ impl<'a> Simulation<'a> {
             .map(|&j| jobs[j].spec.max_cores.min(cpus).ceil().max(1.0))
             .sum::<f64>()
             / cpus.max(1e-9);
+        // What the host's other busy workers run, each job weighted by its share of its
+        // worker's time (one over their number: the testbed's jobs are one thread each): what
+        // a busy neighbour costs depends on its model (`host_pairs.json`).
+        let neighbours: Vec<(&str, f64)> = if self.one_host {
+            self.workers
+                .iter()
+                .enumerate()
+                .filter(|&(v, other)| v != w && !other.jobs.is_empty())
+                .flat_map(|(_, other)| {
+                    let n = other.jobs.len() as f64;
+                    other.jobs.iter().filter_map(move |&o| {
+                        Some((jobs[o].spec.runtime.as_ref()?.model.as_str(), 1.0 / n))
+                    })
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         // Each job's factor, read before any job changes: the measured cost of sharing, under
         // free competition or under a hard quota that holds it below the worker (FlowCon's
         // limits), and beside exactly one other job the cost of that pair of models if measured.
@@ -1457,6 +1485,7 @@ impl<'a> Simulation<'a> {
                     limited,
                     load,
                     other.map(|r| r.model.as_str()),
+                    &neighbours,
                 )
             })
             .collect();

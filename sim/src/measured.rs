@@ -201,8 +201,13 @@ pub struct HostPoint {
     /// Each one's rate over the common window.
     pub rates: Vec<Rate>,
     /// Their mean steps/s over the same model's alone (the point with `jobs` = 1): what each
-    /// gets done while that many are busy; `None` when a rate is missing.
+    /// gets done while that many are busy; `None` when a rate is missing. With repetitions,
+    /// the median of [`HostPoint::repeats`].
     pub relative: Option<f64>,
+    /// Each repetition's `relative`, against the alone of the same repetition (`cargo xtask
+    /// measure --reps`); empty in files measured before the host table was repeated.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub repeats: Vec<f64>,
     /// Why the point has no measurement.
     pub error: Option<String>,
 }
@@ -217,8 +222,14 @@ pub struct PairJob {
     /// Its rate over the window.
     pub rate: Option<Rate>,
     /// Steps per CPU-second over the same model's alone (1.0: sharing costs it nothing);
-    /// `None` alone or where CPU use was not readable.
+    /// `None` alone or where CPU use was not readable. With repetitions, the median of
+    /// [`PairJob::repeats`].
     pub efficiency: Option<f64>,
+    /// Each repetition's `efficiency`, against the job alone measured in the same repetition
+    /// (`cargo xtask measure --reps`); empty alone and in files measured before pairs were
+    /// repeated.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub repeats: Vec<f64>,
 }
 
 /// Two jobs of different models started together.
@@ -408,6 +419,9 @@ pub struct Measured {
     pub colocation_busy: Option<ColocationFile>,
     /// `pairs_busy.json`: the pairs with the machine's other CPUs busy.
     pub pairs_busy: Option<PairsFile>,
+    /// `host_pairs.json`: two models, each in a one-core container of its own, on the
+    /// machine's CPUs at once (two of the testbed's workers, each busy with one job).
+    pub host_pairs: Option<PairsFile>,
     /// Step-time factors by (model, size) from probes taken beside live runs
     /// ([`Measured::at_speed_of`]); empty when the table's step times stand as measured.
     pub speed: BTreeMap<(String, u32), f64>,
@@ -480,6 +494,7 @@ impl Measured {
             host: read(dir, "host.json")?,
             colocation_busy: read(dir, "colocation_busy.json")?,
             pairs_busy: read(dir, "pairs_busy.json")?,
+            host_pairs: read(dir, "host_pairs.json")?,
             speed: BTreeMap::new(),
         })
     }
@@ -516,6 +531,63 @@ impl Measured {
         Ok(self)
     }
 
+    /// How many repetitions the sharing tables were measured in: the most any co-location
+    /// point, pair or host point holds (1 where none was repeated).
+    pub fn repetitions(&self) -> usize {
+        let coloc = [&self.colocation, &self.colocation_busy]
+            .into_iter()
+            .flatten()
+            .flat_map(|f| &f.points)
+            .map(|p| p.repeats.len());
+        let pairs = [&self.pairs, &self.pairs_busy, &self.host_pairs]
+            .into_iter()
+            .flatten()
+            .flat_map(|f| &f.pairs)
+            .flat_map(|p| &p.jobs)
+            .map(|j| j.repeats.len());
+        let host = self
+            .host
+            .iter()
+            .flat_map(|f| &f.points)
+            .map(|p| p.repeats.len());
+        coloc.chain(pairs).chain(host).max().unwrap_or(0).max(1)
+    }
+
+    /// The same measurements with each sharing factor (co-location points and pairs, measured
+    /// with the host idle and busy, and the busy workers of the host table) taken from
+    /// repetition `k` alone, where it was repeated, instead of the median of the repetitions:
+    /// how far the simulator's answer moves with the scatter of the tables it reads. Points
+    /// without a `k`-th repetition keep their median.
+    pub fn at_repetition(&self, k: usize) -> Self {
+        let mut m = self.clone();
+        for p in m.host.iter_mut().flat_map(|f| &mut f.points) {
+            if let Some(&r) = p.repeats.get(k) {
+                p.relative = Some(r);
+            }
+        }
+        for f in [&mut m.colocation, &mut m.colocation_busy]
+            .into_iter()
+            .flatten()
+        {
+            for p in &mut f.points {
+                if let Some(&r) = p.repeats.get(k) {
+                    p.relative = Some(r);
+                }
+            }
+        }
+        for f in [&mut m.pairs, &mut m.pairs_busy, &mut m.host_pairs]
+            .into_iter()
+            .flatten()
+        {
+            for j in f.pairs.iter_mut().flat_map(|p| &mut p.jobs) {
+                if let Some(&r) = j.repeats.get(k) {
+                    j.efficiency = Some(r);
+                }
+            }
+        }
+        m
+    }
+
     /// Whether any file is a `--quick` smoke run (its numbers are not data).
     pub fn quick(&self) -> bool {
         let headers = [
@@ -526,6 +598,9 @@ impl Measured {
             self.curves.as_ref().map(|f| &f.header),
             self.pairs.as_ref().map(|f| &f.header),
             self.host.as_ref().map(|f| &f.header),
+            self.colocation_busy.as_ref().map(|f| &f.header),
+            self.pairs_busy.as_ref().map(|f| &f.header),
+            self.host_pairs.as_ref().map(|f| &f.header),
         ];
         headers.into_iter().flatten().any(|h| h.quick)
     }
@@ -659,6 +734,7 @@ impl Measured {
             split: factors(self.colocation.as_ref(), model, size, threads, "split"),
             beside: beside(self.pairs.as_ref(), model, size),
             host: self.host(model, size),
+            host_beside: beside(self.host_pairs.as_ref(), model, size),
             busy_host: None,
         };
         let busy_host = (self.colocation_busy.is_some() || self.pairs_busy.is_some()).then(|| {
@@ -672,6 +748,7 @@ impl Measured {
                 split: or_idle(factors(c, model, size, threads, "split"), &idle.split),
                 beside,
                 host: Vec::new(),
+                host_beside: BTreeMap::new(),
                 busy_host: None,
             })
         });
@@ -785,6 +862,7 @@ impl Measured {
                 // The papers' workers are machines of their own.
                 beside: BTreeMap::new(),
                 host: Vec::new(),
+                host_beside: BTreeMap::new(),
                 busy_host: None,
             },
             source: format!(
@@ -845,21 +923,42 @@ fn factors(
 }
 
 /// What `model` at `size` was measured to get done per CPU-second beside each other model
-/// (`file`, a pairs table), by the other's [`model_key`].
+/// (`file`, a pairs table), by the other's [`model_key`]. A size the table did not measure
+/// borrows its model's nearest measured size, as the co-location and host tables do: the
+/// pairs are measured at one size per model, and the traces run others.
 fn beside(file: Option<&PairsFile>, model: &str, size: u32) -> BTreeMap<String, f64> {
-    let mut out = BTreeMap::new();
-    for p in file.iter().flat_map(|f| &f.pairs) {
-        let [a, b] = p.jobs.as_slice() else { continue };
-        for (me, other) in [(a, b), (b, a)] {
-            if me.model == model
-                && me.size == size
-                && let Some(e) = me.efficiency
-            {
-                out.insert(model_key(&other.model, other.size), e);
-            }
-        }
-    }
-    out
+    let jobs = || {
+        file.iter()
+            .flat_map(|f| &f.pairs)
+            .filter_map(|p| match p.jobs.as_slice() {
+                [a, b] => Some([(a, b), (b, a)]),
+                _ => None,
+            })
+            .flatten()
+            .filter(move |(me, _)| me.model == model)
+    };
+    let Some(measured) = jobs()
+        .map(|(me, _)| me.size)
+        .min_by_key(|&s| (s.abs_diff(size), s))
+    else {
+        return BTreeMap::new();
+    };
+    jobs()
+        .filter(|(me, _)| me.size == measured)
+        .filter_map(|(me, other)| Some((model_key(&other.model, other.size), me.efficiency?)))
+        .collect()
+}
+
+/// The factor `table` holds beside `other` ([`model_key`]): its own entry, else the entry of
+/// the same model at another size (the tables measure one size per model).
+fn beside_in(table: &BTreeMap<String, f64>, other: &str) -> Option<f64> {
+    table.get(other).copied().or_else(|| {
+        let model = other.split_once('/').map_or(other, |(m, _)| m);
+        table
+            .iter()
+            .find(|(k, _)| k.split_once('/').is_some_and(|(m, _)| m == model))
+            .map(|(_, &v)| v)
+    })
 }
 
 /// The median of the finite values (the mean of the middle two for an even count); `None`
@@ -896,6 +995,12 @@ pub struct Sharing {
     /// machine. Empty (no cost) for workers that are machines of their own.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub host: Vec<f64>,
+    /// What a job gets done while one other one-core worker of its host is busy with exactly
+    /// one job of another model, by that model's [`model_key`] (`host_pairs.json`), over
+    /// alone: [`Sharing::host`] measures two busy workers running one model, and what a
+    /// busy neighbour costs depends on what it runs ([`Sharing::on_host_beside`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub host_beside: BTreeMap<String, f64>,
     /// `free`, `split` and `beside` as measured with the host's other CPUs busy
     /// (`colocation_busy.json`, `pairs_busy.json`): what they stand for while another worker
     /// of the host is busy ([`Sharing::on`]). `None` where not measured, or for workers that
@@ -915,10 +1020,7 @@ impl Sharing {
     /// free competition; the two working sets interleave on the core under quotas as well, so
     /// the pair's factor stands for both.
     pub fn beside(&self, other: &str, limited: bool) -> f64 {
-        self.beside
-            .get(other)
-            .copied()
-            .unwrap_or_else(|| self.factor(limited, 2))
+        beside_in(&self.beside, other).unwrap_or_else(|| self.factor(limited, 2))
     }
 
     /// The factor for a job while `busy` workers of its host (its own included) have jobs
@@ -926,6 +1028,28 @@ impl Sharing {
     /// table.
     pub fn on_host(&self, busy: usize) -> f64 {
         nth_factor(&self.host, busy)
+    }
+
+    /// [`Sharing::on_host`] given what the other busy workers run: `neighbours` holds each
+    /// of their jobs' [`model_key`] with its weight (its share of its worker's time). The
+    /// host table measured busy workers of the job's own model; each neighbour of another
+    /// model measured in [`Sharing::host_beside`] scales that by its pair's factor over the
+    /// factor for one neighbour of the job's own model (so two busy workers, one job each,
+    /// pay exactly the pair's factor), weighted by its share. A neighbour not measured counts
+    /// as one of the job's own model.
+    pub fn on_host_beside(&self, busy: usize, neighbours: &[(&str, f64)]) -> f64 {
+        let same = self.on_host(busy);
+        let own = nth_factor(&self.host, 2);
+        let total: f64 = neighbours.iter().map(|(_, w)| w).sum();
+        if busy < 2 || self.host_beside.is_empty() || total <= 0.0 || own <= 0.0 {
+            return same;
+        }
+        let relative = neighbours
+            .iter()
+            .map(|(other, w)| w * beside_in(&self.host_beside, other).unwrap_or(own) / own)
+            .sum::<f64>()
+            / total;
+        same * relative
     }
 
     /// The tables that hold while `busy` workers of the host (the job's own included) have
@@ -942,12 +1066,21 @@ impl Sharing {
 
     /// What a job's rate is multiplied by while `busy` workers of its host (its own included)
     /// have jobs, on a worker whose jobs' threads number `load` per core: the host's factor
-    /// times its worker's, read from the tables that hold at `busy` ([`Sharing::on`]); beside
-    /// exactly one job of a measured model `beside` ([`model_key`]), that pair's. The one
-    /// place the factors compose: the engine charges it, and the reports show it.
-    pub fn charged(&self, busy: usize, limited: bool, load: f64, beside: Option<&str>) -> f64 {
+    /// given what the other busy workers run (`neighbours`, [`Sharing::on_host_beside`]; empty:
+    /// the host table's) times its worker's, read from the tables that hold at `busy`
+    /// ([`Sharing::on`]); beside exactly one job of a measured model `beside` ([`model_key`]),
+    /// that pair's. The one place the factors compose: the engine charges it, and the reports
+    /// show it.
+    pub fn charged(
+        &self,
+        busy: usize,
+        limited: bool,
+        load: f64,
+        beside: Option<&str>,
+        neighbours: &[(&str, f64)],
+    ) -> f64 {
         let tables = self.on(busy);
-        self.on_host(busy)
+        self.on_host_beside(busy, neighbours)
             * match beside {
                 Some(other) => tables.beside(other, limited),
                 None => tables.factor_at(limited, load),
@@ -1060,6 +1193,34 @@ pub(crate) mod tests {
         }
     }
 
+    /// One job of a pair, measured once.
+    pub(crate) fn pair_job(model: &str, size: u32, efficiency: Option<f64>) -> PairJob {
+        PairJob {
+            model: model.into(),
+            size,
+            rate: None,
+            efficiency,
+            repeats: Vec::new(),
+        }
+    }
+
+    /// A pairs table of these pairs, measured with the machine's other CPUs idle.
+    pub(crate) fn pairs_file(pairs: Vec<[PairJob; 2]>) -> PairsFile {
+        PairsFile {
+            header: header(),
+            budget: 1.0,
+            neighbors: 0,
+            alone: Vec::new(),
+            pairs: pairs
+                .into_iter()
+                .map(|jobs| PairPoint {
+                    jobs: jobs.into(),
+                    error: None,
+                })
+                .collect(),
+        }
+    }
+
     /// A machine where `mlp` size 12 costs 8 ms a step on one core and two co-located jobs
     /// lose 10% of their aggregate throughput.
     pub(crate) fn measured() -> Measured {
@@ -1132,6 +1293,7 @@ pub(crate) mod tests {
             host: None,
             colocation_busy: None,
             pairs_busy: None,
+            host_pairs: None,
             speed: BTreeMap::new(),
         }
     }
@@ -1231,29 +1393,14 @@ pub(crate) mod tests {
 
     #[test]
     fn a_job_beside_another_model_pays_that_pairs_factor() {
-        let job = |model: &str, size, efficiency| PairJob {
-            model: model.into(),
-            size,
-            rate: None,
-            efficiency,
-        };
+        let job = pair_job;
         let mut m = measured();
-        m.pairs = Some(PairsFile {
-            header: header(),
-            budget: 1.0,
-            neighbors: 0,
-            alone: Vec::new(),
-            pairs: vec![
-                PairPoint {
-                    jobs: vec![job("mlp", 12, Some(0.8)), job("gru", 2, Some(0.9))],
-                    error: None,
-                },
-                PairPoint {
-                    jobs: vec![job("cnn", 6, Some(0.95)), job("mlp", 12, None)],
-                    error: Some("exited".into()),
-                },
-            ],
-        });
+        let mut file = pairs_file(vec![
+            [job("mlp", 12, Some(0.8)), job("gru", 2, Some(0.9))],
+            [job("cnn", 6, Some(0.95)), job("mlp", 12, None)],
+        ]);
+        file.pairs[1].error = Some("exited".into());
+        m.pairs = Some(file);
         // The mlp's own efficiency beside the gru; nothing beside the cnn (not measured).
         let c = m.cost("mlp", 12, 1).unwrap();
         assert_eq!(
@@ -1262,6 +1409,108 @@ pub(crate) mod tests {
         );
         assert_eq!(c.sharing.beside("gru/2", false), 0.8);
         assert_eq!(c.sharing.beside("cnn/6", false), c.sharing.factor(false, 2));
+    }
+
+    #[test]
+    fn a_busy_neighbour_costs_what_its_model_was_measured_to_cost() {
+        let s = Sharing {
+            host: vec![1.0, 0.8],
+            host_beside: BTreeMap::from([(model_key("vae", 32), 0.96)]),
+            ..Sharing::default()
+        };
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        // Beside one job of a measured model, that pair's factor; of another, the host table's
+        // (measured beside the job's own model).
+        assert!(close(s.on_host_beside(2, &[("vae/32", 1.0)]), 0.96));
+        assert!(close(s.on_host_beside(2, &[("gru/2", 1.0)]), 0.8));
+        // A size not measured reads its model's.
+        assert!(close(s.on_host_beside(2, &[("vae/24", 1.0)]), 0.96));
+        // Weighted by each neighbour's share of its worker.
+        assert!(close(
+            s.on_host_beside(2, &[("vae/32", 0.5), ("gru/2", 0.5)]),
+            0.8 * (0.5 * 0.96 / 0.8 + 0.5)
+        ));
+        // Alone on the host, or with nothing known of the neighbours: the host table.
+        assert_eq!(s.on_host_beside(1, &[("vae/32", 1.0)]), 1.0);
+        assert_eq!(s.on_host_beside(2, &[]), 0.8);
+        assert_eq!(s.charged(2, false, 1.0, None, &[("vae/32", 1.0)]), 0.96);
+    }
+
+    #[test]
+    fn a_size_the_pairs_did_not_measure_borrows_its_models_nearest() {
+        let job = |model: &str, size, e| pair_job(model, size, Some(e));
+        let file = pairs_file(vec![
+            [job("mlp", 12, 0.9), job("vae", 32, 0.95)],
+            [job("mlp", 4, 0.7), job("gru", 2, 0.97)],
+        ]);
+        // mlp 8 is as far from 4 as from 12: the smaller; mlp 10 reads 12's.
+        assert_eq!(
+            beside(Some(&file), "mlp", 8),
+            BTreeMap::from([(model_key("gru", 2), 0.7)])
+        );
+        assert_eq!(
+            beside(Some(&file), "mlp", 10),
+            BTreeMap::from([(model_key("vae", 32), 0.9)])
+        );
+        assert!(beside(Some(&file), "cnn", 6).is_empty());
+        let s = Sharing {
+            free: vec![1.0, 0.8],
+            beside: beside(Some(&file), "mlp", 12),
+            ..Sharing::default()
+        };
+        // Beside a vae of another size, the vae's pair; beside a model not measured, the
+        // co-location table's two jobs.
+        assert_eq!(s.beside("vae/24", false), 0.9);
+        assert_eq!(s.beside("cnn/6", false), 0.8);
+    }
+
+    #[test]
+    fn each_repetition_of_the_sharing_tables_is_read_alone() {
+        let mut m = measured();
+        let c = m.colocation.as_mut().unwrap();
+        c.points = vec![
+            coloc("free", 1, Some(1.0)),
+            ColocationPoint {
+                repeats: vec![0.7, 0.9, 0.8],
+                ..coloc("free", 2, Some(0.8))
+            },
+        ];
+        m.pairs = Some(pairs_file(vec![[
+            PairJob {
+                repeats: vec![0.85, 0.95],
+                ..pair_job("mlp", 12, Some(0.85))
+            },
+            pair_job("gru", 2, Some(0.9)),
+        ]]));
+        let host = |jobs, relative, repeats| HostPoint {
+            model: "mlp".into(),
+            size: 12,
+            jobs,
+            rates: Vec::new(),
+            relative: Some(relative),
+            repeats,
+            error: None,
+        };
+        m.host = Some(HostFile {
+            header: header(),
+            points: vec![
+                host(1, 1.0, vec![1.0; 4]),
+                host(2, 0.9, vec![0.95, 0.9, 0.85, 0.8]),
+            ],
+        });
+        // The most repetitions any factor holds.
+        assert_eq!(m.repetitions(), 4);
+        assert_eq!(Measured::default().repetitions(), 1);
+        let factors = |m: &Measured| {
+            let s = m.cost("mlp", 12, 1).unwrap().sharing;
+            (s.factor(false, 2), s.beside("gru/2", false), s.on_host(2))
+        };
+        assert_eq!(factors(&m), (0.8, 0.85, 0.9), "the medians");
+        assert_eq!(factors(&m.at_repetition(0)), (0.7, 0.85, 0.95));
+        assert_eq!(factors(&m.at_repetition(1)), (0.9, 0.95, 0.9));
+        // The pair was repeated twice and the co-location three times: past those, medians.
+        assert_eq!(factors(&m.at_repetition(2)), (0.8, 0.85, 0.85));
+        assert_eq!(factors(&m.at_repetition(3)), (0.8, 0.85, 0.8));
     }
 
     #[test]
@@ -1298,11 +1547,11 @@ pub(crate) mod tests {
             "no busy cell for its threads: the idle host's"
         );
         assert_eq!(
-            s.charged(1, false, 2.0, None),
+            s.charged(1, false, 2.0, None, &[]),
             0.9,
             "what the engine charges"
         );
-        assert_eq!(s.charged(2, false, 2.0, None), 1.0);
+        assert_eq!(s.charged(2, false, 2.0, None, &[]), 1.0);
         m.colocation_busy = None;
         assert!(m.cost("mlp", 12, 1).unwrap().sharing.busy_host.is_none());
     }
@@ -1316,6 +1565,7 @@ pub(crate) mod tests {
             jobs,
             rates: Vec::new(),
             relative: Some(relative),
+            repeats: Vec::new(),
             error: None,
         };
         m.host = Some(HostFile {
@@ -1345,6 +1595,7 @@ pub(crate) mod tests {
             split: vec![1.0, 0.95],
             beside: BTreeMap::new(),
             host: vec![1.0, 0.6],
+            host_beside: BTreeMap::new(),
             busy_host: None,
         };
         assert_eq!((s.on_host(1), s.on_host(2), s.on_host(3)), (1.0, 0.6, 0.6));

@@ -304,7 +304,7 @@ impl TraceFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::measured::tests::measured;
+    use crate::measured::tests::{measured, pair_job, pairs_file};
 
     fn trace(policies: &[&str], jobs: &[(&str, f64, u64)]) -> TraceFile {
         TraceFile {
@@ -428,22 +428,8 @@ mod tests {
         }
         // A measured pair replaces the count's factor for a job beside exactly that model.
         let mut paired = measured();
-        let half = |_| crate::measured::PairJob {
-            model: "mlp".into(),
-            size: 12,
-            rate: None,
-            efficiency: Some(0.5),
-        };
-        paired.pairs = Some(crate::measured::PairsFile {
-            header: paired.step_time.as_ref().unwrap().header.clone(),
-            budget: 1.0,
-            neighbors: 0,
-            alone: Vec::new(),
-            pairs: vec![crate::measured::PairPoint {
-                jobs: (0..2).map(half).collect(),
-                error: None,
-            }],
-        });
+        let half = || pair_job("mlp", 12, Some(0.5));
+        paired.pairs = Some(pairs_file(vec![[half(), half()]]));
         let run = t.simulate("spread", &paired, false).unwrap();
         let want = 0.5 + 8.0 / (0.5 * 0.5);
         for j in &run.jobs {
@@ -486,6 +472,7 @@ mod tests {
             jobs,
             rates: Vec::new(),
             relative: Some(relative),
+            repeats: Vec::new(),
             error: None,
         };
         shared.host = Some(crate::measured::HostFile {
@@ -496,6 +483,18 @@ mod tests {
         assert!(
             (together[0] - 12.5).abs() < 1e-6 && (together[1] - 8.5).abs() < 1e-6,
             "{together:?}"
+        );
+        // With what a busy neighbour of b's model costs measured apart (`host_pairs.json`):
+        // three quarters of a core's throughput, not the host table's half. b's 4 s of work
+        // take 16/3 s, in which a does 4 of its 8; a does the rest alone.
+        let mut by_neighbour = shared.clone();
+        let job = || pair_job("mlp", 12, Some(0.75));
+        by_neighbour.host_pairs = Some(pairs_file(vec![[job(), job()]]));
+        let neighbour = jct(&by_neighbour);
+        let b = 0.5 + 4.0 / 0.75;
+        assert!(
+            (neighbour[1] - b).abs() < 1e-6 && (neighbour[0] - (b + 4.0)).abs() < 1e-6,
+            "{neighbour:?}"
         );
     }
 

@@ -183,7 +183,8 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
             Ok(Report::new(&t, &live, &simulate(&t, &measured)?, &measured))
         })
         .collect::<Result<Vec<_>>>()?;
-    report.seeds = report.seed_spread(&others);
+    report.seeds = report.spread(&others);
+    report.table_repetitions = repetition_spread(&report, &trace, &live, &measured)?;
     let text = report.markdown();
     println!("{text}");
     std::fs::write(dir.join("results.md"), &text)?;
@@ -210,6 +211,29 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
 
 /// Seeds of the simulator's noise the trace is also simulated with, besides its own.
 const OTHER_SEEDS: u64 = 10;
+
+/// The same trace simulated once per repetition of the sharing tables, each with every
+/// factor taken from that repetition in place of the median ([`Measured::at_repetition`]):
+/// how far the simulator's answer moves with the scatter of the factors it reads, to set
+/// beside how far it is from the testbed. Empty where the tables were measured once.
+fn repetition_spread(
+    report: &Report,
+    trace: &TraceFile,
+    live: &BTreeMap<String, Vec<LiveRun>>,
+    measured: &Measured,
+) -> Result<Vec<Spread>> {
+    let n = measured.repetitions();
+    if n < 2 {
+        return Ok(Vec::new());
+    }
+    let others = (0..n)
+        .map(|k| {
+            let m = measured.at_repetition(k);
+            Ok(Report::new(trace, live, &simulate(trace, &m)?, &m))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(report.spread(&others))
+}
 
 /// Every policy of the trace, simulated once with the trace's seed.
 fn simulate(trace: &TraceFile, measured: &Measured) -> Result<BTreeMap<String, SimRun>> {
@@ -532,7 +556,10 @@ struct Report {
     rows: Vec<PolicyRow>,
     provenance: String,
     /// Per policy, what [`OTHER_SEEDS`] other seeds of the simulator's noise give.
-    seeds: Vec<SeedSpread>,
+    seeds: Vec<Spread>,
+    /// Per policy, what each repetition of the sharing tables gives in place of their medians
+    /// ([`Measured::at_repetition`]); empty where the tables were measured once.
+    table_repetitions: Vec<Spread>,
     /// What sharing a worker cost each model live, against the tables.
     sharing: Vec<SharingRow>,
     /// Each live run as the prediction of its policy's other runs, beside the simulator.
@@ -606,15 +633,60 @@ fn held_out(rows: &[PolicyRow]) -> Vec<HeldOutRow> {
     out
 }
 
-/// One policy's goals under other seeds of the simulator's noise, one value per seed.
+/// One policy's goals over variants of one simulated run (other seeds of the simulator's
+/// noise, or each repetition of the sharing tables), one value per variant.
 #[derive(Serialize)]
-struct SeedSpread {
+struct Spread {
     policy: String,
     /// Median absolute error per job.
     errors: Vec<f64>,
     /// Points between the live and the simulated policy/baseline ratios (the baseline's row:
     /// none).
     ratio_differences: Vec<f64>,
+}
+
+/// A table of [`Spread`]s, one row per policy: the median and range over the variants
+/// (`what`: "seeds", "repetitions") of each goal, and how many variants meet it.
+fn spread_table(s: &mut String, spreads: &[Spread], what: &str) {
+    let _ = writeln!(
+        s,
+        "| policy | median abs. error per job: median | range | {what} ≤ 10% | ratio difference (points): median | range | {what} ≤ 5 |\n|---|---:|---:|---:|---:|---:|---:|"
+    );
+    let range = |v: &[f64], scale: f64, d: usize| {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min) * scale;
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max) * scale;
+        if v.is_empty() {
+            "–".to_string()
+        } else {
+            format!("{lo:.d$}–{hi:.d$}")
+        }
+    };
+    let f = |v: Option<f64>, d: usize| v.map_or("–".to_string(), |v| format!("{v:.d$}"));
+    let abs_pct = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{:.1}%", 100.0 * v));
+    let within = |v: &[f64], goal: f64| {
+        if v.is_empty() {
+            "–".to_string()
+        } else {
+            format!(
+                "{} of {}",
+                v.iter().filter(|&&x| x <= goal).count(),
+                v.len()
+            )
+        }
+    };
+    for sp in spreads {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {}% | {} | {} | {} | {} |",
+            sp.policy,
+            abs_pct(median(sp.errors.clone())),
+            range(&sp.errors, 100.0, 1),
+            within(&sp.errors, 0.10),
+            f(median(sp.ratio_differences.clone()), 1),
+            range(&sp.ratio_differences, 1.0, 1),
+            within(&sp.ratio_differences, 5.0),
+        );
+    }
 }
 
 /// Per model (and size), the median ETA errors of its jobs live (over every run) and
@@ -783,6 +855,13 @@ fn live_sharing(
                 .cost(&model, size, 1)
                 .map(|c| c.sharing)
                 .unwrap_or_default();
+            // Beside a busy worker running the other measured models in equal shares: the
+            // live rows mix whatever the other worker ran.
+            let neighbours: Vec<(String, f64)> = sharing
+                .host_beside
+                .keys()
+                .map(|k| (k.clone(), 1.0))
+                .collect();
             by_k.into_iter()
                 .map(move |(jobs, (cpu_s, weighted))| SharingRow {
                     model: format!("{model} {size}"),
@@ -790,7 +869,11 @@ fn live_sharing(
                     cpu_s,
                     live: weighted / cpu_s,
                     table: sharing.free.get(jobs - 1).copied(),
-                    busy: several.then(|| sharing.charged(2, false, jobs as f64, None)),
+                    busy: several.then(|| {
+                        let neighbours: Vec<(&str, f64)> =
+                            neighbours.iter().map(|(k, w)| (k.as_str(), *w)).collect();
+                        sharing.charged(2, false, jobs as f64, None, &neighbours)
+                    }),
                 })
         })
         .collect()
@@ -905,6 +988,7 @@ impl Report {
             rows,
             provenance: provenance(measured),
             seeds: Vec::new(),
+            table_repetitions: Vec::new(),
             sharing: live_sharing(trace, live, measured),
         }
     }
@@ -915,12 +999,12 @@ impl Report {
         l.zip(s).map(|(l, s)| 100.0 * (s - l).abs())
     }
 
-    /// Each policy's goals in `others`, the same trace simulated with other seeds.
-    fn seed_spread(&self, others: &[Report]) -> Vec<SeedSpread> {
+    /// Each policy's goals in `others`, variants of the same trace's simulated run.
+    fn spread(&self, others: &[Report]) -> Vec<Spread> {
         self.rows
             .iter()
             .enumerate()
-            .map(|(i, row)| SeedSpread {
+            .map(|(i, row)| Spread {
                 policy: row.policy.clone(),
                 errors: others
                     .iter()
@@ -960,6 +1044,7 @@ impl Report {
             "policies": self.rows,
             "ratios_to_baseline": ratios,
             "other_seeds": self.seeds,
+            "table_repetitions": self.table_repetitions,
             "sharing_live": self.sharing,
             "live_held_out": self.held_out,
         })
@@ -1029,41 +1114,21 @@ impl Report {
         if !self.seeds.is_empty() {
             let _ = writeln!(
                 s,
-                "\nThe simulator reports each job's loss with the scatter its model was measured to have, so one simulated run is one draw of that noise. The same trace with {OTHER_SEEDS} other seeds: per policy, the median and range over the seeds, and how many meet the goal.\n\n| policy | median abs. error per job: median | range | seeds ≤ 10% | ratio difference (points): median | range | seeds ≤ 5 |\n|---|---:|---:|---:|---:|---:|---:|"
+                "\nThe simulator reports each job's loss with the scatter its model was measured to have, so one simulated run is one draw of that noise. The same trace with {OTHER_SEEDS} other seeds: per policy, the median and range over the seeds, and how many meet the goal.\n"
             );
-            let range = |v: &[f64], scale: f64, d: usize| {
-                let lo = v.iter().copied().fold(f64::INFINITY, f64::min) * scale;
-                let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max) * scale;
-                if v.is_empty() {
-                    "–".to_string()
-                } else {
-                    format!("{lo:.d$}–{hi:.d$}")
-                }
-            };
-            for sp in &self.seeds {
-                let within = |v: &[f64], goal: f64| {
-                    if v.is_empty() {
-                        "–".to_string()
-                    } else {
-                        format!(
-                            "{} of {}",
-                            v.iter().filter(|&&x| x <= goal).count(),
-                            v.len()
-                        )
-                    }
-                };
-                let _ = writeln!(
-                    s,
-                    "| {} | {} | {}% | {} | {} | {} | {} |",
-                    sp.policy,
-                    abs_pct(median(sp.errors.clone())),
-                    range(&sp.errors, 100.0, 1),
-                    within(&sp.errors, 0.10),
-                    f(median(sp.ratio_differences.clone()), 1),
-                    range(&sp.ratio_differences, 1.0, 1),
-                    within(&sp.ratio_differences, 5.0),
-                );
-            }
+            spread_table(&mut s, &self.seeds, "seeds");
+        }
+        if !self.table_repetitions.is_empty() {
+            let _ = writeln!(
+                s,
+                "\nThe sharing factors the simulator charges (co-location and pairs, idle and busy host) are each the median of {} repetitions measured minutes apart, and the repetitions scatter. The same trace with every factor taken from one repetition in place of the median, once per repetition (a factor measured fewer times keeps its median): per policy, the median and range over the repetitions, and how many meet the goal. Where this range is as wide as the distance to the live runs, the tables do not pin the answer down more finely than the goal.\n",
+                self.table_repetitions
+                    .iter()
+                    .map(|sp| sp.errors.len())
+                    .max()
+                    .unwrap_or(0)
+            );
+            spread_table(&mut s, &self.table_repetitions, "repetitions");
         }
         if !self.held_out.is_empty() {
             let _ = writeln!(
@@ -1119,7 +1184,7 @@ impl Report {
                 s,
                 "\n## Sharing a worker, live against the tables\n\nEach model's steps per CPU-second on the testbed while its worker ran k jobs, over its speed probe alone (1.00: as fast as alone), from every live run under free competition (intervals between two progress samples of a job that never moved, during which its worker's count of busy jobs did not change); beside it, the same over the model's own one-job row (what sharing cost it there), and what the simulator charges k jobs of that model under free competition (the co-location table's factor for k copies; beside exactly one job of a measured pair, the pair's instead){}.\n\n| model | jobs on its worker | CPU-seconds measured | live, over the probe | live, over live with 1 job | table, k copies |{}\n|---|---:|---:|---:|---:|---:|{}",
                 if several {
-                    "; on a trace of several workers, also what it charges them while another worker of the host is busy (the host table's factor for two busy workers times the co-location table measured with the host busy, where it was)"
+                    "; on a trace of several workers, also what it charges them while another worker of the host is busy (the host's factor for two busy workers, beside the other models measured in `host_pairs.json` in equal shares where they were, else beside its own model, times the co-location table measured with the host busy, where it was)"
                 } else {
                     ""
                 },
@@ -1601,6 +1666,56 @@ mod tests {
             md.contains("| spread | mlp-digits 12 | 1 | 5.0% | 0.0% | 5.0% | 10.0% | 2.0% | – |"),
             "{md}"
         );
+    }
+
+    #[test]
+    fn each_repetition_of_the_sharing_tables_is_simulated_and_its_spread_shown() {
+        // Two jobs sharing one worker, so the pair's factors matter; live, each takes 60 s.
+        let trace: TraceFile = serde_json::from_value(serde_json::json!({
+            "name": "t", "title": "test", "workers": 1, "policies": ["spread", "converge"],
+            "jobs": [
+                {"name": "a", "at_s": 0, "model": "mlp-digits", "size": 12, "steps": 3000},
+                {"name": "b", "at_s": 0, "model": "cnn-digits", "size": 6, "steps": 1500}
+            ]
+        }))
+        .unwrap();
+        let run = |policy: &str| {
+            let mut r = live(policy, 1, 60.0);
+            let b = r.jobs["a"].clone();
+            r.jobs.insert("b".into(), b);
+            (policy.to_string(), vec![r])
+        };
+        let runs = BTreeMap::from([run("spread"), run("converge")]);
+        let measured = Measured::load(&root().join("sim/measured")).unwrap();
+        let n = measured.repetitions();
+        assert!(n > 1, "the committed tables hold repetitions");
+        let mut r = Report::new(
+            &trace,
+            &runs,
+            &simulate(&trace, &measured).unwrap(),
+            &measured,
+        );
+        r.table_repetitions = repetition_spread(&r, &trace, &runs, &measured).unwrap();
+        assert_eq!(r.table_repetitions.len(), 2, "one row per policy");
+        let spread = &r.table_repetitions[0];
+        assert_eq!(spread.errors.len(), n, "one simulated run per repetition");
+        assert!(
+            spread
+                .errors
+                .iter()
+                .any(|e| (e - spread.errors[0]).abs() > 1e-9),
+            "the repetitions' factors move the simulated jobs: {:?}",
+            spread.errors
+        );
+        assert_eq!(r.table_repetitions[1].ratio_differences.len(), n);
+        let md = r.markdown();
+        assert!(
+            md.contains(
+                "| policy | median abs. error per job: median | range | repetitions ≤ 10% |"
+            ),
+            "{md}"
+        );
+        assert!(md.contains(&format!(" of {n} |")), "{md}");
     }
 
     #[test]

@@ -86,6 +86,7 @@ const TABLES: &[&str] = &[
     "colocation",
     "pairs",
     "host",
+    "host-pairs",
     "checkpoint",
     "curves",
 ];
@@ -119,7 +120,7 @@ pub struct Args {
     /// a step's cost: the default is what the testbed's experiments run (xtask/src/experiment.rs).
     #[arg(long, default_value_t = 25)]
     pub report_every: u64,
-    /// Only these tables (step-time, colocation, pairs, host, checkpoint, curves;
+    /// Only these tables (step-time, colocation, pairs, host, host-pairs, checkpoint, curves;
     /// comma-separated). The
     /// README is rendered from every file in --out.
     #[arg(long, value_delimiter = ',')]
@@ -858,15 +859,19 @@ impl Plan {
             t += per_pair
                 * (self.colocation_pairs.len() * self.colocation_threads.len() * reps) as f64;
         }
-        if tables.contains(&"pairs") {
-            let n = self.colocation_pairs.len();
-            t += (n + n * n.saturating_sub(1) / 2) as f64 * (warmup + window + 1.4);
-        }
+        // Each pairs table: every model alone, then every pair, per repetition.
+        let pair_tables = ["pairs", "host-pairs"]
+            .iter()
+            .filter(|t| tables.contains(t))
+            .count();
+        let n = self.colocation_pairs.len();
+        t += (pair_tables * (n + n * n.saturating_sub(1) / 2) * reps) as f64
+            * (warmup + window + 1.4);
         if tables.contains(&"host") {
             t += (1..=nproc)
                 .map(|n| warmup + window + 0.7 * n as f64)
                 .sum::<f64>()
-                * self.colocation_pairs.len() as f64;
+                * (self.colocation_pairs.len() * reps) as f64;
         }
         if tables.contains(&"checkpoint") {
             t += (self.pairs.len() * reps) as f64 * (TRAIN_BEFORE_STOP_S + 3.0);
@@ -1033,7 +1038,7 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
         write_json(&out_dir.join(format!("colocation{busy}.json")), &f)?;
     }
     if tables.contains(&"pairs") {
-        let f = pairs(&ctx)?;
+        let f = pairs(&ctx, PairsOn::OneWorker)?;
         failures += f.pairs.iter().filter(|p| p.error.is_some()).count();
         write_json(&out_dir.join(format!("pairs{busy}.json")), &f)?;
     }
@@ -1041,6 +1046,11 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
         let f = host(&ctx)?;
         failures += f.points.iter().filter(|p| p.error.is_some()).count();
         write_json(&out_dir.join("host.json"), &f)?;
+    }
+    if tables.contains(&"host-pairs") {
+        let f = pairs(&ctx, PairsOn::TwoWorkers)?;
+        failures += f.pairs.iter().filter(|p| p.error.is_some()).count();
+        write_json(&out_dir.join("host_pairs.json"), &f)?;
     }
     if tables.contains(&"checkpoint") {
         let (ck, st) = checkpoint(&ctx)?;
@@ -1248,10 +1258,29 @@ pub fn probe(pairs: &[(String, u32)], table: &Settings) -> Result<Vec<Probe>> {
 /// budget under free competition, and each alone for reference: in a trace two different
 /// models share a worker far more often than two of one model, and what sharing costs depends
 /// on the pair.
-fn pairs(ctx: &Ctx) -> Result<PairsFile> {
+/// One repetition of one cell: its jobs' rates (empty where it failed) and why it failed.
+type Pass = (Vec<Rate>, Option<String>);
+
+/// Where [`pairs`] runs its two jobs.
+#[derive(Clone, Copy, PartialEq)]
+enum PairsOn {
+    /// Both in one parent cgroup capped at the budget (one worker): `pairs.json`.
+    OneWorker,
+    /// Each in a container of its own with `--cpus 1`, on the machine's CPUs (two of the
+    /// testbed's one-core workers, each busy with one job): `host_pairs.json`.
+    TwoWorkers,
+}
+
+fn pairs(ctx: &Ctx, on: PairsOn) -> Result<PairsFile> {
     let mut header = header(ctx);
-    let budget = ctx.settings.budget;
-    let parent = ctx.session.cgroups.create_budget("pairs", budget)?;
+    let budget = match on {
+        PairsOn::OneWorker => ctx.settings.budget,
+        PairsOn::TwoWorkers => 1.0,
+    };
+    let parent = match on {
+        PairsOn::OneWorker => ctx.session.cgroups.create_budget("pairs", budget)?,
+        PairsOn::TwoWorkers => ctx.session.cgroups.parent(""),
+    };
     let models = &ctx.plan.colocation_pairs;
     let run = |which: &[&(String, u32)]| -> Result<Vec<Rate>> {
         // The neighbours run the first job's model.
@@ -1259,13 +1288,16 @@ fn pairs(ctx: &Ctx) -> Result<PairsFile> {
         let cs = which
             .iter()
             .map(|(m, sz)| {
-                ctx.session.run(&Spec {
-                    model: m,
-                    size: *sz,
-                    threads: 1,
-                    cpus: None,
-                    parent: &parent,
-                    checkpoint: None,
+                ctx.session.run(&match on {
+                    PairsOn::OneWorker => Spec {
+                        model: m,
+                        size: *sz,
+                        threads: 1,
+                        cpus: None,
+                        parent: &parent,
+                        checkpoint: None,
+                    },
+                    PairsOn::TwoWorkers => Spec::one_core(m, *sz, &parent),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -1273,54 +1305,113 @@ fn pairs(ctx: &Ctx) -> Result<PairsFile> {
         measure_window(&refs, ctx.settings.warmup_s, ctx.settings.window_s)
     };
     let per_cpu = |r: &Rate| r.cores.filter(|c| *c > 0.0).map(|c| r.steps_per_s / c);
-    let mut alone = Vec::new();
-    for (i, m) in models.iter().enumerate() {
-        eprintln!(
-            "pairs {}/{}: {} --size {} alone",
-            i + 1,
-            models.len(),
-            m.0,
-            m.1
-        );
-        let rate = attempt(&format!("{} alone", m.0), || Ok(run(&[m])?.remove(0)))?.ok();
-        alone.push(PairJob {
+    let reps = ctx.settings.reps;
+    let n_pairs = models.len() * models.len().saturating_sub(1) / 2;
+    // Repetitions are the outer loop, as the co-location table's are: each repetition measures
+    // every model alone, then every pair, and a pair's efficiencies are against the alone of
+    // the same repetition, minutes apart. One pass was not enough here: three passes of the
+    // table within two days (one with 30-second windows) moved single pairs by as much as
+    // 0.24, and a model's own speed alone by up to 1.5x from one day to the next.
+    let mut alone_runs: Vec<Vec<Option<Rate>>> = vec![Vec::new(); models.len()];
+    let mut pair_runs: Vec<Vec<Pass>> = vec![Vec::new(); n_pairs];
+    for rep in 0..reps {
+        for (i, m) in models.iter().enumerate() {
+            eprintln!(
+                "pairs {}/{}: {} --size {} alone (repetition {})",
+                i + 1,
+                models.len(),
+                m.0,
+                m.1,
+                rep + 1
+            );
+            let rate = attempt(&format!("{} alone", m.0), || Ok(run(&[m])?.remove(0)))?.ok();
+            alone_runs[i].push(rate);
+        }
+        let mut p = 0;
+        for i in 0..models.len() {
+            for k in i + 1..models.len() {
+                let (a, b) = (&models[i], &models[k]);
+                let what = format!("{} --size {} beside {} --size {}", a.0, a.1, b.0, b.1);
+                eprintln!("pairs: {what} (repetition {})", rep + 1);
+                let (rates, error) = split(attempt(&what, || run(&[a, b]))?);
+                pair_runs[p].push((rates.unwrap_or_default(), error));
+                p += 1;
+            }
+        }
+    }
+    // The rate shown for a job alone: the repetition nearest the median steps per CPU-second.
+    let nearest_median = |rates: Vec<Option<&Rate>>| -> Option<Rate> {
+        let mid = median(rates.iter().flatten().filter_map(|r| per_cpu(r)))?;
+        rates
+            .into_iter()
+            .flatten()
+            .filter(|r| per_cpu(r).is_some())
+            .min_by(|a, b| {
+                let d = |r: &Rate| (per_cpu(r).unwrap_or(mid) - mid).abs();
+                d(a).total_cmp(&d(b))
+            })
+            .cloned()
+    };
+    let alone: Vec<PairJob> = models
+        .iter()
+        .zip(&alone_runs)
+        .map(|(m, runs)| PairJob {
             model: m.0.clone(),
             size: m.1,
-            rate,
+            rate: nearest_median(runs.iter().map(Option::as_ref).collect()),
             efficiency: None,
-        });
-    }
+            repeats: Vec::new(),
+        })
+        .collect();
     let mut pairs = Vec::new();
+    let mut p = 0;
     for i in 0..models.len() {
         for k in i + 1..models.len() {
-            let (a, b) = (&models[i], &models[k]);
-            let what = format!("{} --size {} beside {} --size {}", a.0, a.1, b.0, b.1);
-            eprintln!("pairs: {what}");
-            let (rates, error) = split(attempt(&what, || run(&[a, b]))?);
-            let rates = rates.unwrap_or_default();
-            let jobs = [a, b]
+            let runs = &pair_runs[p];
+            p += 1;
+            let jobs = [i, k]
                 .iter()
                 .enumerate()
-                .map(|(n, m)| {
-                    let rate = rates.get(n).cloned();
-                    let reference = alone
+                .map(|(n, &m)| {
+                    // Each repetition's steps per CPU-second over the alone of the same one.
+                    let repeats: Vec<f64> = runs
                         .iter()
-                        .find(|x| x.model == m.0 && x.size == m.1)
-                        .and_then(|x| x.rate.as_ref())
-                        .and_then(per_cpu);
+                        .zip(&alone_runs[m])
+                        .filter_map(|((rates, _), reference)| {
+                            let x = per_cpu(rates.get(n)?)?;
+                            let r = per_cpu(reference.as_ref()?)?;
+                            (r > 0.0).then(|| x / r)
+                        })
+                        .collect();
+                    let efficiency = median(repeats.iter().copied());
+                    // The rate shown: the repetition whose efficiency is nearest the median.
+                    let rate = runs
+                        .iter()
+                        .zip(&alone_runs[m])
+                        .filter_map(|((rates, _), reference)| {
+                            let own = rates.get(n)?;
+                            let e = per_cpu(own)? / per_cpu(reference.as_ref()?)?;
+                            Some((own, e))
+                        })
+                        .min_by(|a, b| {
+                            let d = |e: f64| (e - efficiency.unwrap_or(e)).abs();
+                            d(a.1).total_cmp(&d(b.1))
+                        })
+                        .map(|(r, _)| r.clone());
                     PairJob {
-                        model: m.0.clone(),
-                        size: m.1,
-                        efficiency: rate
-                            .as_ref()
-                            .and_then(per_cpu)
-                            .zip(reference)
-                            .map(|(x, r)| x / r),
+                        model: models[m].0.clone(),
+                        size: models[m].1,
                         rate,
+                        efficiency,
+                        repeats,
                     }
                 })
                 .collect();
-            pairs.push(PairPoint { jobs, error });
+            let errors: Vec<&str> = runs.iter().filter_map(|(_, e)| e.as_deref()).collect();
+            pairs.push(PairPoint {
+                jobs,
+                error: (!errors.is_empty()).then(|| errors.join("; ")),
+            });
         }
     }
     header.machine.loadavg_end = loadavg();
@@ -1402,8 +1493,7 @@ fn colocation(ctx: &Ctx) -> Result<ColocationFile> {
     // drift of the machine's speed over the half hour moves a ratio less than a cell's value.
     // One pass per cell was not enough here: a second pass an hour and a half later moved
     // single cells by as much as the effects they measure (sim/README.md).
-    let mut measured: Vec<Vec<(Vec<Rate>, Option<String>)>> =
-        vec![Vec::new(); groups.len() * cells.len()];
+    let mut measured: Vec<Vec<Pass>> = vec![Vec::new(); groups.len() * cells.len()];
     let mut done = 0;
     for rep in 0..reps {
         for (g, ((model, size), threads)) in groups.iter().enumerate() {
@@ -1509,42 +1599,75 @@ fn host(ctx: &Ctx) -> Result<HostFile> {
     let mut header = header(ctx);
     let parent = ctx.session.cgroups.parent("");
     let models = &ctx.plan.colocation_pairs;
-    let total = models.len() * ctx.nproc;
-    let mut points: Vec<HostPoint> = Vec::new();
-    for (model, size) in models {
-        let first = points.len();
-        for jobs in 1..=ctx.nproc {
-            let what = format!("{jobs} × {model} --size {size} --threads 1, each --cpus 1");
-            eprintln!("host {}/{total}: {what}", points.len() + 1);
-            let spec = Spec::one_core(model, *size, &parent);
-            let r = attempt(&what, || measure_together(ctx, jobs, &spec))?;
-            let (rates, error) = split(r);
-            let rates = rates.unwrap_or_default();
-            if !rates.is_empty() {
-                eprintln!(
-                    "  {:.1} steps/s each on average",
-                    rates.iter().map(|r| r.steps_per_s).sum::<f64>() / rates.len() as f64
-                );
+    let reps = ctx.settings.reps;
+    let total = models.len() * ctx.nproc * reps;
+    // Repetitions outer, as the co-location table's: two passes minutes apart gave the MLP
+    // 1.02 and 0.80 for two busy workers, so one pass measures the machine's moment, not the
+    // effect. Each repetition's factor is against the alone of the same repetition.
+    // measured[model][jobs - 1]: each repetition's rates, or why there are none.
+    let mut measured: Vec<Vec<Vec<Pass>>> = vec![vec![Vec::new(); ctx.nproc]; models.len()];
+    let mut done = 0;
+    for rep in 0..reps {
+        for (m, (model, size)) in models.iter().enumerate() {
+            for jobs in 1..=ctx.nproc {
+                done += 1;
+                let what = format!("{jobs} × {model} --size {size} --threads 1, each --cpus 1");
+                eprintln!("host {done}/{total}: {what} (repetition {})", rep + 1);
+                let spec = Spec::one_core(model, *size, &parent);
+                let r = attempt(&what, || measure_together(ctx, jobs, &spec))?;
+                let (rates, error) = split(r);
+                let rates = rates.unwrap_or_default();
+                if !rates.is_empty() {
+                    eprintln!(
+                        "  {:.1} steps/s each on average",
+                        rates.iter().map(|r| r.steps_per_s).sum::<f64>() / rates.len() as f64
+                    );
+                }
+                measured[m][jobs - 1].push((rates, error));
             }
+        }
+    }
+    let mean = |rates: &[Rate], jobs: usize| {
+        (rates.len() == jobs)
+            .then(|| rates.iter().map(|r| r.steps_per_s).sum::<f64>() / jobs as f64)
+    };
+    let mut points: Vec<HostPoint> = Vec::new();
+    for (m, (model, size)) in models.iter().enumerate() {
+        let alone = &measured[m][0];
+        for jobs in 1..=ctx.nproc {
+            let runs = &measured[m][jobs - 1];
+            let repeats: Vec<f64> = runs
+                .iter()
+                .zip(alone)
+                .filter_map(|((rates, _), (reference, _))| {
+                    let (a, b) = (mean(rates, jobs)?, mean(reference, 1)?);
+                    (b > 0.0).then(|| a / b)
+                })
+                .collect();
+            let relative = median(repeats.iter().copied());
+            // The rates shown: the repetition whose factor is nearest the median.
+            let rates = runs
+                .iter()
+                .zip(alone)
+                .filter_map(|((rates, _), (reference, _))| {
+                    Some((rates, mean(rates, jobs)? / mean(reference, 1)?))
+                })
+                .min_by(|a, b| {
+                    let d = |x: f64| (x - relative.unwrap_or(x)).abs();
+                    d(a.1).total_cmp(&d(b.1))
+                })
+                .map(|(r, _)| r.clone())
+                .unwrap_or_default();
+            let errors: Vec<&str> = runs.iter().filter_map(|(_, e)| e.as_deref()).collect();
             points.push(HostPoint {
                 model: model.clone(),
                 size: *size,
                 jobs,
                 rates,
-                relative: None,
-                error,
+                relative,
+                repeats: if reps > 1 { repeats } else { Vec::new() },
+                error: (!errors.is_empty()).then(|| errors.join("; ")),
             });
-        }
-        let mean = |p: &HostPoint| {
-            (p.rates.len() == p.jobs)
-                .then(|| p.rates.iter().map(|r| r.steps_per_s).sum::<f64>() / p.jobs as f64)
-        };
-        let alone = points[first..].iter().find(|p| p.jobs == 1).and_then(mean);
-        for p in &mut points[first..] {
-            p.relative = match (mean(p), alone) {
-                (Some(a), Some(b)) if b > 0.0 => Some(a / b),
-                _ => None,
-            };
         }
     }
     header.machine.loadavg_end = loadavg();
@@ -1927,6 +2050,17 @@ fn provenance(h: &Header) -> String {
 }
 
 /// The README section, from whatever files `out_dir` holds.
+/// A factor's repetitions as the tables show them beside its median: ` [lo–hi]`, or nothing
+/// for a factor measured once.
+fn repeat_range(repeats: &[f64]) -> String {
+    if repeats.len() < 2 {
+        return String::new();
+    }
+    let lo = repeats.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = repeats.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!(" [{lo:.2}–{hi:.2}]")
+}
+
 fn render(out_dir: &Path, out_rel: &Path) -> String {
     let mut s = String::new();
     let out = out_rel.display();
@@ -2050,13 +2184,7 @@ fn render(out_dir: &Path, out_rel: &Path) -> String {
                                 .iter()
                                 .map(|r| r.steps_per_s)
                                 .fold(f64::INFINITY, f64::min);
-                            let range = if p.repeats.len() > 1 {
-                                let lo = p.repeats.iter().copied().fold(f64::INFINITY, f64::min);
-                                let hi = p.repeats.iter().copied().fold(0.0, f64::max);
-                                format!(" [{lo:.2}–{hi:.2}]")
-                            } else {
-                                String::new()
-                            };
+                            let range = repeat_range(&p.repeats);
                             format!("{r:.2}{range} ({:.2})", slowest * p.jobs as f64 / a)
                         }
                         _ => "n/a".into(),
@@ -2071,19 +2199,37 @@ fn render(out_dir: &Path, out_rel: &Path) -> String {
     for (file, heading) in [
         ("pairs.json", "Pairs of models"),
         ("pairs_busy.json", "Pairs of models with the host busy"),
+        ("host_pairs.json", "Pairs of models on two busy workers"),
     ] {
         let Some(f) = read_json::<PairsFile>(&out_dir.join(file)) else {
             continue;
         };
+        let (setup, alone) = if file == "host_pairs.json" {
+            (
+                "each in a container of its own with `--cpus 1`, as two of the testbed's \
+                 one-core workers each busy with one job (the same model on both is the host \
+                 table's)"
+                    .to_string(),
+                "alone with `--cpus 1`",
+            )
+        } else {
+            (
+                format!(
+                    "under a parent cgroup capped at {} CPUs{}, no per-container limit",
+                    f.budget,
+                    neighbors_text(f.neighbors)
+                ),
+                "alone in the budget",
+            )
+        };
         let _ = writeln!(
             s,
             "#### {heading} (`{out}/{file}`)\n\n{}\n\nTwo one-thread jobs of different \
-             models started together under a parent cgroup capped at {} CPUs{}, no per-container \
-             limit. Cells: the row's job's steps per CPU-second beside the column's, over the \
-             same alone in the budget (1.00 = sharing costs it nothing).\n",
+             models started together {setup}. Cells: the row's job's steps per CPU-second \
+             beside the column's, over the same {alone} (1.00 = sharing costs it nothing); \
+             with repetitions, their median [and range], each against the alone of its own \
+             repetition.\n",
             provenance(&f.header),
-            f.budget,
-            neighbors_text(f.neighbors),
         );
         let name = |j: &PairJob| format!("{} {}", j.model, j.size);
         let cols: Vec<String> = f.alone.iter().map(name).collect();
@@ -2099,9 +2245,16 @@ fn render(out_dir: &Path, out_rel: &Path) -> String {
                     [(a, b), (b, a)]
                         .into_iter()
                         .find(|(me, other)| name(me) == name(row) && name(other) == name(col))
-                        .and_then(|(me, _)| me.efficiency)
+                        .and_then(|(me, _)| Some((me.efficiency?, &me.repeats)))
                 });
-                let _ = write!(s, " {} |", e.map_or("–".into(), |e| format!("{e:.2}")));
+                let _ = write!(
+                    s,
+                    " {} |",
+                    e.map_or("–".into(), |(e, reps)| format!(
+                        "{e:.2}{}",
+                        repeat_range(reps)
+                    ))
+                );
             }
             let _ = writeln!(s);
         }
@@ -2113,7 +2266,9 @@ fn render(out_dir: &Path, out_rel: &Path) -> String {
             "#### Busy workers on one host (`{out}/host.json`)\n\n{}\n\nOne-thread jobs of one \
              model started together, each in a container of its own with `--cpus 1`, as the \
              testbed's one-core workers hold their jobs. Cells: each job's steps/s (mean over \
-             them) over the same job alone (1.00 = the other busy workers cost it nothing).\n",
+             them) over the same job alone (1.00 = the other busy workers cost it nothing); \
+             with repetitions, their median [and range], each against the alone of its own \
+             repetition.\n",
             provenance(&f.header),
         );
         let most = f.points.iter().map(|p| p.jobs).max().unwrap_or(0);
@@ -2135,8 +2290,15 @@ fn render(out_dir: &Path, out_rel: &Path) -> String {
                     .points
                     .iter()
                     .find(|p| &p.model == model && p.size == *size && p.jobs == n)
-                    .and_then(|p| p.relative);
-                let _ = write!(s, " {} |", cell.map_or("–".into(), |c| format!("{c:.2}")));
+                    .and_then(|p| Some((p.relative?, &p.repeats)));
+                let _ = write!(
+                    s,
+                    " {} |",
+                    cell.map_or("–".into(), |(c, reps)| format!(
+                        "{c:.2}{}",
+                        repeat_range(reps)
+                    ))
+                );
             }
             let _ = writeln!(s);
         }
