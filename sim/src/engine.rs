@@ -579,9 +579,11 @@ impl<'a> Simulation<'a> {
             failure: None,
             flowcon_config: policies::flowcon_config(policy),
             one_host: jobs.iter().any(|j| {
-                j.runtime
-                    .as_ref()
-                    .is_some_and(|r| !r.sharing.host.is_empty() || r.sharing.busy_host.is_some())
+                j.runtime.as_ref().is_some_and(|r| {
+                    !r.sharing.host.is_empty()
+                        || !r.sharing.host_beside.is_empty()
+                        || r.sharing.busy_host.is_some()
+                })
             }),
             busy_workers: 0,
             host_neighbours: jobs.iter().any(|j| {
@@ -1445,9 +1447,11 @@ impl<'a> Simulation<'a> {
             .map(|&j| jobs[j].spec.max_cores.min(cpus).ceil().max(1.0))
             .sum::<f64>()
             / cpus.max(1e-9);
-        // What the host's other busy workers run, each job weighted by its share of its
-        // worker's time (one over their number: the testbed's jobs are one thread each): what
-        // a busy neighbour costs depends on its model (`host_pairs.json`).
+        // What the host's other busy workers run: what a busy neighbour costs depends on its
+        // model (`host_pairs.json`). Each job counts one over its worker's number of jobs, the
+        // share free competition gives one-thread jobs; under FlowCon's limits or converge's
+        // split the shares are uneven, and that is not modelled: the shares are the other
+        // workers' to compute, in an order this worker's does not wait for.
         let neighbours: Vec<(&str, f64)> = if self.one_host {
             self.workers
                 .iter()

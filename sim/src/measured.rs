@@ -950,15 +950,22 @@ fn beside(file: Option<&PairsFile>, model: &str, size: u32) -> BTreeMap<String, 
 }
 
 /// The factor `table` holds beside `other` ([`model_key`]): its own entry, else the entry of
-/// the same model at another size (the tables measure one size per model).
+/// the same model at its nearest measured size, as [`beside`] borrows (the tables measure one
+/// size per model).
 fn beside_in(table: &BTreeMap<String, f64>, other: &str) -> Option<f64> {
-    table.get(other).copied().or_else(|| {
-        let model = other.split_once('/').map_or(other, |(m, _)| m);
-        table
-            .iter()
-            .find(|(k, _)| k.split_once('/').is_some_and(|(m, _)| m == model))
-            .map(|(_, &v)| v)
-    })
+    if let Some(&v) = table.get(other) {
+        return Some(v);
+    }
+    let (model, size) = other.rsplit_once('/')?;
+    let size: u32 = size.parse().ok()?;
+    table
+        .iter()
+        .filter_map(|(k, &v)| {
+            let (m, s) = k.rsplit_once('/')?;
+            (m == model).then_some((s.parse::<u32>().ok()?, v))
+        })
+        .min_by_key(|&(s, _)| (s.abs_diff(size), s))
+        .map(|(_, v)| v)
 }
 
 /// The median of the finite values (the mean of the middle two for an even count); `None`
@@ -1505,12 +1512,49 @@ pub(crate) mod tests {
             let s = m.cost("mlp", 12, 1).unwrap().sharing;
             (s.factor(false, 2), s.beside("gru/2", false), s.on_host(2))
         };
-        assert_eq!(factors(&m), (0.8, 0.85, 0.9), "the medians");
+        assert_eq!(factors(&m), (0.8, 0.85, 0.9), "the stored factors");
         assert_eq!(factors(&m.at_repetition(0)), (0.7, 0.85, 0.95));
         assert_eq!(factors(&m.at_repetition(1)), (0.9, 0.95, 0.9));
-        // The pair was repeated twice and the co-location three times: past those, medians.
+        // The pair was repeated twice and the co-location three times: past those, the
+        // stored factor.
         assert_eq!(factors(&m.at_repetition(2)), (0.8, 0.85, 0.85));
         assert_eq!(factors(&m.at_repetition(3)), (0.8, 0.85, 0.8));
+
+        // The tables measured with the host busy, and the pairs on two workers, alike.
+        let repeated = |repeats: Vec<f64>| PairJob {
+            repeats,
+            ..pair_job("mlp", 12, Some(0.9))
+        };
+        m.colocation_busy = Some(ColocationFile {
+            neighbors: 1,
+            points: vec![
+                coloc("free", 1, Some(1.0)),
+                ColocationPoint {
+                    repeats: vec![0.6, 0.65],
+                    ..coloc("free", 2, Some(0.62))
+                },
+            ],
+            ..m.colocation.clone().unwrap()
+        });
+        m.pairs_busy = Some(pairs_file(vec![[
+            repeated(vec![0.5, 0.55]),
+            pair_job("gru", 2, Some(0.9)),
+        ]]));
+        m.host_pairs = Some(pairs_file(vec![[
+            repeated(vec![0.7, 0.75]),
+            pair_job("gru", 2, Some(0.9)),
+        ]]));
+        let busy = |m: &Measured| {
+            let s = m.cost("mlp", 12, 1).unwrap().sharing;
+            (
+                s.on(2).factor(false, 2),
+                s.on(2).beside("gru/2", false),
+                s.on_host_beside(2, &[("gru/2", 1.0)]),
+            )
+        };
+        assert_eq!(busy(&m), (0.62, 0.9, 0.9));
+        assert_eq!(busy(&m.at_repetition(0)), (0.6, 0.5, 0.7));
+        assert_eq!(busy(&m.at_repetition(1)), (0.65, 0.55, 0.75));
     }
 
     #[test]

@@ -747,9 +747,10 @@ struct SharingRow {
     /// simulator charges it with no pair measured.
     table: Option<f64>,
     /// What the simulator charges it for that many copies while another worker of the host
-    /// is busy: the host's factor for two busy workers times the co-location table measured
-    /// with the host busy (or the idle one where that was not measured); `None` on a trace of
-    /// one worker.
+    /// is busy: the host's factor for two busy workers (beside the other models of
+    /// `host_pairs.json` in equal shares where measured, else beside its own model) times the
+    /// co-location table measured with the host busy (or the idle one where that was not
+    /// measured); `None` on a trace of one worker.
     busy: Option<f64>,
 }
 
@@ -1121,12 +1122,7 @@ impl Report {
         if !self.table_repetitions.is_empty() {
             let _ = writeln!(
                 s,
-                "\nThe sharing factors the simulator charges (co-location and pairs, idle and busy host) are each the median of {} repetitions measured minutes apart, and the repetitions scatter. The same trace with every factor taken from one repetition in place of the median, once per repetition (a factor measured fewer times keeps its median): per policy, the median and range over the repetitions, and how many meet the goal. Where this range is as wide as the distance to the live runs, the tables do not pin the answer down more finely than the goal.\n",
-                self.table_repetitions
-                    .iter()
-                    .map(|sp| sp.errors.len())
-                    .max()
-                    .unwrap_or(0)
+                "\nThe sharing factors the simulator charges (co-location, pairs and host, as measured in `sim/measured/`) are each the median of their repetitions, passes minutes apart, and the repetitions scatter (`sim/README.md` gives each table's count and ranges). The same trace with every factor taken from one repetition in place of the median, once per repetition up to the most any table holds (a factor measured fewer times keeps its median): per policy, the median and range over these runs, and how many meet the goal. Where this range is as wide as the distance to the live runs, the tables do not pin the answer down more finely than the goal.\n"
             );
             spread_table(&mut s, &self.table_repetitions, "repetitions");
         }
@@ -1252,8 +1248,26 @@ fn provenance(m: &Measured) -> String {
         .step_time
         .as_ref()
         .map_or("not measured".to_string(), |f| {
-            format!("`sim/measured/`, measured {}", f.header.date)
+            format!("`sim/measured/`, step times measured {}", f.header.date)
         });
+    // The sharing tables are measured apart from the step times, and were again later.
+    let sharing: Vec<&str> = [
+        m.colocation.as_ref().map(|f| &f.header),
+        m.colocation_busy.as_ref().map(|f| &f.header),
+        m.pairs.as_ref().map(|f| &f.header),
+        m.pairs_busy.as_ref().map(|f| &f.header),
+        m.host.as_ref().map(|f| &f.header),
+        m.host_pairs.as_ref().map(|f| &f.header),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|h| h.date.as_str())
+    .collect();
+    let date = match (sharing.iter().min(), sharing.iter().max()) {
+        (Some(first), Some(last)) if first == last => format!("{date}, sharing tables {first}"),
+        (Some(first), Some(last)) => format!("{date}, sharing tables {first} to {last}"),
+        _ => date,
+    };
     let date = if m.quick() {
         format!("{date} — a `--quick` smoke run, not data")
     } else {

@@ -1254,12 +1254,20 @@ pub fn probe(pairs: &[(String, u32)], table: &Settings) -> Result<Vec<Probe>> {
     Ok(out)
 }
 
-/// Two jobs of different models (the co-location table's models, one thread each) sharing the
-/// budget under free competition, and each alone for reference: in a trace two different
-/// models share a worker far more often than two of one model, and what sharing costs depends
-/// on the pair.
 /// One repetition of one cell: its jobs' rates (empty where it failed) and why it failed.
 type Pass = (Vec<Rate>, Option<String>);
+
+/// Of `passes` (each with the factor it gave), the one whose factor is nearest `median`: the
+/// rates a table shows beside the median of its repetitions.
+fn nearest_median<'r, T>(
+    passes: impl IntoIterator<Item = (&'r T, f64)>,
+    median: f64,
+) -> Option<&'r T> {
+    passes
+        .into_iter()
+        .min_by(|a, b| (a.1 - median).abs().total_cmp(&(b.1 - median).abs()))
+        .map(|(t, _)| t)
+}
 
 /// Where [`pairs`] runs its two jobs.
 #[derive(Clone, Copy, PartialEq)]
@@ -1271,6 +1279,11 @@ enum PairsOn {
     TwoWorkers,
 }
 
+/// Two jobs of different models (the co-location table's models, one thread each), and each
+/// alone for reference: in a trace two different models share a worker far more often than
+/// two of one model, and what sharing costs depends on the pair. [`PairsOn`] says whether
+/// they share one worker's budget under free competition or each keep a one-core worker of
+/// its own on the machine's CPUs.
 fn pairs(ctx: &Ctx, on: PairsOn) -> Result<PairsFile> {
     let mut header = header(ctx);
     let budget = match on {
@@ -1304,7 +1317,14 @@ fn pairs(ctx: &Ctx, on: PairsOn) -> Result<PairsFile> {
         let refs: Vec<&Container> = cs.iter().collect();
         measure_window(&refs, ctx.settings.warmup_s, ctx.settings.window_s)
     };
-    let per_cpu = |r: &Rate| r.cores.filter(|c| *c > 0.0).map(|c| r.steps_per_s / c);
+    // Sharing one budget, a job's steps per CPU-second: the CPU time it gets is the budget's
+    // split, and what sharing costs it is how much less it does with each second of it. On two
+    // one-core workers, its steps per second: CPU time a busy neighbour takes from its core is
+    // a cost the host factor stands for too.
+    let speed = |r: &Rate| match on {
+        PairsOn::OneWorker => r.cores.filter(|c| *c > 0.0).map(|c| r.steps_per_s / c),
+        PairsOn::TwoWorkers => Some(r.steps_per_s),
+    };
     let reps = ctx.settings.reps;
     let n_pairs = models.len() * models.len().saturating_sub(1) / 2;
     // Repetitions are the outer loop, as the co-location table's are: each repetition measures
@@ -1339,28 +1359,24 @@ fn pairs(ctx: &Ctx, on: PairsOn) -> Result<PairsFile> {
             }
         }
     }
-    // The rate shown for a job alone: the repetition nearest the median steps per CPU-second.
-    let nearest_median = |rates: Vec<Option<&Rate>>| -> Option<Rate> {
-        let mid = median(rates.iter().flatten().filter_map(|r| per_cpu(r)))?;
-        rates
-            .into_iter()
-            .flatten()
-            .filter(|r| per_cpu(r).is_some())
-            .min_by(|a, b| {
-                let d = |r: &Rate| (per_cpu(r).unwrap_or(mid) - mid).abs();
-                d(a).total_cmp(&d(b))
-            })
-            .cloned()
-    };
+    // The rate shown for a job alone: the repetition nearest the median speed.
     let alone: Vec<PairJob> = models
         .iter()
         .zip(&alone_runs)
-        .map(|(m, runs)| PairJob {
-            model: m.0.clone(),
-            size: m.1,
-            rate: nearest_median(runs.iter().map(Option::as_ref).collect()),
-            efficiency: None,
-            repeats: Vec::new(),
+        .map(|(m, runs)| {
+            let passes: Vec<(&Rate, f64)> = runs
+                .iter()
+                .flatten()
+                .filter_map(|r| Some((r, speed(r)?)))
+                .collect();
+            let mid = median(passes.iter().map(|p| p.1));
+            PairJob {
+                model: m.0.clone(),
+                size: m.1,
+                rate: mid.and_then(|mid| nearest_median(passes, mid)).cloned(),
+                efficiency: None,
+                repeats: Vec::new(),
+            }
         })
         .collect();
     let mut pairs = Vec::new();
@@ -1373,31 +1389,20 @@ fn pairs(ctx: &Ctx, on: PairsOn) -> Result<PairsFile> {
                 .iter()
                 .enumerate()
                 .map(|(n, &m)| {
-                    // Each repetition's steps per CPU-second over the alone of the same one.
-                    let repeats: Vec<f64> = runs
-                        .iter()
-                        .zip(&alone_runs[m])
-                        .filter_map(|((rates, _), reference)| {
-                            let x = per_cpu(rates.get(n)?)?;
-                            let r = per_cpu(reference.as_ref()?)?;
-                            (r > 0.0).then(|| x / r)
-                        })
-                        .collect();
-                    let efficiency = median(repeats.iter().copied());
-                    // The rate shown: the repetition whose efficiency is nearest the median.
-                    let rate = runs
+                    // Each repetition's speed over the alone of the same one. A failed pass
+                    // is left out, so `repeats` holds the passes that measured, in order.
+                    let passes: Vec<(&Rate, f64)> = runs
                         .iter()
                         .zip(&alone_runs[m])
                         .filter_map(|((rates, _), reference)| {
                             let own = rates.get(n)?;
-                            let e = per_cpu(own)? / per_cpu(reference.as_ref()?)?;
-                            Some((own, e))
+                            let r = speed(reference.as_ref()?)?;
+                            (r > 0.0).then(|| Some((own, speed(own)? / r)))?
                         })
-                        .min_by(|a, b| {
-                            let d = |e: f64| (e - efficiency.unwrap_or(e)).abs();
-                            d(a.1).total_cmp(&d(b.1))
-                        })
-                        .map(|(r, _)| r.clone());
+                        .collect();
+                    let repeats: Vec<f64> = passes.iter().map(|p| p.1).collect();
+                    let efficiency = median(repeats.iter().copied());
+                    let rate = efficiency.and_then(|e| nearest_median(passes, e)).cloned();
                     PairJob {
                         model: models[m].0.clone(),
                         size: models[m].1,
@@ -1553,14 +1558,15 @@ fn colocation(ctx: &Ctx) -> Result<ColocationFile> {
             let aggregates: Vec<f64> = reps_here.iter().filter_map(|(r, _)| aggregate(r)).collect();
             // The rates shown are those of the repetition nearest the median.
             let agg = median(aggregates.iter().copied());
-            let shown = reps_here
-                .iter()
-                .filter(|(r, _)| !r.is_empty())
-                .min_by(|a, b| {
-                    let d = |r: &[Rate]| (aggregate(r).unwrap_or(0.0) - agg.unwrap_or(0.0)).abs();
-                    d(&a.0).total_cmp(&d(&b.0))
-                });
-            let rates = shown.map(|(r, _)| r.clone()).unwrap_or_default();
+            let shown = agg.and_then(|agg| {
+                nearest_median(
+                    reps_here
+                        .iter()
+                        .filter_map(|(r, _)| Some((r, aggregate(r)?))),
+                    agg,
+                )
+            });
+            let rates = shown.cloned().unwrap_or_default();
             let cores_total = rates
                 .iter()
                 .map(|r| r.cores)
@@ -1636,27 +1642,20 @@ fn host(ctx: &Ctx) -> Result<HostFile> {
         let alone = &measured[m][0];
         for jobs in 1..=ctx.nproc {
             let runs = &measured[m][jobs - 1];
-            let repeats: Vec<f64> = runs
+            // Failed passes left out, as the pairs' are.
+            let passes: Vec<(&Vec<Rate>, f64)> = runs
                 .iter()
                 .zip(alone)
                 .filter_map(|((rates, _), (reference, _))| {
                     let (a, b) = (mean(rates, jobs)?, mean(reference, 1)?);
-                    (b > 0.0).then(|| a / b)
+                    (b > 0.0).then_some((rates, a / b))
                 })
                 .collect();
+            let repeats: Vec<f64> = passes.iter().map(|p| p.1).collect();
             let relative = median(repeats.iter().copied());
-            // The rates shown: the repetition whose factor is nearest the median.
-            let rates = runs
-                .iter()
-                .zip(alone)
-                .filter_map(|((rates, _), (reference, _))| {
-                    Some((rates, mean(rates, jobs)? / mean(reference, 1)?))
-                })
-                .min_by(|a, b| {
-                    let d = |x: f64| (x - relative.unwrap_or(x)).abs();
-                    d(a.1).total_cmp(&d(b.1))
-                })
-                .map(|(r, _)| r.clone())
+            let rates = relative
+                .and_then(|r| nearest_median(passes, r))
+                .cloned()
                 .unwrap_or_default();
             let errors: Vec<&str> = runs.iter().filter_map(|(_, e)| e.as_deref()).collect();
             points.push(HostPoint {
@@ -1665,7 +1664,8 @@ fn host(ctx: &Ctx) -> Result<HostFile> {
                 jobs,
                 rates,
                 relative,
-                repeats: if reps > 1 { repeats } else { Vec::new() },
+                // One job is the reference itself: 1 in every pass.
+                repeats: if jobs > 1 { repeats } else { Vec::new() },
                 error: (!errors.is_empty()).then(|| errors.join("; ")),
             });
         }
@@ -2049,7 +2049,6 @@ fn provenance(h: &Header) -> String {
     )
 }
 
-/// The README section, from whatever files `out_dir` holds.
 /// A factor's repetitions as the tables show them beside its median: ` [lo–hi]`, or nothing
 /// for a factor measured once.
 fn repeat_range(repeats: &[f64]) -> String {
@@ -2061,6 +2060,7 @@ fn repeat_range(repeats: &[f64]) -> String {
     format!(" [{lo:.2}–{hi:.2}]")
 }
 
+/// The README section, from whatever files `out_dir` holds.
 fn render(out_dir: &Path, out_rel: &Path) -> String {
     let mut s = String::new();
     let out = out_rel.display();
