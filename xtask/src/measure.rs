@@ -2204,30 +2204,34 @@ fn render(out_dir: &Path, out_rel: &Path) -> String {
         let Some(f) = read_json::<PairsFile>(&out_dir.join(file)) else {
             continue;
         };
-        let (setup, alone) = if file == "host_pairs.json" {
+        // As `pairs` measured them ([`PairsOn`]): per CPU-second in one budget, per second
+        // on two workers.
+        let (setup, speed, alone) = if file == "host_pairs.json" {
             (
-                "each in a container of its own with `--cpus 1`, as two of the testbed's \
+                ", each in a container of its own with `--cpus 1`, as two of the testbed's \
                  one-core workers each busy with one job (the same model on both is the host \
                  table's)"
                     .to_string(),
+                "steps per second",
                 "alone with `--cpus 1`",
             )
         } else {
             (
                 format!(
-                    "under a parent cgroup capped at {} CPUs{}, no per-container limit",
+                    " under a parent cgroup capped at {} CPUs{}, no per-container limit",
                     f.budget,
                     neighbors_text(f.neighbors)
                 ),
+                "steps per CPU-second",
                 "alone in the budget",
             )
         };
         let _ = writeln!(
             s,
             "#### {heading} (`{out}/{file}`)\n\n{}\n\nTwo one-thread jobs of different \
-             models started together {setup}. Cells: the row's job's steps per CPU-second \
-             beside the column's, over the same {alone} (1.00 = sharing costs it nothing); \
-             with repetitions, their median [and range], each against the alone of its own \
+             models started together{setup}. Cells: the row's job's {speed} beside the \
+             column's, over the same {alone} (1.00 = sharing costs it nothing); with \
+             repetitions, their median [and range], each against the alone of its own \
              repetition.\n",
             provenance(&f.header),
         );
