@@ -1452,7 +1452,7 @@ impl<'a> Simulation<'a> {
         // share free competition gives one-thread jobs; under FlowCon's limits or converge's
         // split the shares are uneven, and that is not modelled: the shares are the other
         // workers' to compute, in an order this worker's does not wait for.
-        let neighbours: Vec<(&str, f64)> = if self.one_host {
+        let neighbours: Vec<(&str, f64)> = if self.host_neighbours {
             self.workers
                 .iter()
                 .enumerate()

@@ -588,21 +588,34 @@ impl Measured {
         m
     }
 
+    /// The provenance of each sharing table present (co-location, pairs and host, with the
+    /// host idle and busy): what the engine's factors come from.
+    pub fn sharing_headers(&self) -> impl Iterator<Item = &Header> {
+        [
+            self.colocation.as_ref().map(|f| &f.header),
+            self.colocation_busy.as_ref().map(|f| &f.header),
+            self.pairs.as_ref().map(|f| &f.header),
+            self.pairs_busy.as_ref().map(|f| &f.header),
+            self.host.as_ref().map(|f| &f.header),
+            self.host_pairs.as_ref().map(|f| &f.header),
+        ]
+        .into_iter()
+        .flatten()
+    }
+
     /// Whether any file is a `--quick` smoke run (its numbers are not data).
     pub fn quick(&self) -> bool {
-        let headers = [
+        let others = [
             self.step_time.as_ref().map(|f| &f.header),
-            self.colocation.as_ref().map(|f| &f.header),
             self.checkpoint.as_ref().map(|f| &f.header),
             self.start.as_ref().map(|f| &f.header),
             self.curves.as_ref().map(|f| &f.header),
-            self.pairs.as_ref().map(|f| &f.header),
-            self.host.as_ref().map(|f| &f.header),
-            self.colocation_busy.as_ref().map(|f| &f.header),
-            self.pairs_busy.as_ref().map(|f| &f.header),
-            self.host_pairs.as_ref().map(|f| &f.header),
         ];
-        headers.into_iter().flatten().any(|h| h.quick)
+        others
+            .into_iter()
+            .flatten()
+            .chain(self.sharing_headers())
+            .any(|h| h.quick)
     }
 
     /// The directory as reports show it: its last two components (`sim/measured`), so a

@@ -1251,18 +1251,7 @@ fn provenance(m: &Measured) -> String {
             format!("`sim/measured/`, step times measured {}", f.header.date)
         });
     // The sharing tables are measured apart from the step times, and were again later.
-    let sharing: Vec<&str> = [
-        m.colocation.as_ref().map(|f| &f.header),
-        m.colocation_busy.as_ref().map(|f| &f.header),
-        m.pairs.as_ref().map(|f| &f.header),
-        m.pairs_busy.as_ref().map(|f| &f.header),
-        m.host.as_ref().map(|f| &f.header),
-        m.host_pairs.as_ref().map(|f| &f.header),
-    ]
-    .into_iter()
-    .flatten()
-    .map(|h| h.date.as_str())
-    .collect();
+    let sharing: Vec<&str> = m.sharing_headers().map(|h| h.date.as_str()).collect();
     let date = match (sharing.iter().min(), sharing.iter().max()) {
         (Some(first), Some(last)) if first == last => format!("{date}, sharing tables {first}"),
         (Some(first), Some(last)) => format!("{date}, sharing tables {first} to {last}"),
