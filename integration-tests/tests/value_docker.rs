@@ -8,8 +8,8 @@
 use std::time::Duration;
 
 use converge_integration_tests::{
-    TRAINER_IMAGE, TestAgent, TestManager, cgroup_cpu_weight, containers_of, events_of, eventually,
-    job, require_docker, tempfile_dir, trainer_spec, unique, value_spec,
+    DockerEvents, TRAINER_IMAGE, TestAgent, TestManager, cgroup_cpu_weight, containers_of,
+    events_of, eventually, job, require_docker, tempfile_dir, trainer_spec, unique, value_spec,
 };
 use converge_messenger::pb::{self, JobState, control_service_client::ControlServiceClient};
 use tonic::transport::Channel;
@@ -253,6 +253,9 @@ async fn a_job_worth_nothing_is_rejected_unstarted_and_one_that_runs_too_long_is
     let dir = tempfile_dir("value-z")?;
     let agent = TestAgent::start(&manager.endpoint(), &unique("it-vz"), 1.0, dir.path());
     wait_worker(&client).await?;
+    // Docker's event stream, from before the first submission: "never started" is read from
+    // it below, not from a poll of `docker ps` after a pause.
+    let docker = DockerEvents::watch().await?;
     // Estimated at 60 s on the reference worker, worthless from 5 s after release: even alone
     // on the (reference-speed) worker it completes at value 0 (:72).
     let z = submit(
@@ -271,11 +274,6 @@ async fn a_job_worth_nothing_is_rejected_unstarted_and_one_that_runs_too_long_is
                 && e.reason == "rejected: expected value 0 at any worker"),
         "{events:#?}"
     );
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert!(
-        containers_of(&format!("converge.job={z}")).is_empty(),
-        "a rejected job has no container"
-    );
     // A job expected to finish in time (3 s, worth something until 6 s) that runs far longer
     // (~100 s of steps): once even the rest of it alone would end past 6 s, it is dropped
     // (:65) and its container stopped.
@@ -284,6 +282,22 @@ async fn a_job_worth_nothing_is_rejected_unstarted_and_one_that_runs_too_long_is
         value_spec("mlp-digits", 8, 30_000, 3.0, (100.0, 0.0, 6.0)),
     )
     .await?;
+    // The one agent carries the manager's commands in order, so once Docker shows the next
+    // job's container, any container the rejected job was ever to have would be on the stream
+    // before it.
+    docker
+        .wait_for(
+            &slow,
+            "the next job's container",
+            Duration::from_secs(20),
+            |e| e.action == "create",
+        )
+        .await?;
+    assert!(
+        docker.of(&z).is_empty(),
+        "a rejected job has no container; Docker's events of it: {:#?}",
+        docker.of(&z)
+    );
     let dropped = wait_state(&client, &slow, JobState::Rejected, Duration::from_secs(20)).await?;
     assert!(
         dropped.reason.starts_with("dropped: value reached zero"),
