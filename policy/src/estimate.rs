@@ -290,16 +290,17 @@ impl ServiceHistory {
         if self.sizes.is_empty() {
             return None;
         }
-        let larger: Vec<f64> = self
-            .sizes
-            .iter()
-            .copied()
-            .filter(|s| *s > attained)
-            .collect();
-        if larger.is_empty() {
+        // One pass, summing in the sizes' order as a collected list summed did: asked for
+        // every job nothing else gives a work, at every placement.
+        let (mut left, mut larger) = (0.0, 0usize);
+        for s in self.sizes.iter().filter(|s| **s > attained) {
+            left += s - attained;
+            larger += 1;
+        }
+        if larger == 0 {
             return Some(attained.max(1e-3));
         }
-        Some(larger.iter().map(|s| s - attained).sum::<f64>() / larger.len() as f64)
+        Some(left / larger as f64)
     }
 }
 

@@ -19,6 +19,7 @@ impl Core {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.changes.jobs.insert(id.clone());
+        self.valued += usize::from(spec.value_curve.is_some());
         self.jobs.insert(Box::new(Job {
             id: id.clone(),
             seq,

@@ -162,6 +162,7 @@ impl Core {
                 return Err(RestoreError::Duplicate(j.id));
             }
             core.lost += usize::from(matches!(j.phase, JobPhase::Lost { .. }));
+            core.valued += usize::from(!j.is_terminal() && j.spec.value_curve.is_some());
             let id = j.id.clone();
             if core.jobs.insert(j).is_some() {
                 return Err(RestoreError::Duplicate(id));

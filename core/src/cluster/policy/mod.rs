@@ -50,6 +50,9 @@ pub struct ClusterView<'a> {
     pub index: &'a PlacementIndex,
     /// The longest migration downtime among archived jobs (no longer in `jobs`).
     pub archived_downtime: Option<f64>,
+    /// How many live jobs have a value curve (what the value-aware decisions weigh; none on
+    /// most clusters).
+    pub valued: usize,
 }
 
 /// What a job's user said it needs (`estimated_runtime_s`), less the service it has had.
@@ -230,13 +233,18 @@ pub fn scores_text(ids: &[WorkerId], scores: &[f64], chosen: usize) -> String {
     if ids.len() <= SCORES_SHOWN {
         return entries(ids, 0..ids.len(), |i| scores[i]);
     }
+    shown_text(ids, nearest_rivals(scores, chosen), |i| scores[i])
+}
+
+/// The workers an event shows of `scores`: `chosen` and the [`SCORES_SHOWN`] - 1 eligible
+/// (finite) scores nearest it, by distance then worker order, in no particular order.
+pub fn nearest_rivals(scores: &[f64], chosen: usize) -> Vec<usize> {
     let c = scores[chosen];
-    // The SCORES_SHOWN - 1 nearest rivals, by distance then worker order, in one pass that
-    // keeps only the nearest so far: most workers are turned away by one comparison with the
-    // farthest kept, where selecting among all of them moved every one (a tenth of a
-    // 10,000-worker simulation; `docs/performance.md`).
+    // One pass that keeps only the nearest so far: most workers are turned away by one
+    // comparison with the farthest kept, where selecting among all of them moved every one (a
+    // tenth of a 10,000-worker simulation; `docs/performance.md`).
     let mut nearest = std::collections::BinaryHeap::with_capacity(SCORES_SHOWN);
-    for i in (0..ids.len()).filter(|&i| i != chosen && scores[i].is_finite()) {
+    for i in (0..scores.len()).filter(|&i| i != chosen && scores[i].is_finite()) {
         let rival = Ranked((scores[i] - c).abs(), i);
         if nearest.len() < SCORES_SHOWN - 1 {
             nearest.push(rival);
@@ -247,7 +255,7 @@ pub fn scores_text(ids: &[WorkerId], scores: &[f64], chosen: usize) -> String {
     }
     let mut shown: Vec<usize> = nearest.into_iter().map(|r| r.1).collect();
     shown.push(chosen);
-    shown_text(ids, shown, |i| scores[i])
+    shown
 }
 
 /// The text of [`scores_text`] over more than [`SCORES_SHOWN`] workers, once the workers to

@@ -106,34 +106,46 @@ struct Works<'a> {
     view: ClusterView<'a>,
     /// What a job nothing is known of counts as: the median of the known (1 when none is
     /// known, so that placement counts jobs per core, as least-allocated does), never nothing:
-    /// a worker of jobs that have not reported yet is not empty.
-    typical: f64,
+    /// a worker of jobs that have not reported yet is not empty. Found at the first job that
+    /// needs it ([`Works::typical`]).
+    typical: std::cell::OnceCell<f64>,
 }
 
 impl<'a> Works<'a> {
-    /// Reads every live job once, for the median. The works themselves are read where asked
-    /// ([`Works::get`]): the view finds a job by hash and keeps its estimate until it reports
-    /// again, and a map of every live job's work, sorted by id and built at each placement,
-    /// made `converge` 1.8 times as slow at 100,000 jobs (docs/performance.md, "Works read
-    /// where asked").
+    /// The works of `view`'s live jobs, each read where asked ([`Works::get`]): the view finds
+    /// a job by hash and keeps its estimate until it reports again, and a map of every live
+    /// job's work, sorted by id and built at each placement, made `converge` 1.8 times as slow
+    /// at 100,000 jobs (docs/performance.md, "Works read where asked").
     fn of(view: ClusterView<'a>) -> Self {
-        let mut known: Vec<f64> = view
-            .jobs
-            .values()
-            .filter(|j| !j.is_terminal())
-            .filter_map(|j| view.remaining_work(j))
-            .collect();
-        // The element a sort would put in the middle, found without sorting.
-        let typical = if known.is_empty() {
-            1.0
-        } else {
+        Works {
+            view,
+            typical: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// The median of the known works, read from every live job, once per decision and only
+    /// if a job's work is unknown: once any job has completed, the completed jobs' sizes give
+    /// every job an estimate ([`ClusterView::remaining_work`]), and the walk was most of a
+    /// 1,000-worker simulation's placements for a median no one read (docs/performance.md).
+    /// The view does not change during a decision, so the median is the one an eager walk
+    /// found.
+    fn typical(&self) -> f64 {
+        *self.typical.get_or_init(|| {
+            let view = self.view;
+            let mut known: Vec<f64> = (view.jobs.values())
+                .filter(|j| !j.is_terminal())
+                .filter_map(|j| view.remaining_work(j))
+                .collect();
+            if known.is_empty() {
+                return 1.0;
+            }
+            // The element a sort would put in the middle, found without sorting.
             let mid = known.len() / 2;
             known
                 .select_nth_unstable_by(mid, f64::total_cmp)
                 .1
                 .max(1e-3)
-        };
-        Works { view, typical }
+        })
     }
 
     fn get(&self, job: &str) -> f64 {
@@ -142,7 +154,7 @@ impl<'a> Works<'a> {
             .get(job)
             .filter(|j| !j.is_terminal())
             .and_then(|j| self.view.remaining_work(j))
-            .unwrap_or(self.typical)
+            .unwrap_or_else(|| self.typical())
     }
 
     /// The work of each of `w`'s jobs, in the order of its job set (what [`queue`] walks:
@@ -276,7 +288,7 @@ fn per_core(w: &Worker, extra: usize) -> f64 {
 /// percent faster than its twin is not less crowded. Without it, placement ties between
 /// alike workers on the testbed would be decided by the benchmark's noise instead of by the
 /// sum of completion times.
-const SAME_CROWD: f64 = 0.05;
+pub const SAME_CROWD: f64 = 0.05;
 
 /// Whether crowding `a` is beyond `b` by more than [`SAME_CROWD`].
 fn more_crowded(a: f64, b: f64) -> bool {
@@ -366,33 +378,60 @@ impl PriorityPolicy {
             .map(|w| &all[view.index_of(&w.id).expect("every worker is indexed")])
             .collect();
         let lists: Vec<Vec<f64>> = live.iter().map(|w| works.of_worker(w)).collect();
-        let valued = view.jobs.values().any(|j| j.spec.value_curve.is_some());
+        let valued = view.valued > 0;
+        // Never onto a worker that would then hold more jobs per core than the source holds
+        // now: placement's first rule, kept by the moves. The marginal sees a big worker as
+        // one fast server, but a job uses only its threads' cores there, and jobs crowding a
+        // worker slow each other down (sim/README.md, "co-location"). Without this rule the
+        // moves undid placement's spreading: on the simulator's heterogeneous traces they
+        // gathered most jobs onto the big workers (sim/CONVERGE.md).
+        // Which workers a source may send to depends on the source alone, so it is found once
+        // per source, from the workers sorted by crowding (a prefix of them), and not for every
+        // job and every worker: at 10,000 workers that pairing was most of `converge`'s time
+        // (docs/performance.md, "Placements read the least crowded"). The targets are
+        // visited in worker order, as before, so ties between equal moves fall alike.
+        let crowd_with_one: Vec<f64> = live.iter().map(|w| per_core(w, 1)).collect();
+        let fastest = live.iter().map(|w| speed(w)).fold(0.0, f64::max);
+        let mut by_crowd: Vec<usize> = (0..live.len()).collect();
+        by_crowd.sort_by(|&a, &b| crowd_with_one[a].total_cmp(&crowd_with_one[b]));
+        let mut targets_at: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
         let mut best: Option<(f64, f64, &Job, &Worker, f64, f64)> = None;
-        for (src, here_works) in live.iter().zip(&lists) {
-            let on_src = src
+        for (s, (src, here_works)) in live.iter().zip(&lists).enumerate() {
+            let on_src: Vec<(usize, &Job)> = src
                 .jobs
                 .iter()
                 .enumerate()
-                .filter_map(|(k, id)| Some((k, view.jobs.get(id)?)));
+                .filter_map(|(k, id)| Some((k, view.jobs.get(id)?)))
+                .filter(|(_, j)| {
+                    matches!(j.phase, JobPhase::Running { .. }) && !self.moved.contains(&j.id)
+                })
+                .collect();
+            if on_src.is_empty() {
+                continue;
+            }
+            let crowd = per_core(src, 0);
+            let targets = targets_at.entry(crowd.to_bits()).or_insert_with(|| {
+                let n = by_crowd.partition_point(|&d| !more_crowded(crowd_with_one[d], crowd));
+                let mut t = by_crowd[..n].to_vec();
+                t.sort_unstable();
+                t
+            });
             for (k, j) in on_src {
-                if !matches!(j.phase, JobPhase::Running { .. }) || self.moved.contains(&j.id) {
-                    continue;
-                }
                 let x = here_works[k];
                 let here = marginal(src, here_works, x, Some(k));
+                // No target adds less than the job's own work at the fastest worker's speed
+                // (an empty one): a job whose move could not gain even that much, or not as
+                // much as the best move found so far, is passed over unweighed. Such a job
+                // would not have replaced the best (its gain would be at most `bound`), so
+                // the move chosen is the one weighing every job finds.
+                let bound = here - x / fastest - cost;
+                if bound <= 0.0 || best.is_some_and(|(g, ..)| bound <= g - 1e-9) {
+                    continue;
+                }
                 let risk = view.work_at_risk(j);
-                for ((dst, snap), there_works) in live.iter().zip(&snaps).zip(&lists) {
-                    // Never onto a worker that would then hold more jobs per core than the
-                    // source holds now: placement's first rule, kept by the moves. The
-                    // marginal sees a big worker as one fast server, but a job uses only its
-                    // threads' cores there, and jobs crowding a worker slow each other down
-                    // (sim/README.md, "co-location"). Without this rule the moves undid
-                    // placement's spreading: on the simulator's heterogeneous traces they
-                    // gathered most jobs onto the big workers (sim/CONVERGE.md).
-                    if dst.id == src.id
-                        || more_crowded(per_core(dst, 1), per_core(src, 0))
-                        || !snap.fits(&request(&j.spec))
-                    {
+                for &d in targets.iter() {
+                    let (dst, snap, there_works) = (live[d], snaps[d], &lists[d]);
+                    if d == s || !snap.fits(&request(&j.spec)) {
                         continue;
                     }
                     let there = marginal(dst, there_works, x, None);
@@ -565,26 +604,17 @@ impl ClusterPolicy for PriorityPolicy {
         let need = request(&job.spec);
         let works = Works::of(view);
         let new = works.get(&job.id);
-        // Per worker it fits on: the work served before the job there, and how many it delays.
-        let queues: Vec<Option<(f64, usize)>> = view
-            .workers
-            .values()
-            .zip(snaps)
-            .map(|(w, s)| {
-                (s.schedulable && s.fits(&need) && w.cpu_capacity > 0.0)
-                    .then(|| queue(w.jobs.iter().map(|id| works.get(id)), new, None))
-            })
-            .collect();
         let workers: Vec<&Worker> = view.workers.values().collect();
-        let scores: Vec<f64> = workers
-            .iter()
-            .zip(&queues)
-            .map(|(w, q)| {
-                q.map_or(f64::INFINITY, |(ahead, behind)| {
-                    (ahead + new + behind as f64 * new) / speed(w)
-                })
-            })
+        let fits: Vec<bool> = (workers.iter().zip(snaps))
+            .map(|(w, s)| s.schedulable && s.fits(&need) && w.cpu_capacity > 0.0)
             .collect();
+        // What the job adds to the sum of completion times on worker `i`: the work served
+        // before it there, and `new` for each job it delays.
+        let marginal_on = |i: usize| {
+            let w = workers[i];
+            let (ahead, behind) = queue(w.jobs.iter().map(|id| works.get(id)), new, None);
+            (ahead + new + behind as f64 * new) / speed(w)
+        };
         // Fewest jobs per reference core first (counting this one; [`SAME_CROWD`] apart counts
         // as the same), and only among those the marginal:
         // the marginal sees a worker as one server that runs its jobs one after another at its
@@ -595,12 +625,39 @@ impl ClusterPolicy for PriorityPolicy {
         // Kubernetes' least-allocated spreading, and 5.8% ahead of it with this rule
         // (sim/CONVERGE.md); the other traces moved by about a point either way.
         let crowd: Vec<f64> = workers.iter().map(|w| per_core(w, 1)).collect();
-        let least = scores
-            .iter()
-            .zip(&crowd)
-            .filter(|(s, _)| s.is_finite())
-            .map(|(_, c)| *c)
-            .fold(f64::INFINITY, f64::min);
+        let least_among = |among: &dyn Fn(usize) -> bool| {
+            (0..workers.len())
+                .filter(|&i| among(i))
+                .map(|i| crowd[i])
+                .fold(f64::INFINITY, f64::min)
+        };
+        // The marginal is worked out only on the least crowded workers, the ones the rule lets
+        // it decide between: reading every worker's jobs at each placement made a placement
+        // cost what the live jobs number (docs/performance.md, "Placements read the least
+        // crowded"). A worker it is not worked out on scores infinite, as one the job does not
+        // fit on. An event lists every score when it lists every worker ([`SCORES_SHOWN`]).
+        let mut scores = vec![f64::INFINITY; workers.len()];
+        let least_fitting = least_among(&|i| fits[i]);
+        let all = workers.len() <= super::SCORES_SHOWN;
+        let (mut unscored, mut odd) = (Vec::new(), false);
+        for i in (0..workers.len()).filter(|&i| fits[i]) {
+            if all || !more_crowded(crowd[i], least_fitting) {
+                scores[i] = marginal_on(i);
+                odd |= !scores[i].is_finite();
+            } else {
+                unscored.push(i);
+            }
+        }
+        // A marginal that is not finite (a work estimate that is not) rules its worker out,
+        // and the least crowded are then found among the others: in that rare case, and for
+        // the value rule below, which weighs every worker, every score is worked out.
+        let valued = job.spec.value_curve.is_some() && self.key == Key::Remaining;
+        if valued || odd {
+            for i in unscored {
+                scores[i] = marginal_on(i);
+            }
+        }
+        let least = least_among(&|i| scores[i].is_finite());
         let best = scores
             .iter()
             .enumerate()
@@ -620,10 +677,8 @@ impl ClusterPolicy for PriorityPolicy {
             (job.spec.value_curve, self.key, job.epoch, own)
         {
             let age = now - job.submitted_at;
-            let nets: Vec<Option<ValueNet>> = workers
-                .iter()
-                .zip(&queues)
-                .map(|(w, q)| q.map(|_| value_net(now, w, view, &works, (&job.id, curve, age, x))))
+            let nets: Vec<Option<ValueNet>> = (workers.iter().zip(&fits))
+                .map(|(w, &f)| f.then(|| value_net(now, w, view, &works, (&job.id, curve, age, x))))
                 .collect();
             let top = nets
                 .iter()
@@ -712,7 +767,7 @@ impl ClusterPolicy for PriorityPolicy {
         let mut out = Vec::new();
         // Read once for the drops and the rebalancing, and only if either is due.
         let mut works = None;
-        if self.key == Key::Remaining && view.jobs.values().any(|j| j.spec.value_curve.is_some()) {
+        if self.key == Key::Remaining && view.valued > 0 {
             let works = works.get_or_insert_with(|| Works::of(view));
             for j in view.jobs.values().filter(|j| !j.is_terminal()) {
                 let Some(curve) = j.spec.value_curve else {
