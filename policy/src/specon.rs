@@ -396,22 +396,19 @@ impl SpeCon {
     /// and is forgotten when the job stops being converged.
     pub fn observe(&mut self, now: f64, job_id: &str, worker: usize, category: Option<Category>) {
         // Looked up before inserting: an entry by an owned key would copy the id at every
-        // observation, and most observe a job SpeCon already holds.
-        if !self.jobs.contains_key(job_id) {
-            self.jobs.insert(
-                job_id.to_string(),
-                SpeConJob {
-                    category: Category::PROGRESSING,
-                    worker,
-                    last_gain: None,
-                    migrated: false,
-                    rebalanced: false,
-                    converged_at: None,
-                    tracker: ProgressTracker::new(Direction::Minimize, None),
-                },
-            );
-        }
-        let job = self.jobs.get_mut(job_id).expect("inserted above");
+        // observation, and most observe a job SpeCon already holds; one search when it does.
+        let job = match self.jobs.get_mut(job_id) {
+            Some(job) => job,
+            None => self.jobs.entry(job_id.to_string()).or_insert(SpeConJob {
+                category: Category::PROGRESSING,
+                worker,
+                last_gain: None,
+                migrated: false,
+                rebalanced: false,
+                converged_at: None,
+                tracker: ProgressTracker::new(Direction::Minimize, None),
+            }),
+        };
         job.worker = worker;
         if let Some(c) = category {
             job.category = c;

@@ -208,7 +208,7 @@ impl ClusterPolicy for SpeConPolicy {
                 }
                 match self.specon.schedule(job, &loads) {
                     Some(m) if Self::fits(view, m.to, job) => {
-                        let mut attributes = score_attributes(&ids, &m.scores);
+                        let mut attributes = score_attributes(&ids, &m.scores, m.to);
                         attributes.insert("request".into(), reason.to_string());
                         vec![Decision::Move {
                             job: job.clone(),
@@ -278,19 +278,82 @@ impl ClusterPolicy for SpeConPolicy {
     }
 }
 
-/// `score.w1 = 3` for each worker Alg. 2 scored (`ineligible` for the others).
-fn score_attributes(ids: &[&WorkerId], scores: &[f64]) -> BTreeMap<String, String> {
-    ids.iter()
-        .zip(scores)
-        .map(|(w, s)| {
+/// `score.w1 = 3` for each worker Alg. 2 scored (`ineligible` for the others), up to
+/// [`SCORES_SHOWN`](super::SCORES_SHOWN): over more workers, the chosen one (`to`) and the
+/// eligible workers scored nearest it, and `scores_not_shown`, how many were left out. Every
+/// worker's score in every migration event wrote 10,000 attributes into each at 10,000
+/// workers, for the event log, the store and the trace (docs/performance.md).
+fn score_attributes(ids: &[&WorkerId], scores: &[f64], to: usize) -> BTreeMap<String, String> {
+    let shown = if ids.len() <= super::SCORES_SHOWN {
+        (0..ids.len()).collect()
+    } else {
+        super::nearest_rivals(scores, to)
+    };
+    let mut attributes: BTreeMap<String, String> = (shown.iter())
+        .map(|&i| {
             (
-                format!("score.{w}"),
-                if s.is_finite() {
-                    s.to_string()
+                format!("score.{}", ids[i]),
+                if scores[i].is_finite() {
+                    scores[i].to_string()
                 } else {
                     "ineligible".into()
                 },
             )
         })
-        .collect()
+        .collect();
+    if shown.len() < ids.len() {
+        attributes.insert(
+            "scores_not_shown".into(),
+            (ids.len() - shown.len()).to_string(),
+        );
+    }
+    attributes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::policy::SCORES_SHOWN;
+
+    fn ids(n: usize) -> Vec<WorkerId> {
+        (0..n).map(|i| format!("w{i:02}").into()).collect()
+    }
+
+    #[test]
+    fn a_migration_lists_every_score_of_a_small_cluster() {
+        let ids = ids(3);
+        let refs: Vec<&WorkerId> = ids.iter().collect();
+        let a = score_attributes(&refs, &[2.0, f64::INFINITY, 1.0], 2);
+        assert_eq!(a["score.w00"], "2");
+        assert_eq!(a["score.w01"], "ineligible");
+        assert_eq!(a["score.w02"], "1");
+        assert!(!a.contains_key("scores_not_shown"), "{a:?}");
+    }
+
+    /// Over more workers than an event lists, the target and the eligible workers scored
+    /// nearest it, and how many were left out: not one attribute per worker of the cluster.
+    #[test]
+    fn a_migration_on_a_big_cluster_lists_the_target_and_its_nearest_rivals() {
+        let n = 1000;
+        let ids = ids(n);
+        let refs: Vec<&WorkerId> = ids.iter().collect();
+        // Scores 0..n, every tenth worker ineligible; the target is w500 (score 500).
+        let scores: Vec<f64> = (0..n)
+            .map(|i| if i % 10 == 3 { f64::INFINITY } else { i as f64 })
+            .collect();
+        let a = score_attributes(&refs, &scores, 500);
+        let shown: Vec<&String> = a.keys().filter(|k| k.starts_with("score.")).collect();
+        assert_eq!(shown.len(), SCORES_SHOWN, "{a:?}");
+        assert_eq!(a["score.w500"], "500");
+        assert_eq!(a["scores_not_shown"], (n - SCORES_SHOWN).to_string());
+        // The 15 nearest eligible: 491..=508 but 493 and 503 (ineligible); at distance 9
+        // only one more was wanted, and worker order keeps w491 over w509.
+        for i in (491..=508).filter(|i| i % 10 != 3) {
+            assert!(
+                a.contains_key(&format!("score.w{i:02}")),
+                "w{i} missing: {a:?}"
+            );
+        }
+        assert!(!a.contains_key("score.w509"), "{a:?}");
+    }
 }
