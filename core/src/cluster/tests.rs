@@ -170,7 +170,7 @@ impl Fixture {
         self.store.assert_complete(&self.core);
         assert!(
             self.core.derived_state_is_fresh(),
-            "a placement snapshot or the Lost count is out of date"
+            "a placement snapshot, the Lost count or the valued count is out of date"
         );
         out
     }
@@ -1625,7 +1625,7 @@ mod model {
                 store.after_step(&mut core, &out);
                 prop_assert!(
                     core.derived_state_is_fresh(),
-                    "a placement snapshot or the Lost count is out of date"
+                    "a placement snapshot, the Lost count or the valued count is out of date"
                 );
                 if let (Some(id), Some(Effect::Reply(Ok(_)))) = (submitted, out.last()) {
                     acknowledged.insert(id);
@@ -2142,7 +2142,7 @@ fn converge_gives_up_a_valued_job_it_read_back_after_a_restart() {
 /// `converge` on `workers` workers of 1, 2 and 4 cores (more than an event lists every score
 /// of), and a fixed sequence of uniform numbers in [0, 1) from `seed` (a linear congruential
 /// generator) for what the test draws next. Speeds: alike workers (equal crowding at equal job
-/// counts), the fastest (an empty one is where a move's gain meets its bound) and others drawn.
+/// counts), the fastest (4 cores at 1.5: w05, w17) and others drawn below that.
 fn varied_cluster(seed: u64, workers: usize) -> (Fixture, impl FnMut() -> f64) {
     assert!(workers > crate::cluster::policy::SCORES_SHOWN);
     let mut state = seed;
@@ -2235,10 +2235,10 @@ fn converge_places_where_its_rule_says_with_every_worker_weighed() {
 #[test]
 fn converge_rebalances_as_its_rule_says_with_every_move_weighed() {
     use crate::cluster::policy::priority::SAME_CROWD;
-    // Ten scenarios; in two of them (21, 26) the best move comes after one nearly as good,
-    // where passing over jobs too eagerly shows (checked by making the pass-over bound 5 s
-    // looser: those two then fail).
-    for seed in 17u64..=26 {
+    // Eight scenarios in which passing over jobs too eagerly shows: passing over every job
+    // whose bound is within 5 s above the best found (as if the bound were 5 s lower) makes
+    // each of them fail, within half a second the first three (found among seeds 1 to 40).
+    for seed in [10u64, 15, 16, 33, 34, 35, 36, 37] {
         let workers = 24;
         let (mut f, mut uniform) = varied_cluster(seed, workers);
         let mut placed = Vec::new();
@@ -2253,9 +2253,10 @@ fn converge_rebalances_as_its_rule_says_with_every_move_weighed() {
             placed.push((id, conn));
         }
         // Half of them end, unevenly across the workers, and every job of the last few
-        // workers: something to even out, and empty workers to even it out onto.
+        // workers and of a fastest one (w05): something to even out, and empty workers to even
+        // it out onto; onto the empty fastest, a move gains exactly its bound.
         for (id, conn) in &placed {
-            if *conn > workers as ConnId - 4 || uniform() < 0.5 {
+            if *conn > workers as ConnId - 4 || *conn == 6 || uniform() < 0.5 {
                 f.exited(*conn, id, 1, 0, false);
             }
         }
