@@ -5,7 +5,7 @@
 //! job on every worker and allocated each worker's id and job list again: at 10,000 workers
 //! that was most of the simulator's time and grew with the cluster, not with the change. Here a
 //! worker's snapshot is rebuilt only after the core changed what it shows: the worker's jobs
-//! ([`super::Core::transition`]), the worker itself ([`super::Core::worker_mut`]), or its jobs'
+//! ([`super::Core::transition`]), the worker itself (`Core::worker_mut`), or its jobs'
 //! views, which only the worker's own heartbeat writes (and that step goes through
 //! `worker_mut`). Progress lines, the bulk of the traffic, touch nothing here. Tests check after
 //! every step that each snapshot equals one built afresh (`Core::derived_state_is_fresh`, in

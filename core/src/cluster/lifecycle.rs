@@ -310,9 +310,10 @@ pub struct Job {
     pub samples: u64,
     /// Malformed progress lines reported.
     pub malformed: u64,
-    /// The most recent progress points. A store keeps only the last [`STORED_PROGRESS`]:
-    /// enough for the estimates and the stopping rule to go on after a restart, and a record
-    /// of bounded size however long the history kept in memory.
+    /// The most recent progress points. A store keeps only the last
+    /// [`STORED_PROGRESS`](super::progress::STORED_PROGRESS): enough for the estimates and the
+    /// stopping rule to go on after a restart, and a record of bounded size however long the
+    /// history kept in memory.
     pub progress: Progress,
     /// The estimate its points give ([`converge_policy::estimate::from_points`]) and the
     /// sample count it was made at: kept until the next point arrives. Placement and

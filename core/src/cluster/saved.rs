@@ -4,7 +4,7 @@
 //! them, and the [`Counters`] that make ids and order unique — not a second model of the state.
 //! After each step the shell asks [`Core::take_changes`] which records the step touched and
 //! writes those; a restarted manager reads them back into [`Core::from_saved`]. What is not kept:
-//! the streams (a new process has none; agents register again and [`Core::reconcile`] brings
+//! the streams (a new process has none; agents register again and `Core::reconcile` brings
 //! each worker in line) and the policy's own memory (it starts empty and learns again from
 //! the reports, as it does for a job that migrates).
 

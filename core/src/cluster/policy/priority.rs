@@ -283,9 +283,9 @@ fn per_core(w: &Worker, extra: usize) -> f64 {
     (w.jobs.len() + extra) as f64 / speed(w)
 }
 
-/// Crowding ([`per_core`]) within this fraction of another's counts as the same: a worker's
-/// speed is a measurement (the agent's calibration benchmark), and a worker measured a few
-/// percent faster than its twin is not less crowded. Without it, placement ties between
+/// Crowding (jobs per reference core, as placement counts them) within this fraction of
+/// another's counts as the same: a worker's speed is a measurement (the agent's calibration
+/// benchmark), and a worker measured a few percent faster than its twin is not less crowded. Without it, placement ties between
 /// alike workers on the testbed would be decided by the benchmark's noise instead of by the
 /// sum of completion times.
 pub const SAME_CROWD: f64 = 0.05;
