@@ -459,10 +459,11 @@ impl Core {
     }
 
     /// Whether every placement snapshot equals one built afresh from the workers and jobs, and
-    /// the counts of Lost and of live valued jobs are right (tests check it after every step: a write that
-    /// bypassed the core's three doors would leave a stale snapshot or a wrong count), and
-    /// every job's current incarnation, where it has a worker, is among its incarnations (what
-    /// lets an agent's report about it be accepted without reading that list: `refusal`).
+    /// the counts of Lost and of live valued jobs are right (tests check it after every step:
+    /// a write that bypassed the core's three doors would leave a stale snapshot or a wrong
+    /// count), and every job's current incarnation, where it has a worker, is among its
+    /// incarnations (what lets an agent's report about it be accepted without reading that
+    /// list: `refusal`).
     #[cfg(test)]
     pub(crate) fn derived_state_is_fresh(&self) -> bool {
         let lost = self

@@ -186,8 +186,8 @@ fn queue(works: impl IntoIterator<Item = f64>, x: f64, skip: Option<usize>) -> (
 /// What a job of work `x` adds to the sum of completion times on `w` (whose jobs' works are
 /// `works`) under shortest-remaining-first: its own completion, behind the jobs shorter than
 /// it, plus `x` for each longer job it delays; in seconds at `w`'s capacity and speed.
-fn marginal(w: &Worker, works: &[f64], x: f64, skip: Option<usize>) -> f64 {
-    let (ahead, behind) = queue(works.iter().copied(), x, skip);
+fn marginal(w: &Worker, works: impl IntoIterator<Item = f64>, x: f64, skip: Option<usize>) -> f64 {
+    let (ahead, behind) = queue(works, x, skip);
     (ahead + x + behind as f64 * x) / speed(w)
 }
 
@@ -285,9 +285,9 @@ fn per_core(w: &Worker, extra: usize) -> f64 {
 
 /// Crowding (jobs per reference core, as placement counts them) within this fraction of
 /// another's counts as the same: a worker's speed is a measurement (the agent's calibration
-/// benchmark), and a worker measured a few percent faster than its twin is not less crowded. Without it, placement ties between
-/// alike workers on the testbed would be decided by the benchmark's noise instead of by the
-/// sum of completion times.
+/// benchmark), and a worker measured a few percent faster than its twin is not less crowded.
+/// Without it, placement ties between alike workers on the testbed would be decided by the
+/// benchmark's noise instead of by the sum of completion times.
 pub const SAME_CROWD: f64 = 0.05;
 
 /// Whether crowding `a` is beyond `b` by more than [`SAME_CROWD`].
@@ -418,7 +418,7 @@ impl PriorityPolicy {
             });
             for (k, j) in on_src {
                 let x = here_works[k];
-                let here = marginal(src, here_works, x, Some(k));
+                let here = marginal(src, here_works.iter().copied(), x, Some(k));
                 // No target adds less than the job's own work at the fastest worker's speed
                 // (an empty one): a job whose move could not gain even that much, or not as
                 // much as the best move found so far, is passed over unweighed. Such a job
@@ -434,7 +434,7 @@ impl PriorityPolicy {
                     if d == s || !snap.fits(&request(&j.spec)) {
                         continue;
                     }
-                    let there = marginal(dst, there_works, x, None);
+                    let there = marginal(dst, there_works.iter().copied(), x, None);
                     let gain = here - there - cost;
                     if gain > 0.0
                         && valued
@@ -608,12 +608,10 @@ impl ClusterPolicy for PriorityPolicy {
         let fits: Vec<bool> = (workers.iter().zip(snaps))
             .map(|(w, s)| s.schedulable && s.fits(&need) && w.cpu_capacity > 0.0)
             .collect();
-        // What the job adds to the sum of completion times on worker `i`: the work served
-        // before it there, and `new` for each job it delays.
+        // What the job adds to the sum of completion times on worker `i` ([`marginal`]).
         let marginal_on = |i: usize| {
             let w = workers[i];
-            let (ahead, behind) = queue(w.jobs.iter().map(|id| works.get(id)), new, None);
-            (ahead + new + behind as f64 * new) / speed(w)
+            marginal(w, w.jobs.iter().map(|id| works.get(id)), new, None)
         };
         // Fewest jobs per reference core first (counting this one; [`SAME_CROWD`] apart counts
         // as the same), and only among those the marginal:
@@ -636,6 +634,23 @@ impl ClusterPolicy for PriorityPolicy {
         // cost what the live jobs number (docs/performance.md, "Placements read the least
         // crowded"). A worker it is not worked out on scores infinite, as one the job does not
         // fit on. An event lists every score when it lists every worker ([`SCORES_SHOWN`]).
+        // A job with a value curve is placed where it adds the most value net of what it
+        // costs the jobs it delays, and turned away where that is nothing anywhere
+        // ([`value_net`]): the value paper's admission (value-based-allocation.txt :104:
+        // place where the expected value is highest, reject when it is not positive), with
+        // converge's own predictions of the finishes. Checked at its first placement only: a
+        // job placed again (restored, drained) is not turned away.
+        // Weighed only on what is known of the job itself (its user's estimate, before it
+        // reports): turned away on other jobs' median it would be turned away on nothing.
+        let value_rule = match (
+            job.spec.value_curve,
+            self.key,
+            job.epoch,
+            view.own_remaining_work(job),
+        ) {
+            (Some(curve), Key::Remaining, 0, Some(x)) => Some((curve, x)),
+            _ => None,
+        };
         let mut scores = vec![f64::INFINITY; workers.len()];
         let least_fitting = least_among(&|i| fits[i]);
         let all = workers.len() <= super::SCORES_SHOWN;
@@ -650,9 +665,8 @@ impl ClusterPolicy for PriorityPolicy {
         }
         // A marginal that is not finite (a work estimate that is not) rules its worker out,
         // and the least crowded are then found among the others: in that rare case, and for
-        // the value rule below, which weighs every worker, every score is worked out.
-        let valued = job.spec.value_curve.is_some() && self.key == Key::Remaining;
-        if valued || odd {
+        // the value rule, which weighs every worker, every score is worked out.
+        if value_rule.is_some() || odd {
             for i in unscored {
                 scores[i] = marginal_on(i);
             }
@@ -664,18 +678,7 @@ impl ClusterPolicy for PriorityPolicy {
             .filter(|&(i, s)| s.is_finite() && !more_crowded(crowd[i], least))
             .min_by(|a, b| a.1.total_cmp(b.1).then(crowd[a.0].total_cmp(&crowd[b.0])))
             .map(|(i, _)| i);
-        // A job with a value curve is placed where it adds the most value net of what it
-        // costs the jobs it delays, and turned away where that is nothing anywhere
-        // ([`value_net`]): the value paper's admission (value-based-allocation.txt :104:
-        // place where the expected value is highest, reject when it is not positive), with
-        // converge's own predictions of the finishes. Checked at its first placement only: a
-        // job placed again (restored, drained) is not turned away.
-        // Weighed only on what is known of the job itself (its user's estimate, before it
-        // reports): turned away on other jobs' median it would be turned away on nothing.
-        let own = view.own_remaining_work(job);
-        if let (Some(curve), Key::Remaining, 0, Some(x)) =
-            (job.spec.value_curve, self.key, job.epoch, own)
-        {
+        if let Some((curve, x)) = value_rule {
             let age = now - job.submitted_at;
             let nets: Vec<Option<ValueNet>> = (workers.iter().zip(&fits))
                 .map(|(w, &f)| f.then(|| value_net(now, w, view, &works, (&job.id, curve, age, x))))
