@@ -233,12 +233,22 @@ pub fn scores_text(ids: &[WorkerId], scores: &[f64], chosen: usize) -> String {
     if ids.len() <= SCORES_SHOWN {
         return entries(ids, 0..ids.len(), |i| scores[i]);
     }
-    shown_text(ids, nearest_rivals(scores, chosen), |i| scores[i])
+    shown_text(ids, shown_places(scores, chosen), |i| scores[i])
+}
+
+/// The places an event lists of `scores` (one per worker): every one up to [`SCORES_SHOWN`]
+/// workers, ineligible ones too; over that, the chosen one and the eligible scores nearest it.
+pub fn shown_places(scores: &[f64], chosen: usize) -> Vec<usize> {
+    if scores.len() <= SCORES_SHOWN {
+        (0..scores.len()).collect()
+    } else {
+        nearest_rivals(scores, chosen)
+    }
 }
 
 /// The workers an event shows of `scores`: `chosen` and the [`SCORES_SHOWN`] - 1 eligible
 /// (finite) scores nearest it, by distance then worker order, in no particular order.
-pub fn nearest_rivals(scores: &[f64], chosen: usize) -> Vec<usize> {
+fn nearest_rivals(scores: &[f64], chosen: usize) -> Vec<usize> {
     let c = scores[chosen];
     // One pass that keeps only the nearest so far: most workers are turned away by one
     // comparison with the farthest kept, where selecting among all of them moved every one (a

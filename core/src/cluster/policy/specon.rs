@@ -284,11 +284,7 @@ impl ClusterPolicy for SpeConPolicy {
 /// worker's score in every migration event wrote 10,000 attributes into each at 10,000
 /// workers, for the event log, the store and the trace (docs/performance.md).
 fn score_attributes(ids: &[&WorkerId], scores: &[f64], to: usize) -> BTreeMap<String, String> {
-    let shown = if ids.len() <= super::SCORES_SHOWN {
-        (0..ids.len()).collect()
-    } else {
-        super::nearest_rivals(scores, to)
-    };
+    let shown = super::shown_places(scores, to);
     let mut attributes: BTreeMap<String, String> = (shown.iter())
         .map(|&i| {
             (
