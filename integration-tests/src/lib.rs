@@ -428,33 +428,15 @@ impl Drop for TestAgent {
         self.shutdown.cancel();
         self.task.abort();
         remove_worker_containers(&self.worker_id);
-        // The cgroup parent can only go once its containers are gone. Every hierarchy under
-        // the root (v1's controllers, and `unified` on a hybrid host, where Docker makes the
-        // parent too), and the root itself (v2).
-        let root = &self.config.cgroup_root;
-        let mut hierarchies: Vec<std::path::PathBuf> = std::fs::read_dir(root)
-            .map(|entries| {
-                entries
-                    .filter_map(Result::ok)
-                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                    .map(|e| e.path())
-                    .collect()
-            })
-            .unwrap_or_default();
-        hierarchies.push(root.clone());
-        for hierarchy in hierarchies {
-            let dir = hierarchy.join(self.config.cgroup_parent.trim_start_matches('/'));
-            let _ = std::fs::remove_dir(&dir);
-            // And its parents (`/converge` holds every worker's), as the agent's own cleanup
-            // does: rmdir fails on a cgroup that still has children, so the last test's agent
-            // to go removes them and a concurrent test's workers keep theirs.
-            let mut up = dir.parent();
-            while let Some(parent) = up {
-                if parent == hierarchy || std::fs::remove_dir(parent).is_err() {
-                    break;
-                }
-                up = parent.parent();
-            }
+        // The cgroup parent can only go once its containers are gone: removed, with its emptied
+        // parents (`/converge` holds every worker's), in every hierarchy, by the agent's own
+        // cleanup. A concurrent test's workers keep theirs: rmdir fails on a cgroup with
+        // children.
+        if let Ok(cg) = converge_agent::cgroup::WorkerCgroup::detect(
+            &self.config.cgroup_root,
+            &self.config.cgroup_parent,
+        ) {
+            cg.remove_if_empty();
         }
     }
 }
