@@ -1471,6 +1471,18 @@ fn neighbor_count(ctx: &Ctx) -> usize {
     if ctx.busy_host { ctx.nproc - 1 } else { 0 }
 }
 
+/// One pass of `n` copies of `spec` at once ([`measure_together`], retried by [`attempt`]):
+/// each copy's rate, none when the pass failed, and why it failed.
+fn measured_pass(
+    ctx: &Ctx,
+    what: &str,
+    n: usize,
+    spec: &Spec,
+) -> Result<(Vec<Rate>, Option<String>)> {
+    let (rates, error) = split(attempt(what, || measure_together(ctx, n, spec))?);
+    Ok((rates.unwrap_or_default(), error))
+}
+
 fn measure_together(ctx: &Ctx, n: usize, spec: &Spec) -> Result<Vec<Rate>> {
     let cs = (0..n)
         .map(|_| ctx.session.run(spec))
@@ -1520,9 +1532,7 @@ fn colocation(ctx: &Ctx) -> Result<ColocationFile> {
                     parent: &parent,
                     checkpoint: None,
                 };
-                let r = attempt(&what, || measure_together(ctx, jobs, &spec))?;
-                let (rates, error) = split(r);
-                let rates = rates.unwrap_or_default();
+                let (rates, error) = measured_pass(ctx, &what, jobs, &spec)?;
                 if !rates.is_empty() {
                     eprintln!(
                         "  {:.1} steps/s in all",
@@ -1620,9 +1630,7 @@ fn host(ctx: &Ctx) -> Result<HostFile> {
                 let what = format!("{jobs} × {model} --size {size} --threads 1, each --cpus 1");
                 eprintln!("host {done}/{total}: {what} (repetition {})", rep + 1);
                 let spec = Spec::one_core(model, *size, &parent);
-                let r = attempt(&what, || measure_together(ctx, jobs, &spec))?;
-                let (rates, error) = split(r);
-                let rates = rates.unwrap_or_default();
+                let (rates, error) = measured_pass(ctx, &what, jobs, &spec)?;
                 if !rates.is_empty() {
                     eprintln!(
                         "  {:.1} steps/s each on average",
