@@ -51,16 +51,35 @@ pub fn quota_share(capacity: f64, demand: &[f64], quota: &[f64], weight: &[f64])
 /// up to its cap, so what a capped container leaves flows to the others in proportion to their
 /// weights.
 pub fn weighted_water_fill(capacity: f64, caps: &[f64], weights: &[f64]) -> Vec<f64> {
-    let mut order: Vec<usize> = (0..caps.len()).collect();
-    order.sort_by(|&a, &b| {
+    let mut out = Vec::new();
+    weighted_water_fill_into(capacity, caps, weights, &mut Vec::new(), &mut out);
+    out
+}
+
+/// [`weighted_water_fill`] into `out`, with `order` as scratch: the ETA forecast water-fills
+/// a worker at every step of its run forward, and allocating both at each step was most of
+/// the allocator's time in the simulator at 10,000 workers (`docs/performance.md`).
+pub fn weighted_water_fill_into(
+    capacity: f64,
+    caps: &[f64],
+    weights: &[f64],
+    order: &mut Vec<usize>,
+    out: &mut Vec<f64>,
+) {
+    order.clear();
+    order.extend(0..caps.len());
+    // The index breaks ties, so the order is total and an unstable sort (which never
+    // allocates) gives the stable sort's order.
+    order.sort_unstable_by(|&a, &b| {
         (caps[a] / weights[a])
             .total_cmp(&(caps[b] / weights[b]))
             .then(a.cmp(&b))
     });
-    let mut out = vec![0.0; caps.len()];
+    out.clear();
+    out.resize(caps.len(), 0.0);
     let mut remaining = capacity.max(0.0);
     let mut weight_left: f64 = weights.iter().sum();
-    for i in order {
+    for &i in order.iter() {
         let share = if weight_left > 0.0 {
             remaining * weights[i] / weight_left
         } else {
@@ -71,7 +90,6 @@ pub fn weighted_water_fill(capacity: f64, caps: &[f64], weights: &[f64]) -> Vec<
         remaining -= given;
         weight_left -= weights[i];
     }
-    out
 }
 
 /// The oracle's sharing: shortest remaining work first, each container up to its demand.

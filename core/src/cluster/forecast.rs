@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 
 use converge_policy::estimate::Basis;
-use converge_policy::share::weighted_water_fill;
+use converge_policy::share::{weighted_water_fill, weighted_water_fill_into};
 
 use super::lifecycle::{Job, JobPhase, Worker};
 use super::types::Time;
@@ -58,32 +58,39 @@ pub fn finish_in(
 ) -> Vec<Option<f64>> {
     let speed = speed.max(1e-6);
     let mut out = vec![None; loads.len()];
-    // Still running: index into `loads` and the job as it stands now.
-    let mut live: Vec<(usize, Load<'_>)> = loads.iter().cloned().enumerate().collect();
+    // Still running, side by side: the index into `loads`, the job as it stands now, and the
+    // rate it had at the last step (carried to its end should the steps run out). Buffers
+    // kept across steps: allocating them at every step of every forecast was most of the
+    // allocator's time in the simulator at 10,000 workers (`docs/performance.md`).
+    let mut at: Vec<usize> = (0..loads.len()).collect();
+    let mut now: Vec<Load<'_>> = loads.to_vec();
+    let mut rates: Vec<f64> = Vec::with_capacity(loads.len());
+    let (mut caps, mut cores, mut order) = (Vec::new(), Vec::new(), Vec::new());
     // A slice of the time the known work takes at the first step's rates: a worker is followed
     // through about SLICES steps plus one per job, whether or not its jobs can fill it.
     let mut slice = None;
-    // Each live job's last rate, to carry it to its end should the steps run out.
-    let mut last_rates: Vec<f64> = Vec::new();
     let mut t = 0.0;
     for _ in 0..MAX_STEPS {
-        if !live
-            .iter()
-            .any(|(_, l)| l.remaining.is_some_and(|r| r > 0.0))
-        {
+        if !now.iter().any(|l| l.remaining.is_some_and(|r| r > 0.0)) {
             break;
         }
-        let now: Vec<Load<'_>> = live.iter().map(|(_, l)| l.clone()).collect();
-        let (cores, held) = match weights(&now) {
-            Some(w) if w.len() == now.len() => {
-                let caps: Vec<f64> = now.iter().map(|l| l.demand.min(capacity)).collect();
-                let w: Vec<f64> = w.iter().map(|x| x.max(1e-9)).collect();
-                (weighted_water_fill(capacity, &caps, &w), false)
+        let held = match weights(&now) {
+            Some(mut w) if w.len() == now.len() => {
+                caps.clear();
+                caps.extend(now.iter().map(|l| l.demand.min(capacity)));
+                w.iter_mut().for_each(|x| *x = x.max(1e-9));
+                weighted_water_fill_into(capacity, &caps, &w, &mut order, &mut cores);
+                false
             }
-            _ => (live.iter().map(|(i, _)| current[*i]).collect(), true),
+            _ => {
+                cores.clear();
+                cores.extend(at.iter().map(|&i| current[i]));
+                true
+            }
         };
         // Reference core-seconds per second each job gets.
-        let rates: Vec<f64> = cores.iter().map(|c| c * speed).collect();
+        rates.clear();
+        rates.extend(cores.iter().map(|c| c * speed));
         let next = now
             .iter()
             .zip(&rates)
@@ -91,7 +98,7 @@ pub fn finish_in(
             .fold(f64::INFINITY, f64::min);
         if !next.is_finite() {
             // Nobody with known work runs: nobody ends.
-            last_rates.clear();
+            rates.clear();
             break;
         }
         let slice = *slice.get_or_insert_with(|| {
@@ -101,35 +108,37 @@ pub fn finish_in(
         // Held shares do not change until a job ends: no slices needed.
         let dt = if held { next } else { next.min(slice) };
         t += dt;
-        for ((_, l), r) in live.iter_mut().zip(&rates) {
+        for (l, r) in now.iter_mut().zip(&rates) {
             l.attained += r * dt;
             if let Some(rem) = &mut l.remaining {
                 *rem -= r * dt;
             }
         }
-        // A job within a part in a million of its end has ended (rounding of the steps).
-        let mut kept_rates = Vec::with_capacity(rates.len());
-        let mut k = 0;
-        live.retain(|(i, l)| {
-            let r = rates[k];
-            k += 1;
-            match l.remaining {
-                Some(rem) if rem <= 1e-6 * loads[*i].remaining.unwrap_or(0.0).max(1e-9) => {
-                    out[*i] = Some(t);
-                    false
+        // A job within a part in a million of its end has ended (rounding of the steps); the
+        // others move up, in order.
+        let mut kept = 0;
+        for k in 0..now.len() {
+            let i = at[k];
+            match now[k].remaining {
+                Some(rem) if rem <= 1e-6 * loads[i].remaining.unwrap_or(0.0).max(1e-9) => {
+                    out[i] = Some(t);
                 }
                 _ => {
-                    kept_rates.push(r);
-                    true
+                    at.swap(kept, k);
+                    now.swap(kept, k);
+                    rates.swap(kept, k);
+                    kept += 1;
                 }
             }
-        });
-        last_rates = kept_rates;
+        }
+        at.truncate(kept);
+        now.truncate(kept);
+        rates.truncate(kept);
     }
     // Out of steps: whoever is left runs on at the rate it had last.
-    for ((i, l), r) in live.iter().zip(&last_rates) {
+    for ((&i, l), r) in at.iter().zip(&now).zip(&rates) {
         if let (Some(rem), true) = (l.remaining, *r > 0.0) {
-            out[*i] = Some(t + rem / r);
+            out[i] = Some(t + rem / r);
         }
     }
     out
