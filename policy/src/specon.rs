@@ -143,8 +143,9 @@ pub struct JobObservation {
 /// One worker as Alg. 2 and 3 need it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkerLoad {
-    /// The worker id.
-    pub id: String,
+    /// The worker id (shared, not copied: a driver builds every worker's load at every
+    /// request).
+    pub id: crate::Id,
     /// `R(w, t)`: its current resource consumption (e.g. CPU fraction in use).
     pub resource_use: f64,
     /// False when lost or draining: never a target.
@@ -619,7 +620,7 @@ mod tests {
     fn load(n: usize) -> Vec<WorkerLoad> {
         (0..n)
             .map(|i| WorkerLoad {
-                id: format!("worker-{}", i + 1),
+                id: format!("worker-{}", i + 1).into(),
                 resource_use: 0.5,
                 schedulable: true,
             })
