@@ -1185,7 +1185,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn step(model: &str, size: u32, cpus: f64, threads: u32, s: f64) -> StepPoint {
+    pub(crate) fn step(model: &str, size: u32, cpus: f64, threads: u32, s: f64) -> StepPoint {
         StepPoint {
             model: model.into(),
             size,

@@ -304,7 +304,7 @@ impl TraceFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::measured::tests::{measured, pair_job, pairs_file};
+    use crate::measured::tests::{measured, pair_job, pairs_file, step};
 
     fn trace(policies: &[&str], jobs: &[(&str, f64, u64)]) -> TraceFile {
         TraceFile {
@@ -495,6 +495,58 @@ mod tests {
         assert!(
             (neighbour[1] - b).abs() < 1e-6 && (neighbour[0] - (b + 4.0)).abs() < 1e-6,
             "{neighbour:?}"
+        );
+    }
+
+    /// Two models on one host: each job is charged what a busy neighbour *of the other's
+    /// model* costs it, not what one of its own model would. Same-model pairs are measured
+    /// too, at other factors, so an engine that charged a job by its own model (or by the
+    /// wrong side of the pair) finishes both jobs at other times.
+    #[test]
+    fn a_busy_neighbour_costs_what_its_model_was_measured_to_cost() {
+        let mut t = trace(&["spread"], &[("a", 0.0, 1000), ("b", 0.0, 500)]);
+        t.workers = 2;
+        // b is the small MLP: 4 ms a step, 2 s of work; a keeps 8 ms a step, 8 s.
+        t.jobs[1].size = 6;
+        let mut m = measured();
+        let steps = m.step_time.as_mut().unwrap();
+        steps.points.push(step("mlp", 6, 1.0, 1, 0.004));
+        let curves = m.curves.as_mut().unwrap();
+        let mut small = curves.runs[0].clone();
+        small.size = 6;
+        curves.runs.push(small);
+        // Alone on the host a job runs at full speed (the host table: one busy worker, 1.0).
+        m.host = Some(crate::measured::HostFile {
+            header: steps.header.clone(),
+            points: vec![crate::measured::HostPoint {
+                model: "mlp".into(),
+                size: 12,
+                jobs: 1,
+                rates: Vec::new(),
+                relative: Some(1.0),
+                repeats: Vec::new(),
+                error: None,
+            }],
+        });
+        let job = |size, efficiency| pair_job("mlp", size, Some(efficiency));
+        m.host_pairs = Some(pairs_file(vec![
+            // a beside a busy b: 0.75; b beside a busy a: 0.6.
+            [job(12, 0.75), job(6, 0.6)],
+            // Beside their own model: 0.9 and 0.4.
+            [job(12, 0.9), job(12, 0.9)],
+            [job(6, 0.4), job(6, 0.4)],
+        ]));
+        let run = t.simulate("spread", &m, false).unwrap();
+        let jct = |id: &str| run.jobs.iter().find(|j| j.id == id).unwrap().jct;
+        // b: its 2 s at 0.6 after the 0.5 s start. a: 0.75 meanwhile (2.5 s of its 8), then
+        // the 5.5 s left alone at full speed.
+        let b = 0.5 + 2.0 / 0.6;
+        let a = b + (8.0 - (b - 0.5) * 0.75);
+        assert!(
+            (jct("job-2") - b).abs() < 1e-6 && (jct("job-1") - a).abs() < 1e-6,
+            "a {} (want {a}), b {} (want {b}); charged by its own model they would be 9 and 5.5",
+            jct("job-1"),
+            jct("job-2"),
         );
     }
 
