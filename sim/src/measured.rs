@@ -151,9 +151,11 @@ pub struct ColocationPoint {
     /// [`ColocationPoint::repeats`].
     pub relative: Option<f64>,
     /// Each repetition's `relative`, against the job alone measured in the same repetition
-    /// (`cargo xtask measure --reps`); empty in files measured before repetitions were.
+    /// (`cargo xtask measure --reps`), in the order measured: `null` where that repetition
+    /// failed, so position k is repetition k in every table ([`Measured::at_repetition`]).
+    /// Empty in files measured before repetitions were.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub repeats: Vec<f64>,
+    pub repeats: Vec<Option<f64>>,
     /// Sum of the jobs' cores (should not exceed the budget).
     pub cores_total: Option<f64>,
     /// Why the point has no measurement.
@@ -205,9 +207,11 @@ pub struct HostPoint {
     /// the median of [`HostPoint::repeats`].
     pub relative: Option<f64>,
     /// Each repetition's `relative`, against the alone of the same repetition (`cargo xtask
-    /// measure --reps`); empty in files measured before the host table was repeated.
+    /// measure --reps`), `null` where that repetition failed (as
+    /// [`ColocationPoint::repeats`]); empty in files measured before the host table was
+    /// repeated.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub repeats: Vec<f64>,
+    pub repeats: Vec<Option<f64>>,
     /// Why the point has no measurement.
     pub error: Option<String>,
 }
@@ -226,10 +230,11 @@ pub struct PairJob {
     /// [`PairJob::repeats`].
     pub efficiency: Option<f64>,
     /// Each repetition's `efficiency`, against the job alone measured in the same repetition
-    /// (`cargo xtask measure --reps`); empty alone and in files measured before pairs were
+    /// (`cargo xtask measure --reps`), `null` where that repetition failed (as
+    /// [`ColocationPoint::repeats`]); empty alone and in files measured before pairs were
     /// repeated.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub repeats: Vec<f64>,
+    pub repeats: Vec<Option<f64>>,
 }
 
 /// Two jobs of different models started together.
@@ -534,58 +539,49 @@ impl Measured {
     /// How many repetitions the sharing tables were measured in: the most any co-location
     /// point, pair or host point holds (1 where none was repeated).
     pub fn repetitions(&self) -> usize {
-        let coloc = [&self.colocation, &self.colocation_busy]
-            .into_iter()
-            .flatten()
-            .flat_map(|f| &f.points)
-            .map(|p| p.repeats.len());
-        let pairs = [&self.pairs, &self.pairs_busy, &self.host_pairs]
-            .into_iter()
-            .flatten()
-            .flat_map(|f| &f.pairs)
-            .flat_map(|p| &p.jobs)
-            .map(|j| j.repeats.len());
-        let host = self
-            .host
-            .iter()
-            .flat_map(|f| &f.points)
-            .map(|p| p.repeats.len());
-        coloc.chain(pairs).chain(host).max().unwrap_or(0).max(1)
+        // The walk over the tables is `factors_mut`'s, on a copy: one list of what is
+        // repeated serves both (this is read once per report).
+        let mut m = self.clone();
+        m.factors_mut()
+            .map(|(_, r)| r.len())
+            .max()
+            .unwrap_or(0)
+            .max(1)
     }
 
     /// The same measurements with each sharing factor (co-location points and pairs, measured
     /// with the host idle and busy, and the busy workers of the host table) taken from
     /// repetition `k` alone, where it was repeated, instead of the median of the repetitions:
     /// how far the simulator's answer moves with the scatter of the tables it reads. Points
-    /// without a `k`-th repetition keep their median.
+    /// without a `k`-th repetition, or whose `k`-th failed, keep their median.
     pub fn at_repetition(&self, k: usize) -> Self {
         let mut m = self.clone();
-        for p in m.host.iter_mut().flat_map(|f| &mut f.points) {
-            if let Some(&r) = p.repeats.get(k) {
-                p.relative = Some(r);
-            }
-        }
-        for f in [&mut m.colocation, &mut m.colocation_busy]
-            .into_iter()
-            .flatten()
-        {
-            for p in &mut f.points {
-                if let Some(&r) = p.repeats.get(k) {
-                    p.relative = Some(r);
-                }
-            }
-        }
-        for f in [&mut m.pairs, &mut m.pairs_busy, &mut m.host_pairs]
-            .into_iter()
-            .flatten()
-        {
-            for j in f.pairs.iter_mut().flat_map(|p| &mut p.jobs) {
-                if let Some(&r) = j.repeats.get(k) {
-                    j.efficiency = Some(r);
-                }
+        for (factor, repeats) in m.factors_mut() {
+            if let Some(&Some(r)) = repeats.get(k) {
+                *factor = Some(r);
             }
         }
         m
+    }
+
+    /// Every repeated sharing factor (co-location points, pairs and host points, with the
+    /// host idle and busy) beside its repetitions.
+    fn factors_mut(&mut self) -> impl Iterator<Item = (&mut Option<f64>, &[Option<f64>])> {
+        let coloc = [&mut self.colocation, &mut self.colocation_busy]
+            .into_iter()
+            .flatten()
+            .flat_map(|f| &mut f.points)
+            .map(|p| (&mut p.relative, p.repeats.as_slice()));
+        let pairs = [&mut self.pairs, &mut self.pairs_busy, &mut self.host_pairs]
+            .into_iter()
+            .flatten()
+            .flat_map(|f| &mut f.pairs)
+            .flat_map(|p| &mut p.jobs)
+            .map(|j| (&mut j.efficiency, j.repeats.as_slice()));
+        let host = (self.host.iter_mut())
+            .flat_map(|f| &mut f.points)
+            .map(|p| (&mut p.relative, p.repeats.as_slice()));
+        coloc.chain(pairs).chain(host)
     }
 
     /// The provenance of each sharing table present (co-location, pairs and host, with the
@@ -1491,13 +1487,13 @@ pub(crate) mod tests {
         c.points = vec![
             coloc("free", 1, Some(1.0)),
             ColocationPoint {
-                repeats: vec![0.7, 0.9, 0.8],
+                repeats: vec![Some(0.7), Some(0.9), Some(0.8)],
                 ..coloc("free", 2, Some(0.8))
             },
         ];
         m.pairs = Some(pairs_file(vec![[
             PairJob {
-                repeats: vec![0.85, 0.95],
+                repeats: vec![Some(0.85), Some(0.95)],
                 ..pair_job("mlp", 12, Some(0.85))
             },
             pair_job("gru", 2, Some(0.9)),
@@ -1514,8 +1510,8 @@ pub(crate) mod tests {
         m.host = Some(HostFile {
             header: header(),
             points: vec![
-                host(1, 1.0, vec![1.0; 4]),
-                host(2, 0.9, vec![0.95, 0.9, 0.85, 0.8]),
+                host(1, 1.0, vec![Some(1.0); 4]),
+                host(2, 0.9, vec![Some(0.95), Some(0.9), Some(0.85), Some(0.8)]),
             ],
         });
         // The most repetitions any factor holds.
@@ -1534,7 +1530,7 @@ pub(crate) mod tests {
         assert_eq!(factors(&m.at_repetition(3)), (0.8, 0.85, 0.8));
 
         // The tables measured with the host busy, and the pairs on two workers, alike.
-        let repeated = |repeats: Vec<f64>| PairJob {
+        let repeated = |repeats: Vec<Option<f64>>| PairJob {
             repeats,
             ..pair_job("mlp", 12, Some(0.9))
         };
@@ -1543,18 +1539,18 @@ pub(crate) mod tests {
             points: vec![
                 coloc("free", 1, Some(1.0)),
                 ColocationPoint {
-                    repeats: vec![0.6, 0.65],
+                    repeats: vec![Some(0.6), Some(0.65)],
                     ..coloc("free", 2, Some(0.62))
                 },
             ],
             ..m.colocation.clone().unwrap()
         });
         m.pairs_busy = Some(pairs_file(vec![[
-            repeated(vec![0.5, 0.55]),
+            repeated(vec![Some(0.5), Some(0.55)]),
             pair_job("gru", 2, Some(0.9)),
         ]]));
         m.host_pairs = Some(pairs_file(vec![[
-            repeated(vec![0.7, 0.75]),
+            repeated(vec![Some(0.7), Some(0.75)]),
             pair_job("gru", 2, Some(0.9)),
         ]]));
         let busy = |m: &Measured| {
@@ -1568,6 +1564,12 @@ pub(crate) mod tests {
         assert_eq!(busy(&m), (0.62, 0.9, 0.9));
         assert_eq!(busy(&m.at_repetition(0)), (0.6, 0.5, 0.7));
         assert_eq!(busy(&m.at_repetition(1)), (0.65, 0.55, 0.75));
+
+        // A failed repetition is a hole, not a shift: the one after it keeps its place, and
+        // where it failed the stored median holds.
+        m.colocation.as_mut().unwrap().points[1].repeats = vec![Some(0.7), None, Some(0.75)];
+        assert_eq!(factors(&m.at_repetition(1)).0, 0.8);
+        assert_eq!(factors(&m.at_repetition(2)).0, 0.75);
     }
 
     #[test]

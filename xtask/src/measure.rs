@@ -1257,16 +1257,42 @@ pub fn probe(pairs: &[(String, u32)], table: &Settings) -> Result<Vec<Probe>> {
 /// One repetition of one cell: its jobs' rates (empty where it failed) and why it failed.
 type Pass = (Vec<Rate>, Option<String>);
 
-/// Of `passes` (each with the factor it gave), the one whose factor is nearest `median`: the
-/// rates a table shows beside the median of its repetitions.
-fn nearest_median<'r, T>(
-    passes: impl IntoIterator<Item = (&'r T, f64)>,
-    median: f64,
-) -> Option<&'r T> {
-    passes
-        .into_iter()
-        .min_by(|a, b| (a.1 - median).abs().total_cmp(&(b.1 - median).abs()))
-        .map(|(t, _)| t)
+/// One cell's repetitions, reduced as every sharing table keeps them.
+struct Repeated<'r, T> {
+    /// Each repetition's factor in the order measured, `None` where its pass (or the
+    /// reference it is taken against) failed: position k is repetition k in every table, as
+    /// `Measured::at_repetition` reads them. Leaving failed passes out shifted every later
+    /// one, so that one repetition read across tables mixed passes.
+    repeats: Vec<Option<f64>>,
+    /// The median of the factors measured.
+    median: Option<f64>,
+    /// What the repetition whose factor is nearest the median measured (the first such): the
+    /// rates a table shows beside the median.
+    shown: Option<&'r T>,
+}
+
+/// Reduces one cell's repetitions, in the order measured: each gave what it measured and its
+/// factor, or nothing where it failed.
+fn repeated<'r, T>(passes: impl IntoIterator<Item = Option<(&'r T, f64)>>) -> Repeated<'r, T> {
+    let passes: Vec<Option<(&'r T, f64)>> = passes.into_iter().collect();
+    let measured = || passes.iter().flatten().copied();
+    let mid = median(measured().map(|(_, f)| f));
+    let shown = mid.and_then(|mid| {
+        measured()
+            .min_by(|a, b| (a.1 - mid).abs().total_cmp(&(b.1 - mid).abs()))
+            .map(|(t, _)| t)
+    });
+    Repeated {
+        repeats: passes.iter().map(|p| p.map(|(_, f)| f)).collect(),
+        median: mid,
+        shown,
+    }
+}
+
+/// Why a cell's passes failed, joined; `None` where none did.
+fn failures(runs: &[Pass]) -> Option<String> {
+    let errors: Vec<&str> = runs.iter().filter_map(|(_, e)| e.as_deref()).collect();
+    (!errors.is_empty()).then(|| errors.join("; "))
 }
 
 /// Where [`pairs`] runs its two jobs.
@@ -1363,20 +1389,17 @@ fn pairs(ctx: &Ctx, on: PairsOn) -> Result<PairsFile> {
     let alone: Vec<PairJob> = models
         .iter()
         .zip(&alone_runs)
-        .map(|(m, runs)| {
-            let passes: Vec<(&Rate, f64)> = runs
-                .iter()
-                .flatten()
-                .filter_map(|r| Some((r, speed(r)?)))
-                .collect();
-            let mid = median(passes.iter().map(|p| p.1));
-            PairJob {
-                model: m.0.clone(),
-                size: m.1,
-                rate: mid.and_then(|mid| nearest_median(passes, mid)).cloned(),
-                efficiency: None,
-                repeats: Vec::new(),
-            }
+        .map(|(m, runs)| PairJob {
+            model: m.0.clone(),
+            size: m.1,
+            rate: repeated(
+                runs.iter()
+                    .map(|r| r.as_ref().and_then(|r| Some((r, speed(r)?)))),
+            )
+            .shown
+            .cloned(),
+            efficiency: None,
+            repeats: Vec::new(),
         })
         .collect();
     let mut pairs = Vec::new();
@@ -1389,33 +1412,26 @@ fn pairs(ctx: &Ctx, on: PairsOn) -> Result<PairsFile> {
                 .iter()
                 .enumerate()
                 .map(|(n, &m)| {
-                    // Each repetition's speed over the alone of the same one. A failed pass
-                    // is left out, so `repeats` holds the passes that measured, in order.
-                    let passes: Vec<(&Rate, f64)> = runs
-                        .iter()
-                        .zip(&alone_runs[m])
-                        .filter_map(|((rates, _), reference)| {
+                    // Each repetition's speed over the alone of the same one.
+                    let r = repeated(runs.iter().zip(&alone_runs[m]).map(
+                        |((rates, _), reference)| {
                             let own = rates.get(n)?;
                             let r = speed(reference.as_ref()?)?;
                             (r > 0.0).then(|| Some((own, speed(own)? / r)))?
-                        })
-                        .collect();
-                    let repeats: Vec<f64> = passes.iter().map(|p| p.1).collect();
-                    let efficiency = median(repeats.iter().copied());
-                    let rate = efficiency.and_then(|e| nearest_median(passes, e)).cloned();
+                        },
+                    ));
                     PairJob {
                         model: models[m].0.clone(),
                         size: models[m].1,
-                        rate,
-                        efficiency,
-                        repeats,
+                        rate: r.shown.cloned(),
+                        efficiency: r.median,
+                        repeats: r.repeats,
                     }
                 })
                 .collect();
-            let errors: Vec<&str> = runs.iter().filter_map(|(_, e)| e.as_deref()).collect();
             pairs.push(PairPoint {
                 jobs,
-                error: (!errors.is_empty()).then(|| errors.join("; ")),
+                error: failures(runs),
             });
         }
     }
@@ -1556,33 +1572,19 @@ fn colocation(ctx: &Ctx) -> Result<ColocationFile> {
         for (c, &(mode, jobs)) in cells.iter().enumerate() {
             let reps_here = runs(c);
             // Each repetition against the job alone of the same repetition.
-            let repeats: Vec<f64> = reps_here
-                .iter()
-                .enumerate()
-                .filter_map(|(k, (rates, _))| {
-                    let a = aggregate(rates)?;
-                    let b = aggregate(&alone?.get(k)?.0)?;
-                    (b > 0.0).then(|| a / b)
-                })
-                .collect();
-            let aggregates: Vec<f64> = reps_here.iter().filter_map(|(r, _)| aggregate(r)).collect();
-            // The rates shown are those of the repetition nearest the median.
-            let agg = median(aggregates.iter().copied());
-            let shown = agg.and_then(|agg| {
-                nearest_median(
-                    reps_here
-                        .iter()
-                        .filter_map(|(r, _)| Some((r, aggregate(r)?))),
-                    agg,
-                )
-            });
-            let rates = shown.cloned().unwrap_or_default();
+            let ratios = repeated(reps_here.iter().enumerate().map(|(k, (rates, _))| {
+                let a = aggregate(rates)?;
+                let b = aggregate(&alone?.get(k)?.0)?;
+                (b > 0.0).then(|| (rates, a / b))
+            }));
+            // The rates shown are those of the repetition nearest the median aggregate.
+            let aggregates = repeated(reps_here.iter().map(|(r, _)| Some((r, aggregate(r)?))));
+            let rates = aggregates.shown.cloned().unwrap_or_default();
             let cores_total = rates
                 .iter()
                 .map(|r| r.cores)
                 .sum::<Option<f64>>()
                 .filter(|_| !rates.is_empty());
-            let errors: Vec<&str> = reps_here.iter().filter_map(|(_, e)| e.as_deref()).collect();
             points.push(ColocationPoint {
                 model: model.clone(),
                 size: *size,
@@ -1591,11 +1593,11 @@ fn colocation(ctx: &Ctx) -> Result<ColocationFile> {
                 jobs,
                 per_job_cpus: (mode == "split").then(|| budget / jobs as f64),
                 rates,
-                aggregate_steps_per_s: agg,
-                relative: median(repeats.iter().copied()),
-                repeats,
+                aggregate_steps_per_s: aggregates.median,
+                relative: ratios.median,
+                repeats: ratios.repeats,
                 cores_total,
-                error: (!errors.is_empty()).then(|| errors.join("; ")),
+                error: failures(reps_here),
             });
         }
     }
@@ -1650,31 +1652,19 @@ fn host(ctx: &Ctx) -> Result<HostFile> {
         let alone = &measured[m][0];
         for jobs in 1..=ctx.nproc {
             let runs = &measured[m][jobs - 1];
-            // Failed passes left out, as the pairs' are.
-            let passes: Vec<(&Vec<Rate>, f64)> = runs
-                .iter()
-                .zip(alone)
-                .filter_map(|((rates, _), (reference, _))| {
-                    let (a, b) = (mean(rates, jobs)?, mean(reference, 1)?);
-                    (b > 0.0).then_some((rates, a / b))
-                })
-                .collect();
-            let repeats: Vec<f64> = passes.iter().map(|p| p.1).collect();
-            let relative = median(repeats.iter().copied());
-            let rates = relative
-                .and_then(|r| nearest_median(passes, r))
-                .cloned()
-                .unwrap_or_default();
-            let errors: Vec<&str> = runs.iter().filter_map(|(_, e)| e.as_deref()).collect();
+            let r = repeated(runs.iter().zip(alone).map(|((rates, _), (reference, _))| {
+                let (a, b) = (mean(rates, jobs)?, mean(reference, 1)?);
+                (b > 0.0).then_some((rates, a / b))
+            }));
             points.push(HostPoint {
                 model: model.clone(),
                 size: *size,
                 jobs,
-                rates,
-                relative,
+                rates: r.shown.cloned().unwrap_or_default(),
+                relative: r.median,
                 // One job is the reference itself: 1 in every pass.
-                repeats: if jobs > 1 { repeats } else { Vec::new() },
-                error: (!errors.is_empty()).then(|| errors.join("; ")),
+                repeats: if jobs > 1 { r.repeats } else { Vec::new() },
+                error: failures(runs),
             });
         }
     }
@@ -2059,12 +2049,13 @@ fn provenance(h: &Header) -> String {
 
 /// A factor's repetitions as the tables show them beside its median: ` [lo–hi]`, or nothing
 /// for a factor measured once.
-fn repeat_range(repeats: &[f64]) -> String {
-    if repeats.len() < 2 {
+fn repeat_range(repeats: &[Option<f64>]) -> String {
+    let measured = || repeats.iter().flatten().copied();
+    if measured().count() < 2 {
         return String::new();
     }
-    let lo = repeats.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = repeats.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let lo = measured().fold(f64::INFINITY, f64::min);
+    let hi = measured().fold(f64::NEG_INFINITY, f64::max);
     format!(" [{lo:.2}–{hi:.2}]")
 }
 
@@ -2595,6 +2586,42 @@ fn parse_rfc3339(s: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A failed repetition is a hole at its place, not a shift of the later ones: the third
+    /// pass stays the third though the second failed. The median is of the passes that
+    /// measured, and the rates shown are those of the pass nearest it (the first, on a tie).
+    #[test]
+    fn repetitions_keep_their_places_when_one_fails() {
+        let (a, b, c, d) = ("a", "b", "c", "d");
+        let r = repeated([Some((&a, 0.8)), None, Some((&c, 0.95)), Some((&d, 0.9))]);
+        assert_eq!(r.repeats, vec![Some(0.8), None, Some(0.95), Some(0.9)]);
+        assert_eq!(r.median, Some(0.9));
+        assert_eq!(r.shown, Some(&d));
+        // Two passes: the median falls between them, and the first of the tie is shown.
+        let r = repeated([Some((&a, 0.8)), Some((&b, 1.0))]);
+        assert_eq!((r.median, r.shown), (Some(0.9), Some(&a)));
+        // Nothing measured: no median and nothing shown, every place kept.
+        let r = repeated::<&str>([None, None]);
+        assert_eq!(
+            (r.repeats, r.median, r.shown),
+            (vec![None, None], None, None)
+        );
+    }
+
+    #[test]
+    fn a_cells_failures_are_joined_and_its_range_reads_what_measured() {
+        let ok: Pass = (Vec::new(), None);
+        let failed = |why: &str| -> Pass { (Vec::new(), Some(why.into())) };
+        assert_eq!(failures(&[ok.clone(), ok.clone()]), None);
+        assert_eq!(
+            failures(&[failed("no progress"), ok, failed("exited 137")]).as_deref(),
+            Some("no progress; exited 137")
+        );
+        assert_eq!(repeat_range(&[Some(0.8), None, Some(0.95)]), " [0.80–0.95]");
+        // One measured repetition is no range, however many failed beside it.
+        assert_eq!(repeat_range(&[None, Some(0.8), None]), "");
+        assert_eq!(repeat_range(&[]), "");
+    }
 
     #[test]
     fn docker_timestamps_parse_to_unix_seconds() {
