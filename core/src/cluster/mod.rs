@@ -667,6 +667,7 @@ impl Core {
                 self.dirty = true;
             }
         }
+        self.policy.on_transition(&id, old_worker.as_ref());
         let mut attributes = BTreeMap::new();
         if to_state == JobState::Completed {
             for (q, e) in ["25", "50", "75"].iter().zip(job.eta_errors()) {

@@ -336,6 +336,16 @@ impl Fixture {
         )
     }
 
+    /// Submits each of `ids` (1 core) and answers its Start: each runs where the policy put
+    /// it.
+    fn run_all(&mut self, ids: &[&str]) {
+        for id in ids {
+            let out = self.submit(id, 1.0);
+            let (conn, start) = Self::sent(&out, id, "start").expect("started");
+            self.ok(conn, &start, Self::started(conn));
+        }
+    }
+
     fn started(conn: ConnId) -> ResultDetail {
         ResultDetail::Started {
             container_id: format!("c{conn}"),
@@ -1304,11 +1314,7 @@ fn a_converged_job_moves_by_specon_alg2_once() {
     f.register(1, "w1", 4.0);
     f.register(2, "w2", 4.0);
     // Round-robin: a on w1, b on w2, c on w1.
-    for id in ["a", "b", "c"] {
-        let out = f.submit(id, 1.0);
-        let (conn, start) = Fixture::sent(&out, id, "start").unwrap();
-        f.ok(conn, &start, Fixture::started(conn));
-    }
+    f.run_all(&["a", "b", "c"]);
     assert_eq!(
         f.core.job("c").unwrap().worker().map(WorkerId::as_str),
         Some("w1")
@@ -1328,15 +1334,61 @@ fn a_converged_job_moves_by_specon_alg2_once() {
     assert!(Fixture::sent(&out, "a", "save").is_none());
 }
 
+/// SpeCon's sync looks only at the jobs touched since the last one; debug builds check each
+/// against a sync over every worker (`SpeConPolicy::sync` panics where they differ). This
+/// walks it through each kind of touch between two syncs (every sync here comes with a
+/// request): Alg. 2 choosing a worker with no room (it set the job's worker there; the job
+/// stays), a job that ends with no heartbeat before the next sync, a move and its restore,
+/// and a worker that registers (shifting the indices SpeCon knows workers by).
+#[test]
+fn specon_syncs_follow_every_change_between_them_as_a_full_sync_would() {
+    let mut f = Fixture::new("specon");
+    f.register(1, "w1", 8.0);
+    f.register(2, "w2", 2.0);
+    // Round-robin: a, c, e on w1; b, d on w2, which is then full.
+    f.run_all(&["a", "b", "c", "d", "e"]);
+    assert_eq!(
+        f.core.job("e").unwrap().worker().map(WorkerId::as_str),
+        Some("w1")
+    );
+    f.heartbeat(1);
+    f.heartbeat(2);
+    let request = |job: &str, epoch| AgentMessage::MigrationRequest {
+        job: job.into(),
+        epoch,
+        reason: "converged".into(),
+    };
+    // w2 scores lower (two jobs against three) but has no room: a stays.
+    let out = f.msg(1, request("a", 1));
+    assert!(Fixture::sent(&out, "a", "save").is_none());
+    assert!(
+        Fixture::event(&out, EventKind::Migration).is_some_and(|e| e.reason.contains("no room")),
+        "{out:?}"
+    );
+    // b ends; no heartbeat before the next request.
+    f.exited(2, "b", 1, 0, false);
+    assert_eq!(f.state("b"), JobState::Completed);
+    // c asks: w2 has room now, and c moves there.
+    let out = f.msg(1, request("c", 1));
+    let (conn, save) = Fixture::sent(&out, "c", "save").expect("c moves");
+    let out = f.ok(conn, &save, Fixture::saved());
+    let (conn, start) = Fixture::sent(&out, "c", "start").expect("c restores");
+    assert_eq!(conn, 2);
+    f.ok(conn, &start, Fixture::started(conn));
+    assert_eq!(f.state("c"), JobState::Running);
+    // A worker that sorts first registers: every index shifts.
+    f.register(3, "w0", 4.0);
+    f.msg(1, request("e", 1));
+    // And after the full sync, the incremental ones again.
+    f.exited(1, "a", 1, 0, false);
+    f.msg(2, request("d", 1));
+}
+
 #[test]
 fn specon_rebalances_on_its_timer() {
     let mut f = Fixture::new("specon");
     f.register(1, "w1", 8.0);
-    for id in ["a", "b", "c", "d"] {
-        let out = f.submit(id, 1.0);
-        let (conn, start) = Fixture::sent(&out, id, "start").unwrap();
-        f.ok(conn, &start, Fixture::started(conn));
-    }
+    f.run_all(&["a", "b", "c", "d"]);
     f.register(2, "w2", 8.0);
     // a and b report converged.
     let status = |j: &str| JobStatus {
@@ -1411,6 +1463,12 @@ mod model {
         /// The manager is killed and starts again from its store; with a worker, that
         /// worker's agent has just carried out a command whose answer dies with the manager.
         Restart(Option<usize>),
+        /// The worker's agent asks for its first running job to be moved (SpeCon Alg. 1
+        /// line 16; any policy must take it, and SpeCon acts on it).
+        Request(usize),
+        /// The worker's agent categorizes its first running job converged from its next
+        /// heartbeat on (SpeCon's `t_c` is the first such report).
+        Converge(usize),
     }
 
     pub fn op() -> impl Strategy<Value = Op> {
@@ -1425,6 +1483,8 @@ mod model {
             2 => (0..WORKERS).prop_map(Op::Reconnect),
             4 => Just(Op::Tick),
             1 => proptest::option::of(0..WORKERS).prop_map(Op::Restart),
+            1 => (0..WORKERS).prop_map(Op::Request),
+            1 => (0..WORKERS).prop_map(Op::Converge),
         ]
     }
 
@@ -1437,6 +1497,8 @@ mod model {
         running: BTreeMap<JobId, u64>,
         newest: BTreeMap<JobId, u64>,
         outbox: Vec<AgentMessage>,
+        /// Jobs its Alg. 1 found converged.
+        converged: BTreeSet<JobId>,
     }
 
     pub fn run(mut ops: Vec<Op>, policy_name: &str) -> Result<(), TestCaseError> {
@@ -1575,6 +1637,22 @@ mod model {
                         prop_assert!(core.job(id).is_some() || archived, "job {} forgotten", id);
                     }
                 }
+                Op::Request(w) => {
+                    let a = &mut agents[w];
+                    if let Some((job, &epoch)) = a.running.first_key_value() {
+                        a.outbox.push(AgentMessage::MigrationRequest {
+                            job: job.clone(),
+                            epoch,
+                            reason: "converged and shares its worker".into(),
+                        });
+                    }
+                }
+                Op::Converge(w) => {
+                    let a = &mut agents[w];
+                    if let Some(job) = a.running.keys().next().cloned() {
+                        a.converged.insert(job);
+                    }
+                }
                 Op::Tick => {
                     now += 1.0;
                     for a in agents.iter_mut() {
@@ -1583,18 +1661,20 @@ mod model {
                             a.running.clear();
                         }
                         if a.conn.is_some() {
-                            let jobs = a
-                                .running
-                                .iter()
-                                .map(|(j, e)| JobStatus {
-                                    job: j.clone(),
-                                    epoch: *e,
-                                    category: None,
-                                    growth_efficiency: None,
-                                    cpu_limit: None,
-                                    cpu_usage: 1.0,
-                                })
-                                .collect();
+                            let jobs =
+                                a.running
+                                    .iter()
+                                    .map(|(j, e)| JobStatus {
+                                        job: j.clone(),
+                                        epoch: *e,
+                                        category: a.converged.contains(j).then_some(
+                                            converge_policy::cluster::Category::CONVERGED,
+                                        ),
+                                        growth_efficiency: None,
+                                        cpu_limit: None,
+                                        cpu_usage: 1.0,
+                                    })
+                                    .collect();
                             a.outbox.push(AgentMessage::Heartbeat(Heartbeat {
                                 jobs,
                                 ..Heartbeat::default()

@@ -476,6 +476,12 @@ pub trait ClusterPolicy: Send {
         Vec::new()
     }
 
+    /// `job`'s phase changed; before, it was on `was_on` (where it ran, started, or was
+    /// moved from). Every change of phase comes here, as it happens, before any other call
+    /// reads the view again: for a policy that keeps state by the jobs' phases and would
+    /// otherwise have to walk every job to find what changed.
+    fn on_transition(&mut self, _job: &JobId, _was_on: Option<&WorkerId>) {}
+
     /// `job` left `worker` (it ended, or its worker was lost).
     fn on_departure(
         &mut self,

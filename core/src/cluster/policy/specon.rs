@@ -29,12 +29,26 @@ pub struct SpeConPolicy {
     interval: Time,
     next_rebalance: Option<Time>,
     /// Jobs observed running, by the worker that reported them (`heartbeat`). Lists, kept
-    /// and refilled in place: `sync` rebuilds them all at every migration request, and a set
-    /// per worker made and dropped each time was a tenth of SpeCon's time at 3,000 workers.
-    seen: BTreeMap<WorkerId, Vec<JobId>>,
+    /// and refilled in place (a set per worker made and dropped at every sync was a tenth of
+    /// SpeCon's time at 3,000 workers).
+    seen: Seen,
     /// Jobs that left a worker since the last heartbeat (`heartbeat`).
     departed: BTreeSet<JobId>,
+    /// Jobs whose phase changed, or whose state Alg. 2 or 3 changed, since the last `sync`,
+    /// each with the workers it was on before (whose lists in `seen` may still name it): all
+    /// a `sync` needs to look at (`sync`).
+    touched: BTreeMap<JobId, Vec<WorkerId>>,
+    /// How many workers the view held at the last `sync` (0: none yet). A worker that
+    /// registers shifts the indices SpeCon knows workers by, and the next `sync` walks them
+    /// all.
+    synced_workers: usize,
 }
+
+/// The most jobs `SpeConPolicy::touched` holds before the next sync is made a full one.
+const TOUCHED_AT_MOST: usize = 1 << 16;
+
+/// Running jobs by the worker they were observed on (`SpeConPolicy::seen`).
+type Seen = BTreeMap<WorkerId, Vec<JobId>>;
 
 impl SpeConPolicy {
     /// `name` placing with `placer`, agents running `mode`, Alg. 3 every `interval` seconds.
@@ -53,49 +67,69 @@ impl SpeConPolicy {
             next_rebalance: None,
             seen: BTreeMap::new(),
             departed: BTreeSet::new(),
+            touched: BTreeMap::new(),
+            synced_workers: 0,
         }
     }
 
-    /// Brings SpeCon's per-job state in line with the running jobs: their workers (by index in
-    /// the view's order) and their reported categories; finished jobs leave it. It walks the
-    /// workers' jobs, not every job the core holds (the simulator keeps every finished job),
-    /// and builds no set of the running ones: at a migration request on 10,000 workers those
-    /// were most of the time (`docs/performance.md`).
+    /// Brings SpeCon's per-job state in line with the running jobs, as [`sync_all`] does,
+    /// looking only at the jobs `touched` since the last sync. The rest are as `sync_all`
+    /// would leave them: a job whose phase did not change still runs where it ran (or still
+    /// does not run), and its category changes only at its worker's heartbeat, which
+    /// observes it then. `sync_all` over every worker at every migration request was half of
+    /// SpeCon's time at 10,000 workers (`docs/performance.md`). Debug builds check every sync
+    /// against `sync_all`.
     fn sync(&mut self, now: Time, view: ClusterView<'_>) {
-        let running = |id: &str| {
-            view.jobs
-                .get(id)
-                .is_some_and(|j| matches!(j.phase, JobPhase::Running { .. }))
+        #[cfg(debug_assertions)]
+        let expected = {
+            let (mut specon, mut seen) = (self.specon.clone(), self.seen.clone());
+            sync_all(&mut specon, &mut seen, now, view);
+            (specon, seen)
         };
-        self.specon.retain(|id| running(id) || Self::kept(view, id));
-        // The view's order of workers is the index SpeCon knows them by.
-        // A worker's list is emptied, not removed, when none of its jobs runs (the core never
-        // forgets a worker, so no list outlives its worker).
-        for (index, w) in view.workers.values().enumerate() {
-            let mut runs_here = w
-                .jobs
-                .iter()
-                .filter_map(|id| view.jobs.get(id))
-                .filter(|j| matches!(j.phase, JobPhase::Running { .. }))
-                .peekable();
-            let here = match self.seen.get_mut(&w.id) {
-                Some(here) => here,
-                None if runs_here.peek().is_none() => continue,
-                None => self.seen.entry(w.id.clone()).or_default(),
-            };
-            here.clear();
-            for j in runs_here {
-                self.specon.observe(now, &j.id, index, j.view.category);
-                here.push(j.id.clone());
+        if view.workers.len() != self.synced_workers {
+            sync_all(&mut self.specon, &mut self.seen, now, view);
+            self.synced_workers = view.workers.len();
+            self.touched.clear();
+        }
+        for (id, left) in std::mem::take(&mut self.touched) {
+            for w in &left {
+                if let Some(list) = self.seen.get_mut(w) {
+                    list.retain(|j| *j != id);
+                }
+            }
+            let job = view.jobs.get(&id);
+            match job.map(|j| (&j.phase, j.view.category)) {
+                Some((JobPhase::Running { worker }, category)) => {
+                    if let Some(index) = view.index_of(worker) {
+                        self.specon.observe(now, &id, index, category);
+                    }
+                    let list = self.seen.entry(worker.clone()).or_default();
+                    if !list.contains(&id) {
+                        list.push(id);
+                    }
+                }
+                // Being moved: it keeps its state (the `migrated` mark) until it runs again.
+                Some((JobPhase::Migrating(_), _)) => {}
+                _ => self.specon.forget(&id),
             }
         }
+        #[cfg(debug_assertions)]
+        debug_assert!(
+            self.specon == expected.0 && same_seen(&self.seen, &expected.1),
+            "SpeCon's incremental sync differs from a full one"
+        );
     }
 
-    /// What [`SpeConPolicy::sync`] would change at a heartbeat from `worker`, without looking
-    /// at every job: only the reporting worker's jobs have new reports, and a job can have
-    /// stopped running only if it left a worker since the last heartbeat or was running on
-    /// this one. Alg. 2 and 3 still run a full `sync` first, so what they read is the same;
-    /// this keeps the marks SpeCon forgets (a job that stopped running starts afresh) and the
+    /// Alg. 2 or 3 changed `job`'s state (its worker, its marks): the next `sync` looks at it
+    /// again, as a full one would.
+    fn decided(&mut self, job: JobId) {
+        self.touched.entry(job).or_default();
+    }
+
+    /// What [`sync_all`] would change at a heartbeat from `worker`, without looking at every
+    /// job: only the reporting worker's jobs have new reports, and a job can have stopped
+    /// running only if it left a worker since the last heartbeat or was running on this one.
+    /// Alg. 2 and 3 run a `sync` first, so what they read is the same; this keeps the marks SpeCon forgets (a job that stopped running starts afresh) and the
     /// times it records (`t_c`, the first Converged report) as `sync` at every heartbeat did,
     /// at a cost that grows with one worker's jobs rather than the cluster's. (One case is
     /// recorded later than `sync` recorded it: a job that stayed Converged through its
@@ -217,7 +251,12 @@ impl ClusterPolicy for SpeConPolicy {
                     // Alg. 2 lines 9/15/20: decided at most once.
                     return Vec::new();
                 }
-                match self.specon.schedule(job, &loads) {
+                let chosen = self.specon.schedule(job, &loads);
+                if chosen.is_some() {
+                    // Alg. 2 set its worker to the target, moved or not.
+                    self.decided(job.clone());
+                }
+                match chosen {
                     Some(m) if Self::fits(view, m.to, job) => {
                         let mut attributes = score_attributes(&ids, &m.scores, m.to);
                         attributes.insert("request".into(), reason.to_string());
@@ -261,6 +300,10 @@ impl ClusterPolicy for SpeConPolicy {
         let loads = Self::loads(view);
         let ids: Vec<&WorkerId> = view.workers.keys().collect();
         let (moves, bf) = self.specon.rebalance(now, &loads, &[]);
+        for m in &moves {
+            // Alg. 3 set its worker to the target, moved or not.
+            self.decided(m.job_id.as_str().into());
+        }
         moves
             .into_iter()
             .filter(|m| Self::fits(view, m.to, &m.job_id))
@@ -277,6 +320,21 @@ impl ClusterPolicy for SpeConPolicy {
         self.next_rebalance
     }
 
+    fn on_transition(&mut self, job: &JobId, was_on: Option<&WorkerId>) {
+        // Syncs come with migration requests and rebalancing, which a cluster of one worker
+        // never has: past a bound, the next sync walks everything instead.
+        if self.touched.len() >= TOUCHED_AT_MOST {
+            self.touched.clear();
+            self.synced_workers = 0;
+        }
+        let left = self.touched.entry(job.clone()).or_default();
+        if let Some(w) = was_on
+            && !left.contains(w)
+        {
+            left.push(w.clone());
+        }
+    }
+
     fn on_departure(
         &mut self,
         _now: Time,
@@ -287,6 +345,54 @@ impl ClusterPolicy for SpeConPolicy {
         self.departed.insert(job.clone());
         Vec::new()
     }
+}
+
+/// Brings `specon` and `seen` in line with the running jobs: their workers (by index in the
+/// view's order) and their reported categories; jobs neither running nor being moved leave.
+/// It walks the workers' jobs, not every job the core holds (the simulator keeps every
+/// finished job). What [`SpeConPolicy::sync`] keeps up to date by the jobs touched, and its
+/// check in debug builds.
+fn sync_all(specon: &mut SpeCon, seen: &mut Seen, now: Time, view: ClusterView<'_>) {
+    let running = |id: &str| {
+        view.jobs
+            .get(id)
+            .is_some_and(|j| matches!(j.phase, JobPhase::Running { .. }))
+    };
+    specon.retain(|id| running(id) || SpeConPolicy::kept(view, id));
+    // The view's order of workers is the index SpeCon knows them by. A worker's list is
+    // emptied, not removed, when none of its jobs runs (the core never forgets a worker, so
+    // no list outlives its worker).
+    for (index, w) in view.workers.values().enumerate() {
+        let mut runs_here = w
+            .jobs
+            .iter()
+            .filter_map(|id| view.jobs.get(id))
+            .filter(|j| matches!(j.phase, JobPhase::Running { .. }))
+            .peekable();
+        let here = match seen.get_mut(&w.id) {
+            Some(here) => here,
+            None if runs_here.peek().is_none() => continue,
+            None => seen.entry(w.id.clone()).or_default(),
+        };
+        here.clear();
+        for j in runs_here {
+            specon.observe(now, &j.id, index, j.view.category);
+            here.push(j.id.clone());
+        }
+    }
+}
+
+/// Whether two `seen` name the same jobs on each worker, in any order (an empty list is no
+/// list).
+#[cfg(debug_assertions)]
+fn same_seen(a: &Seen, b: &Seen) -> bool {
+    let sets = |s: &Seen| -> BTreeMap<WorkerId, BTreeSet<JobId>> {
+        s.iter()
+            .filter(|(_, l)| !l.is_empty())
+            .map(|(w, l)| (w.clone(), l.iter().cloned().collect()))
+            .collect()
+    };
+    sets(a) == sets(b)
 }
 
 /// `score.w1 = 3` for each worker Alg. 2 scored (`ineligible` for the others), up to
