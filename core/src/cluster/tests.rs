@@ -2245,6 +2245,51 @@ fn varied_cluster(seed: u64, workers: usize) -> (Fixture, impl FnMut() -> f64) {
     (f, uniform)
 }
 
+/// A job with a value curve is weighed on every worker, not only the least crowded: where its
+/// value is the same everywhere, the least added to the sum of completion times decides, over
+/// more workers than an event lists. Here the fast w05 holds five one-second jobs: more
+/// crowded than the 23 idle workers, yet a 100 s job adds less there ((5 + 100) / 6 s against
+/// 100 / 4 s). A job without a curve goes where the crowding rule sends it, an idle worker.
+#[test]
+fn converge_weighs_a_valued_job_on_every_worker_beyond_those_an_event_lists() {
+    let mut f = Fixture::new("converge");
+    // w05 first, alone, so that the small jobs all land on it.
+    f.register_at(6, "w05", 4.0, 1.5);
+    for k in 0..5 {
+        let id = format!("tiny{k}");
+        let out = f.step(Input::Submit {
+            id: id.as_str().into(),
+            spec: plain_job(1.0),
+        });
+        let (conn, start) = Fixture::sent(&out, &id, "start").expect("placed");
+        f.ok(conn, &start, Fixture::started(conn));
+    }
+    for i in (0..24).filter(|&i| i != 5) {
+        f.register_at(i as ConnId + 1, &format!("w{i:02}"), 4.0, 1.0);
+    }
+    assert!(24 > crate::cluster::policy::SCORES_SHOWN);
+    // Full value for days: worth the same wherever it runs, and it delays no valued job.
+    let out = f.step(Input::Submit {
+        id: "valued".into(),
+        spec: value_job(100.0, 10.0, 1e6, 2e6),
+    });
+    assert!(Fixture::sent(&out, "valued", "start").is_some(), "{out:?}");
+    let placed = Fixture::event(&out, EventKind::JobPlaced).expect("placed");
+    assert_eq!(placed.worker.as_deref(), Some("w05"), "{}", placed.reason);
+    assert!(
+        placed.reason.contains("most value net"),
+        "{}",
+        placed.reason
+    );
+    let out = f.step(Input::Submit {
+        id: "plain".into(),
+        spec: plain_job(100.0),
+    });
+    assert!(Fixture::sent(&out, "plain", "start").is_some(), "{out:?}");
+    let placed = Fixture::event(&out, EventKind::JobPlaced).expect("placed");
+    assert_ne!(placed.worker.as_deref(), Some("w05"), "{}", placed.reason);
+}
+
 /// `converge` works the marginal out only on the least crowded workers: over more workers than
 /// an event lists every score of, each placement must still be the one its rule names when
 /// every worker is weighed (the fewest jobs per reference core, [`SAME_CROWD`] apart counting
