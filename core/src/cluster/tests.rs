@@ -2267,7 +2267,7 @@ fn converge_weighs_a_valued_job_on_every_worker_beyond_those_an_event_lists() {
     for i in (0..24).filter(|&i| i != 5) {
         f.register_at(i as ConnId + 1, &format!("w{i:02}"), 4.0, 1.0);
     }
-    assert!(24 > crate::cluster::policy::SCORES_SHOWN);
+    const { assert!(24 > crate::cluster::policy::SCORES_SHOWN) };
     // Full value for days: worth the same wherever it runs, and it delays no valued job.
     let out = f.step(Input::Submit {
         id: "valued".into(),
