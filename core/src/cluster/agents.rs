@@ -400,6 +400,10 @@ impl Core {
             if s.value.is_some() {
                 j.metric_value = s.value;
             }
+            // Read while the job is at hand: most lines pass no quarter of the steps and most
+            // jobs have no stop rule, and looking the job up again for each made three lookups
+            // of every progress line.
+            let (due, has_rule) = (due_predictions(j), j.spec.stop.is_some());
             let resumed = resumed.map(|r| (r, j.step));
             if let Some((r, step)) = resumed {
                 let downtime = self.now - r.started;
@@ -432,8 +436,12 @@ impl Core {
                     format!("running on {worker}"),
                 );
             }
-            self.note_predictions(&s.job);
-            self.check_stop_rule(&s.job);
+            if due.iter().any(|&d| d) {
+                self.note_predictions(&s.job, due);
+            }
+            if has_rule {
+                self.check_stop_rule(&s.job);
+            }
         }
         for m in batch.malformed {
             if self.may_speak(worker, &m.job, m.epoch)
@@ -444,30 +452,15 @@ impl Core {
         }
     }
 
-    /// Records the finish time predicted as the job passes 25%, 50% and 75% of its steps.
-    pub(super) fn note_predictions(&mut self, id: &str) {
-        let Some(j) = self.jobs.get(id) else {
-            return;
-        };
-        if j.total_steps == 0 {
-            return;
-        }
-        let done = j.step as f64 / j.total_steps as f64;
-        let due: Vec<usize> = [0.25, 0.5, 0.75]
-            .iter()
-            .enumerate()
-            .filter(|(i, q)| done >= **q && j.predicted_at[*i].is_none())
-            .map(|(i, _)| i)
-            .collect();
-        if due.is_empty() {
-            return;
-        }
+    /// Records the finish time predicted now for the quarters of its steps the job has just
+    /// passed (`due`, [`due_predictions`]).
+    pub(super) fn note_predictions(&mut self, id: &str, due: [bool; 3]) {
         let Some(eta) = self.eta(id, self.now) else {
             return;
         };
         let j = self.job_mut(id).expect("exists");
-        for i in due {
-            j.predicted_at[i] = Some(eta.finish_at);
+        for (at, _) in j.predicted_at.iter_mut().zip(due).filter(|(_, d)| *d) {
+            *at = Some(eta.finish_at);
         }
     }
 
@@ -742,4 +735,18 @@ fn refused_speaker(what: Refusal, worker: &str, job: &str, epoch: u64) -> Effect
         what,
         worker: Some(worker.into()),
     }
+}
+
+/// Which of 25%, 50% and 75% of its steps `j` has passed with no finish predicted there yet:
+/// the ETA is scored against the real finish at each (`Job::eta_errors`).
+fn due_predictions(j: &Job) -> [bool; 3] {
+    if j.total_steps == 0 {
+        return [false; 3];
+    }
+    let done = j.step as f64 / j.total_steps as f64;
+    let mut due = [false; 3];
+    for ((d, q), at) in due.iter_mut().zip([0.25, 0.5, 0.75]).zip(&j.predicted_at) {
+        *d = done >= q && at.is_none();
+    }
+    due
 }
