@@ -336,11 +336,11 @@ impl Fixture {
         )
     }
 
-    /// Submits each of `ids` (1 core) and answers its Start: each runs where the policy put
-    /// it.
-    fn run_all(&mut self, ids: &[&str]) {
+    /// Submits each of `ids` (asking for `cpus` cores) and answers its Start: each runs where
+    /// the policy put it.
+    fn run_all(&mut self, ids: &[&str], cpus: f64) {
         for id in ids {
-            let out = self.submit(id, 1.0);
+            let out = self.submit(id, cpus);
             let (conn, start) = Self::sent(&out, id, "start").expect("started");
             self.ok(conn, &start, Self::started(conn));
         }
@@ -1314,7 +1314,7 @@ fn a_converged_job_moves_by_specon_alg2_once() {
     f.register(1, "w1", 4.0);
     f.register(2, "w2", 4.0);
     // Round-robin: a on w1, b on w2, c on w1.
-    f.run_all(&["a", "b", "c"]);
+    f.run_all(&["a", "b", "c"], 1.0);
     assert_eq!(
         f.core.job("c").unwrap().worker().map(WorkerId::as_str),
         Some("w1")
@@ -1346,7 +1346,7 @@ fn specon_syncs_follow_every_change_between_them_as_a_full_sync_would() {
     f.register(1, "w1", 8.0);
     f.register(2, "w2", 2.0);
     // Round-robin: a, c, e on w1; b, d on w2, which is then full.
-    f.run_all(&["a", "b", "c", "d", "e"]);
+    f.run_all(&["a", "b", "c", "d", "e"], 1.0);
     assert_eq!(
         f.core.job("e").unwrap().worker().map(WorkerId::as_str),
         Some("w1")
@@ -1388,7 +1388,7 @@ fn specon_syncs_follow_every_change_between_them_as_a_full_sync_would() {
 fn specon_rebalances_on_its_timer() {
     let mut f = Fixture::new("specon");
     f.register(1, "w1", 8.0);
-    f.run_all(&["a", "b", "c", "d"]);
+    f.run_all(&["a", "b", "c", "d"], 1.0);
     f.register(2, "w2", 8.0);
     // a and b report converged.
     let status = |j: &str| JobStatus {
@@ -2290,6 +2290,57 @@ fn converge_weighs_a_valued_job_on_every_worker_beyond_those_an_event_lists() {
     assert_ne!(placed.worker.as_deref(), Some("w05"), "{}", placed.reason);
 }
 
+/// `converge` moves a job at most once (a move costs a save and a restore): a job it moved to
+/// a slow worker stays there when its fast old worker empties, though moving it back would
+/// now save more than the move costs.
+#[test]
+fn converge_moves_a_job_once_at_most() {
+    let mut f = Fixture::new("converge");
+    // w1 alone at first, so that it takes all four jobs; then the slow w2, empty.
+    f.register_at(1, "w1", 1.0, 2.0);
+    for id in ["a", "b", "c", "d"] {
+        let out = f.step(Input::Submit {
+            id: id.into(),
+            spec: plain_job(100.0),
+        });
+        let (conn, start) = Fixture::sent(&out, id, "start").expect("placed");
+        f.ok(conn, &start, Fixture::started(conn));
+    }
+    f.register_at(2, "w2", 1.0, 1.0);
+    let moves = |f: &mut Fixture| -> Option<(JobId, Command)> {
+        for _ in 0..40 {
+            f.heartbeat(1);
+            f.heartbeat(2);
+            let out = f.advance(1.0);
+            let save = out.iter().find_map(|e| match e {
+                Effect::Send { command, .. } if command.action.name() == "save" => {
+                    Some((command.job.clone(), command.clone()))
+                }
+                _ => None,
+            });
+            if save.is_some() {
+                return save;
+            }
+        }
+        None
+    };
+    let (moved, save) = moves(&mut f).expect("a job moves to the empty w2");
+    let out = f.ok(1, &save, Fixture::saved());
+    let (conn, start) = Fixture::sent(&out, &moved, "start").expect("restoring");
+    assert_eq!(conn, 2);
+    f.ok(conn, &start, Fixture::started(conn));
+    // The others end: w1, twice as fast, is empty, and the moved job alone on w2 would
+    // finish sooner there.
+    for id in ["a", "b", "c", "d"].into_iter().filter(|id| **id != *moved) {
+        f.exited(1, id, 1, 0, false);
+    }
+    assert_eq!(
+        moves(&mut f).map(|m| m.0),
+        None,
+        "{moved} moved a second time"
+    );
+}
+
 /// `converge` works the marginal out only on the least crowded workers: over more workers than
 /// an event lists every score of, each placement must still be the one its rule names when
 /// every worker is weighed (the fewest jobs per reference core, [`SAME_CROWD`] apart counting
@@ -2385,8 +2436,10 @@ fn converge_rebalances_as_its_rule_says_with_every_move_weighed() {
                 f.exited(*conn, id, 1, 0, false);
             }
         }
-        let mut moved = None;
-        for _ in 0..40 {
+        // Up to three moves in turn, each completed before the next: a job moved once is not
+        // moved again.
+        let mut moved: Vec<JobId> = Vec::new();
+        for _ in 0..120 {
             for conn in 1..=workers as ConnId {
                 f.heartbeat(conn);
             }
@@ -2420,14 +2473,13 @@ fn converge_rebalances_as_its_rule_says_with_every_move_weighed() {
                     let here_works = &lists[&src.id];
                     for (k, id) in src.jobs.iter().enumerate() {
                         let j = view.jobs.get(id).unwrap();
-                        if !matches!(j.phase, JobPhase::Running { .. }) {
+                        if !matches!(j.phase, JobPhase::Running { .. }) || moved.contains(id) {
                             continue;
                         }
                         let x = here_works[k];
                         let here = marginal(src, here_works, x, Some(k));
                         let risk = view.work_at_risk(j);
-                        // Every job here (a tenth of a core) fits on every worker, and none
-                        // has been moved before (the first rebalancing).
+                        // Every job here (a tenth of a core) fits on every worker.
                         for dst in view.workers.values() {
                             if dst.id == src.id
                                 || per_core(dst, 1) > per_core(src, 0) * (1.0 + SAME_CROWD) + 1e-9
@@ -2447,7 +2499,7 @@ fn converge_rebalances_as_its_rule_says_with_every_move_weighed() {
                 }
                 best.map(|(_, _, job, to)| (job, to))
             };
-            f.advance(1.0);
+            let out = f.advance(1.0);
             let moving: Vec<(JobId, WorkerId)> = (f.core.jobs().values())
                 .filter_map(|j| match &j.phase {
                     JobPhase::Migrating(m) => Some((j.id.clone(), m.to.clone())),
@@ -2456,12 +2508,30 @@ fn converge_rebalances_as_its_rule_says_with_every_move_weighed() {
                 .collect();
             if !moving.is_empty() {
                 assert_eq!(moving.len(), 1, "seed {seed}: one move per rebalancing");
-                assert_eq!(Some(&moving[0]), want.as_ref(), "seed {seed}");
-                moved = Some(moving[0].clone());
-                break;
+                assert_eq!(
+                    Some(&moving[0]),
+                    want.as_ref(),
+                    "seed {seed}, move {}",
+                    moved.len()
+                );
+                let (job, _) = &moving[0];
+                moved.push(job.clone());
+                if moved.len() == 3 {
+                    break;
+                }
+                // Saved, restored and running on its new worker before the next one.
+                let (conn, save) = Fixture::sent(&out, job, "save").expect("saving");
+                let out = f.ok(conn, &save, Fixture::saved());
+                let (conn, start) = Fixture::sent(&out, job, "start").expect("restoring");
+                f.ok(conn, &start, Fixture::started(conn));
+                f.progress(conn, job, start.epoch, 10);
+                assert_eq!(f.state(job), JobState::Running, "seed {seed}");
             }
         }
-        assert!(moved.is_some(), "seed {seed}: no move was made to compare");
+        assert!(
+            !moved.is_empty(),
+            "seed {seed}: no move was made to compare"
+        );
     }
 }
 
