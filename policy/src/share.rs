@@ -57,8 +57,8 @@ pub fn weighted_water_fill(capacity: f64, caps: &[f64], weights: &[f64]) -> Vec<
 }
 
 /// [`weighted_water_fill`] into `out`, with `order` as scratch: the ETA forecast water-fills
-/// a worker at every step of its run forward, and allocating both at each step was most of
-/// the allocator's time in the simulator at 10,000 workers (`docs/performance.md`).
+/// a worker at every step of its run forward, and allocating at each step was half of the
+/// allocator's samples in a profile of the simulator (`docs/performance.md`).
 pub fn weighted_water_fill_into(
     capacity: f64,
     caps: &[f64],

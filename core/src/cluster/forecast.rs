@@ -60,8 +60,9 @@ pub fn finish_in(
     let mut out = vec![None; loads.len()];
     // Still running, side by side: the index into `loads`, the job as it stands now, and the
     // rate it had at the last step (carried to its end should the steps run out). Buffers
-    // kept across steps: allocating them at every step of every forecast was most of the
-    // allocator's time in the simulator at 10,000 workers (`docs/performance.md`).
+    // kept across steps (the policy's weights aside): allocating them at every step of every
+    // forecast was half of the allocator's samples in a profile of the simulator
+    // (`docs/performance.md`, "Forecasts, progress lines, SpeCon's syncs").
     let mut at: Vec<usize> = (0..loads.len()).collect();
     let mut now: Vec<Load<'_>> = loads.to_vec();
     let mut rates: Vec<f64> = Vec::with_capacity(loads.len());

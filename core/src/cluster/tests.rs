@@ -1334,12 +1334,13 @@ fn a_converged_job_moves_by_specon_alg2_once() {
     assert!(Fixture::sent(&out, "a", "save").is_none());
 }
 
-/// SpeCon's sync looks only at the jobs touched since the last one; debug builds check each
-/// against a sync over every worker (`SpeConPolicy::sync` panics where they differ). This
-/// walks it through each kind of touch between two syncs (every sync here comes with a
-/// request): Alg. 2 choosing a worker with no room (it set the job's worker there; the job
-/// stays), a job that ends with no heartbeat before the next sync, a move and its restore,
-/// and a worker that registers (shifting the indices SpeCon knows workers by).
+/// SpeCon's sync looks only at the jobs touched since the last one; test and debug builds
+/// check each against a sync over every worker (`SpeConPolicy::sync` panics where they
+/// differ: that check is what fails here). This walks it through each kind of touch between
+/// two syncs (every sync here comes with a request): Alg. 2 choosing a worker with no room (it
+/// set the job's worker there; the job stays), a job that ends with no heartbeat before the
+/// next sync, and one with a heartbeat between, a move and its restore, a job being moved, a
+/// worker that registers (shifting the indices SpeCon knows workers by), and lost jobs.
 #[test]
 fn specon_syncs_follow_every_change_between_them_as_a_full_sync_would() {
     let mut f = Fixture::new("specon");
@@ -1376,12 +1377,31 @@ fn specon_syncs_follow_every_change_between_them_as_a_full_sync_would() {
     assert_eq!(conn, 2);
     f.ok(conn, &start, Fixture::started(conn));
     assert_eq!(f.state("c"), JobState::Running);
-    // A worker that sorts first registers: every index shifts.
+    // A worker that sorts first registers: every index shifts. e asks and goes to it.
     f.register(3, "w0", 4.0);
-    f.msg(1, request("e", 1));
-    // And after the full sync, the incremental ones again.
+    let out = f.msg(1, request("e", 1));
+    let (_, save) = Fixture::sent(&out, "e", "save").expect("e moves to the empty w0");
+    // a ends and w1's heartbeat comes before the next sync, which finds e on its way (being
+    // moved, it keeps its state). c was decided once: its request changes nothing else.
     f.exited(1, "a", 1, 0, false);
-    f.msg(2, request("d", 1));
+    f.heartbeat(1);
+    f.msg(2, request("c", 2));
+    assert_eq!(f.state("e"), JobState::Migrating);
+    let out = f.ok(1, &save, Fixture::saved());
+    let (conn, start) = Fixture::sent(&out, "e", "start").expect("e restores");
+    assert_eq!(conn, 3);
+    f.ok(conn, &start, Fixture::started(conn));
+    // w2 falls silent: c and d are lost, and the next sync finds them so.
+    for _ in 0..5 {
+        f.heartbeat(1);
+        f.heartbeat(3);
+        f.advance(1.0);
+    }
+    assert_eq!(
+        (f.state("c"), f.state("d")),
+        (JobState::Lost, JobState::Lost)
+    );
+    f.msg(3, request("e", 2));
 }
 
 #[test]
@@ -1497,8 +1517,8 @@ mod model {
         running: BTreeMap<JobId, u64>,
         newest: BTreeMap<JobId, u64>,
         outbox: Vec<AgentMessage>,
-        /// Jobs its Alg. 1 found converged.
-        converged: BTreeSet<JobId>,
+        /// Incarnations its Alg. 1 found converged (a later one starts afresh).
+        converged: BTreeSet<(JobId, u64)>,
     }
 
     pub fn run(mut ops: Vec<Op>, policy_name: &str) -> Result<(), TestCaseError> {
@@ -1649,8 +1669,8 @@ mod model {
                 }
                 Op::Converge(w) => {
                     let a = &mut agents[w];
-                    if let Some(job) = a.running.keys().next().cloned() {
-                        a.converged.insert(job);
+                    if let Some((job, &epoch)) = a.running.first_key_value() {
+                        a.converged.insert((job.clone(), epoch));
                     }
                 }
                 Op::Tick => {
@@ -1667,7 +1687,7 @@ mod model {
                                     .map(|(j, e)| JobStatus {
                                         job: j.clone(),
                                         epoch: *e,
-                                        category: a.converged.contains(j).then_some(
+                                        category: a.converged.contains(&(j.clone(), *e)).then_some(
                                             converge_policy::cluster::Category::CONVERGED,
                                         ),
                                         growth_efficiency: None,
@@ -2264,10 +2284,11 @@ fn converge_weighs_a_valued_job_on_every_worker_beyond_those_an_event_lists() {
         let (conn, start) = Fixture::sent(&out, &id, "start").expect("placed");
         f.ok(conn, &start, Fixture::started(conn));
     }
-    for i in (0..24).filter(|&i| i != 5) {
+    const WORKERS: usize = 24;
+    const { assert!(WORKERS > crate::cluster::policy::SCORES_SHOWN) };
+    for i in (0..WORKERS).filter(|&i| i != 5) {
         f.register_at(i as ConnId + 1, &format!("w{i:02}"), 4.0, 1.0);
     }
-    const { assert!(24 > crate::cluster::policy::SCORES_SHOWN) };
     // Full value for days: worth the same wherever it runs, and it delays no valued job.
     let out = f.step(Input::Submit {
         id: "valued".into(),
@@ -2403,11 +2424,12 @@ fn converge_places_where_its_rule_says_with_every_worker_weighed() {
 }
 
 /// `converge`'s rebalancing finds the targets a source may send to once per source and passes
-/// over jobs whose move could not gain enough: over more workers than an event lists, the move
-/// it makes must still be the one its rule names when every job is weighed against every
+/// over jobs whose move could not gain enough: over more workers than an event lists, each
+/// move it makes must still be the one its rule names when every job is weighed against every
 /// worker (the most saved from the sum of completion times net of the move's cost, onto a
 /// worker no more crowded than the source; among equal gains the least work at risk; first in
-/// worker and job order), worked out here from the view alone.
+/// worker and job order; a job moved before is not moved again), worked out here from the
+/// view alone, for three moves in turn.
 #[test]
 fn converge_rebalances_as_its_rule_says_with_every_move_weighed() {
     use crate::cluster::policy::priority::SAME_CROWD;
@@ -2524,13 +2546,16 @@ fn converge_rebalances_as_its_rule_says_with_every_move_weighed() {
                 let out = f.ok(conn, &save, Fixture::saved());
                 let (conn, start) = Fixture::sent(&out, job, "start").expect("restoring");
                 f.ok(conn, &start, Fixture::started(conn));
+                // Its first line 5 s later: the move's downtime, what the next moves cost.
+                f.now += 5.0;
                 f.progress(conn, job, start.epoch, 10);
                 assert_eq!(f.state(job), JobState::Running, "seed {seed}");
             }
         }
-        assert!(
-            !moved.is_empty(),
-            "seed {seed}: no move was made to compare"
+        assert_eq!(
+            moved.len(),
+            3,
+            "seed {seed}: fewer moves made than compared"
         );
     }
 }

@@ -476,10 +476,11 @@ pub trait ClusterPolicy: Send {
         Vec::new()
     }
 
-    /// `job`'s phase changed; before, it was on `was_on` (where it ran, started, or was
-    /// moved from). Every change of phase comes here, as it happens, before any other call
-    /// reads the view again: for a policy that keeps state by the jobs' phases and would
-    /// otherwise have to walk every job to find what changed.
+    /// `job`'s phase changed; `was_on` is the worker its phase named before
+    /// ([`JobPhase::worker`]: where it ran or started; for a move, its source while saving and
+    /// its target while restoring). Every change of phase comes here, as it happens, before
+    /// any other call reads the view again: for a policy that keeps state by the jobs' phases
+    /// and would otherwise have to walk every job to find what changed.
     fn on_transition(&mut self, _job: &JobId, _was_on: Option<&WorkerId>) {}
 
     /// `job` left `worker` (it ended, or its worker was lost).

@@ -38,9 +38,9 @@ pub struct SpeConPolicy {
     /// each with the workers it was on before (whose lists in `seen` may still name it): all
     /// a `sync` needs to look at (`sync`).
     touched: BTreeMap<JobId, Vec<WorkerId>>,
-    /// How many workers the view held at the last `sync` (0: none yet). A worker that
-    /// registers shifts the indices SpeCon knows workers by, and the next `sync` walks them
-    /// all.
+    /// How many workers the view held at the last `sync`. A worker that registers shifts the
+    /// indices SpeCon knows workers by, and the next `sync` walks them all, as it does while
+    /// this is 0 (no sync yet, or `touched` overflowed).
     synced_workers: usize,
 }
 
@@ -77,10 +77,10 @@ impl SpeConPolicy {
     /// would leave them: a job whose phase did not change still runs where it ran (or still
     /// does not run), and its category changes only at its worker's heartbeat, which
     /// observes it then. `sync_all` over every worker at every migration request was half of
-    /// SpeCon's time at 10,000 workers (`docs/performance.md`). Debug builds check every sync
-    /// against `sync_all`.
+    /// SpeCon's time at 10,000 workers (`docs/performance.md`). Debug and test builds check
+    /// every sync against `sync_all`.
     fn sync(&mut self, now: Time, view: ClusterView<'_>) {
-        #[cfg(debug_assertions)]
+        #[cfg(any(test, debug_assertions))]
         let expected = {
             let (mut specon, mut seen) = (self.specon.clone(), self.seen.clone());
             sync_all(&mut specon, &mut seen, now, view);
@@ -97,24 +97,22 @@ impl SpeConPolicy {
                     list.retain(|j| *j != id);
                 }
             }
-            let job = view.jobs.get(&id);
-            match job.map(|j| (&j.phase, j.view.category)) {
-                Some((JobPhase::Running { worker }, category)) => {
-                    if let Some(index) = view.index_of(worker) {
-                        self.specon.observe(now, &id, index, category);
-                    }
-                    let list = self.seen.entry(worker.clone()).or_default();
-                    if !list.contains(&id) {
-                        list.push(id);
-                    }
+            match view.jobs.get(&id).map(|j| (j, &j.phase)) {
+                Some((j, JobPhase::Running { worker })) => {
+                    // Its worker's heartbeat since may have listed it already.
+                    let here = self.seen.entry(worker.clone()).or_default();
+                    here.retain(|k| *k != id);
+                    let index = view.index_of(worker).expect("every worker is indexed");
+                    observe(&mut self.specon, here, now, index, j);
                 }
-                // Being moved: it keeps its state (the `migrated` mark) until it runs again.
-                Some((JobPhase::Migrating(_), _)) => {}
+                _ if Self::kept(view, &id) => {}
                 _ => self.specon.forget(&id),
             }
         }
-        #[cfg(debug_assertions)]
-        debug_assert!(
+        // Checked in debug builds and in every test build (release ones too): a sync that
+        // missed a change would go on unnoticed, deciding on a stale view.
+        #[cfg(any(test, debug_assertions))]
+        assert!(
             self.specon == expected.0 && same_seen(&self.seen, &expected.1),
             "SpeCon's incremental sync differs from a full one"
         );
@@ -129,12 +127,13 @@ impl SpeConPolicy {
     /// What [`sync_all`] would change at a heartbeat from `worker`, without looking at every
     /// job: only the reporting worker's jobs have new reports, and a job can have stopped
     /// running only if it left a worker since the last heartbeat or was running on this one.
-    /// Alg. 2 and 3 run a `sync` first, so what they read is the same; this keeps the marks SpeCon forgets (a job that stopped running starts afresh) and the
-    /// times it records (`t_c`, the first Converged report) as `sync` at every heartbeat did,
-    /// at a cost that grows with one worker's jobs rather than the cluster's. (One case is
-    /// recorded later than `sync` recorded it: a job that stayed Converged through its
-    /// worker's loss and return gets its new `t_c` at that worker's next heartbeat rather than
-    /// at the next heartbeat of any worker.)
+    /// Alg. 2 and 3 run a `sync` first, so what they read is the same; this keeps the marks
+    /// SpeCon forgets (a job that stopped running starts afresh) and the times it records
+    /// (`t_c`, the first Converged report) as `sync` at every heartbeat did, at a cost that
+    /// grows with one worker's jobs rather than the cluster's. (One case is recorded later
+    /// than `sync` at every heartbeat recorded it: a job that stayed Converged through its
+    /// worker's loss and return gets its new `t_c` at that worker's next heartbeat rather
+    /// than at the next heartbeat of any worker.)
     fn heartbeat(&mut self, now: Time, worker: &WorkerId, view: ClusterView<'_>) {
         let departed = std::mem::take(&mut self.departed);
         let mut here = self.seen.remove(worker).unwrap_or_default();
@@ -155,8 +154,7 @@ impl SpeConPolicy {
         here.clear();
         for j in w.jobs.iter().filter_map(|id| view.jobs.get(id)) {
             if matches!(j.phase, JobPhase::Running { .. }) {
-                self.specon.observe(now, &j.id, index, j.view.category);
-                here.push(j.id.clone());
+                observe(&mut self.specon, &mut here, now, index, j);
             }
         }
         self.seen.insert(worker.clone(), here);
@@ -321,8 +319,9 @@ impl ClusterPolicy for SpeConPolicy {
     }
 
     fn on_transition(&mut self, job: &JobId, was_on: Option<&WorkerId>) {
-        // Syncs come with migration requests and rebalancing, which a cluster of one worker
-        // never has: past a bound, the next sync walks everything instead.
+        // Syncs come with migration requests and rebalancing ticks: where neither comes (one
+        // worker, whose agent asks for no move), `touched` would keep every job that ever
+        // changed. Past a bound, the next sync walks everything instead.
         if self.touched.len() >= TOUCHED_AT_MOST {
             self.touched.clear();
             self.synced_workers = 0;
@@ -376,15 +375,21 @@ fn sync_all(specon: &mut SpeCon, seen: &mut Seen, now: Time, view: ClusterView<'
         };
         here.clear();
         for j in runs_here {
-            specon.observe(now, &j.id, index, j.view.category);
-            here.push(j.id.clone());
+            observe(specon, here, now, index, j);
         }
     }
 }
 
+/// SpeCon observes running job `j` on worker `index` (its category as last reported), and
+/// `here`, that worker's list in `seen`, names it.
+fn observe(specon: &mut SpeCon, here: &mut Vec<JobId>, now: Time, index: usize, j: &Job) {
+    specon.observe(now, &j.id, index, j.view.category);
+    here.push(j.id.clone());
+}
+
 /// Whether two `seen` name the same jobs on each worker, in any order (an empty list is no
 /// list).
-#[cfg(debug_assertions)]
+#[cfg(any(test, debug_assertions))]
 fn same_seen(a: &Seen, b: &Seen) -> bool {
     let sets = |s: &Seen| -> BTreeMap<WorkerId, BTreeSet<JobId>> {
         s.iter()
