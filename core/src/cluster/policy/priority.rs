@@ -493,10 +493,12 @@ impl PriorityPolicy {
     }
 
     /// A job's place in the order, from its work left and the service it has had (the
-    /// limits it is sent and the forecast of its ETA both order by this).
-    fn key_of(&self, remaining: Option<f64>, attained: f64) -> Option<f64> {
+    /// limits it is sent and the forecast of its ETA both order by this). The work left is
+    /// asked for only when the key reads it: working it out from the job's progress points
+    /// at every heartbeat was half of `las`'s limits, which order by service alone.
+    fn key_of(&self, remaining: impl FnOnce() -> Option<f64>, attained: f64) -> Option<f64> {
         match self.key {
-            Key::Remaining => remaining,
+            Key::Remaining => remaining(),
             Key::Attained => Some(attained),
         }
     }
@@ -511,7 +513,7 @@ impl PriorityPolicy {
             .iter()
             .map(|j| Claim {
                 job: j.id.clone(),
-                key: self.key_of(view.remaining_work(j), j.cpu_s),
+                key: self.key_of(|| view.remaining_work(j), j.cpu_s),
             })
             .collect();
         let cores = split(w.cpu_capacity, &claims, BETA);
@@ -585,7 +587,7 @@ impl ClusterPolicy for PriorityPolicy {
             .iter()
             .map(|l| Claim {
                 job: l.job.into(),
-                key: self.key_of(l.remaining, l.attained),
+                key: self.key_of(|| l.remaining, l.attained),
             })
             .collect();
         Some(split(capacity, &claims, BETA))
