@@ -765,24 +765,24 @@ impl Measured {
     }
 
     /// What `model` at `size` gets done while 1, 2, ... one-core workers of the testbed's host
-    /// are busy (`host.json`, index n − 1): its own model's points where measured (at its
-    /// size, else at the size measured), else the median over the measured models; empty (no
+    /// are busy (`host.json`, index n − 1): its own model's points where measured (at the size
+    /// it borrows, [`borrowed_size`]), else the median over the measured models; empty (no
     /// cost) without the file. Consecutive from one job only, as the co-location factors are.
     fn host(&self, model: &str, size: u32) -> Vec<f64> {
         let Some(f) = &self.host else {
             return Vec::new();
         };
         let most = f.points.iter().map(|p| p.jobs).max().unwrap_or(0);
-        // Its own size's point, else its model's at the size measured (as the co-location
-        // factors are borrowed), else the median over the models.
+        // Its model's point at the size it borrows ([`borrowed_size`]), else the median over
+        // the models.
+        let measured = borrowed_size(
+            f.points.iter().filter(|p| p.model == model).map(|p| p.size),
+            size,
+        );
         let own = |n: usize| {
-            let of_model = |exact: bool| {
-                f.points
-                    .iter()
-                    .filter(|p| p.model == model && p.jobs == n && (!exact || p.size == size))
-                    .find_map(|p| p.relative)
-            };
-            of_model(true).or_else(|| of_model(false))
+            (f.points.iter())
+                .filter(|p| p.model == model && Some(p.size) == measured && p.jobs == n)
+                .find_map(|p| p.relative)
         };
         let all = |n: usize| {
             median(
@@ -886,7 +886,7 @@ impl Measured {
 /// The co-location factors of `model` at `size` with `threads` in `file`, under `mode`
 /// (`free` or `split`), for 1, 2, ... jobs (index n − 1); empty where not measured.
 /// Co-location was measured at each model's size in the traces' first use; another size of
-/// the same model borrows those factors.
+/// the same model borrows those factors ([`borrowed_size`]).
 fn factors(
     file: Option<&ColocationFile>,
     model: &str,
@@ -897,22 +897,13 @@ fn factors(
     let Some(c) = file else {
         return Vec::new();
     };
-    let of_size = |sz: u32| {
-        c.points
-            .iter()
-            .any(|p| p.model == model && p.size == sz && p.threads == threads)
-    };
-    let size = if of_size(size) {
-        size
-    } else {
-        match c
-            .points
-            .iter()
-            .find(|p| p.model == model && p.threads == threads)
-        {
-            Some(p) => p.size,
-            None => return Vec::new(),
-        }
+    let Some(size) = borrowed_size(
+        (c.points.iter())
+            .filter(|p| p.model == model && p.threads == threads)
+            .map(|p| p.size),
+        size,
+    ) else {
+        return Vec::new();
     };
     let mut pts: Vec<(usize, f64)> = c
         .points
@@ -946,10 +937,7 @@ fn beside(file: Option<&PairsFile>, model: &str, size: u32) -> BTreeMap<String, 
             .flatten()
             .filter(move |(me, _)| me.model == model)
     };
-    let Some(measured) = jobs()
-        .map(|(me, _)| me.size)
-        .min_by_key(|&s| (s.abs_diff(size), s))
-    else {
+    let Some(measured) = borrowed_size(jobs().map(|(me, _)| me.size), size) else {
         return BTreeMap::new();
     };
     jobs()
@@ -967,14 +955,22 @@ fn beside_in(table: &BTreeMap<String, f64>, other: &str) -> Option<f64> {
     }
     let (model, size) = other.rsplit_once('/')?;
     let size: u32 = size.parse().ok()?;
-    table
-        .iter()
-        .filter_map(|(k, &v)| {
+    let of_model = || {
+        table.iter().filter_map(move |(k, &v)| {
             let (m, s) = k.rsplit_once('/')?;
             (m == model).then_some((s.parse::<u32>().ok()?, v))
         })
-        .min_by_key(|&(s, _)| (s.abs_diff(size), s))
-        .map(|(_, v)| v)
+    };
+    let measured = borrowed_size(of_model().map(|(s, _)| s), size)?;
+    of_model().find(|&(s, _)| s == measured).map(|(_, v)| v)
+}
+
+/// The size whose measurements a job of `size` reads, of the sizes measured for its model: its
+/// own, else the nearest (the smaller of two as near). Every sharing table is measured at one
+/// size per model, in the traces' first use, and the traces run others; this is the one rule
+/// the co-location, host and pairs tables borrow by.
+fn borrowed_size(measured: impl IntoIterator<Item = u32>, size: u32) -> Option<u32> {
+    measured.into_iter().min_by_key(|&s| (s.abs_diff(size), s))
 }
 
 /// The median of the finite values (the mean of the middle two for an even count); `None`
@@ -1478,6 +1474,43 @@ pub(crate) mod tests {
         // co-location table's two jobs.
         assert_eq!(s.beside("vae/24", false), 0.9);
         assert_eq!(s.beside("cnn/6", false), 0.8);
+    }
+
+    /// One rule for every table: a job's own size where measured, else its model's nearest,
+    /// the smaller of two as near.
+    #[test]
+    fn a_size_not_measured_borrows_its_models_nearest() {
+        assert_eq!(borrowed_size([8, 12, 32], 12), Some(12));
+        assert_eq!(borrowed_size([8, 12, 32], 20), Some(12));
+        assert_eq!(borrowed_size([32, 8, 12], 10), Some(8));
+        assert_eq!(borrowed_size([32, 8], 100), Some(32));
+        assert_eq!(borrowed_size([], 12), None);
+        // The co-location and host tables borrow by it, as the pairs do: a model measured at
+        // two sizes lends a job of a third the nearest one's factors.
+        let mut m = measured();
+        let c = m.colocation.as_mut().unwrap();
+        c.points = vec![
+            coloc("free", 1, Some(1.0)),
+            coloc("free", 2, Some(0.9)),
+            ColocationPoint {
+                size: 20,
+                ..coloc("free", 1, Some(1.0))
+            },
+            ColocationPoint {
+                size: 20,
+                ..coloc("free", 2, Some(0.6))
+            },
+        ];
+        m.step_time
+            .as_mut()
+            .unwrap()
+            .points
+            .push(step("mlp", 18, 1.0, 1, 0.008));
+        let mut small = m.curves.as_ref().unwrap().runs[0].clone();
+        small.size = 18;
+        m.curves.as_mut().unwrap().runs.push(small);
+        assert_eq!(m.cost("mlp", 18, 1).unwrap().sharing.factor(false, 2), 0.6);
+        assert_eq!(m.cost("mlp", 12, 1).unwrap().sharing.factor(false, 2), 0.9);
     }
 
     #[test]
