@@ -645,6 +645,16 @@ struct Spread {
     ratio_differences: Vec<f64>,
 }
 
+/// `v` with `d` decimals, `–` where there is none (the reports' tables).
+fn fixed(v: Option<f64>, d: usize) -> String {
+    v.map_or("–".to_string(), |v| format!("{v:.d$}"))
+}
+
+/// `v` as a percentage with one decimal, `–` where there is none.
+fn abs_pct(v: Option<f64>) -> String {
+    v.map_or("–".to_string(), |v| format!("{:.1}%", 100.0 * v))
+}
+
 /// A table of [`Spread`]s, one row per policy: the median and range over the variants
 /// (`what`: "seeds", "repetitions") of each goal, and how many variants meet it.
 fn spread_table(s: &mut String, spreads: &[Spread], what: &str) {
@@ -661,8 +671,6 @@ fn spread_table(s: &mut String, spreads: &[Spread], what: &str) {
             format!("{lo:.d$}–{hi:.d$}")
         }
     };
-    let f = |v: Option<f64>, d: usize| v.map_or("–".to_string(), |v| format!("{v:.d$}"));
-    let abs_pct = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{:.1}%", 100.0 * v));
     let within = |v: &[f64], goal: f64| {
         if v.is_empty() {
             "–".to_string()
@@ -682,7 +690,7 @@ fn spread_table(s: &mut String, spreads: &[Spread], what: &str) {
             abs_pct(median(sp.errors.clone())),
             range(&sp.errors, 100.0, 1),
             within(&sp.errors, 0.10),
-            f(median(sp.ratio_differences.clone()), 1),
+            fixed(median(sp.ratio_differences.clone()), 1),
             range(&sp.ratio_differences, 1.0, 1),
             within(&sp.ratio_differences, 5.0),
         );
@@ -1053,10 +1061,7 @@ impl Report {
 
     fn markdown(&self) -> String {
         let t = &self.trace;
-        let f = |v: Option<f64>, d: usize| v.map_or("–".to_string(), |v| format!("{v:.d$}"));
         let pct = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{:+.1}%", 100.0 * v));
-        let abs_pct =
-            |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{:.1}%", 100.0 * v));
         let mut s = String::new();
         let _ = writeln!(s, "# {}: live against simulated\n", t.name);
         let _ = writeln!(s, "{}\n", t.title);
@@ -1077,13 +1082,13 @@ impl Report {
                 "| {} | {} | {} | {} | {} | {} | {} / {} | {} / {} |",
                 r.policy,
                 r.runs,
-                f(r.live_avg_jct, 1),
+                fixed(r.live_avg_jct, 1),
                 abs_pct(r.live_avg_spread),
-                f(r.sim_avg_jct, 1),
+                fixed(r.sim_avg_jct, 1),
                 abs_pct(r.median_abs_error),
-                f(r.live_makespan, 1),
-                f(r.sim_makespan, 1),
-                f(r.live_migrations, 1),
+                fixed(r.live_makespan, 1),
+                fixed(r.sim_makespan, 1),
+                fixed(r.live_migrations, 1),
                 r.sim_migrations
             );
         }
@@ -1101,14 +1106,14 @@ impl Report {
                     s,
                     "| {} | {} | {} | {} | {} | {} |",
                     r.policy,
-                    f(l, 3),
-                    f(sm, 3),
-                    f(self.ratio_difference(r), 1),
-                    f(
+                    fixed(l, 3),
+                    fixed(sm, 3),
+                    fixed(self.ratio_difference(r), 1),
+                    fixed(
                         r.live_makespan.zip(base.live_makespan).map(|(p, b)| p / b),
                         3
                     ),
-                    f(r.sim_makespan.zip(base.sim_makespan).map(|(p, b)| p / b), 3),
+                    fixed(r.sim_makespan.zip(base.sim_makespan).map(|(p, b)| p / b), 3),
                 );
             }
         }
@@ -1139,8 +1144,8 @@ impl Report {
                     h.run,
                     abs_pct(h.live_error),
                     abs_pct(h.sim_error),
-                    f(h.live_ratio_difference, 1),
-                    f(h.sim_ratio_difference, 1),
+                    fixed(h.live_ratio_difference, 1),
+                    fixed(h.sim_ratio_difference, 1),
                 );
             }
         }
@@ -1158,16 +1163,16 @@ impl Report {
                 "---:|".repeat(r.runs)
             );
             for j in &r.jobs {
-                let lv: Vec<String> = j.live.iter().map(|v| f(*v, 1)).collect();
+                let lv: Vec<String> = j.live.iter().map(|v| fixed(*v, 1)).collect();
                 let _ = writeln!(
                     s,
                     "| {} | {:.0} | {} | {} | {} | {} | {} | {} / {} |",
                     j.job,
                     j.at_s,
                     lv.join(" | "),
-                    f(j.live_median, 1),
+                    fixed(j.live_median, 1),
                     abs_pct(j.live_spread),
-                    f(j.sim, 1),
+                    fixed(j.sim, 1),
                     pct(j.error),
                     j.live_workers.join(" "),
                     j.sim_worker
@@ -1193,7 +1198,7 @@ impl Report {
             );
             for row in &self.sharing {
                 let busy = if several {
-                    format!(" {} |", f(row.busy, 2))
+                    format!(" {} |", fixed(row.busy, 2))
                 } else {
                     String::new()
                 };
@@ -1209,8 +1214,8 @@ impl Report {
                     row.jobs,
                     row.cpu_s,
                     row.live,
-                    f(alone.map(|a| row.live / a), 2),
-                    f(row.table, 2),
+                    fixed(alone.map(|a| row.live / a), 2),
+                    fixed(row.table, 2),
                 );
             }
         }
