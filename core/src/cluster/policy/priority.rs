@@ -283,6 +283,14 @@ fn per_core(w: &Worker, extra: usize) -> f64 {
     (w.jobs.len() + extra) as f64 / speed(w)
 }
 
+/// [`per_core`] read from `w`'s placement snapshot, which counts the same jobs and holds the
+/// same capacity and speed: placement reads every worker's crowding, and the snapshots lie
+/// side by side where each worker's record is behind a pointer of its own (reading the
+/// records was a fifth of `converge`'s placements at 10,000 workers, `docs/performance.md`).
+fn per_core_of(w: &converge_policy::cluster::WorkerSnapshot, extra: usize) -> f64 {
+    (w.running + extra) as f64 / reference_speed(w.cpu_capacity, w.calibration)
+}
+
 /// Crowding (jobs per reference core, as placement counts them) within this fraction of
 /// another's counts as the same: a worker's speed is a measurement (the agent's calibration
 /// benchmark), and a worker measured a few percent faster than its twin is not less crowded.
@@ -297,7 +305,12 @@ fn more_crowded(a: f64, b: f64) -> bool {
 
 /// Reference core-seconds a worker does per second.
 fn speed(w: &Worker) -> f64 {
-    w.cpu_capacity * w.calibration.max(1e-6)
+    reference_speed(w.cpu_capacity, w.calibration)
+}
+
+/// Reference core-seconds per second of `cores` cores at `calibration`.
+fn reference_speed(cores: f64, calibration: f64) -> f64 {
+    cores * calibration.max(1e-6)
 }
 
 /// A priority-split policy (module doc).
@@ -607,8 +620,8 @@ impl ClusterPolicy for PriorityPolicy {
         let works = Works::of(view);
         let new = works.get(&job.id);
         let workers: Vec<&Worker> = view.workers.values().collect();
-        let fits: Vec<bool> = (workers.iter().zip(snaps))
-            .map(|(w, s)| s.schedulable && s.fits(&need) && w.cpu_capacity > 0.0)
+        let fits: Vec<bool> = (snaps.iter())
+            .map(|s| s.schedulable && s.fits(&need) && s.cpu_capacity > 0.0)
             .collect();
         // What the job adds to the sum of completion times on worker `i` ([`marginal`]).
         let marginal_on = |i: usize| {
@@ -624,7 +637,12 @@ impl ClusterPolicy for PriorityPolicy {
         // took most jobs: on the simulator's `hetero-8w-40job` `converge` was level with
         // Kubernetes' least-allocated spreading, and 5.8% ahead of it with this rule
         // (sim/CONVERGE.md); the other traces moved by about a point either way.
-        let crowd: Vec<f64> = workers.iter().map(|w| per_core(w, 1)).collect();
+        let crowd: Vec<f64> = snaps.iter().map(|s| per_core_of(s, 1)).collect();
+        #[cfg(any(test, debug_assertions))]
+        assert!(
+            (workers.iter().zip(&crowd)).all(|(w, c)| per_core(w, 1).to_bits() == c.to_bits()),
+            "a placement snapshot counts other jobs, or another speed, than its worker"
+        );
         let least_among = |among: &dyn Fn(usize) -> bool| {
             (0..workers.len())
                 .filter(|&i| among(i))
