@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 
 use converge_policy::estimate::Basis;
-use converge_policy::share::{weighted_water_fill, weighted_water_fill_into};
+use converge_policy::share::weighted_water_fill_into;
 
 use super::lifecycle::{Job, JobPhase, Worker};
 use super::types::Time;
@@ -286,11 +286,14 @@ fn infer_demand(capacity: f64, loads: &mut [Load<'_>], used: &[f64], weights: &[
         return;
     }
     let weights: Vec<f64> = weights.iter().map(|x| x.max(1e-9)).collect();
+    // Kept across passes, as `finish_in` keeps its own.
+    let (mut caps, mut order, mut parts) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..loads.len() {
-        let caps: Vec<f64> = loads.iter().map(|l| l.demand).collect();
-        let parts = weighted_water_fill(capacity, &caps, &weights);
+        caps.clear();
+        caps.extend(loads.iter().map(|l| l.demand));
+        weighted_water_fill_into(capacity, &caps, &weights, &mut order, &mut parts);
         let mut changed = false;
-        for ((l, &u), part) in loads.iter_mut().zip(used).zip(parts) {
+        for ((l, &u), &part) in loads.iter_mut().zip(used).zip(&parts) {
             if u > 0.0 && u < l.demand && u < CAPPED_BELOW * part {
                 l.demand = u;
                 changed = true;

@@ -273,22 +273,24 @@ fn value_loss(
     loss
 }
 
-/// Jobs per reference core on `w` with `extra` more: what placement fills first and what a
-/// move may not raise ([`PriorityPolicy::place`], [`PriorityPolicy::even_out`]). A slow core
-/// counts for what it does: on `hetero-heavy-tail-6w-50job` jobs per core alone sent two short
-/// four-thread jobs to an empty 2-core worker at 0.6 speed (1.2 reference cores) rather than
-/// to an 8-core one holding four jobs, and they took 2.3 and 3.3 times as long as under
-/// least-allocated (sim/CONVERGE.md's worst-job column).
-fn per_core(w: &Worker, extra: usize) -> f64 {
-    (w.jobs.len() + extra) as f64 / speed(w)
-}
-
-/// [`per_core`] read from `w`'s placement snapshot, which counts the same jobs and holds the
-/// same capacity and speed: placement reads every worker's crowding, and the snapshots lie
-/// side by side where each worker's record is behind a pointer of its own (reading the
+/// Jobs per reference core on worker `w` with `extra` more: what placement fills first and
+/// what a move may not raise ([`PriorityPolicy::place`], [`PriorityPolicy::even_out`]). A
+/// slow core counts for what it does: on `hetero-heavy-tail-6w-50job` jobs per core alone sent
+/// two short four-thread jobs to an empty 2-core worker at 0.6 speed (1.2 reference cores)
+/// rather than to an 8-core one holding four jobs, and they took 2.3 and 3.3 times as long as
+/// under least-allocated (sim/CONVERGE.md's worst-job column). Read from the worker's
+/// placement snapshot, which counts its jobs and holds its capacity and speed: the snapshots
+/// lie side by side, where each worker's record is behind a pointer of its own (reading the
 /// records was a fifth of `converge`'s placements at 10,000 workers, `docs/performance.md`).
 fn per_core_of(w: &converge_policy::cluster::WorkerSnapshot, extra: usize) -> f64 {
     (w.running + extra) as f64 / reference_speed(w.cpu_capacity, w.calibration)
+}
+
+/// [`per_core_of`] from the worker's own record: what test and debug builds check the
+/// snapshots' crowding against.
+#[cfg(any(test, debug_assertions))]
+fn per_core(w: &Worker, extra: usize) -> f64 {
+    (w.jobs.len() + extra) as f64 / speed(w)
 }
 
 /// Crowding (jobs per reference core, as placement counts them) within this fraction of
@@ -403,32 +405,19 @@ impl PriorityPolicy {
         // job and every worker: at 10,000 workers that pairing was most of `converge`'s time
         // (docs/performance.md, "Placements read the least crowded"). The targets are
         // visited in worker order, as before, so ties between equal moves fall alike.
-        let crowd_with_one: Vec<f64> = live.iter().map(|w| per_core(w, 1)).collect();
+        let crowd_with_one: Vec<f64> = snaps.iter().map(|s| per_core_of(s, 1)).collect();
         let fastest = live.iter().map(|w| speed(w)).fold(0.0, f64::max);
         let mut by_crowd: Vec<usize> = (0..live.len()).collect();
         by_crowd.sort_by(|&a, &b| crowd_with_one[a].total_cmp(&crowd_with_one[b]));
         let mut targets_at: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
         let mut best: Option<(f64, f64, &Job, &Worker, f64, f64)> = None;
         for (s, (src, here_works)) in live.iter().zip(&lists).enumerate() {
-            let on_src: Vec<(usize, &Job)> = src
-                .jobs
-                .iter()
-                .enumerate()
+            let on_src = (src.jobs.iter().enumerate())
                 .filter_map(|(k, id)| Some((k, view.jobs.get(id)?)))
                 .filter(|(_, j)| {
                     matches!(j.phase, JobPhase::Running { .. }) && !self.moved.contains(&j.id)
-                })
-                .collect();
-            if on_src.is_empty() {
-                continue;
-            }
-            let crowd = per_core(src, 0);
-            let targets = targets_at.entry(crowd.to_bits()).or_insert_with(|| {
-                let n = by_crowd.partition_point(|&d| !more_crowded(crowd_with_one[d], crowd));
-                let mut t = by_crowd[..n].to_vec();
-                t.sort_unstable();
-                t
-            });
+                });
+            let crowd = per_core_of(snaps[s], 0);
             for (k, j) in on_src {
                 let x = here_works[k];
                 let here = marginal(src, here_works.iter().copied(), x, Some(k));
@@ -441,6 +430,14 @@ impl PriorityPolicy {
                 if bound <= 0.0 || best.is_some_and(|(g, ..)| bound <= g - 1e-9) {
                     continue;
                 }
+                // Found at the first job of the source that is weighed: where the bound
+                // passes over every job, no list is made.
+                let targets = targets_at.entry(crowd.to_bits()).or_insert_with(|| {
+                    let n = by_crowd.partition_point(|&d| !more_crowded(crowd_with_one[d], crowd));
+                    let mut t = by_crowd[..n].to_vec();
+                    t.sort_unstable();
+                    t
+                });
                 let risk = view.work_at_risk(j);
                 for &d in targets.iter() {
                     let (dst, snap, there_works) = (live[d], snaps[d], &lists[d]);
