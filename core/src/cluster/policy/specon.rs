@@ -105,6 +105,7 @@ impl SpeConPolicy {
                     let index = view.index_of(worker).expect("every worker is indexed");
                     observe(&mut self.specon, here, now, index, j);
                 }
+                // Being moved: kept.
                 _ if Self::kept(view, &id) => {}
                 _ => self.specon.forget(&id),
             }
@@ -140,11 +141,7 @@ impl SpeConPolicy {
         // Forgetting is by id and idempotent: a job both departed and seen here is checked
         // twice, to the same end.
         for id in departed.iter().chain(&here) {
-            let running = view
-                .jobs
-                .get(id)
-                .is_some_and(|j| matches!(j.phase, JobPhase::Running { .. }));
-            if !running && !Self::kept(view, id) {
+            if !Self::kept(view, id) {
                 self.specon.forget(id);
             }
         }
@@ -160,12 +157,13 @@ impl SpeConPolicy {
         self.seen.insert(worker.clone(), here);
     }
 
-    /// Whether SpeCon keeps the state of job `id`, not running now: a job being moved keeps
-    /// it (the `migrated` mark) until it runs again.
+    /// Whether SpeCon keeps the state of job `id`: while it runs, and while it is moved (the
+    /// `migrated` mark holds until it runs again). Any other job is forgotten, to start afresh
+    /// should it run again.
     fn kept(view: ClusterView<'_>, id: &str) -> bool {
         view.jobs
             .get(id)
-            .is_some_and(|j| matches!(j.phase, JobPhase::Migrating(_)))
+            .is_some_and(|j| matches!(j.phase, JobPhase::Running { .. } | JobPhase::Migrating(_)))
     }
 
     /// `R(w, t)` of every worker: cores in use over capacity, from heartbeats.
@@ -352,12 +350,7 @@ impl ClusterPolicy for SpeConPolicy {
 /// finished job). What [`SpeConPolicy::sync`] keeps up to date by the jobs touched, and its
 /// check in debug builds.
 fn sync_all(specon: &mut SpeCon, seen: &mut Seen, now: Time, view: ClusterView<'_>) {
-    let running = |id: &str| {
-        view.jobs
-            .get(id)
-            .is_some_and(|j| matches!(j.phase, JobPhase::Running { .. }))
-    };
-    specon.retain(|id| running(id) || SpeConPolicy::kept(view, id));
+    specon.retain(|id| SpeConPolicy::kept(view, id));
     // The view's order of workers is the index SpeCon knows them by. A worker's list is
     // emptied, not removed, when none of its jobs runs (the core never forgets a worker, so
     // no list outlives its worker).
