@@ -1511,6 +1511,26 @@ pub(crate) mod tests {
         m.curves.as_mut().unwrap().runs.push(small);
         assert_eq!(m.cost("mlp", 18, 1).unwrap().sharing.factor(false, 2), 0.6);
         assert_eq!(m.cost("mlp", 12, 1).unwrap().sharing.factor(false, 2), 0.9);
+        let host = |size, jobs, relative| HostPoint {
+            model: "mlp".into(),
+            size,
+            jobs,
+            rates: Vec::new(),
+            relative: Some(relative),
+            repeats: Vec::new(),
+            error: None,
+        };
+        m.host = Some(HostFile {
+            header: header(),
+            points: vec![
+                host(12, 1, 1.0),
+                host(12, 2, 0.9),
+                host(20, 1, 1.0),
+                host(20, 2, 0.7),
+            ],
+        });
+        assert_eq!(m.cost("mlp", 18, 1).unwrap().sharing.on_host(2), 0.7);
+        assert_eq!(m.cost("mlp", 12, 1).unwrap().sharing.on_host(2), 0.9);
     }
 
     #[test]

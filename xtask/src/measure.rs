@@ -1489,12 +1489,7 @@ fn neighbor_count(ctx: &Ctx) -> usize {
 
 /// One pass of `n` copies of `spec` at once ([`measure_together`], retried by [`attempt`]):
 /// each copy's rate, none when the pass failed, and why it failed.
-fn measured_pass(
-    ctx: &Ctx,
-    what: &str,
-    n: usize,
-    spec: &Spec,
-) -> Result<(Vec<Rate>, Option<String>)> {
+fn measured_pass(ctx: &Ctx, what: &str, n: usize, spec: &Spec) -> Result<Pass> {
     let (rates, error) = split(attempt(what, || measure_together(ctx, n, spec))?);
     Ok((rates.unwrap_or_default(), error))
 }
