@@ -176,6 +176,34 @@ pub trait Placer {
     fn ranks_by_running(&self) -> bool {
         false
     }
+    /// An empty index of this placer's own, for a caller that keeps one snapshot per worker
+    /// and hands it every one it changes ([`PlacerIndex`]); `None` for a placer without one.
+    fn index(&self) -> Option<Box<dyn PlacerIndex>> {
+        None
+    }
+}
+
+/// A placer's index of the workers, kept up to date by its caller one changed snapshot at a
+/// time, so that a placement need not score every worker. Its answers are the placer's own:
+/// [`PlacerIndex::place`] chooses what [`Placer::place`] over the same snapshots would, and
+/// shows the rivals [`Placer::place`]'s scores would put nearest the choice.
+pub trait PlacerIndex: Send + std::fmt::Debug {
+    /// Records the snapshot of the worker at `place` (new, changed, or another worker's now
+    /// that the places moved; an unschedulable worker leaves the index). Workers are only
+    /// ever added: when places move, the caller sets every one again.
+    fn set(&mut self, place: usize, worker: &WorkerSnapshot);
+    /// The choice for `job` among `workers` (the snapshots the index was told of), then up to
+    /// `rivals` other eligible places whose scores are nearest the choice's, nearest first,
+    /// ties to the lower place. `None` when nothing fits or the index cannot answer exactly
+    /// (the caller then asks [`Placer::place`], which also says why nothing fits).
+    fn place(
+        &self,
+        job: &JobRequest,
+        workers: &[WorkerSnapshot],
+        rivals: usize,
+    ) -> Option<Vec<usize>>;
+    /// The placer's score of the worker at `place` (what [`Placement::Worker`]'s scores hold).
+    fn score(&self, place: usize) -> f64;
 }
 
 /// Explains why no worker fits `job`, naming the tightest resource and the best candidate.

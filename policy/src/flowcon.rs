@@ -38,13 +38,16 @@
 //!   more capacity (cores × calibration), then the lowest index, so that in a heterogeneous
 //!   cluster an empty 16-core worker is chosen before an empty 2-core one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::{Category, JobRequest, JobSnapshot, Placement, Placer, WorkerSnapshot};
+use crate::cluster::{
+    Category, JobRequest, JobSnapshot, Placement, Placer, PlacerIndex, WorkerSnapshot,
+};
 use crate::error::{Error, Result};
 use crate::growth::{Direction, ProgressTracker, Resource, Sample, Usage, growth_efficiency};
+use crate::ranked::Ranked;
 
 /// FlowCon's parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -489,13 +492,15 @@ impl Placer for FlowConPlacer {
         "flowcon"
     }
 
+    fn index(&self) -> Option<Box<dyn PlacerIndex>> {
+        Some(Box::new(FlowConIndex::default()))
+    }
+
     fn place(&mut self, job: &JobRequest, workers: &[WorkerSnapshot]) -> Placement {
         let mut scores = Vec::with_capacity(workers.len());
         // (index, containers) of the best all-completing worker; (index, S) of the best other.
         let mut best_all_cl: Option<(usize, usize)> = None;
         let mut best_score: Option<(usize, f64)> = None;
-        // Ties go to the worker with more capacity (cores × calibration), then the lowest index.
-        let power = |i: usize| workers[i].cpu_capacity * workers[i].calibration;
         for (i, w) in workers.iter().enumerate() {
             if !(w.schedulable && w.fits(job)) {
                 scores.push(f64::INFINITY);
@@ -505,12 +510,12 @@ impl Placer for FlowConPlacer {
             scores.push(s.score);
             if s.nl + s.wl == 0 {
                 // Lines 3-5: every container completing (or none): fewest containers wins.
-                if best_all_cl.is_none_or(|(b, c)| s.cl < c || (s.cl == c && power(i) > power(b))) {
+                if best_all_cl.is_none_or(|(b, c)| {
+                    s.cl < c || (s.cl == c && power(&workers[i]) > power(&workers[b]))
+                }) {
                     best_all_cl = Some((i, s.cl));
                 }
-            } else if best_score.is_none_or(|(b, v)| {
-                s.score < v - 1e-12 || ((s.score - v).abs() <= 1e-12 && power(i) > power(b))
-            }) {
+            } else if best_score.is_none_or(|(b, v)| lower(s.score, v, &workers[i], &workers[b])) {
                 // Lines 11-13: minimum score.
                 best_score = Some((i, s.score));
             }
@@ -524,10 +529,208 @@ impl Placer for FlowConPlacer {
     }
 }
 
+/// A worker's power, what ties go to: cores × calibration.
+fn power(w: &WorkerSnapshot) -> f64 {
+    w.cpu_capacity * w.calibration
+}
+
+/// Whether score `s` of worker `w` beats the best so far, `v` of worker `b`, in Alg. 4's scan
+/// (lines 11-13): lower by more than 10⁻¹², or within 10⁻¹² on a more powerful worker. Not a
+/// total order (ties chain), so the result depends on the order of the scan: worker order.
+fn lower(s: f64, v: f64, w: &WorkerSnapshot, b: &WorkerSnapshot) -> bool {
+    s < v - 1e-12 || ((s - v).abs() <= 1e-12 && power(w) > power(b))
+}
+
+/// [`FlowConPlacer`]'s [`PlacerIndex`]: the schedulable workers ordered by Alg. 4's score, and
+/// the all-completing ones by containers then power, so that a placement reads the first that
+/// fit instead of scoring every worker (a third of a 10,000-worker FlowCon simulation, with
+/// the nearest scores its events list another fifth; `docs/performance.md`).
+///
+/// The scan's ties within 10⁻¹² chain, so its choice among the other workers is not the
+/// minimum of any order. It is found exactly in the run of scores that starts at the least
+/// eligible one and goes up while the gaps between neighbours are within the slack of a tie:
+/// once the scan meets the least score its best is within a tie of it, and from then on no
+/// worker past a wider gap can replace it. That run, scanned in worker order, gives the
+/// scan's answer; it is one or a few workers wide.
+#[derive(Debug, Default, Clone)]
+pub struct FlowConIndex {
+    /// By place: the worker's score and power, `None` when it is not schedulable.
+    entries: Vec<Option<(PlacementScore, f64)>>,
+    /// Every schedulable worker, by score then place.
+    by_score: BTreeSet<Ranked>,
+    /// The all-completing schedulable workers (lines 3-5), by containers, then power
+    /// (highest first), then place: the scan's order of preference among them.
+    all_completing: BTreeSet<(usize, Ranked)>,
+    /// Schedulable workers whose score or power is not finite: the scan's comparisons with
+    /// NaN are no order an index could keep, so the index does not answer while there are any.
+    non_finite: usize,
+}
+
+impl FlowConIndex {
+    fn entry(&self, place: usize) -> (PlacementScore, f64) {
+        self.entries[place].expect("only schedulable workers are in the index's orders")
+    }
+
+    fn remove(&mut self, place: usize) {
+        let Some(Some((s, power))) = self.entries.get_mut(place).map(Option::take) else {
+            return;
+        };
+        self.by_score.remove(&Ranked(s.score, place));
+        if s.nl + s.wl == 0 {
+            self.all_completing
+                .remove(&(s.cl, Ranked(0.0 - power, place)));
+        }
+        if !(s.score.is_finite() && power.is_finite()) {
+            self.non_finite -= 1;
+        }
+    }
+
+    /// The scan's choice among the eligible workers that are not all-completing (module doc
+    /// of [`FlowConIndex`]).
+    fn least_score(&self, job: &JobRequest, workers: &[WorkerSnapshot]) -> Option<usize> {
+        let mut run = Vec::new();
+        let mut last: Option<f64> = None;
+        for &Ranked(score, place) in &self.by_score {
+            let (s, _) = self.entry(place);
+            if s.nl + s.wl == 0 || !workers[place].fits(job) {
+                continue;
+            }
+            if let Some(last) = last {
+                // A tie is within 10⁻¹² of the best, which the subtraction in `lower` may
+                // round by half an ulp; twice that and a few ulps more keeps every worker the
+                // scan could still choose.
+                let slack = 2e-12 + 4.0 * f64::EPSILON * score.abs().max(last.abs());
+                if score - last > slack {
+                    break;
+                }
+            }
+            last = Some(score);
+            run.push(place);
+        }
+        run.sort_unstable();
+        let mut best: Option<(usize, f64)> = None;
+        for i in run {
+            let s = self.entry(i).0.score;
+            if best.is_none_or(|(b, v)| lower(s, v, &workers[i], &workers[b])) {
+                best = Some((i, s));
+            }
+        }
+        best.map(|(i, _)| i)
+    }
+
+    /// Up to `rivals` eligible places other than `chosen` whose scores are nearest its score
+    /// `c`, by distance then place: the nearest distance on either side of `c` in the score
+    /// order, then every place at that distance, in place order, then the next distance. The
+    /// places with one score are a range of the order, by place, so a distance many workers
+    /// share (a cluster of idle workers scores alike) costs the few places taken from it.
+    fn nearest(
+        &self,
+        chosen: usize,
+        job: &JobRequest,
+        workers: &[WorkerSnapshot],
+        rivals: usize,
+    ) -> Vec<usize> {
+        use std::ops::Bound::{Excluded, Included, Unbounded};
+        let c = self.entry(chosen).0.score;
+        let fits = |r: &&Ranked| workers[r.1].fits(job);
+        let distance = |r: &Ranked| (r.0 - c).abs();
+        // What is left to walk: below `low`, above `high` (both start at the choice).
+        let (mut low, mut high) = (Ranked(c, chosen), Ranked(c, chosen));
+        let below = |low: Ranked| self.by_score.range(..low).rev().find(fits).copied();
+        let above = |high: Ranked| {
+            (self.by_score.range((Excluded(high), Unbounded)))
+                .find(fits)
+                .copied()
+        };
+        let mut shown = Vec::with_capacity(rivals);
+        let mut tied = Vec::new();
+        while shown.len() < rivals {
+            let wanted = rivals - shown.len();
+            let (mut b, mut a) = (below(low), above(high));
+            let d = match (b, a) {
+                (None, None) => break,
+                (Some(b), None) => distance(&b),
+                (None, Some(a)) => distance(&a),
+                (Some(b), Some(a)) => distance(&b).min(distance(&a)),
+            };
+            let at_d = |r: &Ranked| distance(r).total_cmp(&d).is_eq();
+            // Each score at distance `d` (one, unless rounding makes two alike), side by side.
+            while let Some(Ranked(v, _)) = b.filter(at_d) {
+                let from = Ranked(v, 0);
+                tied.extend(
+                    self.by_score
+                        .range(from..low)
+                        .filter(fits)
+                        .take(wanted)
+                        .map(|r| r.1),
+                );
+                low = from;
+                b = below(low);
+            }
+            while let Some(Ranked(v, _)) = a.filter(at_d) {
+                let to = Ranked(v, usize::MAX);
+                let range = self.by_score.range((Excluded(high), Included(to)));
+                tied.extend(range.filter(fits).take(wanted).map(|r| r.1));
+                high = to;
+                a = above(high);
+            }
+            tied.sort_unstable();
+            shown.extend(tied.drain(..).take(wanted));
+        }
+        shown
+    }
+}
+
+impl PlacerIndex for FlowConIndex {
+    fn set(&mut self, place: usize, worker: &WorkerSnapshot) {
+        self.remove(place);
+        if self.entries.len() <= place {
+            self.entries.resize(place + 1, None);
+        }
+        if !worker.schedulable {
+            return;
+        }
+        let (s, power) = (FlowConPlacer::score(worker), power(worker));
+        self.by_score.insert(Ranked(s.score, place));
+        if s.nl + s.wl == 0 {
+            // `0.0 - power`, not `-power`: a power of zero must not sort as -0.0.
+            self.all_completing
+                .insert((s.cl, Ranked(0.0 - power, place)));
+        }
+        if !(s.score.is_finite() && power.is_finite()) {
+            self.non_finite += 1;
+        }
+        self.entries[place] = Some((s, power));
+    }
+
+    fn place(
+        &self,
+        job: &JobRequest,
+        workers: &[WorkerSnapshot],
+        rivals: usize,
+    ) -> Option<Vec<usize>> {
+        if self.non_finite > 0 {
+            return None;
+        }
+        let chosen = (self.all_completing.iter())
+            .map(|(_, r)| r.1)
+            .find(|&i| workers[i].fits(job))
+            .or_else(|| self.least_score(job, workers))?;
+        let mut shown = vec![chosen];
+        shown.extend(self.nearest(chosen, job, workers, rivals));
+        Some(shown)
+    }
+
+    fn score(&self, place: usize) -> f64 {
+        self.entry(place).0.score
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cluster::test_support::worker;
+    use proptest::prelude::*;
 
     fn obs(id: &str, t: f64, value: f64, cpu: f64) -> Observation {
         Observation {
@@ -805,5 +1008,104 @@ mod tests {
         // A job placed on w2 but not yet in its report counts as New: w2 is no longer all-CL.
         w2.running = 2;
         assert_eq!(FlowConPlacer.place(&job, &[w0, w1, w2]).index(), Some(1));
+    }
+
+    /// A worker drawn to make Alg. 4's ties: growth efficiencies from a few values 10⁻¹³
+    /// apart (ties within 10⁻¹² that chain), powers from two, room for a job or none.
+    fn arb_worker() -> impl Strategy<Value = WorkerSnapshot> {
+        let job = (0usize..3, 0u32..4, 0u32..3).prop_map(|(c, g, nudge)| {
+            let category = [Category::New, Category::Watching, Category::Completing][c];
+            let g = [0.0, 0.01, 0.02, 0.03][g as usize] + nudge as f64 * 3e-13;
+            snap("j", category, g)
+        });
+        (
+            prop::collection::vec(job, 0..4),
+            0usize..2,
+            prop::bool::weighted(0.9),
+            prop::bool::weighted(0.9),
+            prop::bool::ANY,
+        )
+            .prop_map(|(jobs, unreported, schedulable, room, fast)| {
+                let mut w = worker("w", 4.0);
+                w.running = jobs.len() + unreported;
+                w.jobs = jobs;
+                w.schedulable = schedulable;
+                w.cpu_requested = if room { 0.0 } else { 4.0 };
+                w.calibration = if fast { 2.0 } else { 1.0 };
+                w
+            })
+    }
+
+    /// What the index must show for the scan's `placement`: the choice, then the `rivals`
+    /// eligible places nearest its score, by distance then place.
+    fn scanned(placement: &Placement, rivals: usize) -> Option<Vec<usize>> {
+        let Placement::Worker { index, scores } = placement else {
+            return None;
+        };
+        let c = scores[*index];
+        let mut others: Vec<Ranked> = (0..scores.len())
+            .filter(|&i| i != *index && scores[i].is_finite())
+            .map(|i| Ranked((scores[i] - c).abs(), i))
+            .collect();
+        others.sort();
+        let mut shown = vec![*index];
+        shown.extend(others.iter().take(rivals).map(|r| r.1));
+        Some(shown)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// The index answers as Alg. 4's scan of every worker does (choice and the nearest
+        /// scores an event shows), after any sequence of changed snapshots.
+        #[test]
+        fn index_places_as_the_scan_of_every_worker(
+            first in prop::collection::vec(arb_worker(), 1..24),
+            changes in prop::collection::vec((0usize..24, arb_worker()), 0..24),
+            rivals in 1usize..6,
+        ) {
+            let mut workers = first;
+            let mut index = FlowConIndex::default();
+            for (i, w) in workers.iter().enumerate() {
+                index.set(i, w);
+            }
+            let job = JobRequest { cpus: 1.0, memory_bytes: 0 };
+            let check = |index: &FlowConIndex, workers: &[WorkerSnapshot]| {
+                let scan = FlowConPlacer.place(&job, workers);
+                let expected = scanned(&scan, rivals);
+                prop_assert_eq!(index.place(&job, workers, rivals), expected);
+                if let Placement::Worker { index: chosen, scores } = scan {
+                    prop_assert_eq!(index.score(chosen), scores[chosen]);
+                }
+                Ok(())
+            };
+            check(&index, &workers)?;
+            for (i, w) in changes {
+                let i = i % workers.len();
+                workers[i] = w;
+                index.set(i, &workers[i]);
+                check(&index, &workers)?;
+            }
+        }
+    }
+
+    #[test]
+    fn index_stands_aside_while_a_score_is_not_finite() {
+        let mut w0 = worker("w0", 4.0);
+        w0.jobs = vec![snap("a", Category::New, f64::NAN)];
+        w0.running = 1;
+        let w1 = worker("w1", 4.0);
+        let mut index = FlowConIndex::default();
+        index.set(0, &w0);
+        index.set(1, &w1);
+        let job = JobRequest {
+            cpus: 1.0,
+            memory_bytes: 0,
+        };
+        assert_eq!(index.place(&job, &[w0.clone(), w1.clone()], 3), None);
+        // Once the worker's score is finite again, the index answers.
+        w0.jobs[0].growth_efficiency = Some(0.5);
+        index.set(0, &w0);
+        assert_eq!(index.place(&job, &[w0, w1], 3), Some(vec![1, 0]));
     }
 }

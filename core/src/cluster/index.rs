@@ -22,12 +22,13 @@
 //! workers of the order that fit instead of comparing every worker (Spread's scan and the
 //! event's nearest scores were a sixth of the simulator's time at 10,000 workers). The other
 //! placers still compare every worker (a contiguous array of plain structs, no allocation per
-//! worker): their scores depend on the job (least-allocated) or on every reported job
-//! (FlowCon's Alg. 4).
+//! worker) unless they keep an index of their own
+//! ([`converge_policy::cluster::PlacerIndex`]: FlowCon's Alg. 4, ordered by its score), which
+//! this index tells of every snapshot it rebuilds; least-allocated's scores depend on the job.
 
 use std::collections::{BTreeSet, HashMap};
 
-use converge_policy::cluster::WorkerSnapshot;
+use converge_policy::cluster::{PlacerIndex, WorkerSnapshot};
 
 use super::lifecycle::{Jobs, Worker, WorkerPhase, Workers};
 use super::policy::snapshot;
@@ -50,9 +51,19 @@ pub struct PlacementIndex {
     draining: BTreeSet<WorkerId>,
     /// `(running jobs, place in the id order)` of every schedulable worker (module doc).
     by_running: BTreeSet<(usize, usize)>,
+    /// The policy's placer's own index, told of every snapshot that changes (module doc).
+    placer: Option<Box<dyn PlacerIndex>>,
 }
 
 impl PlacementIndex {
+    /// An empty index that keeps `placer`'s index too, if the policy's placer has one.
+    pub fn new(placer: Option<Box<dyn PlacerIndex>>) -> Self {
+        PlacementIndex {
+            placer,
+            ..Default::default()
+        }
+    }
+
     /// Notes that worker `id` (or one of its jobs) changed.
     pub fn touch(&mut self, id: &WorkerId) {
         if !self.stale.contains(id) {
@@ -105,12 +116,21 @@ impl PlacementIndex {
         }
     }
 
-    /// Puts the worker at place `i` in the order by running jobs, if it is schedulable.
+    /// Puts the worker at place `i` in the order by running jobs, if it is schedulable, and
+    /// tells the placer's index of its snapshot.
     fn rank(&mut self, i: usize) {
         let s = &self.snaps[i];
         if s.schedulable {
             self.by_running.insert((s.running, i));
         }
+        if let Some(p) = &mut self.placer {
+            p.set(i, s);
+        }
+    }
+
+    /// The policy's placer's own index, up to date with [`PlacementIndex::snapshots`].
+    pub fn placer(&self) -> Option<&dyn PlacerIndex> {
+        self.placer.as_deref()
     }
 
     /// Places (in [`PlacementIndex::snapshots`]) of the schedulable workers, fewest running

@@ -372,6 +372,7 @@ impl Core {
     pub fn new(config: Config, policy: Box<dyn ClusterPolicy>) -> Self {
         Core {
             config,
+            index: index::PlacementIndex::new(policy.placer_index()),
             policy,
             workers: Workers::new(),
             jobs: Jobs::new(),
@@ -386,7 +387,6 @@ impl Core {
             history: Default::default(),
             changes: Default::default(),
             grace_until: Time::NEG_INFINITY,
-            index: Default::default(),
             finished: VecDeque::new(),
             archived_downtime: None,
             lost: 0,

@@ -296,6 +296,41 @@ impl Fixture {
         })
     }
 
+    /// Submits `id` asking for `cpus` and checks where it was placed and the scores its event
+    /// lists against `expected` (`None`: not placed).
+    fn submit_placed(
+        &mut self,
+        id: &str,
+        cpus: f64,
+        expected: Option<(WorkerId, String)>,
+    ) -> Vec<Effect> {
+        let out = self.submit(id, cpus);
+        let got = Fixture::event(&out, EventKind::JobPlaced).map(|e| {
+            (
+                e.worker.clone().expect("a placement names its worker"),
+                e.attributes["scores"].clone(),
+            )
+        });
+        assert_eq!(got, expected, "job {id} ({cpus} cpus)");
+        out
+    }
+
+    /// Where `placer`'s scan of every worker puts a job asking `need`, and the scores the
+    /// event would list.
+    fn scanned(
+        &self,
+        placer: &mut dyn converge_policy::cluster::Placer,
+        need: &converge_policy::cluster::JobRequest,
+    ) -> Option<(WorkerId, String)> {
+        let (ids, snaps) = self.core.view().snapshots();
+        match placer.place(need, snaps) {
+            converge_policy::cluster::Placement::Worker { index, scores } => {
+                Some((ids[index].clone(), policy::scores_text(ids, &scores, index)))
+            }
+            converge_policy::cluster::Placement::Unschedulable { .. } => None,
+        }
+    }
+
     /// The last command of `action` for `job` in `out`.
     fn sent(out: &[Effect], job: &str, action: &str) -> Option<(ConnId, Command)> {
         out.iter().rev().find_map(|e| match e {
@@ -3095,6 +3130,103 @@ fn converge_moves_no_job_onto_a_worker_more_crowded_per_core_than_its_own() {
     );
 }
 
+/// FlowCon over more workers than an event lists is answered from its placer's own index
+/// (`Placing::indexed`, `FlowConIndex`), not by scoring every worker: the worker, and the
+/// scores the event lists, must be what Alg. 4's scan of every worker gives. Workers report
+/// their jobs' categories and growth efficiencies in heartbeats, from a few values 10⁻¹³
+/// apart so that scores tie within Alg. 4's 10⁻¹² and the ties chain; workers have unequal
+/// sizes (some full for some jobs) and speeds (ties go to power), one drains, and jobs finish.
+#[test]
+fn flowcon_read_off_its_index_places_as_scoring_every_worker_does() {
+    use converge_policy::cluster::{Category, JobRequest};
+    use converge_policy::flowcon::FlowConPlacer;
+    let mut f = Fixture::new("flowcon");
+    let n = 3 * policy::SCORES_SHOWN;
+    for k in 0..n {
+        let w = (k * 7) % n;
+        let id = format!("w{w:02}");
+        f.register_at(w as u64 + 1, &id, [1.0, 2.0, 4.0][w % 3], [1.0, 2.0][w % 2]);
+    }
+    // What each worker's agent reports of its jobs: (job, category, G).
+    let mut reports: BTreeMap<ConnId, Vec<(String, Category, f64)>> = BTreeMap::new();
+    let mut rng = 12345u64;
+    let mut next = move || {
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        rng >> 33
+    };
+    let (mut from_index, mut all_completing) = (0, 0);
+    for j in 0..8 * n {
+        let cpus = [0.0, 0.5, 1.0, 2.0][next() as usize % 4];
+        if j == 2 * n {
+            f.step(Input::Drain {
+                worker: "w05".into(),
+            });
+        }
+        let need = JobRequest {
+            cpus,
+            memory_bytes: 0,
+        };
+        let expected = f.scanned(&mut FlowConPlacer, &need);
+        let view = f.core.view();
+        let (ids, snaps) = view.snapshots();
+        if let Some((w, _)) = &expected {
+            let s = FlowConPlacer::score(&snaps[view.index.position(w).unwrap()]);
+            all_completing += usize::from(s.nl + s.wl == 0);
+        }
+        let indexed = (view.index.placer())
+            .and_then(|p| p.place(&need, snaps, policy::SCORES_SHOWN - 1))
+            .map(|shown| ids[shown[0]].clone());
+        assert_eq!(
+            indexed,
+            expected.as_ref().map(|(w, _)| w.clone()),
+            "job j{j}: the index's choice"
+        );
+        from_index += usize::from(indexed.is_some());
+        let id = format!("j{j}");
+        let out = f.submit_placed(&id, cpus, expected);
+        let Some((conn, start)) = Fixture::sent(&out, &id, "start") else {
+            continue;
+        };
+        f.ok(conn, &start, Fixture::started(conn));
+        let jobs = reports.entry(conn).or_default();
+        if j % 4 == 0 {
+            // Every fourth job ends at once, unreported.
+            f.exited(conn, &id, 1, 0, false);
+        } else {
+            let category =
+                [Category::New, Category::Watching, Category::Completing][next() as usize % 3];
+            let g = [0.01, 0.02, 0.03][next() as usize % 3] + (next() % 3) as f64 * 3e-13;
+            jobs.push((id, category, g));
+        }
+        // The worker's agent reports every job it runs, with one of them moved on a list.
+        if let Some(k) = (!jobs.is_empty()).then(|| next() as usize % jobs.len()) {
+            jobs[k].1 =
+                [Category::New, Category::Watching, Category::Completing][next() as usize % 3];
+        }
+        let heartbeat = Heartbeat {
+            jobs: (jobs.iter())
+                .map(|(job, category, g)| JobStatus {
+                    job: job.as_str().into(),
+                    epoch: 1,
+                    category: Some(*category),
+                    growth_efficiency: Some(*g),
+                    cpu_limit: None,
+                    cpu_usage: 0.5,
+                })
+                .collect(),
+            ..Heartbeat::default()
+        };
+        f.msg(conn, AgentMessage::Heartbeat(heartbeat));
+    }
+    assert!(
+        from_index > 4 * n && all_completing > 0 && all_completing < from_index,
+        "{from_index} placements from the index, {all_completing} on all-completing workers: \
+         the test exercised too little"
+    );
+}
+
 /// Spread over more workers than an event lists is answered from the index's order by
 /// running jobs (`Placing::ranked`), not by comparing every worker: the worker, and the scores
 /// the event lists, must be what comparing every worker gives. Workers register out of id
@@ -3103,7 +3235,7 @@ fn converge_moves_no_job_onto_a_worker_more_crowded_per_core_than_its_own() {
 #[test]
 fn spread_read_off_the_order_by_running_jobs_places_as_comparing_every_worker_does() {
     use converge_policy::baseline::Spread;
-    use converge_policy::cluster::{JobRequest, Placement, Placer};
+    use converge_policy::cluster::JobRequest;
     use policy::placing::Placing;
     let mut f = Fixture::new("spread");
     let n = 3 * policy::SCORES_SHOWN;
@@ -3128,13 +3260,8 @@ fn spread_read_off_the_order_by_running_jobs_places_as_comparing_every_worker_do
             cpus,
             memory_bytes: 0,
         };
-        let (ids, snaps) = f.core.view().snapshots();
-        let expected = match Spread.place(&need, snaps) {
-            Placement::Worker { index, scores } => {
-                Some((ids[index].clone(), policy::scores_text(ids, &scores, index)))
-            }
-            Placement::Unschedulable { .. } => None,
-        };
+        let expected = f.scanned(&mut Spread, &need);
+        let ids = f.core.view().index.ids();
         // The core answers from the order, not by Spread's scan, whenever something fits.
         let ranked = Placing::new(Box::new(Spread), WorkerMode::Free).ranked(&need, f.core.view());
         assert_eq!(
@@ -3143,14 +3270,7 @@ fn spread_read_off_the_order_by_running_jobs_places_as_comparing_every_worker_do
             "job j{j}: the order's first fitting worker"
         );
         let id = format!("j{j}");
-        let out = f.submit(&id, cpus);
-        let got = Fixture::event(&out, EventKind::JobPlaced).map(|e| {
-            (
-                e.worker.clone().expect("a placement names its worker"),
-                e.attributes["scores"].clone(),
-            )
-        });
-        assert_eq!(got, expected, "job {id} ({cpus} cpus)");
+        let out = f.submit_placed(&id, cpus, expected);
         if let Some((conn, start)) = Fixture::sent(&out, &id, "start") {
             placed += 1;
             f.ok(conn, &start, Fixture::started(conn));

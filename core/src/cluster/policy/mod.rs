@@ -436,6 +436,13 @@ pub trait ClusterPolicy: Send {
         false
     }
 
+    /// An empty index of its placer's own, which the core keeps up to date with every
+    /// worker's snapshot ([`converge_policy::cluster::PlacerIndex`]); `None` when its placer
+    /// has none.
+    fn placer_index(&self) -> Option<Box<dyn converge_policy::cluster::PlacerIndex>> {
+        None
+    }
+
     /// Submission rules of this policy, beyond the general ones.
     fn check_submit(&self, _spec: &JobSpec) -> Result<(), Invalid> {
         Ok(())

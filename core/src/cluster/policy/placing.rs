@@ -3,8 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use converge_policy::cluster::{JobRequest, Placement, Placer};
+use converge_policy::cluster::{JobRequest, Placement, Placer, PlacerIndex};
 
+#[cfg(any(test, debug_assertions))]
+use super::shown_places;
 use super::{
     Admission, ClusterPolicy, ClusterView, SCORES_SHOWN, request, scores_text, shown_text,
 };
@@ -27,11 +29,11 @@ impl Placing {
     pub fn admit(&mut self, job: &Job, view: ClusterView<'_>) -> Admission {
         let (ids, snaps) = view.snapshots();
         let need = request(&job.spec);
-        let (index, scores) = match self.ranked(&need, view) {
-            Some(shown) => (
-                shown[0],
-                shown_text(ids, shown, |i| snaps[i].running as f64),
-            ),
+        let (index, scores) = match self.quick(&need, view) {
+            Some((shown, placer)) => {
+                let score = |i: usize| placer.map_or(snaps[i].running as f64, |p| p.score(i));
+                (shown[0], shown_text(ids, shown, score))
+            }
             None => match self.placer.place(&need, snaps) {
                 Placement::Worker { index, scores } => (index, scores_text(ids, &scores, index)),
                 Placement::Unschedulable { reason } => return Admission::Wait { reason },
@@ -51,11 +53,27 @@ impl Placing {
     pub fn target(&mut self, job: &Job, view: ClusterView<'_>) -> Option<WorkerId> {
         let (ids, snaps) = view.snapshots();
         let need = request(&job.spec);
-        let index = match self.ranked(&need, view) {
-            Some(shown) => Some(shown[0]),
+        let index = match self.quick(&need, view) {
+            Some((shown, _)) => Some(shown[0]),
             None => self.placer.place(&need, snaps).index(),
         };
         index.map(|i| ids[i].clone())
+    }
+
+    /// Over more workers than an event lists, the placer's choice then its nearest rivals
+    /// read off an order the core keeps ([`Placing::ranked`], [`Placing::indexed`]), with
+    /// the placer's index when the order was its own (else the scores are running jobs);
+    /// `None` when neither applies or nothing fits (the placer then compares every worker,
+    /// and says why nothing fits).
+    fn quick<'v>(
+        &mut self,
+        need: &JobRequest,
+        view: ClusterView<'v>,
+    ) -> Option<(Vec<usize>, Option<&'v dyn PlacerIndex>)> {
+        match self.ranked(need, view) {
+            Some(shown) => Some((shown, None)),
+            None => (self.indexed(need, view)).map(|(shown, placer)| (shown, Some(placer))),
+        }
     }
 
     /// For a placer that [ranks by running jobs](Placer::ranks_by_running), over more workers
@@ -77,11 +95,47 @@ impl Placing {
             .collect();
         (!shown.is_empty()).then_some(shown)
     }
+
+    /// For a placer with [an index of its own](converge_policy::cluster::PlacerIndex), over
+    /// more workers than an event lists: its choice then its nearest rivals, from that index.
+    /// Test and debug builds check the answer against [`Placer::place`] and [`shown_places`]
+    /// over the same snapshots, every time.
+    fn indexed<'v>(
+        &mut self,
+        need: &JobRequest,
+        view: ClusterView<'v>,
+    ) -> Option<(Vec<usize>, &'v dyn PlacerIndex)> {
+        let (ids, snaps) = view.snapshots();
+        let placer = view.index.placer().filter(|_| ids.len() > SCORES_SHOWN)?;
+        let shown = placer.place(need, snaps, SCORES_SHOWN - 1)?;
+        #[cfg(any(test, debug_assertions))]
+        {
+            // The placers with an index keep no state in `place`: the check changes nothing.
+            match self.placer.place(need, snaps) {
+                Placement::Worker { index, scores } => {
+                    let (mut want, mut got) = (shown_places(&scores, index), shown.clone());
+                    want.sort_unstable();
+                    got.sort_unstable();
+                    assert_eq!(
+                        (shown[0], got),
+                        (index, want),
+                        "the placer's index and its scan"
+                    );
+                }
+                p => panic!("the placer's index chose where its scan says {p:?}"),
+            }
+        }
+        Some((shown, placer))
+    }
 }
 
 impl ClusterPolicy for Placing {
     fn name(&self) -> &'static str {
         self.placer.name()
+    }
+
+    fn placer_index(&self) -> Option<Box<dyn PlacerIndex>> {
+        self.placer.index()
     }
 
     fn worker_mode(&self) -> WorkerMode {

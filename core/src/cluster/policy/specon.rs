@@ -216,6 +216,10 @@ impl ClusterPolicy for SpeConPolicy {
         true
     }
 
+    fn placer_index(&self) -> Option<Box<dyn converge_policy::cluster::PlacerIndex>> {
+        self.placing.placer_index()
+    }
+
     fn place(&mut self, _now: Time, job: &Job, view: ClusterView<'_>) -> Admission {
         self.placing.admit(job, view)
     }
