@@ -29,6 +29,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use converge_policy::cluster::{PlacerIndex, WorkerSnapshot};
+use converge_policy::ranked::Ranked;
 
 use super::lifecycle::{Jobs, Worker, WorkerPhase, Workers};
 use super::policy::snapshot;
@@ -53,13 +54,19 @@ pub struct PlacementIndex {
     by_running: BTreeSet<(usize, usize)>,
     /// The policy's placer's own index, told of every snapshot that changes (module doc).
     placer: Option<Box<dyn PlacerIndex>>,
+    /// The schedulable workers with cores, by crowding (jobs per reference core, counting a
+    /// newcomer) then place: the order `converge` places in (`priority::per_core_of`), kept
+    /// only for a policy that asks ([`super::policy::ClusterPolicy::orders_by_crowd`]).
+    by_crowd: Option<BTreeSet<Ranked>>,
 }
 
 impl PlacementIndex {
-    /// An empty index that keeps `placer`'s index too, if the policy's placer has one.
-    pub fn new(placer: Option<Box<dyn PlacerIndex>>) -> Self {
+    /// An empty index that keeps `placer`'s index too, if the policy's placer has one, and
+    /// the order by crowding if `by_crowd`.
+    pub fn new(placer: Option<Box<dyn PlacerIndex>>, by_crowd: bool) -> Self {
         PlacementIndex {
             placer,
+            by_crowd: by_crowd.then(BTreeSet::new),
             ..Default::default()
         }
     }
@@ -90,6 +97,9 @@ impl PlacementIndex {
                     if old.schedulable {
                         self.by_running.remove(&(old.running, i));
                     }
+                    if let (Some(order), Some(key)) = (&mut self.by_crowd, crowd_key(&old, i)) {
+                        order.remove(&key);
+                    }
                     self.rank(i);
                 }
                 None => {
@@ -112,6 +122,9 @@ impl PlacementIndex {
         if shifted {
             self.places = (self.ids.iter().cloned()).zip(0..).collect();
             self.by_running.clear();
+            if let Some(order) = &mut self.by_crowd {
+                order.clear();
+            }
             (0..self.snaps.len()).for_each(|i| self.rank(i));
         }
     }
@@ -123,9 +136,18 @@ impl PlacementIndex {
         if s.schedulable {
             self.by_running.insert((s.running, i));
         }
+        if let (Some(order), Some(key)) = (&mut self.by_crowd, crowd_key(s, i)) {
+            order.insert(key);
+        }
         if let Some(p) = &mut self.placer {
             p.set(i, s);
         }
+    }
+
+    /// Places of the schedulable workers with cores, least crowded first, ties in id order,
+    /// each with its crowding; `None` unless the policy asked for the order.
+    pub fn by_crowd(&self) -> Option<impl Iterator<Item = (usize, f64)> + '_> {
+        (self.by_crowd.as_ref()).map(|order| order.iter().map(|r| (r.1, r.0)))
     }
 
     /// The policy's placer's own index, up to date with [`PlacementIndex::snapshots`].
@@ -185,6 +207,13 @@ impl PlacementIndex {
                 .iter()
                 .zip(workers.values())
                 .all(|(s, w)| *s == snapshot(w, jobs))
+            && self.by_crowd.as_ref().is_none_or(|order| {
+                let mut fresh: Vec<Ranked> = (0..self.snaps.len())
+                    .filter_map(|i| crowd_key(&self.snaps[i], i))
+                    .collect();
+                fresh.sort_unstable();
+                order.iter().eq(fresh.iter())
+            })
             && self.by_running.iter().copied().eq({
                 let mut order: Vec<(usize, usize)> = (self.snaps.iter().enumerate())
                     .filter(|(_, s)| s.schedulable)
@@ -194,4 +223,10 @@ impl PlacementIndex {
                 order
             })
     }
+}
+
+/// Where the worker at place `i` goes in the order by crowding, if it is in it.
+fn crowd_key(s: &WorkerSnapshot, i: usize) -> Option<Ranked> {
+    (s.schedulable && s.cpu_capacity > 0.0)
+        .then(|| Ranked(super::policy::priority::per_core_of(s, 1), i))
 }

@@ -372,7 +372,7 @@ impl Core {
     pub fn new(config: Config, policy: Box<dyn ClusterPolicy>) -> Self {
         Core {
             config,
-            index: index::PlacementIndex::new(policy.placer_index()),
+            index: index::PlacementIndex::new(policy.placer_index(), policy.orders_by_crowd()),
             policy,
             workers: Workers::new(),
             jobs: Jobs::new(),

@@ -143,6 +143,16 @@ fn config() -> Config {
     }
 }
 
+/// A small deterministic random sequence (Knuth's MMIX generator, high bits).
+fn lcg(mut state: u64) -> impl FnMut() -> u64 {
+    move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        state >> 33
+    }
+}
+
 fn spec(cpus: f64) -> JobSpec {
     JobSpec {
         cpus,
@@ -294,6 +304,24 @@ impl Fixture {
             Effect::Event(e) if e.kind == kind => Some(e),
             _ => None,
         })
+    }
+
+    /// Workers `w00`, `w01`, ... (`n` of them) registered out of id order (the index's order
+    /// is rebuilt when one goes in before others), of 1, 2 and 4 cores in turn, and of the
+    /// `speeds` in turn.
+    fn register_shuffled(&mut self, n: usize, speeds: &[f64]) {
+        // 7 is coprime with n: every worker registers once.
+        assert_ne!(n % 7, 0);
+        for k in 0..n {
+            let w = (k * 7) % n;
+            let id = format!("w{w:02}");
+            self.register_at(
+                w as u64 + 1,
+                &id,
+                [1.0, 2.0, 4.0][w % 3],
+                speeds[w % speeds.len()],
+            );
+        }
     }
 
     /// Submits `id` asking for `cpus` and checks where it was placed and the scores its event
@@ -3130,6 +3158,58 @@ fn converge_moves_no_job_onto_a_worker_more_crowded_per_core_than_its_own() {
     );
 }
 
+/// `converge` over more workers than an event lists places from the core's order by crowding
+/// (`PriorityPolicy::place_in_band`), scoring only the least crowded workers: its answer (the
+/// worker, the reason, the scores its event lists) must be its scan's over every worker.
+/// Workers of unequal sizes and speeds register out of id order, jobs of unequal declared
+/// works arrive, some finish, one worker drains: the crowding order moves every way.
+#[test]
+fn converge_read_off_the_crowding_order_places_as_its_scan_does() {
+    use policy::priority::PriorityPolicy;
+    let mut f = Fixture::new("converge");
+    let n = 3 * policy::SCORES_SHOWN;
+    f.register_shuffled(n, &[1.0, 1.5]);
+    let mut next = lcg(12345);
+    let policy = PriorityPolicy::converge(60.0);
+    let mut banded = 0;
+    for j in 0..8 * n {
+        if j == 2 * n {
+            f.step(Input::Drain {
+                worker: "w05".into(),
+            });
+        }
+        let id = format!("j{j}");
+        let out = f.step(Input::Submit {
+            id: id.as_str().into(),
+            spec: JobSpec {
+                cpus: [0.0, 0.5, 1.0, 2.0][next() as usize % 4],
+                estimated_runtime_s: [0.0, 60.0, 600.0, 3600.0][next() as usize % 4],
+                ..JobSpec::default()
+            },
+        });
+        if let Some((conn, start)) = Fixture::sent(&out, &id, "start") {
+            f.ok(conn, &start, Fixture::started(conn));
+            if j % 3 == 0 {
+                f.exited(conn, &id, 1, 0, false);
+            }
+        }
+        // Where each of a few live jobs would go now (as if it had to move), both ways.
+        let view = f.core.view();
+        let live: Vec<&Job> = view.jobs.values().filter(|j| !j.is_terminal()).collect();
+        for job in live.iter().step_by(live.len() / 4 + 1) {
+            let band = policy.place_in_band(job, view);
+            banded += usize::from(band.is_some());
+            if let Some(band) = band {
+                assert_eq!(band, policy.place_scanning(f.now, job, view), "{}", job.id);
+            }
+        }
+    }
+    assert!(
+        banded > 8 * n,
+        "only {banded} placements from the order: the test exercised too little"
+    );
+}
+
 /// FlowCon over more workers than an event lists is answered from its placer's own index
 /// (`Placing::indexed`, `FlowConIndex`), not by scoring every worker: the worker, and the
 /// scores the event lists, must be what Alg. 4's scan of every worker gives. Workers report
@@ -3142,20 +3222,10 @@ fn flowcon_read_off_its_index_places_as_scoring_every_worker_does() {
     use converge_policy::flowcon::FlowConPlacer;
     let mut f = Fixture::new("flowcon");
     let n = 3 * policy::SCORES_SHOWN;
-    for k in 0..n {
-        let w = (k * 7) % n;
-        let id = format!("w{w:02}");
-        f.register_at(w as u64 + 1, &id, [1.0, 2.0, 4.0][w % 3], [1.0, 2.0][w % 2]);
-    }
+    f.register_shuffled(n, &[1.0, 2.0]);
     // What each worker's agent reports of its jobs: (job, category, G).
     let mut reports: BTreeMap<ConnId, Vec<(String, Category, f64)>> = BTreeMap::new();
-    let mut rng = 12345u64;
-    let mut next = move || {
-        rng = rng
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        rng >> 33
-    };
+    let mut next = lcg(12345);
     let (mut from_index, mut all_completing) = (0, 0);
     for j in 0..8 * n {
         let cpus = [0.0, 0.5, 1.0, 2.0][next() as usize % 4];
@@ -3239,18 +3309,11 @@ fn spread_read_off_the_order_by_running_jobs_places_as_comparing_every_worker_do
     use policy::placing::Placing;
     let mut f = Fixture::new("spread");
     let n = 3 * policy::SCORES_SHOWN;
-    // 7 is coprime with n: every worker registers once, out of order.
-    for k in 0..n {
-        let w = (k * 7) % n;
-        f.register(w as u64 + 1, &format!("w{w:02}"), [1.0, 2.0, 4.0][w % 3]);
-    }
-    let mut rng = 12345u64;
+    f.register_shuffled(n, &[1.0]);
+    let mut next = lcg(12345);
     let mut placed = 0;
     for j in 0..8 * n {
-        rng = rng
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let cpus = [0.0, 0.5, 1.0, 2.0][(rng >> 60) as usize % 4];
+        let cpus = [0.0, 0.5, 1.0, 2.0][next() as usize % 4];
         if j == 2 * n {
             f.step(Input::Drain {
                 worker: "w05".into(),

@@ -242,29 +242,52 @@ pub fn shown_places(scores: &[f64], chosen: usize) -> Vec<usize> {
     if scores.len() <= SCORES_SHOWN {
         (0..scores.len()).collect()
     } else {
-        nearest_rivals(scores, chosen)
+        let shown = nearest_rivals(scores.iter().copied().enumerate(), chosen, scores[chosen]);
+        shown.into_iter().map(|(i, _)| i).collect()
     }
 }
 
-/// The workers an event shows of `scores`: `chosen` and the [`SCORES_SHOWN`] - 1 eligible
-/// (finite) scores nearest it, by distance then worker order, in no particular order.
-fn nearest_rivals(scores: &[f64], chosen: usize) -> Vec<usize> {
-    let c = scores[chosen];
+/// [`scores_text`] where only the workers in `scored` (place, score) have a score, every
+/// other one being ineligible: the same text, for a placement that scored only a few of more
+/// than [`SCORES_SHOWN`] workers.
+pub fn sparse_scores_text(ids: &[WorkerId], scored: &[(usize, f64)], chosen: usize) -> String {
+    let c = (scored.iter().find(|s| s.0 == chosen)).map_or(f64::INFINITY, |s| s.1);
+    let shown = nearest_rivals(scored.iter().copied(), chosen, c);
+    let score = |i: usize| {
+        shown
+            .iter()
+            .find(|s| s.0 == i)
+            .map_or(f64::INFINITY, |s| s.1)
+    };
+    shown_text(ids, shown.iter().map(|s| s.0).collect(), score)
+}
+
+/// The workers an event shows of `scores` ((place, score) pairs), with their scores: `chosen`
+/// (whose score is `c`) and the [`SCORES_SHOWN`] - 1 eligible (finite) scores nearest it, by
+/// distance then place, in no particular order.
+fn nearest_rivals(
+    scores: impl Iterator<Item = (usize, f64)>,
+    chosen: usize,
+    c: f64,
+) -> Vec<(usize, f64)> {
     // One pass that keeps only the nearest so far: most workers are turned away by one
     // comparison with the farthest kept, where selecting among all of them moved every one (a
     // tenth of a 10,000-worker simulation; `docs/performance.md`).
     let mut nearest = std::collections::BinaryHeap::with_capacity(SCORES_SHOWN);
-    for i in (0..scores.len()).filter(|&i| i != chosen && scores[i].is_finite()) {
-        let rival = Ranked((scores[i] - c).abs(), i);
+    for (i, s) in scores.filter(|&(i, s)| i != chosen && s.is_finite()) {
+        // The score rides along as bits (places differ, so it never decides the order).
+        let rival = (Ranked((s - c).abs(), i), s.to_bits());
         if nearest.len() < SCORES_SHOWN - 1 {
             nearest.push(rival);
-        } else if nearest.peek().is_some_and(|far| rival < *far) {
+        } else if nearest.peek().is_some_and(|far| rival.0 < far.0) {
             nearest.pop();
             nearest.push(rival);
         }
     }
-    let mut shown: Vec<usize> = nearest.into_iter().map(|r| r.1).collect();
-    shown.push(chosen);
+    let mut shown: Vec<(usize, f64)> = (nearest.into_iter())
+        .map(|(r, s)| (r.1, f64::from_bits(s)))
+        .collect();
+    shown.push((chosen, c));
     shown
 }
 
@@ -441,6 +464,12 @@ pub trait ClusterPolicy: Send {
     /// has none.
     fn placer_index(&self) -> Option<Box<dyn converge_policy::cluster::PlacerIndex>> {
         None
+    }
+
+    /// Whether the core keeps the schedulable workers ordered by crowding for it
+    /// ([`PlacementIndex::by_crowd`]).
+    fn orders_by_crowd(&self) -> bool {
+        false
     }
 
     /// Submission rules of this policy, beyond the general ones.

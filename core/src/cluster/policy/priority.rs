@@ -282,7 +282,7 @@ fn value_loss(
 /// placement snapshot, which counts its jobs and holds its capacity and speed: the snapshots
 /// lie side by side, where each worker's record is behind a pointer of its own (reading the
 /// records was a fifth of `converge`'s placements at 10,000 workers, `docs/performance.md`).
-fn per_core_of(w: &converge_policy::cluster::WorkerSnapshot, extra: usize) -> f64 {
+pub(crate) fn per_core_of(w: &converge_policy::cluster::WorkerSnapshot, extra: usize) -> f64 {
     (w.running + extra) as f64 / reference_speed(w.cpu_capacity, w.calibration)
 }
 
@@ -586,32 +586,80 @@ fn shares_for(cores: f64, fair: f64) -> u32 {
         .clamp(2.0, 262_144.0) as u32
 }
 
-impl ClusterPolicy for PriorityPolicy {
-    fn name(&self) -> &'static str {
-        self.name
+/// `converge`'s placement on `ids[i]`, of crowding `crowd`, where the job adds `marginal` to
+/// the sum of completion times; `scores` is the event's text of the workers' marginals.
+fn placed_least_marginal(
+    ids: &[WorkerId],
+    i: usize,
+    crowd: f64,
+    marginal: f64,
+    scores: String,
+) -> Admission {
+    Admission::Place {
+        worker: ids[i].clone(),
+        cpu_shares: 0,
+        victims: Vec::new(),
+        reason: format!(
+            "placed on {} by converge: of the workers with the fewest jobs per reference core ({crowd:.2} with it), it adds the least to the sum of completion times there ({marginal:.1} s)",
+            ids[i]
+        ),
+        attributes: BTreeMap::from([("scores".into(), scores)]),
     }
+}
 
-    fn forecast_weights(&self, capacity: f64, jobs: &[Load<'_>]) -> Option<Vec<f64>> {
-        // The split `limits` sends as weights, with each job's key as the forecast has it.
-        let claims: Vec<Claim> = jobs
-            .iter()
-            .map(|l| Claim {
-                job: l.job.into(),
-                key: self.key_of(|| l.remaining, l.attained),
-            })
-            .collect();
-        Some(split(capacity, &claims, BETA))
-    }
-
-    fn place(&mut self, now: Time, job: &Job, view: ClusterView<'_>) -> Admission {
-        if let Some(spread) = &mut self.spread {
-            return spread.admit(job, view);
+impl PriorityPolicy {
+    /// `converge`'s placement (see [`ClusterPolicy::place`]) read off the core's order by
+    /// crowding ([`PlacementIndex::by_crowd`](crate::cluster::index::PlacementIndex::by_crowd)):
+    /// the least crowded workers the job fits, those within [`SAME_CROWD`] of the least, are
+    /// the first in the order, and only they are scored, without a pass over every worker
+    /// (four such passes, and the nearest scores among every worker's, were most of a
+    /// 10,000-worker simulation's placements; `docs/performance.md`). `None` where that is not
+    /// the answer [`PriorityPolicy::place_scanning`] would give in as little: over few workers
+    /// (an event lists them all), for a job with a value curve (weighed on every worker), when
+    /// a marginal is not finite (its worker is ruled out and the band moves), or when nothing
+    /// fits (the scan says why).
+    pub(crate) fn place_in_band(&self, job: &Job, view: ClusterView<'_>) -> Option<Admission> {
+        let (ids, snaps) = view.snapshots();
+        if ids.len() <= super::SCORES_SHOWN || job.spec.value_curve.is_some() {
+            return None;
         }
-        // Under shortest-remaining-first on the worker, placing a job of work x adds its own
-        // completion (the work of the jobs shorter than it, then its own) and x to every
-        // longer job's: the marginal increase of the sum of completion times, the greedy rule
-        // for minimising it. In seconds at the worker's capacity and speed, so small and slow
-        // workers count as such; a job whose work is unknown counts as a typical one.
+        let need = request(&job.spec);
+        let works = Works::of(view);
+        let new = works.get(&job.id);
+        let mut order = view
+            .index
+            .by_crowd()?
+            .filter(|&(i, _)| snaps[i].fits(&need));
+        let (first, least) = order.next()?;
+        // (place, marginal, crowding) of each worker in the band.
+        let mut band = Vec::new();
+        for (i, crowd) in std::iter::once((first, least)).chain(order) {
+            if more_crowded(crowd, least) {
+                break;
+            }
+            let w = view.workers.get(&ids[i])?;
+            let score = marginal(w, w.jobs.iter().map(|id| works.get(id)), new, None);
+            if !score.is_finite() {
+                return None;
+            }
+            band.push((i, score, crowd));
+        }
+        // As the scan's `min_by`: least marginal, then least crowded, then the first worker
+        // (workers alike in both are alike in crowding, which the band has in worker order).
+        let &(i, score, crowd) =
+            (band.iter()).min_by(|a, b| a.1.total_cmp(&b.1).then(a.2.total_cmp(&b.2)))?;
+        let scored: Vec<(usize, f64)> = band.iter().map(|&(i, s, _)| (i, s)).collect();
+        Some(placed_least_marginal(
+            ids,
+            i,
+            crowd,
+            score,
+            super::sparse_scores_text(ids, &scored, i),
+        ))
+    }
+
+    /// `converge`'s placement by a pass over every worker (see [`ClusterPolicy::place`]).
+    pub(crate) fn place_scanning(&self, now: Time, job: &Job, view: ClusterView<'_>) -> Admission {
         let (ids, snaps) = view.snapshots();
         let need = request(&job.spec);
         let works = Works::of(view);
@@ -740,20 +788,59 @@ impl ClusterPolicy for PriorityPolicy {
             }
         }
         match best {
-            Some(i) => Admission::Place {
-                worker: ids[i].clone(),
-                cpu_shares: 0,
-                victims: Vec::new(),
-                reason: format!(
-                    "placed on {} by converge: of the workers with the fewest jobs per reference core ({:.2} with it), it adds the least to the sum of completion times there ({:.1} s)",
-                    ids[i], crowd[i], scores[i]
-                ),
-                attributes: BTreeMap::from([("scores".into(), scores_text(ids, &scores, i))]),
-            },
+            Some(i) => {
+                placed_least_marginal(ids, i, crowd[i], scores[i], scores_text(ids, &scores, i))
+            }
             None => Admission::Wait {
                 reason: converge_policy::cluster::unschedulable_reason(&need, snaps),
             },
         }
+    }
+}
+
+impl ClusterPolicy for PriorityPolicy {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn orders_by_crowd(&self) -> bool {
+        // `converge` places by crowding; `las` places with Spread, by running jobs.
+        self.spread.is_none()
+    }
+
+    fn forecast_weights(&self, capacity: f64, jobs: &[Load<'_>]) -> Option<Vec<f64>> {
+        // The split `limits` sends as weights, with each job's key as the forecast has it.
+        let claims: Vec<Claim> = jobs
+            .iter()
+            .map(|l| Claim {
+                job: l.job.into(),
+                key: self.key_of(|| l.remaining, l.attained),
+            })
+            .collect();
+        Some(split(capacity, &claims, BETA))
+    }
+
+    fn place(&mut self, now: Time, job: &Job, view: ClusterView<'_>) -> Admission {
+        if let Some(spread) = &mut self.spread {
+            return spread.admit(job, view);
+        }
+        // Under shortest-remaining-first on the worker, placing a job of work x adds its own
+        // completion (the work of the jobs shorter than it, then its own) and x to every
+        // longer job's: the marginal increase of the sum of completion times, the greedy rule
+        // for minimising it. In seconds at the worker's capacity and speed, so small and slow
+        // workers count as such; a job whose work is unknown counts as a typical one.
+        if let Some(placed) = self.place_in_band(job, view) {
+            #[cfg(any(test, debug_assertions))]
+            {
+                assert_eq!(
+                    placed,
+                    self.place_scanning(now, job, view),
+                    "converge's placement from the crowding order and its scan"
+                );
+            }
+            return placed;
+        }
+        self.place_scanning(now, job, view)
     }
 
     fn place_move(&mut self, now: Time, job: &Job, view: ClusterView<'_>) -> Option<WorkerId> {
