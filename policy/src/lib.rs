@@ -18,7 +18,8 @@
 //!   fit for jobs that stop at convergence, attained service), each with a basis and a
 //!   confidence.
 //! - [`flowcon`]: [`flowcon::FlowCon`], one worker's executor (Alg. 1, 2, 3) with the step
-//!   [`flowcon::FlowCon::on_round`], and [`flowcon::FlowConPlacer`] (Alg. 4).
+//!   [`flowcon::FlowCon::on_round`], and [`flowcon::FlowConPlacer`] (Alg. 4) with its index
+//!   of the workers ([`flowcon::FlowConIndex`], what a placement reads at scale).
 //! - [`limits`]: FlowCon's limits as Docker CPU quotas ([`limits::cpu_quotas`]: lower bound,
 //!   capacity, work-conserving scaling), the one conversion the agent applies and the
 //!   simulator's CPU model caps jobs with.

@@ -25,6 +25,8 @@
 //! worker) unless they keep an index of their own
 //! ([`converge_policy::cluster::PlacerIndex`]: FlowCon's Alg. 4, ordered by its score), which
 //! this index tells of every snapshot it rebuilds; least-allocated's scores depend on the job.
+//! For `converge`, which asks for it, it keeps the workers ordered by crowding (jobs per
+//! reference core): its placement scores only the least crowded, the first in that order.
 
 use std::collections::{BTreeSet, HashMap};
 
