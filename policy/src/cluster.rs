@@ -178,6 +178,8 @@ pub trait Placer {
     }
     /// An empty index of this placer's own, for a caller that keeps one snapshot per worker
     /// and hands it every one it changes ([`PlacerIndex`]); `None` for a placer without one.
+    /// A placer with an index keeps no state in [`Placer::place`]: its caller may answer
+    /// from the index instead, and test builds call both and compare.
     fn index(&self) -> Option<Box<dyn PlacerIndex>> {
         None
     }
@@ -204,6 +206,9 @@ pub trait PlacerIndex: Send + std::fmt::Debug {
     ) -> Option<Vec<usize>>;
     /// The placer's score of the worker at `place` (what [`Placement::Worker`]'s scores hold).
     fn score(&self, place: usize) -> f64;
+    /// Whether the index is the one that setting each of `workers` at its place, afresh,
+    /// would build (what the caller's tests check after every change).
+    fn agrees_with(&self, workers: &[WorkerSnapshot]) -> bool;
 }
 
 /// Explains why no worker fits `job`, naming the tightest resource and the best candidate.

@@ -549,9 +549,12 @@ fn lower(s: f64, v: f64, w: &WorkerSnapshot, b: &WorkerSnapshot) -> bool {
 /// The scan's ties within 10⁻¹² chain, so its choice among the other workers is not the
 /// minimum of any order. It is found exactly in the run of scores that starts at the least
 /// eligible one and goes up while the gaps between neighbours are within the slack of a tie:
-/// once the scan meets the least score its best is within a tie of it, and from then on no
-/// worker past a wider gap can replace it. That run, scanned in worker order, gives the
-/// scan's answer; it is one or a few workers wide.
+/// every score in the run beats every score past the gap that ends it by more than a tie, so
+/// whatever the scan held before it met the run, the run's first worker replaces it, and no
+/// worker past the gap replaces a worker of the run. That run, scanned in worker order, gives
+/// the scan's answer. It is usually a few workers wide, but all the workers whose jobs have
+/// not reported a growth efficiency yet score 0 alike, and a burst of placements makes it as
+/// wide as the burst (still exact; read in its length).
 #[derive(Debug, Default, Clone)]
 pub struct FlowConIndex {
     /// By place: the worker's score and power, `None` when it is not schedulable.
@@ -596,11 +599,10 @@ impl FlowConIndex {
                 continue;
             }
             if let Some(last) = last {
-                // A tie is within 10⁻¹² of the best, which the subtraction in `lower` may
-                // round by half an ulp; twice that and a few ulps more keeps every worker the
-                // scan could still choose.
-                let slack = 2e-12 + 4.0 * f64::EPSILON * score.abs().max(last.abs());
-                if score - last > slack {
+                // A tie is 10⁻¹²; `v - 1e-12` in `lower` rounds by under an ulp, and only
+                // where an ulp is under 2·10⁻¹² (wider, it rounds back to `v`): a worker that
+                // does not replace the best is never 2·10⁻¹² or more below it.
+                if score - last > 2e-12 {
                     break;
                 }
             }
@@ -723,6 +725,16 @@ impl PlacerIndex for FlowConIndex {
 
     fn score(&self, place: usize) -> f64 {
         self.entry(place).0.score
+    }
+
+    fn agrees_with(&self, workers: &[WorkerSnapshot]) -> bool {
+        let mut fresh = FlowConIndex::default();
+        for (i, w) in workers.iter().enumerate() {
+            fresh.set(i, w);
+        }
+        // Compared as text: a NaN score (which the index holds, and stands aside for) is
+        // unequal to itself as a number.
+        format!("{self:?}") == format!("{fresh:?}")
     }
 }
 
@@ -1011,11 +1023,16 @@ mod tests {
     }
 
     /// A worker drawn to make Alg. 4's ties: growth efficiencies from a few values 10⁻¹³
-    /// apart (ties within 10⁻¹² that chain), powers from two, room for a job or none.
+    /// apart (ties within 10⁻¹² that chain), or an ulp apart at 10⁴ (where an ulp is wider
+    /// than 10⁻¹²); powers from three, one of them zero (no cores: only a job that asks for
+    /// none fits); room for a job or none.
     fn arb_worker() -> impl Strategy<Value = WorkerSnapshot> {
-        let job = (0usize..3, 0u32..4, 0u32..3).prop_map(|(c, g, nudge)| {
+        let job = (0usize..3, 0u32..5, 0u32..3).prop_map(|(c, g, nudge)| {
             let category = [Category::New, Category::Watching, Category::Completing][c];
-            let g = [0.0, 0.01, 0.02, 0.03][g as usize] + nudge as f64 * 3e-13;
+            let g = match g {
+                4 => 1e4 + nudge as f64 * 1e4 * f64::EPSILON,
+                g => [0.0, 0.01, 0.02, 0.03][g as usize] + nudge as f64 * 3e-13,
+            };
             snap("j", category, g)
         });
         (
@@ -1023,15 +1040,15 @@ mod tests {
             0usize..2,
             prop::bool::weighted(0.9),
             prop::bool::weighted(0.9),
-            prop::bool::ANY,
+            0usize..3,
         )
-            .prop_map(|(jobs, unreported, schedulable, room, fast)| {
-                let mut w = worker("w", 4.0);
+            .prop_map(|(jobs, unreported, schedulable, room, power)| {
+                let mut w = worker("w", [4.0, 4.0, 0.0][power]);
                 w.running = jobs.len() + unreported;
                 w.jobs = jobs;
                 w.schedulable = schedulable;
-                w.cpu_requested = if room { 0.0 } else { 4.0 };
-                w.calibration = if fast { 2.0 } else { 1.0 };
+                w.cpu_requested = if room { 0.0 } else { w.cpu_capacity };
+                w.calibration = [1.0, 2.0, 1.0][power];
                 w
             })
     }
@@ -1063,14 +1080,16 @@ mod tests {
             first in prop::collection::vec(arb_worker(), 1..24),
             changes in prop::collection::vec((0usize..24, arb_worker()), 0..24),
             rivals in 1usize..6,
+            cpus in prop_oneof![Just(0.0), Just(1.0)],
         ) {
             let mut workers = first;
             let mut index = FlowConIndex::default();
             for (i, w) in workers.iter().enumerate() {
                 index.set(i, w);
             }
-            let job = JobRequest { cpus: 1.0, memory_bytes: 0 };
+            let job = JobRequest { cpus, memory_bytes: 0 };
             let check = |index: &FlowConIndex, workers: &[WorkerSnapshot]| {
+                prop_assert!(index.agrees_with(workers));
                 let scan = FlowConPlacer.place(&job, workers);
                 let expected = scanned(&scan, rivals);
                 prop_assert_eq!(index.place(&job, workers, rivals), expected);

@@ -3220,6 +3220,7 @@ fn converge_read_off_the_crowding_order_places_as_its_scan_does() {
 fn flowcon_read_off_its_index_places_as_scoring_every_worker_does() {
     use converge_policy::cluster::{Category, JobRequest};
     use converge_policy::flowcon::FlowConPlacer;
+    use policy::placing::Placing;
     let mut f = Fixture::new("flowcon");
     let n = 3 * policy::SCORES_SHOWN;
     f.register_shuffled(n, &[1.0, 2.0]);
@@ -3245,9 +3246,9 @@ fn flowcon_read_off_its_index_places_as_scoring_every_worker_does() {
             let s = FlowConPlacer::score(&snaps[view.index.position(w).unwrap()]);
             all_completing += usize::from(s.nl + s.wl == 0);
         }
-        let indexed = (view.index.placer())
-            .and_then(|p| p.place(&need, snaps, policy::SCORES_SHOWN - 1))
-            .map(|shown| ids[shown[0]].clone());
+        // The core answers from FlowCon's index, not by its scan, whenever something fits.
+        let mut placing = Placing::new(Box::new(FlowConPlacer), WorkerMode::FlowCon);
+        let indexed = (placing.quick(&need, view)).map(|(shown, _)| ids[shown[0]].clone());
         assert_eq!(
             indexed,
             expected.as_ref().map(|(w, _)| w.clone()),

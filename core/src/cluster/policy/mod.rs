@@ -251,7 +251,9 @@ pub fn shown_places(scores: &[f64], chosen: usize) -> Vec<usize> {
 /// other one being ineligible: the same text, for a placement that scored only a few of more
 /// than [`SCORES_SHOWN`] workers.
 pub fn sparse_scores_text(ids: &[WorkerId], scored: &[(usize, f64)], chosen: usize) -> String {
-    let c = (scored.iter().find(|s| s.0 == chosen)).map_or(f64::INFINITY, |s| s.1);
+    let c = (scored.iter().find(|s| s.0 == chosen))
+        .expect("the chosen worker is among the scored")
+        .1;
     let shown = nearest_rivals(scored.iter().copied(), chosen, c);
     let score = |i: usize| {
         shown

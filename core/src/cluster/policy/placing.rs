@@ -17,12 +17,20 @@ use crate::cluster::types::{Time, WorkerId, WorkerMode};
 pub struct Placing {
     placer: Box<dyn Placer + Send>,
     mode: WorkerMode,
+    /// Whether the placer has an index of its own: only then is the core's placer index
+    /// (built from this policy's placer, [`ClusterPolicy::placer_index`]) this placer's.
+    indexed: bool,
 }
 
 impl Placing {
     /// `placer`, with agents running `mode`.
     pub fn new(placer: Box<dyn Placer + Send>, mode: WorkerMode) -> Self {
-        Placing { placer, mode }
+        let indexed = placer.index().is_some();
+        Placing {
+            placer,
+            mode,
+            indexed,
+        }
     }
 
     /// The placer's answer for `job` as an admission (shared by every policy that places).
@@ -65,7 +73,7 @@ impl Placing {
     /// the placer's index when the order was its own (else the scores are running jobs);
     /// `None` when neither applies or nothing fits (the placer then compares every worker,
     /// and says why nothing fits).
-    fn quick<'v>(
+    pub(crate) fn quick<'v>(
         &mut self,
         need: &JobRequest,
         view: ClusterView<'v>,
@@ -106,7 +114,7 @@ impl Placing {
         view: ClusterView<'v>,
     ) -> Option<(Vec<usize>, &'v dyn PlacerIndex)> {
         let (ids, snaps) = view.snapshots();
-        let placer = view.index.placer().filter(|_| ids.len() > SCORES_SHOWN)?;
+        let placer = (view.index.placer()).filter(|_| self.indexed && ids.len() > SCORES_SHOWN)?;
         let shown = placer.place(need, snaps, SCORES_SHOWN - 1)?;
         #[cfg(any(test, debug_assertions))]
         {

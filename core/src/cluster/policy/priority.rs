@@ -615,9 +615,10 @@ impl PriorityPolicy {
     /// (four such passes, and the nearest scores among every worker's, were most of a
     /// 10,000-worker simulation's placements; `docs/performance.md`). `None` where that is not
     /// the answer [`PriorityPolicy::place_scanning`] would give in as little: over few workers
-    /// (an event lists them all), for a job with a value curve (weighed on every worker), when
-    /// a marginal is not finite (its worker is ruled out and the band moves), or when nothing
-    /// fits (the scan says why).
+    /// (an event lists them all), for a job with a value curve (the scan weighs those on every
+    /// worker at their first placement; all of them go to the scan, which is simpler and rare),
+    /// when a marginal is not finite (its worker is ruled out and the band moves), or when
+    /// nothing fits (the scan says why).
     pub(crate) fn place_in_band(&self, job: &Job, view: ClusterView<'_>) -> Option<Admission> {
         let (ids, snaps) = view.snapshots();
         if ids.len() <= super::SCORES_SHOWN || job.spec.value_curve.is_some() {
@@ -637,15 +638,17 @@ impl PriorityPolicy {
             if more_crowded(crowd, least) {
                 break;
             }
-            let w = view.workers.get(&ids[i])?;
+            let w = (view.workers.get(&ids[i]))
+                .expect("the placement index holds only workers the core has");
             let score = marginal(w, w.jobs.iter().map(|id| works.get(id)), new, None);
             if !score.is_finite() {
                 return None;
             }
             band.push((i, score, crowd));
         }
-        // As the scan's `min_by`: least marginal, then least crowded, then the first worker
-        // (workers alike in both are alike in crowding, which the band has in worker order).
+        // As the scan's `min_by`: least marginal, then least crowded, then the first worker:
+        // workers tied on both have the same crowding to the bit, which the order breaks by
+        // place, so the band's first minimum is the scan's.
         let &(i, score, crowd) =
             (band.iter()).min_by(|a, b| a.1.total_cmp(&b.1).then(a.2.total_cmp(&b.2)))?;
         let scored: Vec<(usize, f64)> = band.iter().map(|&(i, s, _)| (i, s)).collect();
