@@ -42,6 +42,15 @@ pub struct SpeConPolicy {
     /// indices SpeCon knows workers by, and the next `sync` walks them all, as it does while
     /// this is 0 (no sync yet, or `touched` overflowed).
     synced_workers: usize,
+    /// Each worker's cores in use (the sum in `R(w, t)`), by its place in the view, as of
+    /// the last `loads` (`loads`).
+    used: Vec<f64>,
+    /// Workers whose sum in `used` may be out of date: a heartbeat wrote their jobs' use, or
+    /// a job left them.
+    used_stale: Vec<WorkerId>,
+    /// Jobs whose phase changed since the last `loads`: the workers they are on now are out
+    /// of date in `used` too.
+    used_moved: Vec<JobId>,
 }
 
 /// The most jobs `SpeConPolicy::touched` holds before the next sync is made a full one.
@@ -69,6 +78,9 @@ impl SpeConPolicy {
             departed: BTreeSet::new(),
             touched: BTreeMap::new(),
             synced_workers: 0,
+            used: Vec::new(),
+            used_stale: Vec::new(),
+            used_moved: Vec::new(),
         }
     }
 
@@ -136,6 +148,8 @@ impl SpeConPolicy {
     /// worker's loss and return gets its new `t_c` at that worker's next heartbeat rather
     /// than at the next heartbeat of any worker.)
     fn heartbeat(&mut self, now: Time, worker: &WorkerId, view: ClusterView<'_>) {
+        // It wrote its jobs' use of the CPU.
+        self.used_changed(Some(worker.clone()), None);
         let departed = std::mem::take(&mut self.departed);
         let mut here = self.seen.remove(worker).unwrap_or_default();
         // Forgetting is by id and idempotent: a job both departed and seen here is checked
@@ -166,28 +180,61 @@ impl SpeConPolicy {
             .is_some_and(|j| matches!(j.phase, JobPhase::Running { .. } | JobPhase::Migrating(_)))
     }
 
-    /// `R(w, t)` of every worker: cores in use over capacity, from heartbeats.
-    fn loads(view: ClusterView<'_>) -> Vec<WorkerLoad> {
-        view.workers
-            .values()
-            .map(|w| {
-                let used: f64 = w
-                    .jobs
-                    .iter()
-                    .filter_map(|id| view.jobs.get(id))
-                    .map(|j| j.view.cpu_usage)
-                    .sum();
-                WorkerLoad {
-                    id: w.id.clone(),
-                    resource_use: if w.cpu_capacity > 0.0 {
-                        used / w.cpu_capacity
-                    } else {
-                        0.0
-                    },
-                    schedulable: w.schedulable(),
+    /// Notes that `worker`'s cores in use, and those of the worker `job` is on now, may have
+    /// changed since the last `loads`. Where no migration request or tick comes to read them
+    /// (one worker), the notes would pile up: past a bound, the next `loads` sums every
+    /// worker's instead.
+    fn used_changed(&mut self, worker: Option<WorkerId>, job: Option<JobId>) {
+        if self.used_stale.len() + self.used_moved.len() >= TOUCHED_AT_MOST {
+            self.used.clear();
+            self.used_stale.clear();
+            self.used_moved.clear();
+        }
+        self.used_stale.extend(worker);
+        self.used_moved.extend(job);
+    }
+
+    /// `R(w, t)` of every worker: cores in use over capacity, from heartbeats. The cores in
+    /// use are summed again only on the workers whose jobs' use a heartbeat wrote, or whose
+    /// jobs came or went, since the last time: summing every worker's at every migration
+    /// request looked every running job up (a fifth of SpeCon's samples at 10,000 workers).
+    /// Each sum is worked out as it always was, in the same order, so it is the same to the
+    /// bit; debug and test builds check every one.
+    fn loads(&mut self, view: ClusterView<'_>) -> Vec<WorkerLoad> {
+        if self.used.len() != view.workers.len() {
+            self.used = view.workers.values().map(|w| used(view, w)).collect();
+        } else {
+            for job in self.used_moved.drain(..) {
+                if let Some(w) = view.jobs.get(&job).and_then(|j| j.worker()) {
+                    self.used_stale.push(w.clone());
                 }
+            }
+            for id in self.used_stale.drain(..) {
+                if let (Some(i), Some(w)) = (view.index_of(&id), view.workers.get(&id)) {
+                    self.used[i] = used(view, w);
+                }
+            }
+        }
+        self.used_stale.clear();
+        self.used_moved.clear();
+        let loads: Vec<WorkerLoad> = (view.workers.values().zip(&self.used))
+            .map(|(w, &used)| WorkerLoad {
+                id: w.id.clone(),
+                resource_use: if w.cpu_capacity > 0.0 {
+                    used / w.cpu_capacity
+                } else {
+                    0.0
+                },
+                schedulable: w.schedulable(),
             })
-            .collect()
+            .collect();
+        #[cfg(any(test, debug_assertions))]
+        assert!(
+            (view.workers.values().zip(&self.used))
+                .all(|(w, u)| used(view, w).to_bits() == u.to_bits()),
+            "a worker's cores in use, kept between requests, differ from their sum"
+        );
+        loads
     }
 
     /// Whether worker index `to` has room for `job` by reservation: Alg. 2 and 3 count jobs,
@@ -240,7 +287,7 @@ impl ClusterPolicy for SpeConPolicy {
                 reason,
             } => {
                 self.sync(now, view);
-                let loads = Self::loads(view);
+                let loads = self.loads(view);
                 let ids: Vec<&WorkerId> = view.workers.keys().collect();
                 let decided = self
                     .specon
@@ -297,7 +344,7 @@ impl ClusterPolicy for SpeConPolicy {
             return Vec::new();
         }
         self.sync(now, view);
-        let loads = Self::loads(view);
+        let loads = self.loads(view);
         let ids: Vec<&WorkerId> = view.workers.keys().collect();
         let (moves, bf) = self.specon.rebalance(now, &loads, &[]);
         for m in &moves {
@@ -334,6 +381,8 @@ impl ClusterPolicy for SpeConPolicy {
         {
             left.push(w.clone());
         }
+        // Its worker before and its worker now (found at `loads`) sum their cores anew.
+        self.used_changed(was_on.cloned(), Some(job.clone()));
     }
 
     fn on_departure(
@@ -375,6 +424,14 @@ fn sync_all(specon: &mut SpeCon, seen: &mut Seen, now: Time, view: ClusterView<'
             observe(specon, here, now, index, j);
         }
     }
+}
+
+/// The cores in use on worker `w`, from its jobs' last heartbeat (the sum in `R(w, t)`).
+fn used(view: ClusterView<'_>, w: &crate::cluster::lifecycle::Worker) -> f64 {
+    (w.jobs.iter())
+        .filter_map(|id| view.jobs.get(id))
+        .map(|j| j.view.cpu_usage)
+        .sum()
 }
 
 /// SpeCon observes running job `j` on worker `index` (its category as last reported), and
