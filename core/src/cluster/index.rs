@@ -89,36 +89,27 @@ impl PlacementIndex {
         let mut shifted = false;
         // Workers the index knows first, at the places it knows them by, then the new ones:
         // an insertion moves the places after it, and a known worker written after it in the
-        // same refresh would be written at its old place, over its neighbour's snapshot.
-        let (known, new): (Vec<WorkerId>, Vec<WorkerId>) = std::mem::take(&mut self.stale)
-            .into_iter()
-            .partition(|id| self.places.contains_key(id));
-        for id in known.into_iter().chain(new) {
+        // same refresh would be written at its old place, over its neighbour's snapshot. (New
+        // workers are rare: the list stays unallocated at almost every refresh, which runs at
+        // every step.)
+        let mut new = Vec::new();
+        for id in std::mem::take(&mut self.stale) {
+            match self.places.get(&id) {
+                Some(&i) => self.rewrite(i, &id, workers, jobs),
+                None => new.push(id),
+            }
+        }
+        for id in new {
             let Some(w) = workers.get(&id) else {
                 continue;
             };
             self.note_draining(w);
-            let snap = snapshot(w, jobs);
-            match self.places.get(&id) {
-                Some(&i) => {
-                    let old = std::mem::replace(&mut self.snaps[i], snap);
-                    if old.schedulable {
-                        self.by_running.remove(&(old.running, i));
-                    }
-                    if let (Some(order), Some(key)) = (&mut self.by_crowd, crowd_key(&old, i)) {
-                        order.remove(&key);
-                    }
-                    self.rank(i);
-                }
-                None => {
-                    let i = self.ids.partition_point(|x| *x < id);
-                    self.ids.insert(i, w.id.clone());
-                    self.snaps.insert(i, snap);
-                    self.places.insert(w.id.clone(), i);
-                    shifted |= i + 1 < self.ids.len();
-                    self.rank(i);
-                }
-            }
+            let i = self.ids.partition_point(|x| *x < id);
+            self.ids.insert(i, w.id.clone());
+            self.snaps.insert(i, snapshot(w, jobs));
+            self.places.insert(w.id.clone(), i);
+            shifted |= i + 1 < self.ids.len();
+            self.rank(i);
         }
         if self.ids.len() != workers.len() {
             self.ids = workers.keys().cloned().collect();
@@ -135,6 +126,22 @@ impl PlacementIndex {
             }
             (0..self.snaps.len()).for_each(|i| self.rank(i));
         }
+    }
+
+    /// Rebuilds the snapshot of worker `id`, known at place `i`, and its places in the orders.
+    fn rewrite(&mut self, i: usize, id: &WorkerId, workers: &Workers, jobs: &Jobs) {
+        let Some(w) = workers.get(id) else {
+            return;
+        };
+        self.note_draining(w);
+        let old = std::mem::replace(&mut self.snaps[i], snapshot(w, jobs));
+        if old.schedulable {
+            self.by_running.remove(&(old.running, i));
+        }
+        if let (Some(order), Some(key)) = (&mut self.by_crowd, crowd_key(&old, i)) {
+            order.remove(&key);
+        }
+        self.rank(i);
     }
 
     /// Puts the worker at place `i` in the order by running jobs, if it is schedulable, and
