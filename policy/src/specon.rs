@@ -140,12 +140,12 @@ pub struct JobObservation {
     pub direction: Direction,
 }
 
-/// One worker as Alg. 2 and 3 need it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One worker as Alg. 2 and 3 need it. It names no worker: Alg. 2 and 3 know a worker by its
+/// index in the slice of loads they are given, and their callers keep the ids in that order
+/// (a driver hands every worker's load at every request; cloning every worker's shared id
+/// into it was a tenth of SpeCon's time at 10,000 workers, `docs/performance.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct WorkerLoad {
-    /// The worker id (shared, not copied: a driver builds every worker's load at every
-    /// request).
-    pub id: crate::Id,
     /// `R(w, t)`: its current resource consumption (e.g. CPU fraction in use).
     pub resource_use: f64,
     /// False when lost or draining: never a target.
@@ -619,8 +619,7 @@ mod tests {
 
     fn load(n: usize) -> Vec<WorkerLoad> {
         (0..n)
-            .map(|i| WorkerLoad {
-                id: format!("worker-{}", i + 1).into(),
+            .map(|_| WorkerLoad {
                 resource_use: 0.5,
                 schedulable: true,
             })

@@ -158,7 +158,6 @@ fn run_specon(
     .unwrap();
     let loads: Vec<WorkerLoad> = (0..workers)
         .map(|i| WorkerLoad {
-            id: format!("w{i}").into(),
             resource_use: (i as f64 * 0.37) % 1.0,
             schedulable: true,
         })

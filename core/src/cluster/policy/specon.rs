@@ -42,15 +42,24 @@ pub struct SpeConPolicy {
     /// indices SpeCon knows workers by, and the next `sync` walks them all, as it does while
     /// this is 0 (no sync yet, or `touched` overflowed).
     synced_workers: usize,
-    /// Each worker's cores in use (the sum in `R(w, t)`), by its place in the view, as of
-    /// the last `loads` (`loads`).
+    /// `R(w, t)` of every worker, kept between requests ([`Loads`]).
+    loads: Loads,
+}
+
+/// `R(w, t)` of every worker as Alg. 2 and 3 read it, by place in the view, kept between
+/// requests ([`Loads::refresh`]).
+#[derive(Default)]
+struct Loads {
+    /// Each worker's cores in use (the sum in `R(w, t)`), as of the last refresh.
     used: Vec<f64>,
     /// Workers whose sum in `used` may be out of date: a heartbeat wrote their jobs' use, or
     /// a job left them.
-    used_stale: Vec<WorkerId>,
-    /// Jobs whose phase changed since the last `loads`: the workers they are on now are out
+    stale: Vec<WorkerId>,
+    /// Jobs whose phase changed since the last refresh: the workers they are on now are out
     /// of date in `used` too.
-    used_moved: Vec<JobId>,
+    moved: Vec<JobId>,
+    /// What Alg. 2 and 3 read, as of the last refresh.
+    loads: Vec<WorkerLoad>,
 }
 
 /// The most jobs `SpeConPolicy::touched` holds before the next sync is made a full one.
@@ -78,9 +87,7 @@ impl SpeConPolicy {
             departed: BTreeSet::new(),
             touched: BTreeMap::new(),
             synced_workers: 0,
-            used: Vec::new(),
-            used_stale: Vec::new(),
-            used_moved: Vec::new(),
+            loads: Loads::default(),
         }
     }
 
@@ -149,7 +156,7 @@ impl SpeConPolicy {
     /// than at the next heartbeat of any worker.)
     fn heartbeat(&mut self, now: Time, worker: &WorkerId, view: ClusterView<'_>) {
         // It wrote its jobs' use of the CPU.
-        self.used_changed(Some(worker.clone()), None);
+        self.loads.changed(Some(worker.clone()), None);
         let departed = std::mem::take(&mut self.departed);
         let mut here = self.seen.remove(worker).unwrap_or_default();
         // Forgetting is by id and idempotent: a job both departed and seen here is checked
@@ -180,63 +187,6 @@ impl SpeConPolicy {
             .is_some_and(|j| matches!(j.phase, JobPhase::Running { .. } | JobPhase::Migrating(_)))
     }
 
-    /// Notes that `worker`'s cores in use, and those of the worker `job` is on now, may have
-    /// changed since the last `loads`. Where no migration request or tick comes to read them
-    /// (one worker), the notes would pile up: past a bound, the next `loads` sums every
-    /// worker's instead.
-    fn used_changed(&mut self, worker: Option<WorkerId>, job: Option<JobId>) {
-        if self.used_stale.len() + self.used_moved.len() >= TOUCHED_AT_MOST {
-            self.used.clear();
-            self.used_stale.clear();
-            self.used_moved.clear();
-        }
-        self.used_stale.extend(worker);
-        self.used_moved.extend(job);
-    }
-
-    /// `R(w, t)` of every worker: cores in use over capacity, from heartbeats. The cores in
-    /// use are summed again only on the workers whose jobs' use a heartbeat wrote, or whose
-    /// jobs came or went, since the last time: summing every worker's at every migration
-    /// request looked every running job up (a fifth of SpeCon's samples at 10,000 workers).
-    /// Each sum is worked out as it always was, in the same order, so it is the same to the
-    /// bit; debug and test builds check every one.
-    fn loads(&mut self, view: ClusterView<'_>) -> Vec<WorkerLoad> {
-        if self.used.len() != view.workers.len() {
-            self.used = view.workers.values().map(|w| used(view, w)).collect();
-        } else {
-            for job in self.used_moved.drain(..) {
-                if let Some(w) = view.jobs.get(&job).and_then(|j| j.worker()) {
-                    self.used_stale.push(w.clone());
-                }
-            }
-            for id in self.used_stale.drain(..) {
-                if let (Some(i), Some(w)) = (view.index_of(&id), view.workers.get(&id)) {
-                    self.used[i] = used(view, w);
-                }
-            }
-        }
-        self.used_stale.clear();
-        self.used_moved.clear();
-        let loads: Vec<WorkerLoad> = (view.workers.values().zip(&self.used))
-            .map(|(w, &used)| WorkerLoad {
-                id: w.id.clone(),
-                resource_use: if w.cpu_capacity > 0.0 {
-                    used / w.cpu_capacity
-                } else {
-                    0.0
-                },
-                schedulable: w.schedulable(),
-            })
-            .collect();
-        #[cfg(any(test, debug_assertions))]
-        assert!(
-            (view.workers.values().zip(&self.used))
-                .all(|(w, u)| used(view, w).to_bits() == u.to_bits()),
-            "a worker's cores in use, kept between requests, differ from their sum"
-        );
-        loads
-    }
-
     /// Whether worker index `to` has room for `job` by reservation: Alg. 2 and 3 count jobs,
     /// not cores, and reservations still hold.
     fn fits(view: ClusterView<'_>, to: usize, job: &str) -> bool {
@@ -247,6 +197,87 @@ impl SpeConPolicy {
             .1
             .get(to)
             .is_some_and(|w| w.fits(&request(&j.spec)))
+    }
+}
+
+impl Loads {
+    /// Notes that `worker`'s cores in use, and those of the worker `job` is on now, may have
+    /// changed since the last refresh. Where no migration request or tick comes to read them
+    /// (one worker), the notes would pile up: past a bound, the next refresh sums every
+    /// worker's instead.
+    fn changed(&mut self, worker: Option<WorkerId>, job: Option<JobId>) {
+        if self.stale.len() + self.moved.len() >= TOUCHED_AT_MOST {
+            self.used.clear();
+            self.stale.clear();
+            self.moved.clear();
+        }
+        self.stale.extend(worker);
+        self.moved.extend(job);
+    }
+
+    /// `R(w, t)` of every worker: cores in use over capacity, from heartbeats, and whether it
+    /// may receive. The cores in use are summed again only on the workers whose jobs' use a
+    /// heartbeat wrote, or whose jobs came or went, since the last time: summing every
+    /// worker's at every migration request looked every running job up (a fifth of SpeCon's
+    /// samples at 10,000 workers). Each sum is worked out as it always was, in the same order,
+    /// so it is the same to the bit. The loads are then written in place from the sums and
+    /// the placement snapshots (one pass over two arrays, where walking the workers' records
+    /// was a cache miss each). Debug and test builds check every load against one worked out
+    /// afresh from the workers.
+    fn refresh(&mut self, view: ClusterView<'_>) -> &[WorkerLoad] {
+        if self.used.len() != view.workers.len() {
+            self.used = view.workers.values().map(|w| used(view, w)).collect();
+        } else {
+            for job in self.moved.drain(..) {
+                if let Some(w) = view.jobs.get(&job).and_then(|j| j.worker()) {
+                    self.stale.push(w.clone());
+                }
+            }
+            for id in self.stale.drain(..) {
+                if let (Some(i), Some(w)) = (view.index_of(&id), view.workers.get(&id)) {
+                    self.used[i] = used(view, w);
+                }
+            }
+        }
+        self.stale.clear();
+        self.moved.clear();
+        // The snapshots are those of the workers in the same order, brought up to date
+        // before the policy is called (`policy_view!`).
+        let snaps = view.snapshots().1;
+        self.loads.clear();
+        self.loads
+            .extend((snaps.iter().zip(&self.used)).map(|(w, &used)| WorkerLoad {
+                resource_use: if w.cpu_capacity > 0.0 {
+                    used / w.cpu_capacity
+                } else {
+                    0.0
+                },
+                schedulable: w.schedulable,
+            }));
+        #[cfg(any(test, debug_assertions))]
+        {
+            let afresh: Vec<WorkerLoad> = (view.workers.values())
+                .map(|w| WorkerLoad {
+                    resource_use: if w.cpu_capacity > 0.0 {
+                        used(view, w) / w.cpu_capacity
+                    } else {
+                        0.0
+                    },
+                    schedulable: w.schedulable(),
+                })
+                .collect();
+            let bits = |l: &[WorkerLoad]| -> Vec<(u64, bool)> {
+                l.iter()
+                    .map(|l| (l.resource_use.to_bits(), l.schedulable))
+                    .collect()
+            };
+            assert_eq!(
+                bits(&self.loads),
+                bits(&afresh),
+                "the workers' loads, kept between requests, differ from their sums"
+            );
+        }
+        &self.loads
     }
 }
 
@@ -287,8 +318,8 @@ impl ClusterPolicy for SpeConPolicy {
                 reason,
             } => {
                 self.sync(now, view);
-                let loads = self.loads(view);
-                let ids: Vec<&WorkerId> = view.workers.keys().collect();
+                let loads = self.loads.refresh(view);
+                let ids = view.snapshots().0;
                 let decided = self
                     .specon
                     .jobs()
@@ -298,14 +329,14 @@ impl ClusterPolicy for SpeConPolicy {
                     // Alg. 2 lines 9/15/20: decided at most once.
                     return Vec::new();
                 }
-                let chosen = self.specon.schedule(job, &loads);
+                let chosen = self.specon.schedule(job, loads);
                 if chosen.is_some() {
                     // Alg. 2 set its worker to the target, moved or not.
                     self.decided(job.clone());
                 }
                 match chosen {
                     Some(m) if Self::fits(view, m.to, job) => {
-                        let mut attributes = score_attributes(&ids, &m.scores, m.to);
+                        let mut attributes = score_attributes(ids, &m.scores, m.to);
                         attributes.insert("request".into(), reason.to_string());
                         vec![Decision::Move {
                             job: job.clone(),
@@ -344,9 +375,9 @@ impl ClusterPolicy for SpeConPolicy {
             return Vec::new();
         }
         self.sync(now, view);
-        let loads = self.loads(view);
-        let ids: Vec<&WorkerId> = view.workers.keys().collect();
-        let (moves, bf) = self.specon.rebalance(now, &loads, &[]);
+        let loads = self.loads.refresh(view);
+        let ids = view.snapshots().0;
+        let (moves, bf) = self.specon.rebalance(now, loads, &[]);
         for m in &moves {
             // Alg. 3 set its worker to the target, moved or not.
             self.decided(m.job_id.as_str().into());
@@ -381,8 +412,9 @@ impl ClusterPolicy for SpeConPolicy {
         {
             left.push(w.clone());
         }
-        // Its worker before and its worker now (found at `loads`) sum their cores anew.
-        self.used_changed(was_on.cloned(), Some(job.clone()));
+        // Its worker before and its worker now (found at the next refresh) sum their cores
+        // anew.
+        self.loads.changed(was_on.cloned(), Some(job.clone()));
     }
 
     fn on_departure(
@@ -459,7 +491,7 @@ fn same_seen(a: &Seen, b: &Seen) -> bool {
 /// eligible workers scored nearest it, and `scores_not_shown`, how many were left out. Every
 /// worker's score in every migration event wrote 10,000 attributes into each at 10,000
 /// workers, for the event log, the store and the trace (docs/performance.md).
-fn score_attributes(ids: &[&WorkerId], scores: &[f64], to: usize) -> BTreeMap<String, String> {
+fn score_attributes(ids: &[WorkerId], scores: &[f64], to: usize) -> BTreeMap<String, String> {
     let shown = super::shown_places(scores, to);
     let mut attributes: BTreeMap<String, String> = (shown.iter())
         .map(|&i| {
@@ -494,8 +526,7 @@ mod tests {
     #[test]
     fn a_migration_lists_every_score_of_a_small_cluster() {
         let ids = ids(3);
-        let refs: Vec<&WorkerId> = ids.iter().collect();
-        let a = score_attributes(&refs, &[2.0, f64::INFINITY, 1.0], 2);
+        let a = score_attributes(&ids, &[2.0, f64::INFINITY, 1.0], 2);
         assert_eq!(a["score.w00"], "2");
         assert_eq!(a["score.w01"], "ineligible");
         assert_eq!(a["score.w02"], "1");
@@ -508,12 +539,11 @@ mod tests {
     fn a_migration_on_a_big_cluster_lists_the_target_and_its_nearest_rivals() {
         let n = 1000;
         let ids = ids(n);
-        let refs: Vec<&WorkerId> = ids.iter().collect();
         // Scores 0..n, every tenth worker ineligible; the target is w500 (score 500).
         let scores: Vec<f64> = (0..n)
             .map(|i| if i % 10 == 3 { f64::INFINITY } else { i as f64 })
             .collect();
-        let a = score_attributes(&refs, &scores, 500);
+        let a = score_attributes(&ids, &scores, 500);
         let shown: Vec<&String> = a.keys().filter(|k| k.starts_with("score.")).collect();
         assert_eq!(shown.len(), SCORES_SHOWN, "{a:?}");
         assert_eq!(a["score.w500"], "500");
