@@ -10,7 +10,7 @@
 //! - [`FreeCompetition`]: FlowCon's "NA" baseline: no CPU limits at all; every container
 //!   competes under the kernel's fair share.
 
-use crate::cluster::{JobRequest, Placement, Placer, WorkerSnapshot, unschedulable_reason};
+use crate::cluster::{JobRequest, Placement, Placer, Scores, WorkerSnapshot, unschedulable_reason};
 
 /// Docker Swarm spread: among schedulable workers with room (`cpu_requested + job.cpus <=
 /// cpu_capacity`, same for memory), the one with the fewest running jobs; ties go to the lowest
@@ -38,7 +38,10 @@ impl Placer for Spread {
             }
         }
         match best {
-            Some(index) => Placement::Worker { index, scores },
+            Some(index) => Placement::Worker {
+                index,
+                scores: Scores::Every(scores),
+            },
             None => Placement::Unschedulable {
                 reason: unschedulable_reason(job, workers),
             },
@@ -99,7 +102,10 @@ impl Placer for LeastAllocated {
             }
         }
         match best {
-            Some((index, _)) => Placement::Worker { index, scores },
+            Some((index, _)) => Placement::Worker {
+                index,
+                scores: Scores::Every(scores),
+            },
             None => Placement::Unschedulable {
                 reason: unschedulable_reason(job, workers),
             },
@@ -125,10 +131,16 @@ impl Placer for RoundRobin {
             let w = &workers[i];
             if w.schedulable && w.fits(job) {
                 self.next = (i + 1) % n;
-                let scores = (0..n)
-                    .map(|j| if j == i { 0.0 } else { f64::INFINITY })
-                    .collect();
-                return Placement::Worker { index: i, scores };
+                // It compares no two workers: its choice scores 0, every other worker is
+                // ranked after it.
+                return Placement::Worker {
+                    index: i,
+                    scores: Scores::Few {
+                        scored: vec![(i, 0.0)],
+                        rest: f64::INFINITY,
+                        workers: n,
+                    },
+                };
             }
         }
         Placement::Unschedulable {
@@ -172,7 +184,7 @@ mod tests {
         let p = Spread.place(&job(1.0), &ws);
         assert_eq!(p.index(), Some(1));
         if let Placement::Worker { scores, .. } = p {
-            assert_eq!(scores, vec![2.0, 1.0, 3.0]);
+            assert_eq!(scores.to_vec(), vec![2.0, 1.0, 3.0]);
         }
     }
 
@@ -309,7 +321,13 @@ mod tests {
         let picks: Vec<_> = (0..4).map(|_| rr.place(&job(1.0), &ws).index()).collect();
         assert_eq!(picks, vec![Some(0), Some(1), Some(2), Some(0)]);
         ws[1].cpu_requested = 4.0;
-        assert_eq!(rr.place(&job(1.0), &ws).index(), Some(2));
+        let p = rr.place(&job(1.0), &ws);
+        assert_eq!(p.index(), Some(2));
+        // Its choice scores 0 and every other worker ranks after it.
+        let Placement::Worker { scores, .. } = p else {
+            panic!("{p:?}")
+        };
+        assert_eq!(scores.to_vec(), vec![f64::INFINITY, f64::INFINITY, 0.0]);
     }
 
     #[test]

@@ -141,7 +141,7 @@ pub enum Placement {
         /// Index into the `workers` slice passed to [`Placer::place`].
         index: usize,
         /// Per-worker scores (same order as the input).
-        scores: Vec<f64>,
+        scores: Scores,
     },
     /// No worker can take the job now; `reason` tells a user what is wrong.
     Unschedulable {
@@ -157,6 +157,70 @@ impl Placement {
         match self {
             Placement::Worker { index, .. } => Some(*index),
             Placement::Unschedulable { .. } => None,
+        }
+    }
+}
+
+/// A placer's score of each worker it was given, in their order: one per worker, or, for a
+/// placer that scores only a few, those few and what every other worker scores.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Scores {
+    /// One score per worker.
+    Every(Vec<f64>),
+    /// Only the workers at these places have a score of their own (place, score, in place
+    /// order); every other one of the `workers` scores `rest`, the ineligible score. For a
+    /// placer that compares no two workers ([`crate::baseline::RoundRobin`]): writing every
+    /// worker's score at every placement, and reading them all for the event, was a sixth of
+    /// SpeCon's time at 10,000 workers (`docs/performance.md`).
+    Few {
+        /// The places scored, with their scores.
+        scored: Vec<(usize, f64)>,
+        /// What every other worker scores.
+        rest: f64,
+        /// How many workers were scored.
+        workers: usize,
+    },
+}
+
+impl Scores {
+    /// The score of the worker at `place`.
+    pub fn get(&self, place: usize) -> f64 {
+        self[place]
+    }
+
+    /// How many workers were scored.
+    pub fn len(&self) -> usize {
+        match self {
+            Scores::Every(s) => s.len(),
+            Scores::Few { workers, .. } => *workers,
+        }
+    }
+
+    /// Whether no worker was scored.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// One score per worker.
+    pub fn to_vec(&self) -> Vec<f64> {
+        (0..self.len()).map(|i| self[i]).collect()
+    }
+}
+
+impl std::ops::Index<usize> for Scores {
+    type Output = f64;
+
+    fn index(&self, place: usize) -> &f64 {
+        match self {
+            Scores::Every(s) => &s[place],
+            Scores::Few {
+                scored,
+                rest,
+                workers,
+            } => {
+                assert!(place < *workers, "place {place} of {workers} workers");
+                scored.iter().find(|s| s.0 == place).map_or(rest, |s| &s.1)
+            }
         }
     }
 }

@@ -43,7 +43,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::{
-    Category, JobRequest, JobSnapshot, Placement, Placer, PlacerIndex, WorkerSnapshot,
+    Category, JobRequest, JobSnapshot, Placement, Placer, PlacerIndex, Scores, WorkerSnapshot,
 };
 use crate::error::{Error, Result};
 use crate::growth::{Direction, ProgressTracker, Resource, Sample, Usage, growth_efficiency};
@@ -521,7 +521,10 @@ impl Placer for FlowConPlacer {
             }
         }
         match best_all_cl.map(|(i, _)| i).or(best_score.map(|(i, _)| i)) {
-            Some(index) => Placement::Worker { index, scores },
+            Some(index) => Placement::Worker {
+                index,
+                scores: Scores::Every(scores),
+            },
             None => Placement::Unschedulable {
                 reason: crate::cluster::unschedulable_reason(job, workers),
             },

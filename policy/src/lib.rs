@@ -54,7 +54,7 @@ pub mod specon;
 pub mod value;
 
 pub use baseline::{FreeCompetition, LeastAllocated, RoundRobin, Spread};
-pub use cluster::{Category, JobRequest, JobSnapshot, Placement, Placer, WorkerSnapshot};
+pub use cluster::{Category, JobRequest, JobSnapshot, Placement, Placer, Scores, WorkerSnapshot};
 pub use error::{Error, Result};
 pub use id::Id;
 pub use ranked::Ranked;

@@ -352,9 +352,10 @@ impl Fixture {
     ) -> Option<(WorkerId, String)> {
         let (ids, snaps) = self.core.view().snapshots();
         match placer.place(need, snaps) {
-            converge_policy::cluster::Placement::Worker { index, scores } => {
-                Some((ids[index].clone(), policy::scores_text(ids, &scores, index)))
-            }
+            converge_policy::cluster::Placement::Worker { index, scores } => Some((
+                ids[index].clone(),
+                policy::placement_text(ids, &scores, index),
+            )),
             converge_policy::cluster::Placement::Unschedulable { .. } => None,
         }
     }

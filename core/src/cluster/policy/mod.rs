@@ -29,7 +29,7 @@ pub mod value;
 use std::collections::BTreeMap;
 
 use converge_policy::Ranked;
-use converge_policy::cluster::{JobRequest, JobSnapshot, WorkerSnapshot};
+use converge_policy::cluster::{JobRequest, JobSnapshot, Scores, WorkerSnapshot};
 use converge_policy::estimate::{self, Estimate, Known, Point, ServiceHistory};
 
 use super::forecast::Load;
@@ -234,6 +234,18 @@ pub fn scores_text(ids: &[WorkerId], scores: &[f64], chosen: usize) -> String {
         return entries(ids, 0..ids.len(), |i| scores[i]);
     }
     shown_text(ids, shown_places(scores, chosen), |i| scores[i])
+}
+
+/// [`scores_text`] of a placer's [`Scores`]: where it scored only a few workers, the same
+/// text without a score written for every other one.
+pub fn placement_text(ids: &[WorkerId], scores: &Scores, chosen: usize) -> String {
+    match scores {
+        Scores::Every(s) => scores_text(ids, s, chosen),
+        Scores::Few { scored, .. } if ids.len() > SCORES_SHOWN => {
+            sparse_scores_text(ids, scored, chosen)
+        }
+        few => entries(ids, 0..ids.len(), |i| few[i]),
+    }
 }
 
 /// The places an event lists of `scores` (one per worker): every one up to [`SCORES_SHOWN`]
@@ -656,6 +668,38 @@ mod tests {
             scores_text(&ids, &[1.0, f64::INFINITY, 0.5], 2),
             "a=1 b=inf c=0.5"
         );
+    }
+
+    /// A placer that scores only a few workers (round-robin) gets the text it would get had
+    /// it written every other worker's score, over few workers and over many.
+    #[test]
+    fn scores_of_a_few_workers_read_as_scores_of_every_worker() {
+        for n in [3, SCORES_SHOWN, SCORES_SHOWN + 1, 1000] {
+            let ids: Vec<WorkerId> = (0..n).map(|i| format!("w{i:04}").into()).collect();
+            for (scored, chosen) in [
+                (vec![(n - 1, 0.0)], n - 1),
+                (vec![(0, 2.0), (n / 2, 1.5)], 0),
+            ] {
+                for rest in [f64::INFINITY, f64::NEG_INFINITY] {
+                    let few = Scores::Few {
+                        scored: scored.clone(),
+                        rest,
+                        workers: n,
+                    };
+                    let every = few.to_vec();
+                    assert_eq!(every.len(), n);
+                    assert_eq!(
+                        placement_text(&ids, &few, chosen),
+                        scores_text(&ids, &every, chosen),
+                        "{n} workers, {scored:?}"
+                    );
+                    assert_eq!(
+                        placement_text(&ids, &Scores::Every(every.clone()), chosen),
+                        scores_text(&ids, &every, chosen)
+                    );
+                }
+            }
+        }
     }
 
     #[test]

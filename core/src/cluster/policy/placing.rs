@@ -8,7 +8,7 @@ use converge_policy::cluster::{JobRequest, Placement, Placer, PlacerIndex};
 #[cfg(any(test, debug_assertions))]
 use super::shown_places;
 use super::{
-    Admission, ClusterPolicy, ClusterView, SCORES_SHOWN, request, scores_text, shown_text,
+    Admission, ClusterPolicy, ClusterView, SCORES_SHOWN, placement_text, request, shown_text,
 };
 use crate::cluster::lifecycle::Job;
 use crate::cluster::types::{Time, WorkerId, WorkerMode};
@@ -43,7 +43,7 @@ impl Placing {
                 (shown[0], shown_text(ids, shown, score))
             }
             None => match self.placer.place(&need, snaps) {
-                Placement::Worker { index, scores } => (index, scores_text(ids, &scores, index)),
+                Placement::Worker { index, scores } => (index, placement_text(ids, &scores, index)),
                 Placement::Unschedulable { reason } => return Admission::Wait { reason },
             },
         };
@@ -121,7 +121,8 @@ impl Placing {
             // The placers with an index keep no state in `place`: the check changes nothing.
             match self.placer.place(need, snaps) {
                 Placement::Worker { index, scores } => {
-                    let (mut want, mut got) = (shown_places(&scores, index), shown.clone());
+                    let (mut want, mut got) =
+                        (shown_places(&scores.to_vec(), index), shown.clone());
                     want.sort_unstable();
                     got.sort_unstable();
                     assert_eq!(
