@@ -61,6 +61,8 @@ fn run(n: usize) -> f64 {
             progress_history: converge_core::cluster::PROGRESS_HISTORY,
             keep_finished: converge_core::cluster::KEEP_FINISHED,
             id_prefix: String::new(),
+            // As a manager with a store: what a step changed is taken after it.
+            record_changes: true,
         },
         p,
     );

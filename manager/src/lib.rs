@@ -74,6 +74,8 @@ pub async fn serve(
             usize::MAX
         },
         id_prefix: manager_id.clone(),
+        // Only a store reads which records a step changed.
+        record_changes: config.state_dir.is_some(),
     };
     let actor_config = actor::ActorConfig {
         manager_id,

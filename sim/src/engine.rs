@@ -485,6 +485,8 @@ impl<'a> Simulation<'a> {
             // As the manager keeps them: the report reads archived jobs from `archived`.
             keep_finished: converge_core::cluster::KEEP_FINISHED,
             id_prefix: "sim".into(),
+            // The simulator keeps no store (`core_step` drops what a step changed).
+            record_changes: false,
             ..Config::default()
         };
         let workers = workers_spec
@@ -1183,7 +1185,6 @@ impl<'a> Simulation<'a> {
     /// what the core keeps archived, here to `archived`.
     fn core_step(&mut self, input: Input) -> Vec<Effect> {
         let out = self.core.step(self.now, input);
-        let _ = self.core.take_changes();
         for j in self.core.archive_records() {
             self.archived.insert(j.id.clone(), j);
         }

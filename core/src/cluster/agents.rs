@@ -281,9 +281,8 @@ impl Core {
         };
         match found {
             Ok(j) => {
-                let changes = &mut self.changes;
-                if !changes.jobs.contains(job) && !changes.soft.contains(job) {
-                    changes.soft.insert(j.id.clone());
+                if let Some(changes) = &mut self.changes {
+                    changes.soft(&j.id);
                 }
                 Some(j)
             }

@@ -18,7 +18,9 @@ impl Core {
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.changes.jobs.insert(id.clone());
+        if let Some(changes) = &mut self.changes {
+            changes.job(&id);
+        }
         self.valued += usize::from(spec.value_curve.is_some());
         self.jobs.insert(Box::new(Job {
             id: id.clone(),

@@ -96,6 +96,11 @@ pub struct Config {
     /// Command ids are `{id_prefix}-{n}`: unique per manager process (the shell passes its
     /// manager id), deterministic in the simulator.
     pub id_prefix: String,
+    /// Whether the core notes which records each step changes ([`Core::take_changes`]), for a
+    /// shell that stores them. A manager without a store and the simulator keep no notes:
+    /// each heartbeat noted every job it reported on, in sets made and dropped at every step,
+    /// a tenth of a 10,000-worker simulation for notes no one read (`docs/performance.md`).
+    pub record_changes: bool,
 }
 
 impl Default for Config {
@@ -108,6 +113,7 @@ impl Default for Config {
             progress_history: PROGRESS_HISTORY,
             keep_finished: KEEP_FINISHED,
             id_prefix: "cmd".into(),
+            record_changes: true,
         }
     }
 }
@@ -304,8 +310,9 @@ pub struct Core {
     dirty: bool,
     /// Sizes of the jobs that completed (for estimates of jobs nothing else tells about).
     history: converge_policy::estimate::ServiceHistory,
-    /// Records changed since the shell last took them (for the store; `saved`).
-    changes: saved::Changes,
+    /// Records changed since the shell last took them (for the store; `saved`); `None` when
+    /// the core keeps no notes ([`Config::record_changes`]).
+    changes: Option<saved::Changes>,
     /// A restarted manager declares no worker lost before this (`saved`).
     grace_until: Time,
     /// Every worker's placement snapshot, refreshed where the core wrote (`index`).
@@ -331,12 +338,12 @@ pub struct Core {
 /// while it holds the worker.
 fn worker_record<'a>(
     workers: &'a mut Workers,
-    changes: &mut saved::Changes,
+    changes: &mut Option<saved::Changes>,
     id: &str,
 ) -> Option<&'a mut Worker> {
     let w = workers.get_mut(id)?;
-    if !changes.workers.contains(id) {
-        changes.workers.insert(w.id.clone());
+    if let Some(changes) = changes {
+        changes.worker(&w.id);
     }
     Some(w)
 }
@@ -370,6 +377,7 @@ pub(crate) use policy_view;
 impl Core {
     /// An empty cluster run by `policy`.
     pub fn new(config: Config, policy: Box<dyn ClusterPolicy>) -> Self {
+        let record_changes = config.record_changes;
         Core {
             config,
             index: index::PlacementIndex::new(policy.placer_index(), policy.orders_by_crowd()),
@@ -385,7 +393,7 @@ impl Core {
             departures: VecDeque::new(),
             dirty: false,
             history: Default::default(),
-            changes: Default::default(),
+            changes: record_changes.then(Default::default),
             grace_until: Time::NEG_INFINITY,
             finished: VecDeque::new(),
             archived_downtime: None,
@@ -561,7 +569,7 @@ impl Core {
     fn drop_finished(&mut self, more: impl Fn(&Self, &str) -> bool) -> Vec<Box<Job>> {
         let mut dropped = Vec::new();
         while let Some(id) = self.finished.front() {
-            if !more(self, id) || self.changes.jobs.contains(id) {
+            if !more(self, id) || self.changes.as_ref().is_some_and(|c| c.jobs.contains(id)) {
                 break;
             }
             let id = self.finished.pop_front().expect("non-empty");
@@ -584,7 +592,9 @@ impl Core {
         };
         // The job's own id, shared by every set and queue that names it.
         let id = job.id.clone();
-        self.changes.jobs.insert(id.clone());
+        if let Some(changes) = &mut self.changes {
+            changes.job(&id);
+        }
         if !lifecycle::allowed(&job.phase, &to) {
             warn!(job = %id, from = job.state().label(), to = to.state().label(), "transition refused");
             self.out.push(Effect::Refused {
@@ -636,7 +646,9 @@ impl Core {
         }
         if to.state() == JobState::Completed {
             self.history.record(job.cpu_s);
-            self.changes.history = true;
+            if let Some(changes) = &mut self.changes {
+                changes.history = true;
+            }
         }
         self.lost -= usize::from(matches!(job.phase, JobPhase::Lost { .. }));
         self.lost += usize::from(matches!(to, JobPhase::Lost { .. }));
@@ -694,8 +706,8 @@ impl Core {
     /// so that the store hears of every change.
     pub(super) fn job_mut(&mut self, id: &str) -> Option<&mut Job> {
         let j = self.jobs.get_mut(id)?;
-        if !self.changes.jobs.contains(id) {
-            self.changes.jobs.insert(j.id.clone());
+        if let Some(changes) = &mut self.changes {
+            changes.job(&j.id);
         }
         // No placement snapshot reads what a progress line changes; the job fields one does
         // read (its view) are written only in its worker's heartbeat, which touches the

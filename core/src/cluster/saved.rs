@@ -31,6 +31,27 @@ pub struct Changes {
 }
 
 impl Changes {
+    /// Notes that job `id`'s record changed.
+    pub(super) fn job(&mut self, id: &JobId) {
+        if !self.jobs.contains(id) {
+            self.jobs.insert(id.clone());
+        }
+    }
+
+    /// Notes that job `id`'s record changed only in what agents report again anyway.
+    pub(super) fn soft(&mut self, id: &JobId) {
+        if !self.jobs.contains(id) && !self.soft.contains(id) {
+            self.soft.insert(id.clone());
+        }
+    }
+
+    /// Notes that worker `id`'s record changed.
+    pub(super) fn worker(&mut self, id: &WorkerId) {
+        if !self.workers.contains(id) {
+            self.workers.insert(id.clone());
+        }
+    }
+
     /// Adds what `other` changed.
     pub fn merge(&mut self, other: Changes) {
         self.jobs.extend(other.jobs);
@@ -97,9 +118,13 @@ pub enum RestoreError {
 }
 
 impl Core {
-    /// The records touched since the last call (the shell stores them).
+    /// The records touched since the last call (the shell stores them); none when the core
+    /// keeps no notes ([`Config::record_changes`]).
     pub fn take_changes(&mut self) -> Changes {
-        std::mem::take(&mut self.changes)
+        self.changes
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// The counters as they are now.

@@ -140,6 +140,7 @@ fn config() -> Config {
         progress_history: 8,
         keep_finished: KEEP_FINISHED,
         id_prefix: "t".into(),
+        record_changes: true,
     }
 }
 
@@ -1608,6 +1609,16 @@ mod model {
             config(),
             policy::by_name(policy_name, &PolicyConfig::default()).unwrap(),
         );
+        // A core that notes no changes (a manager without a store, the simulator), fed the
+        // same inputs and archiving when `core` does: it must decide the same, step by step.
+        let untracked = || Config {
+            record_changes: false,
+            ..config()
+        };
+        let mut twin = Core::new(
+            untracked(),
+            policy::by_name(policy_name, &PolicyConfig::default()).unwrap(),
+        );
         let mut agents: Vec<Agent> = (0..WORKERS).map(|_| Agent::default()).collect();
         let mut now = 0.0;
         let mut next_conn = 0;
@@ -1620,13 +1631,12 @@ mod model {
         for (w, agent) in agents.iter_mut().enumerate() {
             next_conn += 1;
             agent.conn = Some(next_conn);
-            effects.extend(core.step(
-                now,
-                Input::Connected {
-                    conn: next_conn,
-                    register: register(w, agent),
-                },
-            ));
+            let input = Input::Connected {
+                conn: next_conn,
+                register: register(w, agent),
+            };
+            twin.step(now, input.clone());
+            effects.extend(core.step(now, input));
         }
         for (i, op) in ops.into_iter().enumerate() {
             if i == random + 2 * WORKERS {
@@ -1715,6 +1725,14 @@ mod model {
                         RESTART_GRACE,
                     )
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    twin = Core::from_saved(
+                        untracked(),
+                        policy::by_name(policy_name, &PolicyConfig::default()).unwrap(),
+                        store.saved(),
+                        now,
+                        RESTART_GRACE,
+                    )
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
                     store.unsaved = Default::default();
                     for id in &acknowledged {
                         let archived = store.jobs.get(id).is_some_and(Job::is_terminal);
@@ -1785,8 +1803,18 @@ mod model {
                     Input::Submit { id, .. } => Some(id.clone()),
                     _ => None,
                 };
+                let twin_out = twin.step(now, input.clone());
                 let out = core.step(now, input);
                 store.after_step(&mut core, &out);
+                if out.iter().any(Effect::is_observable) {
+                    twin.archive();
+                }
+                prop_assert_eq!(
+                    &twin_out,
+                    &out,
+                    "a core that notes no changes decides otherwise"
+                );
+                prop_assert_eq!(twin.take_changes(), saved::Changes::default());
                 prop_assert!(
                     core.derived_state_is_fresh(),
                     "a placement snapshot, the Lost count or the valued count is out of date"
