@@ -44,8 +44,9 @@ pub struct PlacementIndex {
     snaps: Vec<WorkerSnapshot>,
     /// Each worker's place in `ids`: found by hashing its id once, where a binary search
     /// compared it with fourteen others at 10,000 workers, each behind a pointer (a heartbeat
-    /// looks its worker's place up to refresh its snapshot).
-    places: HashMap<WorkerId, usize>,
+    /// looks its worker's place up to refresh its snapshot). Foldhash, as in
+    /// [`IdMap`](crate::cluster::idmap::IdMap), for the same reasons.
+    places: HashMap<WorkerId, usize, foldhash::fast::RandomState>,
     /// Workers written since their snapshot was taken.
     stale: BTreeSet<WorkerId>,
     /// Workers that are draining, whatever their connection: the core looks for drains to

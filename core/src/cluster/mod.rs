@@ -44,7 +44,7 @@ mod time;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use converge_policy::estimate::Basis;
 use tracing::{debug, info, warn};
@@ -296,8 +296,11 @@ pub struct Core {
     jobs: Jobs,
     /// Pending jobs by submission order.
     pending: BTreeMap<u64, JobId>,
-    /// Which worker each live stream belongs to.
-    conns: BTreeMap<ConnId, WorkerId>,
+    /// Which worker each live stream belongs to: every agent message looks its stream up
+    /// here first, and a B-tree of 10,000 streams was a search of four nodes where a hash
+    /// probe is one (never walked, so its order does not matter; ids are the shell's
+    /// counters, chosen by no stranger).
+    conns: HashMap<ConnId, WorkerId, foldhash::fast::RandomState>,
     next_seq: u64,
     next_command: u64,
     /// The time of the step being taken.
@@ -385,7 +388,7 @@ impl Core {
             workers: Workers::new(),
             jobs: Jobs::new(),
             pending: BTreeMap::new(),
-            conns: BTreeMap::new(),
+            conns: HashMap::default(),
             next_seq: 0,
             next_command: 0,
             now: 0.0,
