@@ -211,10 +211,58 @@ pub struct SpeConDecisions {
 }
 
 /// SpeCon's cluster-wide state machine.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct SpeCon {
     config: SpeConConfig,
     jobs: BTreeMap<String, SpeConJob>,
+    /// `[PC, WC, CC]` of each worker (Alg. 2 line 3), by index: the jobs in `jobs` there, by
+    /// category, kept as jobs come, go, move and change category ([`Tally`]). Alg. 2 reads
+    /// every worker's at every request, and counting them walked every job SpeCon holds.
+    tally: Tally,
+}
+
+/// Two SpeCons are alike when they hold the same jobs in the same states: the tally follows
+/// from the jobs (however long it grew).
+impl PartialEq for SpeCon {
+    fn eq(&self, other: &Self) -> bool {
+        self.config == other.config && self.jobs == other.jobs
+    }
+}
+
+/// Jobs per worker and category ([`SpeCon::tally`]).
+#[derive(Debug, Clone, Default)]
+struct Tally(Vec<[usize; 3]>);
+
+impl Tally {
+    /// Counts `job` where it is.
+    fn add(&mut self, job: &SpeConJob) {
+        if self.0.len() <= job.worker {
+            self.0.resize(job.worker + 1, [0; 3]);
+        }
+        self.0[job.worker][category_slot(job.category)] += 1;
+    }
+
+    /// Stops counting `job` where it is (it leaves, or is about to move or change).
+    fn remove(&mut self, job: &SpeConJob) {
+        self.0[job.worker][category_slot(job.category)] -= 1;
+    }
+
+    /// The counts of every job in `jobs`, afresh.
+    fn of<'a>(jobs: impl IntoIterator<Item = &'a SpeConJob>) -> Self {
+        let mut tally = Tally::default();
+        for j in jobs {
+            tally.add(j);
+        }
+        tally
+    }
+
+    /// The counts of workers `0..workers` (none on a worker past the last counted).
+    fn counts(&self, workers: usize) -> Vec<[usize; 3]> {
+        let mut counts = vec![[0usize; 3]; workers];
+        let n = workers.min(self.0.len());
+        counts[..n].copy_from_slice(&self.0[..n]);
+        counts
+    }
 }
 
 fn category_slot(c: Category) -> usize {
@@ -337,6 +385,7 @@ impl SpeCon {
         Ok(SpeCon {
             config,
             jobs: BTreeMap::new(),
+            tally: Tally::default(),
         })
     }
 
@@ -399,7 +448,10 @@ impl SpeCon {
         // Looked up before inserting: an entry by an owned key would copy the id at every
         // observation, and most observe a job SpeCon already holds; one search when it does.
         let job = match self.jobs.get_mut(job_id) {
-            Some(job) => job,
+            Some(job) => {
+                self.tally.remove(job);
+                job
+            }
             None => self.jobs.entry(job_id.to_string()).or_insert(SpeConJob {
                 category: Category::PROGRESSING,
                 worker,
@@ -419,16 +471,26 @@ impl SpeCon {
                 job.converged_at = None;
             }
         }
+        self.tally.add(job);
     }
 
     /// Forgets job `job_id` (it stopped running).
     pub fn forget(&mut self, job_id: &str) {
-        self.jobs.remove(job_id);
+        if let Some(job) = self.jobs.remove(job_id) {
+            self.tally.remove(&job);
+        }
     }
 
     /// Forgets every job for which `keep` is false (they finished).
     pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
-        self.jobs.retain(|id, _| keep(id));
+        let tally = &mut self.tally;
+        self.jobs.retain(|id, job| {
+            let kept = keep(id);
+            if !kept {
+                tally.remove(job);
+            }
+            kept
+        });
     }
 
     /// Alg. 1 over every observed job; returns the reallocation requests (line 16).
@@ -494,18 +556,22 @@ impl SpeCon {
             // Lines 17-18: otherwise (bouncing below α) it stays.
             job.last_gain = Some(gain);
         }
+        // Jobs came, went, moved and changed category all over: counted again.
+        self.tally = Tally::of(self.jobs.values());
         requests.sort();
         requests.dedup();
         requests
     }
 
+    /// `[PC, WC, CC]` of workers `0..workers` (Alg. 2 line 3), from the tally; debug and
+    /// test builds check it against a count of every job.
     fn counts(&self, workers: usize) -> Vec<[usize; 3]> {
-        let mut counts = vec![[0usize; 3]; workers];
-        for j in self.jobs.values() {
-            if let Some(c) = counts.get_mut(j.worker) {
-                c[category_slot(j.category)] += 1;
-            }
-        }
+        let counts = self.tally.counts(workers);
+        debug_assert_eq!(
+            counts,
+            Tally::of(self.jobs.values()).counts(workers),
+            "SpeCon's tally of jobs per worker differs from a count"
+        );
         counts
     }
 
@@ -544,7 +610,9 @@ impl SpeCon {
         job.migrated = true;
         match target {
             Some(to) if to != current => {
+                self.tally.remove(job);
                 job.worker = to;
+                self.tally.add(job);
                 let k = category_slot(category);
                 if let Some(c) = counts.get_mut(current) {
                     c[k] = c[k].saturating_sub(1);
@@ -598,7 +666,9 @@ impl SpeCon {
             .into_iter()
             .map(|(job_id, from, to)| {
                 let job = self.jobs.get_mut(&job_id).expect("candidate exists");
+                self.tally.remove(job);
                 job.worker = to;
+                self.tally.add(job);
                 job.rebalanced = true;
                 Migration {
                     job_id,
