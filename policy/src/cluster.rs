@@ -134,9 +134,10 @@ impl WorkerSnapshot {
 /// Where a placer puts a job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Placement {
-    /// Place on `workers[index]`. `scores` has one entry per worker in the input (the policy's
-    /// score, for explanation and tracing; `f64::INFINITY` / `NEG_INFINITY` for workers that
-    /// were not eligible, whichever the policy ranks last).
+    /// Place on `workers[index]`. `scores` gives every worker in the input a score (the
+    /// policy's, for explanation and tracing; `f64::INFINITY` / `NEG_INFINITY` for workers
+    /// that were not eligible, whichever the policy ranks last), one each or a few
+    /// ([`Scores`]).
     Worker {
         /// Index into the `workers` slice passed to [`Placer::place`].
         index: usize,
@@ -168,14 +169,15 @@ pub enum Scores {
     /// One score per worker.
     Every(Vec<f64>),
     /// Only the workers at these places have a score of their own (place, score, in place
-    /// order); every other one of the `workers` scores `rest`, the ineligible score. For a
-    /// placer that compares no two workers ([`crate::baseline::RoundRobin`]): writing every
-    /// worker's score at every placement, and reading them all for the event, was a sixth of
-    /// SpeCon's time at 10,000 workers (`docs/performance.md`).
+    /// order; the chosen worker among them); every other one of the `workers` is ineligible
+    /// and scores `rest` (`f64::INFINITY` or `NEG_INFINITY`). For a placer that compares no
+    /// two workers ([`crate::baseline::RoundRobin`]): writing every worker's score at every
+    /// placement, and reading them all for the event, was 5% of SpeCon's samples at 10,000
+    /// workers (`docs/performance.md`).
     Few {
         /// The places scored, with their scores.
         scored: Vec<(usize, f64)>,
-        /// What every other worker scores.
+        /// What every other worker scores: ineligible (not finite).
         rest: f64,
         /// How many workers were scored.
         workers: usize,

@@ -485,7 +485,7 @@ impl<'a> Simulation<'a> {
             // As the manager keeps them: the report reads archived jobs from `archived`.
             keep_finished: converge_core::cluster::KEEP_FINISHED,
             id_prefix: "sim".into(),
-            // The simulator keeps no store (`core_step` drops what a step changed).
+            // The simulator keeps no store, so no one would read what a step changed.
             record_changes: false,
             ..Config::default()
         };
@@ -1180,9 +1180,9 @@ impl<'a> Simulation<'a> {
         }
     }
 
-    /// One step of the cluster core, as the manager's actor takes it: the step, then what it
-    /// changed taken (there is no store: it would only pile up), then finished jobs beyond
-    /// what the core keeps archived, here to `archived`.
+    /// One step of the cluster core, as the manager's actor takes it: the step, then finished
+    /// jobs beyond what the core keeps archived, here to `archived` (the core notes no changed
+    /// records: there is no store, `Config::record_changes`).
     fn core_step(&mut self, input: Input) -> Vec<Effect> {
         let out = self.core.step(self.now, input);
         for j in self.core.archive_records() {

@@ -1635,8 +1635,14 @@ mod model {
                 conn: next_conn,
                 register: register(w, agent),
             };
-            twin.step(now, input.clone());
-            effects.extend(core.step(now, input));
+            let twin_out = twin.step(now, input.clone());
+            let out = core.step(now, input);
+            prop_assert_eq!(
+                &twin_out,
+                &out,
+                "a core that notes no changes decides otherwise"
+            );
+            effects.extend(out);
         }
         for (i, op) in ops.into_iter().enumerate() {
             if i == random + 2 * WORKERS {

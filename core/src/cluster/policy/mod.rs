@@ -239,6 +239,17 @@ pub fn scores_text(ids: &[WorkerId], scores: &[f64], chosen: usize) -> String {
 /// [`scores_text`] of a placer's [`Scores`]: where it scored only a few workers, the same
 /// text without a score written for every other one.
 pub fn placement_text(ids: &[WorkerId], scores: &Scores, chosen: usize) -> String {
+    if let Scores::Few { scored, rest, .. } = scores {
+        // What the sparse text assumes of the workers left out, and of the chosen one.
+        debug_assert!(
+            !rest.is_finite(),
+            "the workers a placer left out are ineligible"
+        );
+        debug_assert!(
+            scored.iter().any(|s| s.0 == chosen),
+            "the chosen worker is scored"
+        );
+    }
     match scores {
         Scores::Every(s) => scores_text(ids, s, chosen),
         Scores::Few { scored, .. } if ids.len() > SCORES_SHOWN => {
