@@ -259,11 +259,11 @@ impl Tally {
         tally
     }
 
-    /// The counts of workers `0..workers` (none on a worker past the last counted).
+    /// The counts by worker, padded with workers without jobs to at least `workers`.
+    #[cfg(any(test, debug_assertions))]
     fn counts(&self, workers: usize) -> Vec<[usize; 3]> {
-        let mut counts = vec![[0usize; 3]; workers];
-        let n = workers.min(self.0.len());
-        counts[..n].copy_from_slice(&self.0[..n]);
+        let mut counts = self.0.clone();
+        counts.resize(workers.max(counts.len()), [0; 3]);
         counts
     }
 }
@@ -284,28 +284,44 @@ pub fn worker_score(pc: usize, wc: usize, cc: usize, w: &Weights) -> f64 {
 /// Alg. 2 lines 4-21: the host for a job now on `current`, given every worker's score and
 /// resource use; `None` entries are not eligible. Returns `current` when it is a candidate.
 pub fn select_host(current: usize, scores: &[Option<f64>], resource_use: &[f64]) -> Option<usize> {
-    let min = scores
-        .iter()
-        .flatten()
-        .copied()
+    select(
+        current,
+        scores.len(),
+        |i| scores[i],
+        |i| resource_use.get(i).copied().unwrap_or(0.0),
+    )
+}
+
+/// [`select_host`] over `workers` workers whose scores and uses are read where asked, without
+/// a list of candidates: Alg. 2 runs at every migration request over every worker.
+fn select(
+    current: usize,
+    workers: usize,
+    score: impl Fn(usize) -> Option<f64>,
+    resource_use: impl Fn(usize) -> f64,
+) -> Option<usize> {
+    let min = (0..workers)
+        .filter_map(&score)
         .fold(f64::INFINITY, f64::min);
     if !min.is_finite() {
         return None;
     }
     // Lines 4-7: the candidate set T.
-    let candidates: Vec<usize> = (0..scores.len())
-        .filter(|&i| scores[i].is_some_and(|s| s <= min + 1e-9))
-        .collect();
+    let candidate = |i: usize| score(i).is_some_and(|s| s <= min + 1e-9);
     // Lines 8-10: stay put when the current host is a candidate.
-    if candidates.contains(&current) {
+    if current < workers && candidate(current) {
         return Some(current);
     }
-    // Lines 12-21: the only candidate, or the one with the lowest R(w, t), then lowest index.
-    candidates.into_iter().min_by(|&a, &b| {
-        let ra = resource_use.get(a).copied().unwrap_or(0.0);
-        let rb = resource_use.get(b).copied().unwrap_or(0.0);
-        ra.total_cmp(&rb).then(a.cmp(&b))
-    })
+    // Lines 12-21: the only candidate, or the one with the lowest R(w, t), then the lowest
+    // index (the first met, in index order, of those with the lowest).
+    let mut best: Option<(f64, usize)> = None;
+    for i in (0..workers).filter(|&i| candidate(i)) {
+        let r = resource_use(i);
+        if best.is_none_or(|(b, _)| r.total_cmp(&b).is_lt()) {
+            best = Some((r, i));
+        }
+    }
+    best.map(|(_, i)| i)
 }
 
 /// A job Alg. 3 may move: its id, its worker, its converged duration `d`.
@@ -417,10 +433,9 @@ impl SpeCon {
             ..SpeConDecisions::default()
         };
         let mut moved: Vec<String> = Vec::new();
-        // Counts are computed once per round and updated as moves are decided.
-        let mut counts = self.counts(workers.len());
+        // Each move updates the tally, which the next request's counts are read from.
         for job_id in &requests {
-            match self.schedule_with(job_id, workers, &mut counts) {
+            match self.schedule(job_id, workers) {
                 Some(m) => {
                     moved.push(m.job_id.clone());
                     decisions.migrations.push(m);
@@ -566,12 +581,6 @@ impl SpeCon {
         requests
     }
 
-    /// `[PC, WC, CC]` of workers `0..workers` (Alg. 2 line 3), from the tally.
-    fn counts(&self, workers: usize) -> Vec<[usize; 3]> {
-        self.check_tally();
-        self.tally.counts(workers)
-    }
-
     /// Debug and test builds check the tally against a count of every job wherever Alg. 2
     /// or 3 is about to read or move jobs: a tally that drifted would go on unnoticed.
     fn check_tally(&self) {
@@ -588,60 +597,48 @@ impl SpeCon {
     }
 
     /// Alg. 2 for one request: marks the job migrated and returns the move, or `None` when it
-    /// stays (its host is a candidate) or nothing is eligible.
+    /// stays (its host is a candidate) or nothing is eligible. The counts of line 3 are read
+    /// off the tally, and every worker's score where asked: no vector of every worker's
+    /// counts, scores or uses is made unless the job moves (its migration carries the scores).
     pub fn schedule(&mut self, job_id: &str, workers: &[WorkerLoad]) -> Option<Migration> {
-        let mut counts = self.counts(workers.len());
-        self.schedule_with(job_id, workers, &mut counts)
-    }
-
-    /// [`SpeCon::schedule`] with per-worker `[PC, WC, CC]` counts kept by the caller.
-    fn schedule_with(
-        &mut self,
-        job_id: &str,
-        workers: &[WorkerLoad],
-        counts: &mut [[usize; 3]],
-    ) -> Option<Migration> {
-        let (current, category) = {
+        let current = {
             let job = self.jobs.get(job_id)?;
             if job.migrated {
                 return None;
             }
-            (job.worker, job.category)
+            job.worker
         };
-        let w = &self.config.weights;
-        // Lines 2-3.
-        let scores: Vec<Option<f64>> = workers
-            .iter()
-            .zip(counts.iter())
-            .map(|(wk, c)| wk.schedulable.then(|| worker_score(c[0], c[1], c[2], w)))
-            .collect();
-        let resource: Vec<f64> = workers.iter().map(|w| w.resource_use).collect();
-        let target = select_host(current, &scores, &resource);
+        self.check_tally();
+        let (weights, tally) = (&self.config.weights, &self.tally);
+        // Lines 2-3 (a worker past the tally's last has no jobs).
+        let score = |i: usize| {
+            workers[i].schedulable.then(|| {
+                let c = tally.0.get(i).copied().unwrap_or([0; 3]);
+                worker_score(c[0], c[1], c[2], weights)
+            })
+        };
+        let target = select(current, workers.len(), score, |i| workers[i].resource_use)
+            .filter(|&to| to != current);
+        // The scores before the move, as the migration reports them.
+        let scores = target.map(|_| {
+            (0..workers.len())
+                .map(|i| score(i).unwrap_or(f64::INFINITY))
+                .collect()
+        });
         let job = self.jobs.get_mut(job_id).expect("checked above");
         // Lines 9, 15, 20: marked migrated whether it moves or stays.
         job.migrated = true;
-        match target {
-            Some(to) if to != current => {
-                self.tally.remove(job);
-                job.worker = to;
-                self.tally.add(job);
-                let k = category_slot(category);
-                if let Some(c) = counts.get_mut(current) {
-                    c[k] = c[k].saturating_sub(1);
-                }
-                if let Some(c) = counts.get_mut(to) {
-                    c[k] += 1;
-                }
-                Some(Migration {
-                    job_id: job_id.to_string(),
-                    from: current,
-                    to,
-                    reason: MigrationReason::Speculative,
-                    scores: scores.iter().map(|s| s.unwrap_or(f64::INFINITY)).collect(),
-                })
-            }
-            _ => None,
-        }
+        let (to, scores) = target.zip(scores)?;
+        self.tally.remove(job);
+        job.worker = to;
+        self.tally.add(job);
+        Some(Migration {
+            job_id: job_id.to_string(),
+            from: current,
+            to,
+            reason: MigrationReason::Speculative,
+            scores,
+        })
     }
 
     /// Alg. 3 at `now`, skipping jobs in `exclude` (moved this round).
