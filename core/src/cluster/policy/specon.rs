@@ -11,7 +11,7 @@
 //! The simulator drives the same policy with the same calls, in the same order, through the
 //! core. Placement is a plain placer (round-robin for `specon`, FlowCon's Alg. 4 for `converge`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use converge_policy::cluster::Placer;
 use converge_policy::specon::{SpeCon, SpeConConfig, WorkerLoad};
@@ -65,8 +65,10 @@ struct Loads {
 /// The most jobs `SpeConPolicy::touched` holds before the next sync is made a full one.
 const TOUCHED_AT_MOST: usize = 1 << 16;
 
-/// Running jobs by the worker they were observed on (`SpeConPolicy::seen`).
-type Seen = BTreeMap<WorkerId, Vec<JobId>>;
+/// Running jobs by the worker they were observed on (`SpeConPolicy::seen`). Found by hash
+/// (foldhash, as the core's records): every heartbeat takes its worker's list out and puts
+/// it back, and nothing walks the map, so its order reaches no decision.
+type Seen = HashMap<WorkerId, Vec<JobId>, foldhash::fast::RandomState>;
 
 impl SpeConPolicy {
     /// `name` placing with `placer`, agents running `mode`, Alg. 3 every `interval` seconds.
@@ -83,7 +85,7 @@ impl SpeConPolicy {
             specon: SpeCon::new(SpeConConfig::default()).expect("default SpeCon config is valid"),
             interval,
             next_rebalance: None,
-            seen: BTreeMap::new(),
+            seen: Seen::default(),
             departed: BTreeSet::new(),
             touched: BTreeMap::new(),
             synced_workers: 0,
