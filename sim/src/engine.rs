@@ -162,6 +162,12 @@ pub struct Run {
     pub avg_jct: f64,
     /// Events processed (the heap's: arrivals, heartbeats, timers, model completions).
     pub events: u64,
+    /// Of the `events`, the timers found superseded when popped (a node's wake, a worker's
+    /// next completion or the core's tick, set again since): each is popped and counted, and
+    /// acts on nothing. What an events/s figure should be read beside. Not part of the
+    /// results files.
+    #[serde(skip)]
+    pub stale: u64,
     /// Inputs the cores consumed (cluster and node steps).
     pub steps: u64,
     /// Migrations performed.
@@ -381,6 +387,8 @@ pub struct Simulation<'a> {
     dirty: BTreeSet<usize>,
     unfinished: usize,
     events: u64,
+    /// Timers popped after they were set again (`Run::stale`).
+    stale: u64,
     steps: u64,
     refusals: u64,
     trace: Option<Trace>,
@@ -568,6 +576,7 @@ impl<'a> Simulation<'a> {
             dirty: BTreeSet::new(),
             unfinished: jobs.len(),
             events: 0,
+            stale: 0,
             steps: 0,
             refusals: 0,
             trace: record.then(Trace::default),
@@ -662,6 +671,8 @@ impl<'a> Simulation<'a> {
                     if self.core_tick_at == Some(time) {
                         self.core_tick_at = None;
                         self.queue.push_back(Msg::Core(Input::Tick));
+                    } else {
+                        self.stale += 1;
                     }
                 }
                 Event::NodeTick { worker, version } => {
@@ -669,11 +680,15 @@ impl<'a> Simulation<'a> {
                         self.workers[worker].wake = None;
                         self.feed(worker);
                         self.queue.push_back(Msg::Node(worker, NodeInput::Tick));
+                    } else {
+                        self.stale += 1;
                     }
                 }
                 Event::Completion { worker, version } => {
                     if self.workers[worker].version == version {
                         self.complete(worker);
+                    } else {
+                        self.stale += 1;
                     }
                 }
                 Event::Restored { job, epoch } => self.restored(job, epoch),
@@ -1617,6 +1632,7 @@ impl<'a> Simulation<'a> {
             migrations: jobs.iter().map(|j| u64::from(j.migrations)).sum(),
             jobs,
             events: self.events,
+            stale: self.stale,
             steps: self.steps,
             refusals: self.refusals,
             archived: self.archived.len(),

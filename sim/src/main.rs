@@ -332,9 +332,10 @@ fn scale(
         let run = Simulation::new(&e, catalog, &trace, policy, false)?.run()?;
         let secs = started.elapsed().as_secs_f64();
         println!(
-            "{:<45} {:>10} events, {:>10} core steps in {:>7.2} s = {:>9.0} events/s, {:>9.0} steps/s (simulated makespan {:.0} s, results {:016x})",
+            "{:<45} {:>10} events ({} stale), {:>10} core steps in {:>7.2} s = {:>9.0} events/s, {:>9.0} steps/s (simulated makespan {:.0} s, results {:016x})",
             policy.label(),
             run.events,
+            run.stale,
             run.steps,
             secs,
             run.events as f64 / secs,
