@@ -185,11 +185,6 @@ pub enum Scores {
 }
 
 impl Scores {
-    /// The score of the worker at `place`.
-    pub fn get(&self, place: usize) -> f64 {
-        self[place]
-    }
-
     /// How many workers were scored.
     pub fn len(&self) -> usize {
         match self {

@@ -242,6 +242,13 @@ impl Tally {
         self.0[job.worker][category_slot(job.category)] += 1;
     }
 
+    /// Moves `job` to worker `to`, and its count with it.
+    fn relocate(&mut self, job: &mut SpeConJob, to: usize) {
+        self.remove(job);
+        job.worker = to;
+        self.add(job);
+    }
+
     /// Stops counting `job` where it is (it leaves, or is about to move or change).
     fn remove(&mut self, job: &SpeConJob) {
         let n = &mut self.0[job.worker][category_slot(job.category)];
@@ -629,9 +636,7 @@ impl SpeCon {
         // Lines 9, 15, 20: marked migrated whether it moves or stays.
         job.migrated = true;
         let (to, scores) = target.zip(scores)?;
-        self.tally.remove(job);
-        job.worker = to;
-        self.tally.add(job);
+        self.tally.relocate(job, to);
         Some(Migration {
             job_id: job_id.to_string(),
             from: current,
@@ -651,12 +656,10 @@ impl SpeCon {
         self.check_tally();
         let excluded: std::collections::BTreeSet<&str> =
             exclude.iter().map(String::as_str).collect();
-        let mut counts = vec![0usize; workers.len()];
-        for j in self.jobs.values() {
-            if let Some(c) = counts.get_mut(j.worker) {
-                *c += 1;
-            }
-        }
+        // Active jobs per worker: the tally's, whatever their category.
+        let counts: Vec<usize> = (0..workers.len())
+            .map(|i| self.tally.0.get(i).map_or(0, |c| c.iter().sum()))
+            .collect();
         // Lines 4-6: converged durations.
         let candidates: Vec<RebalanceCandidate> = self
             .jobs
@@ -676,9 +679,7 @@ impl SpeCon {
             .into_iter()
             .map(|(job_id, from, to)| {
                 let job = self.jobs.get_mut(&job_id).expect("candidate exists");
-                self.tally.remove(job);
-                job.worker = to;
-                self.tally.add(job);
+                self.tally.relocate(job, to);
                 job.rebalanced = true;
                 Migration {
                     job_id,

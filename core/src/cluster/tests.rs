@@ -1723,22 +1723,18 @@ mod model {
                         a.inbox.clear();
                         a.outbox.clear();
                     }
-                    core = Core::from_saved(
-                        config(),
-                        policy::by_name(policy_name, &PolicyConfig::default()).unwrap(),
-                        store.saved(),
-                        now,
-                        RESTART_GRACE,
-                    )
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                    twin = Core::from_saved(
-                        untracked(),
-                        policy::by_name(policy_name, &PolicyConfig::default()).unwrap(),
-                        store.saved(),
-                        now,
-                        RESTART_GRACE,
-                    )
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    let restart = |config| {
+                        Core::from_saved(
+                            config,
+                            policy::by_name(policy_name, &PolicyConfig::default()).unwrap(),
+                            store.saved(),
+                            now,
+                            RESTART_GRACE,
+                        )
+                        .map_err(|e| TestCaseError::fail(e.to_string()))
+                    };
+                    core = restart(config())?;
+                    twin = restart(untracked())?;
                     store.unsaved = Default::default();
                     for id in &acknowledged {
                         let archived = store.jobs.get(id).is_some_and(Job::is_terminal);

@@ -247,26 +247,14 @@ impl Loads {
         // before the policy is called (`policy_view!`).
         let snaps = view.snapshots().1;
         self.loads.clear();
-        self.loads
-            .extend((snaps.iter().zip(&self.used)).map(|(w, &used)| WorkerLoad {
-                resource_use: if w.cpu_capacity > 0.0 {
-                    used / w.cpu_capacity
-                } else {
-                    0.0
-                },
-                schedulable: w.schedulable,
-            }));
+        self.loads.extend(
+            (snaps.iter().zip(&self.used))
+                .map(|(w, &used)| load(used, w.cpu_capacity, w.schedulable)),
+        );
         #[cfg(any(test, debug_assertions))]
         {
             let afresh: Vec<WorkerLoad> = (view.workers.values())
-                .map(|w| WorkerLoad {
-                    resource_use: if w.cpu_capacity > 0.0 {
-                        used(view, w) / w.cpu_capacity
-                    } else {
-                        0.0
-                    },
-                    schedulable: w.schedulable(),
-                })
+                .map(|w| load(used(view, w), w.cpu_capacity, w.schedulable()))
                 .collect();
             let bits = |l: &[WorkerLoad]| -> Vec<(u64, bool)> {
                 l.iter()
@@ -457,6 +445,14 @@ fn sync_all(specon: &mut SpeCon, seen: &mut Seen, now: Time, view: ClusterView<'
         for j in runs_here {
             observe(specon, here, now, index, j);
         }
+    }
+}
+
+/// A worker's load for Alg. 2 and 3: `R(w, t)`, its `used` cores over its `capacity`.
+fn load(used: f64, capacity: f64, schedulable: bool) -> WorkerLoad {
+    WorkerLoad {
+        resource_use: if capacity > 0.0 { used / capacity } else { 0.0 },
+        schedulable,
     }
 }
 
