@@ -187,8 +187,18 @@ fn queue(works: impl IntoIterator<Item = f64>, x: f64, skip: Option<usize>) -> (
 /// `works`) under shortest-remaining-first: its own completion, behind the jobs shorter than
 /// it, plus `x` for each longer job it delays; in seconds at `w`'s capacity and speed.
 fn marginal(w: &Worker, works: impl IntoIterator<Item = f64>, x: f64, skip: Option<usize>) -> f64 {
+    marginal_at(speed(w), works, x, skip)
+}
+
+/// [`marginal`] on a worker of `speed` reference core-seconds per second.
+fn marginal_at(
+    speed: f64,
+    works: impl IntoIterator<Item = f64>,
+    x: f64,
+    skip: Option<usize>,
+) -> f64 {
     let (ahead, behind) = queue(works, x, skip);
-    (ahead + x + behind as f64 * x) / speed(w)
+    (ahead + x + behind as f64 * x) / speed
 }
 
 /// What placing a job with a value curve on a worker is worth ([`value_net`]).
@@ -640,9 +650,31 @@ impl PriorityPolicy {
             if more_crowded(crowd, least) {
                 break;
             }
-            let w = (view.workers.get(&ids[i]))
-                .expect("the placement index holds only workers the core has");
-            let score = marginal(w, w.jobs.iter().map(|id| works.get(id)), new, None);
+            let snap = &snaps[i];
+            // An empty worker adds only the job's own work at its speed, which its snapshot
+            // holds: its record, found by hash and read behind a pointer of its own, is not
+            // needed. Most of a band is empty workers where jobs are short (at 10,000 workers
+            // and 100,000 jobs, thousands per placement, all empty), and finding each one's
+            // record was over half of `converge`'s placements (docs/performance.md, "Empty
+            // workers scored from their snapshots, lone jobs' weights").
+            let score = if snap.running == 0 {
+                let at = reference_speed(snap.cpu_capacity, snap.calibration);
+                marginal_at(at, std::iter::empty(), new, None)
+            } else {
+                let w = (view.workers.get(&ids[i]))
+                    .expect("the placement index holds only workers the core has");
+                marginal(w, w.jobs.iter().map(|id| works.get(id)), new, None)
+            };
+            #[cfg(any(test, debug_assertions))]
+            {
+                let w = (view.workers.get(&ids[i])).expect("indexed workers are the core's");
+                let afresh = marginal(w, w.jobs.iter().map(|id| works.get(id)), new, None);
+                assert!(
+                    afresh.to_bits() == score.to_bits() || (afresh.is_nan() && score.is_nan()),
+                    "{}'s snapshot scores {score}, its record {afresh}",
+                    ids[i]
+                );
+            }
             if !score.is_finite() {
                 return None;
             }
