@@ -525,12 +525,52 @@ impl PriorityPolicy {
         }
     }
 
+    /// Whether job `j` was given another weight than `shares`, or none for its incarnation
+    /// ([`SHARE_CHANGE`]).
+    fn weight_changed(&self, j: &Job, shares: u32) -> bool {
+        self.given.get(&j.id).is_none_or(|&(epoch, old)| {
+            epoch != j.epoch
+                || (f64::from(shares) - f64::from(old)).abs() > SHARE_CHANGE * f64::from(old)
+        })
+    }
+
+    /// Whether [`PriorityPolicy::limits`] would send nothing to `j`, the only job of a worker of
+    /// `capacity` cores, found without its key. A lone job's split does not depend on what
+    /// its key is, only on whether it has one (the guard and all that is left, or the fair
+    /// share: the whole worker either way, to rounding), so where both give the weight it was
+    /// last given, its key is not needed. Working the key out reads the job's progress points
+    /// (`converge`'s remaining work, [`ClusterView::remaining_work`]), new at each heartbeat,
+    /// and most workers of a large cluster with short jobs run one job at a time: at 10,000
+    /// workers the weights were a sixth of `converge`'s samples with those keys and are a
+    /// tenth without them (docs/performance.md, "Empty workers scored from their snapshots,
+    /// lone jobs' weights").
+    fn lone_weight_stays(&self, j: &Job, capacity: f64) -> bool {
+        if !matches!(j.phase, JobPhase::Running { .. }) {
+            return true;
+        }
+        let claim = |key| {
+            let claim = Claim {
+                job: j.id.clone(),
+                key,
+            };
+            shares_for(split(capacity, &[claim], BETA)[0], capacity)
+        };
+        let shares = claim(None);
+        shares == claim(Some(0.0)) && !self.weight_changed(j, shares)
+    }
+
     /// The weights of `worker`'s jobs, as decisions for those that changed.
     fn limits(&mut self, view: ClusterView<'_>, worker: &WorkerId) -> Vec<Decision> {
         let Some(w) = view.workers.get(worker) else {
             return Vec::new();
         };
         let jobs = view.sharing(w);
+        let lone_stays = matches!(jobs[..], [lone] if self.lone_weight_stays(lone, w.cpu_capacity));
+        // Test and debug builds go on, and check below that the weights send nothing.
+        #[cfg(not(any(test, debug_assertions)))]
+        if lone_stays {
+            return Vec::new();
+        }
         let claims: Vec<Claim> = jobs
             .iter()
             .map(|j| Claim {
@@ -546,11 +586,7 @@ impl PriorityPolicy {
                 continue;
             }
             let shares = shares_for(c, fair);
-            let changed = self.given.get(&j.id).is_none_or(|&(epoch, old)| {
-                epoch != j.epoch
-                    || (f64::from(shares) - f64::from(old)).abs() > SHARE_CHANGE * f64::from(old)
-            });
-            if changed {
+            if self.weight_changed(j, shares) {
                 self.given.insert(j.id.clone(), (j.epoch, shares));
                 let what = match self.key {
                     Key::Remaining => "predicted work left",
@@ -586,6 +622,11 @@ impl PriorityPolicy {
                 });
             }
         }
+        #[cfg(any(test, debug_assertions))]
+        assert!(
+            !lone_stays || out.is_empty(),
+            "a lone job's weight was found to stay, and its key changed it: {out:?}"
+        );
         out
     }
 }
