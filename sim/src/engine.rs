@@ -1232,7 +1232,8 @@ impl<'a> Simulation<'a> {
                     .status
                     .jobs
                     .iter()
-                    .find(|p| p.job_id == job.spec.id && p.epoch == job.epoch);
+                    // The epoch first: a number, where the id is text to compare.
+                    .find(|p| p.epoch == job.epoch && p.job_id == job.spec.id);
                 statuses.push(wire::JobStatus {
                     job: job.id.clone(),
                     epoch: job.epoch,
