@@ -29,9 +29,9 @@
 //! reference core): its placement scores only the least crowded, the first in that order.
 
 use std::collections::{BTreeSet, HashMap};
+use std::ops::Bound::{Excluded, Unbounded};
 
 use converge_policy::cluster::{PlacerIndex, WorkerSnapshot};
-use converge_policy::ranked::Ranked;
 
 use super::lifecycle::{Jobs, Worker, WorkerPhase, Workers};
 use super::policy::snapshot;
@@ -58,9 +58,9 @@ pub struct PlacementIndex {
     /// The policy's placer's own index, told of every snapshot that changes (module doc).
     placer: Option<Box<dyn PlacerIndex>>,
     /// The schedulable workers with cores, by crowding (jobs per reference core, counting a
-    /// newcomer) then place: the order `converge` places in (`priority::per_core_of`), kept
-    /// only for a policy that asks ([`super::policy::ClusterPolicy::orders_by_crowd`]).
-    by_crowd: Option<BTreeSet<Ranked>>,
+    /// newcomer): the order `converge` places in (`priority::per_core_of`), kept only for a
+    /// policy that asks ([`super::policy::ClusterPolicy::orders_by_crowd`]); keyed by `CrowdKey`.
+    by_crowd: Option<BTreeSet<CrowdKey>>,
 }
 
 impl PlacementIndex {
@@ -160,10 +160,28 @@ impl PlacementIndex {
         }
     }
 
-    /// Places of the schedulable workers with cores, least crowded first, ties in id order,
-    /// each with its crowding; `None` unless the policy asked for the order.
-    pub fn by_crowd(&self) -> Option<impl Iterator<Item = (usize, f64)> + '_> {
-        (self.by_crowd.as_ref()).map(|order| order.iter().map(|r| (r.1, r.0)))
+    /// Places of the schedulable workers with cores, least crowded first, each with its
+    /// crowding; `None` unless the policy asked for the order. At each crowding come the
+    /// workers with jobs, in id order, then the empty ones, in groups of workers alike in
+    /// everything a placement reads of an empty worker (capacities, reservations and speed), each group in id order
+    /// and only its first `per_group` workers.
+    ///
+    /// Alike empty workers score alike, so a placement that chooses the least score, then
+    /// the first in id order, and lists the `per_group - 1` scores nearest its choice, then
+    /// the first in id order, never chooses or lists one beyond a group's first `per_group`.
+    /// Those it would pass over are skipped, not visited: at 10,000 workers a band of
+    /// `converge`'s least crowded was thousands of empty workers, all alike, visited at
+    /// every placement (docs/performance.md, "Empty workers scored from their snapshots,
+    /// lone jobs' weights").
+    pub fn by_crowd(&self, per_group: usize) -> Option<ByCrowd<'_>> {
+        assert!(per_group > 0, "a group of alike workers shows at least one");
+        let order = self.by_crowd.as_ref()?;
+        Some(ByCrowd {
+            order,
+            rest: order.range(..),
+            per_group,
+            group: None,
+        })
     }
 
     /// The policy's placer's own index, up to date with [`PlacementIndex::snapshots`].
@@ -225,7 +243,7 @@ impl PlacementIndex {
                 .all(|(s, w)| *s == snapshot(w, jobs))
             && (self.placer.as_ref()).is_none_or(|p| p.agrees_with(&self.snaps))
             && self.by_crowd.as_ref().is_none_or(|order| {
-                let mut fresh: Vec<Ranked> = (0..self.snaps.len())
+                let mut fresh: Vec<CrowdKey> = (0..self.snaps.len())
                     .filter_map(|i| crowd_key(&self.snaps[i], i))
                     .collect();
                 fresh.sort_unstable();
@@ -243,9 +261,99 @@ impl PlacementIndex {
 }
 
 /// Where the worker at place `i` goes in the order by crowding, if it is in it.
-fn crowd_key(s: &WorkerSnapshot, i: usize) -> Option<Ranked> {
-    (s.schedulable && s.cpu_capacity > 0.0)
-        .then(|| Ranked(super::policy::priority::per_core_of(s, 1), i))
+fn crowd_key(s: &WorkerSnapshot, i: usize) -> Option<CrowdKey> {
+    (s.schedulable && s.cpu_capacity > 0.0).then(|| CrowdKey {
+        crowd: super::policy::priority::per_core_of(s, 1),
+        alike: (s.running == 0).then(|| Alike::of(s)),
+        place: i,
+    })
+}
+
+/// A worker's key in the order by crowding: its crowding, then (for an empty worker) its
+/// group of alike workers, then its place. Workers with jobs (no group) come before the
+/// empty ones of the same crowding.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct CrowdKey {
+    crowd: f64,
+    alike: Option<Alike>,
+    place: usize,
+}
+
+impl Eq for CrowdKey {}
+
+impl PartialOrd for CrowdKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for CrowdKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.crowd.total_cmp(&other.crowd))
+            .then(self.alike.cmp(&other.alike))
+            .then(self.place.cmp(&other.place))
+    }
+}
+
+/// What a placement reads of an empty worker's snapshot, to the bit: whether a job fits
+/// (capacities and what is reserved, nothing on an empty worker) and what it adds there
+/// (its own work at the worker's speed: capacity and calibration). Empty workers alike in
+/// these are alike to `converge`'s placement (`PriorityPolicy::place_in_band`), which must
+/// read nothing else of an empty worker's snapshot; its tests compare its every answer with
+/// a scan of every worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Alike {
+    cpu_capacity: u64,
+    cpu_requested: u64,
+    memory_capacity: u64,
+    memory_requested: u64,
+    calibration: u64,
+}
+
+impl Alike {
+    fn of(s: &WorkerSnapshot) -> Self {
+        Alike {
+            cpu_capacity: s.cpu_capacity.to_bits(),
+            cpu_requested: s.cpu_requested.to_bits(),
+            memory_capacity: s.memory_capacity,
+            memory_requested: s.memory_requested,
+            calibration: s.calibration.to_bits(),
+        }
+    }
+}
+
+/// The order by crowding, as [`PlacementIndex::by_crowd`] gives it: `(place, crowding)`.
+pub struct ByCrowd<'a> {
+    order: &'a BTreeSet<CrowdKey>,
+    /// What is left of the order.
+    rest: std::collections::btree_set::Range<'a, CrowdKey>,
+    per_group: usize,
+    /// The group of alike empty workers last given, and how many of it were given.
+    group: Option<(u64, Alike, usize)>,
+}
+
+impl Iterator for ByCrowd<'_> {
+    type Item = (usize, f64);
+
+    fn next(&mut self) -> Option<(usize, f64)> {
+        let k = *self.rest.next()?;
+        if let Some(alike) = k.alike {
+            let given = match self.group {
+                Some((crowd, a, n)) if crowd == k.crowd.to_bits() && a == alike => n + 1,
+                _ => 1,
+            };
+            self.group = Some((k.crowd.to_bits(), alike, given));
+            if given == self.per_group {
+                // Past the group's last worker: no place is beyond `usize::MAX`.
+                let last = CrowdKey {
+                    place: usize::MAX,
+                    ..k
+                };
+                self.rest = self.order.range((Excluded(last), Unbounded));
+            }
+        }
+        Some((k.place, k.crowd))
+    }
 }
 
 #[cfg(test)]

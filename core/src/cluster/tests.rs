@@ -3196,10 +3196,46 @@ fn converge_moves_no_job_onto_a_worker_more_crowded_per_core_than_its_own() {
 /// works arrive, some finish, one worker drains: the crowding order moves every way.
 #[test]
 fn converge_read_off_the_crowding_order_places_as_its_scan_does() {
-    use policy::priority::PriorityPolicy;
     let mut f = Fixture::new("converge");
     let n = 3 * policy::SCORES_SHOWN;
     f.register_shuffled(n, &[1.0, 1.5]);
+    places_from_the_crowding_order_as_the_scan(&mut f, n);
+}
+
+/// As [`converge_read_off_the_crowding_order_places_as_its_scan_does`], over groups of alike
+/// empty workers larger than an event lists: the order by crowding gives only the first of
+/// each group (`PlacementIndex::by_crowd`), and the answers must still be the scan's.
+#[test]
+fn converge_passing_over_alike_empty_workers_places_as_its_scan_does() {
+    let mut f = Fixture::new("converge");
+    let n = 5 * policy::SCORES_SHOWN;
+    // Two groups of alike workers, each over three times what an event lists, registered out
+    // of id order, and a few unlike them.
+    for k in 0..n {
+        let w = (k * 7) % n;
+        let (cpus, speed) = match w % 10 {
+            0 => (2.0, 1.5),
+            1..=3 => (8.0, 1.0),
+            _ => (4.0, 1.0),
+        };
+        f.register_at(w as u64 + 1, &format!("w{w:02}"), cpus, speed);
+    }
+    let view = f.core.view();
+    let given = view.index.by_crowd(policy::SCORES_SHOWN).unwrap().count();
+    assert_eq!(
+        given,
+        8 + 2 * policy::SCORES_SHOWN,
+        "every worker is empty: the eight unlike ones and the first {} of each group",
+        policy::SCORES_SHOWN
+    );
+    places_from_the_crowding_order_as_the_scan(&mut f, n);
+}
+
+/// Jobs of unequal sizes and declared works arrive at `f`'s `n` workers, some finish, one
+/// worker drains; after each arrival, where a few live jobs would go is asked of `converge`'s
+/// placement from the order by crowding and of its scan of every worker, which must agree.
+fn places_from_the_crowding_order_as_the_scan(f: &mut Fixture, n: usize) {
+    use policy::priority::PriorityPolicy;
     let mut next = lcg(12345);
     let policy = PriorityPolicy::converge(60.0);
     let mut banded = 0;

@@ -666,7 +666,9 @@ impl PriorityPolicy {
     /// the least crowded workers the job fits, those within [`SAME_CROWD`] of the least, are
     /// the first in the order, and only they are scored, without a pass over every worker
     /// (four such passes, and the nearest scores among every worker's, were most of a
-    /// 10,000-worker simulation's placements; `docs/performance.md`). `None` where that is not
+    /// 10,000-worker simulation's placements; `docs/performance.md`), and of empty workers
+    /// alike to the bit only the first [`SCORES_SHOWN`](super::SCORES_SHOWN) in id order,
+    /// the most of them the answer can name. `None` where that is not
     /// the answer [`PriorityPolicy::place_scanning`] would give in as little: over few workers
     /// (an event lists them all), for a job with a value curve (the scan weighs those on every
     /// worker at their first placement; all of them go to the scan, which is simpler and rare),
@@ -680,9 +682,11 @@ impl PriorityPolicy {
         let need = request(&job.spec);
         let works = Works::of(view);
         let new = works.get(&job.id);
+        // Of alike empty workers, only as many as an event lists can be chosen or listed
+        // (`PlacementIndex::by_crowd`): the rest of each such group is not visited.
         let mut order = view
             .index
-            .by_crowd()?
+            .by_crowd(super::SCORES_SHOWN)?
             .filter(|&(i, _)| snaps[i].fits(&need));
         let (first, least) = order.next()?;
         // (place, marginal, crowding) of each worker in the band.
@@ -721,11 +725,14 @@ impl PriorityPolicy {
             }
             band.push((i, score, crowd));
         }
-        // As the scan's `min_by`: least marginal, then least crowded, then the first worker:
-        // workers tied on both have the same crowding to the bit, which the order breaks by
-        // place, so the band's first minimum is the scan's.
-        let &(i, score, crowd) =
-            (band.iter()).min_by(|a, b| a.1.total_cmp(&b.1).then(a.2.total_cmp(&b.2)))?;
+        // As the scan's `min_by`: least marginal, then least crowded, then the first worker
+        // (the order by crowding puts workers with jobs before empty ones of the same
+        // crowding, so the place is compared here).
+        let &(i, score, crowd) = (band.iter()).min_by(|a, b| {
+            (a.1.total_cmp(&b.1))
+                .then(a.2.total_cmp(&b.2))
+                .then(a.0.cmp(&b.0))
+        })?;
         let scored: Vec<(usize, f64)> = band.iter().map(|&(i, s, _)| (i, s)).collect();
         Some(placed_least_marginal(
             ids,
