@@ -163,12 +163,14 @@ impl PlacementIndex {
     /// Places of the schedulable workers with cores, least crowded first, each with its
     /// crowding; `None` unless the policy asked for the order. At each crowding come the
     /// workers with jobs, in id order, then the empty ones, in groups of workers alike in
-    /// everything a placement reads of an empty worker (capacities, reservations and speed), each group in id order
-    /// and only its first `per_group` workers.
+    /// everything a placement reads of an empty worker (capacities, reservations and
+    /// speed), each group in id order and only its first `per_group` workers.
     ///
-    /// Alike empty workers score alike, so a placement that chooses the least score, then
-    /// the first in id order, and lists the `per_group - 1` scores nearest its choice, then
-    /// the first in id order, never chooses or lists one beyond a group's first `per_group`.
+    /// Alike empty workers score alike. A placement that chooses the least score (ties to
+    /// the first in id order) and lists the `per_group - 1` scores nearest its choice (ties
+    /// to the first in id order) never chooses or lists one beyond a group's first
+    /// `per_group`. The caller's part: ask for at least as many as it lists plus its choice,
+    /// and break ties by place itself, since within a crowding the order is not by place.
     /// Those it would pass over are skipped, not visited: at 10,000 workers a band of
     /// `converge`'s least crowded was thousands of empty workers, all alike, visited at
     /// every placement (docs/performance.md, "Empty workers scored from their snapshots,

@@ -3209,8 +3209,8 @@ fn converge_read_off_the_crowding_order_places_as_its_scan_does() {
 fn converge_passing_over_alike_empty_workers_places_as_its_scan_does() {
     let mut f = Fixture::new("converge");
     let n = 5 * policy::SCORES_SHOWN;
-    // Two groups of alike workers, each over three times what an event lists, registered out
-    // of id order, and a few unlike them.
+    // Groups of 24 and 48 alike workers, more than an event lists, and one of 8, fewer;
+    // registered out of id order.
     for k in 0..n {
         let w = (k * 7) % n;
         let (cpus, speed) = match w % 10 {
@@ -3225,7 +3225,7 @@ fn converge_passing_over_alike_empty_workers_places_as_its_scan_does() {
     assert_eq!(
         given,
         8 + 2 * policy::SCORES_SHOWN,
-        "every worker is empty: the eight unlike ones and the first {} of each group",
+        "every worker is empty: the group of eight whole, and the first {} of each other group",
         policy::SCORES_SHOWN
     );
     places_from_the_crowding_order_as_the_scan(&mut f, n);

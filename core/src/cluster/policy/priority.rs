@@ -534,11 +534,13 @@ impl PriorityPolicy {
         })
     }
 
-    /// Whether [`PriorityPolicy::limits`] would send nothing to `j`, the only job of a worker of
-    /// `capacity` cores, found without its key. A lone job's split does not depend on what
-    /// its key is, only on whether it has one (the guard and all that is left, or the fair
-    /// share: the whole worker either way, to rounding), so where both give the weight it was
-    /// last given, its key is not needed. Working the key out reads the job's progress points
+    /// Whether [`PriorityPolicy::limits`] would send nothing to `j`, the only job of a worker
+    /// of `capacity` cores, found without its key. A job that is not running (starting) is
+    /// never weighted. A lone job's split does not depend on what its key is, only on whether
+    /// it has one (the guard and all that is left, or the fair share: the whole worker either
+    /// way, to rounding), so where both give a weight within [`SHARE_CHANGE`] of the one last
+    /// given to this incarnation, its key is not needed. Working the key out reads the job's
+    /// progress points
     /// (`converge`'s remaining work, [`ClusterView::remaining_work`]), new at each heartbeat,
     /// and most workers of a large cluster with short jobs run one job at a time: at 10,000
     /// workers the weights were a sixth of `converge`'s samples with those keys and are a
@@ -725,9 +727,9 @@ impl PriorityPolicy {
             }
             band.push((i, score, crowd));
         }
-        // As the scan's `min_by`: least marginal, then least crowded, then the first worker
-        // (the order by crowding puts workers with jobs before empty ones of the same
-        // crowding, so the place is compared here).
+        // As the scan's `min_by`: least marginal, then least crowded, then the first worker.
+        // Within a crowding the order is not by place (workers with jobs, then empty ones
+        // group by group), so the place is compared here.
         let &(i, score, crowd) = (band.iter()).min_by(|a, b| {
             (a.1.total_cmp(&b.1))
                 .then(a.2.total_cmp(&b.2))
