@@ -257,6 +257,11 @@ impl Tally {
             .expect("SpeCon's tally counts every job it holds where it is");
     }
 
+    /// `[PC, WC, CC]` of worker `i` (a worker past the last counted has no jobs).
+    fn at(&self, i: usize) -> [usize; 3] {
+        self.0.get(i).copied().unwrap_or([0; 3])
+    }
+
     /// The counts of every job in `jobs`, afresh.
     fn of<'a>(jobs: impl IntoIterator<Item = &'a SpeConJob>) -> Self {
         let mut tally = Tally::default();
@@ -617,10 +622,10 @@ impl SpeCon {
         };
         self.check_tally();
         let (weights, tally) = (&self.config.weights, &self.tally);
-        // Lines 2-3 (a worker past the tally's last has no jobs).
+        // Lines 2-3.
         let score = |i: usize| {
             workers[i].schedulable.then(|| {
-                let c = tally.0.get(i).copied().unwrap_or([0; 3]);
+                let c = tally.at(i);
                 worker_score(c[0], c[1], c[2], weights)
             })
         };
@@ -658,7 +663,7 @@ impl SpeCon {
             exclude.iter().map(String::as_str).collect();
         // Active jobs per worker: the tally's, whatever their category.
         let counts: Vec<usize> = (0..workers.len())
-            .map(|i| self.tally.0.get(i).map_or(0, |c| c.iter().sum()))
+            .map(|i| self.tally.at(i).iter().sum())
             .collect();
         // Lines 4-6: converged durations.
         let candidates: Vec<RebalanceCandidate> = self

@@ -1661,3 +1661,37 @@ pub fn run_policy(
     let jobs = experiment.jobs(catalog)?;
     Simulation::new(experiment, catalog, &jobs, policy, record)?.run()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use converge_policy::cluster::Category;
+
+    /// `policy_of` finds what a walk of the whole list finds, for ids before, between and
+    /// after the listed ones, and for a job listed at two epochs (an old incarnation's entry
+    /// beside the new one's).
+    #[test]
+    fn policy_of_finds_what_a_walk_finds() {
+        let entry = |id: &str, epoch, category| nd::JobPolicy {
+            job_id: id.into(),
+            epoch,
+            category,
+            growth_efficiency: None,
+        };
+        let jobs = vec![
+            entry("b", 1, Category::PROGRESSING),
+            entry("d", 1, Category::CONVERGED),
+            entry("d", 2, Category::PROGRESSING),
+            entry("f", 3, Category::CONVERGED),
+        ];
+        let mut found = 0;
+        for id in ["a", "b", "c", "d", "e", "f", "g"] {
+            for epoch in 0..4 {
+                let walked = (jobs.iter()).find(|p| p.job_id == id && p.epoch == epoch);
+                assert_eq!(policy_of(&jobs, id, epoch), walked, "{id} at epoch {epoch}");
+                found += usize::from(walked.is_some());
+            }
+        }
+        assert_eq!(found, jobs.len(), "every entry is found once");
+    }
+}

@@ -330,8 +330,9 @@ pub struct ByCrowd<'a> {
     /// What is left of the order.
     rest: std::collections::btree_set::Range<'a, CrowdKey>,
     per_group: usize,
-    /// The group of alike empty workers last given, and how many of it were given.
-    group: Option<(u64, Alike, usize)>,
+    /// The group of alike empty workers last given, and how many of it were given. (What
+    /// makes them alike fixes their crowding too: it is a newcomer over their speed.)
+    group: Option<(Alike, usize)>,
 }
 
 impl Iterator for ByCrowd<'_> {
@@ -341,10 +342,10 @@ impl Iterator for ByCrowd<'_> {
         let k = *self.rest.next()?;
         if let Some(alike) = k.alike {
             let given = match self.group {
-                Some((crowd, a, n)) if crowd == k.crowd.to_bits() && a == alike => n + 1,
+                Some((a, n)) if a == alike => n + 1,
                 _ => 1,
             };
-            self.group = Some((k.crowd.to_bits(), alike, given));
+            self.group = Some((alike, given));
             if given == self.per_group {
                 // Past the group's last worker: no place is beyond `usize::MAX`.
                 let last = CrowdKey {

@@ -540,12 +540,11 @@ impl PriorityPolicy {
     /// it has one (the guard and all that is left, or the fair share: the whole worker either
     /// way, to rounding), so where both give a weight within [`SHARE_CHANGE`] of the one last
     /// given to this incarnation, its key is not needed. Working the key out reads the job's
-    /// progress points
-    /// (`converge`'s remaining work, [`ClusterView::remaining_work`]), new at each heartbeat,
-    /// and most workers of a large cluster with short jobs run one job at a time: at 10,000
-    /// workers the weights were a sixth of `converge`'s samples with those keys and are a
-    /// tenth without them (docs/performance.md, "Empty workers scored from their snapshots,
-    /// lone jobs' weights").
+    /// progress points (`converge`'s remaining work, [`ClusterView::remaining_work`]), new at
+    /// each heartbeat, and most workers of a large cluster with short jobs run one job at a
+    /// time: at 10,000 workers the weights were a sixth of `converge`'s samples with those
+    /// keys and are a tenth without them (docs/performance.md, "Empty workers scored from
+    /// their snapshots, lone jobs' weights").
     fn lone_weight_stays(&self, j: &Job, capacity: f64) -> bool {
         if !matches!(j.phase, JobPhase::Running { .. }) {
             return true;
@@ -698,6 +697,11 @@ impl PriorityPolicy {
                 break;
             }
             let snap = &snaps[i];
+            let on_record = || {
+                let w = (view.workers.get(&ids[i]))
+                    .expect("the placement index holds only workers the core has");
+                marginal(w, w.jobs.iter().map(|id| works.get(id)), new, None)
+            };
             // An empty worker adds only the job's own work at its speed, which its snapshot
             // holds: its record, found by hash and read behind a pointer of its own, is not
             // needed. Most of a band is empty workers where jobs are short (at 10,000 workers
@@ -708,14 +712,11 @@ impl PriorityPolicy {
                 let at = reference_speed(snap.cpu_capacity, snap.calibration);
                 marginal_at(at, std::iter::empty(), new, None)
             } else {
-                let w = (view.workers.get(&ids[i]))
-                    .expect("the placement index holds only workers the core has");
-                marginal(w, w.jobs.iter().map(|id| works.get(id)), new, None)
+                on_record()
             };
             #[cfg(any(test, debug_assertions))]
             {
-                let w = (view.workers.get(&ids[i])).expect("indexed workers are the core's");
-                let afresh = marginal(w, w.jobs.iter().map(|id| works.get(id)), new, None);
+                let afresh = on_record();
                 assert!(
                     afresh.to_bits() == score.to_bits() || (afresh.is_nan() && score.is_nan()),
                     "{}'s snapshot scores {score}, its record {afresh}",
