@@ -128,12 +128,12 @@ enum Command {
 }
 
 /// mimalloc rather than glibc's malloc, in the simulator only. A core step allocates and frees
-/// small buffers (an agent's message and its ids, a policy's claims, a job's progress points);
-/// at 10,000 workers glibc's `malloc`, `free` and `realloc` were about a tenth of `converge`'s
-/// samples, and with mimalloc `converge` ran in 0.80 of the time (`docs/performance.md`, "The
-/// simulator's allocator"). Where memory is spent does not change what is decided: every
-/// digest is the same. The manager keeps glibc's: there the trade is memory, and it lost
-/// ("Tried and not taken", ibid.).
+/// small buffers (an agent's message, a policy's claims, a job's progress points); at 10,000
+/// workers glibc's `malloc`, `free` and `realloc` were about a sixth of `converge`'s samples,
+/// and with mimalloc `converge` ran in 0.80 of the time (`docs/performance.md`, "The
+/// simulator's allocator"). Where memory comes from does not change what is decided: every
+/// digest is the same. The manager keeps glibc's: there the trade is memory, and mimalloc
+/// lost it ("Tried and not taken", ibid.).
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
