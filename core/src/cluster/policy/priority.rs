@@ -710,19 +710,21 @@ impl PriorityPolicy {
             // workers scored from their snapshots, lone jobs' weights").
             let score = if snap.running == 0 {
                 let at = reference_speed(snap.cpu_capacity, snap.calibration);
-                marginal_at(at, std::iter::empty(), new, None)
+                let score = marginal_at(at, std::iter::empty(), new, None);
+                // Test and debug builds check the snapshot's score against the record's.
+                #[cfg(any(test, debug_assertions))]
+                {
+                    let afresh = on_record();
+                    assert!(
+                        afresh.to_bits() == score.to_bits() || (afresh.is_nan() && score.is_nan()),
+                        "{}'s snapshot scores {score}, its record {afresh}",
+                        ids[i]
+                    );
+                }
+                score
             } else {
                 on_record()
             };
-            #[cfg(any(test, debug_assertions))]
-            {
-                let afresh = on_record();
-                assert!(
-                    afresh.to_bits() == score.to_bits() || (afresh.is_nan() && score.is_nan()),
-                    "{}'s snapshot scores {score}, its record {afresh}",
-                    ids[i]
-                );
-            }
             if !score.is_finite() {
                 return None;
             }
