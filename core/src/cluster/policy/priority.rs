@@ -51,21 +51,23 @@ pub enum Key {
     Attained,
 }
 
-/// One job of a worker, for [`split`].
+/// One job of a worker, for [`split`]. The job is borrowed: the forecast asks for a split at
+/// every step of every worker's queue it follows, and an owned id there was a new allocation
+/// for each job at each step.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Claim {
+pub struct Claim<'a> {
     /// The job.
-    pub job: JobId,
+    pub job: &'a str,
     /// Its priority key (smaller first); `None` when unknown.
     pub key: Option<f64>,
 }
 
 /// The order [`split`] serves keyed claims in: smaller key first, then job id.
-fn priority(a: &Claim, b: &Claim) -> std::cmp::Ordering {
+fn priority(a: &Claim<'_>, b: &Claim<'_>) -> std::cmp::Ordering {
     a.key
         .unwrap_or(f64::INFINITY)
         .total_cmp(&b.key.unwrap_or(f64::INFINITY))
-        .then_with(|| a.job.cmp(&b.job))
+        .then_with(|| a.job.cmp(b.job))
 }
 
 /// Splits `capacity` cores among `claims` (module doc): each job with a key gets the guard
@@ -74,7 +76,7 @@ fn priority(a: &Claim, b: &Claim) -> std::cmp::Ordering {
 /// (the last takes the remainder). Returns each job's cores, in the order given. These are the
 /// parts each job gets while every job of the worker runs flat out; sent as CPU weights, what
 /// one cannot use flows to the others by weight, so the next in line gets most of it.
-pub fn split(capacity: f64, claims: &[Claim], beta: f64) -> Vec<f64> {
+pub fn split(capacity: f64, claims: &[Claim<'_>], beta: f64) -> Vec<f64> {
     let n = claims.len();
     if n == 0 {
         return Vec::new();
@@ -551,7 +553,7 @@ impl PriorityPolicy {
         }
         let claim = |key| {
             let claim = Claim {
-                job: j.id.clone(),
+                job: j.id.as_str(),
                 key,
             };
             shares_for(split(capacity, &[claim], BETA)[0], capacity)
@@ -572,10 +574,10 @@ impl PriorityPolicy {
         if lone_stays {
             return Vec::new();
         }
-        let claims: Vec<Claim> = jobs
+        let claims: Vec<Claim<'_>> = jobs
             .iter()
             .map(|j| Claim {
-                job: j.id.clone(),
+                job: j.id.as_str(),
                 key: self.key_of(|| view.remaining_work(j), j.cpu_s),
             })
             .collect();
@@ -900,10 +902,10 @@ impl ClusterPolicy for PriorityPolicy {
 
     fn forecast_weights(&self, capacity: f64, jobs: &[Load<'_>]) -> Option<Vec<f64>> {
         // The split `limits` sends as weights, with each job's key as the forecast has it.
-        let claims: Vec<Claim> = jobs
+        let claims: Vec<Claim<'_>> = jobs
             .iter()
             .map(|l| Claim {
-                job: l.job.into(),
+                job: l.job,
                 key: self.key_of(|| l.remaining, l.attained),
             })
             .collect();
@@ -1050,11 +1052,8 @@ impl ClusterPolicy for PriorityPolicy {
 mod tests {
     use super::*;
 
-    fn claim(job: &str, key: Option<f64>) -> Claim {
-        Claim {
-            job: job.into(),
-            key,
-        }
+    fn claim(job: &str, key: Option<f64>) -> Claim<'_> {
+        Claim { job, key }
     }
 
     #[test]
@@ -1083,8 +1082,9 @@ mod tests {
 
     #[test]
     fn no_job_starves_under_the_guard() {
-        let claims: Vec<Claim> = (0..8)
-            .map(|i| claim(&format!("j{i}"), Some(i as f64)))
+        let names: Vec<String> = (0..8).map(|i| format!("j{i}")).collect();
+        let claims: Vec<Claim<'_>> = (names.iter().enumerate())
+            .map(|(i, name)| claim(name, Some(i as f64)))
             .collect();
         let c = split(2.0, &claims, 2.0);
         for x in &c {
