@@ -1225,8 +1225,10 @@ impl<'a> Simulation<'a> {
         for w in 0..self.workers.len() {
             self.advance(w);
             let conn = w as u64 + 1;
-            let mut samples = Vec::new();
-            let mut statuses = Vec::new();
+            // Sized up front: grown a push at a time, each reallocated as it grew, for every
+            // worker at every heartbeat.
+            let n = self.workers[w].containers.len();
+            let (mut samples, mut statuses) = (Vec::with_capacity(n), Vec::with_capacity(n));
             // By place: what a report writes leaves the list as it is.
             for k in 0..self.workers[w].containers.len() {
                 let j = self.workers[w].containers[k];
