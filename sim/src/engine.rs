@@ -1230,7 +1230,7 @@ impl<'a> Simulation<'a> {
             let n = self.workers[w].containers.len();
             let (mut samples, mut statuses) = (Vec::with_capacity(n), Vec::with_capacity(n));
             // By place: what a report writes leaves the list as it is.
-            for k in 0..self.workers[w].containers.len() {
+            for k in 0..n {
                 let j = self.workers[w].containers[k];
                 if self.jobs[j].stage == Stage::Running {
                     samples.push(self.progress_sample(j, false));
