@@ -1093,6 +1093,13 @@ mod tests {
     }
 
     #[test]
+    fn equal_keys_are_served_in_job_id_order() {
+        // Given out of id order: a stable sort alone would serve "b" first.
+        let c = split(1.0, &[claim("b", Some(5.0)), claim("a", Some(5.0))], 2.0);
+        assert!(c[1] > c[0], "{c:?}");
+    }
+
+    #[test]
     fn a_job_without_progress_lines_still_gets_a_fair_share() {
         let c = split(
             1.0,
