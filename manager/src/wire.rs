@@ -332,11 +332,11 @@ pub fn job(
         epoch: j.epoch,
         container_id: j.container_id.clone(),
         submitted_unix_ms: ms(Some(j.submitted_at)),
-        started_unix_ms: ms(j.started_at),
-        finished_unix_ms: ms(j.finished_at),
+        started_unix_ms: ms(j.started_at.get()),
+        finished_unix_ms: ms(j.finished_at.get()),
         step: j.step,
         total_steps: j.total_steps,
-        metric_value: j.metric_value,
+        metric_value: j.metric_value.get(),
         samples: j.samples,
         malformed_lines: j.malformed,
         category: category_pb(j.view.category) as i32,
@@ -360,6 +360,7 @@ pub fn job(
         policy: policy.to_string(),
         last_migration_downtime_ms: j
             .last_migration_downtime
+            .get()
             .map(|d| (d * 1000.0).round() as u64),
         cpu_usage: j.view.cpu_usage,
         eta: eta.map(self::eta),

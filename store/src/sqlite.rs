@@ -398,7 +398,7 @@ impl Store for Sqlite {
                     j.seq as i64,
                     j.state().label(),
                     record,
-                    j.finished_at
+                    j.finished_at.get()
                 ])
                 .map_err(sql)?;
             }

@@ -344,8 +344,8 @@ fn a_restart_reads_the_live_jobs_and_only_the_newest_finished_ones() {
         core.job("j0").unwrap().clone(),
         core.job("j3").unwrap().clone(),
     ];
-    moved[0].last_migration_downtime = Some(7.5);
-    moved[1].last_migration_downtime = Some(1.0);
+    moved[0].last_migration_downtime = 7.5.into();
+    moved[1].last_migration_downtime = 1.0.into();
     store
         .commit(&Batch {
             jobs: moved.iter().collect(),
@@ -496,7 +496,7 @@ fn a_store_of_the_first_schema_is_migrated_and_reads_as_before() {
         .map(Result::unwrap)
         .collect();
     for (id, at) in &finished {
-        assert_eq!(*at, core.job(id).unwrap().finished_at, "{id}");
+        assert_eq!(*at, core.job(id).unwrap().finished_at.get(), "{id}");
     }
     assert!(finished[0].1.is_some() && finished[3].1.is_none());
     let plan: String = c

@@ -328,10 +328,10 @@ impl Core {
                 continue;
             }
             // The service it had since the last report, at the reference speed.
-            if let Some(t) = j.view_at {
+            if let Some(t) = j.view_at.get() {
                 j.cpu_s += j.view.cpu_usage.max(0.0) * (now - t).max(0.0) * speed;
             }
-            j.view_at = Some(now);
+            j.view_at = now.into();
             let view = WorkerView {
                 category: s.category,
                 growth_efficiency: s.growth_efficiency,
@@ -397,7 +397,7 @@ impl Core {
                 j.total_steps = t;
             }
             if s.value.is_some() {
-                j.metric_value = s.value;
+                j.metric_value = s.value.into();
             }
             // Read while the job is at hand: most lines pass no quarter of the steps and most
             // jobs have no stop rule, and looking the job up again for each made three lookups
@@ -410,7 +410,7 @@ impl Core {
                 // may still fail to train on its new worker.
                 let j = self.job_mut(&s.job).expect("exists");
                 j.migrations += 1;
-                j.last_migration_downtime = Some(downtime);
+                j.last_migration_downtime = downtime.into();
                 let ms = (downtime * 1000.0).round() as u64;
                 let attributes = BTreeMap::from([
                     ("downtime_ms".to_string(), ms.to_string()),
@@ -459,7 +459,7 @@ impl Core {
         };
         let j = self.job_mut(id).expect("exists");
         for (at, _) in j.predicted_at.iter_mut().zip(due).filter(|(_, d)| *d) {
-            *at = Some(eta.finish_at);
+            *at = eta.finish_at.into();
         }
     }
 

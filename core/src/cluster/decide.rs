@@ -137,7 +137,7 @@ impl Core {
                         continue;
                     };
                     let (worker, epoch) = (worker.clone(), j.epoch);
-                    j.assigned_cpus = (cpus > 0.0).then_some(cpus);
+                    j.assigned_cpus = (cpus > 0.0).then_some(cpus).into();
                     self.send_to(&worker, &job, epoch, Action::SetLimits { cpus, cpu_shares });
                     // Recorded, so `why` can say what the job was given and why.
                     attributes.insert("cpu_shares".into(), cpu_shares.to_string());

@@ -309,6 +309,7 @@ fn infer_demand(capacity: f64, loads: &mut [Load<'_>], used: &[f64], weights: &[
 /// report, else what it asked for.
 fn cores_now(job: &Job) -> f64 {
     job.assigned_cpus
+        .get()
         .or((job.view.cpu_usage > 0.0).then_some(job.view.cpu_usage))
         .unwrap_or(job.spec.cpus.max(0.01))
 }

@@ -275,6 +275,73 @@ impl std::fmt::Debug for Memo {
     }
 }
 
+/// An `Option<f64>` in the eight bytes of its `f64`: NaN stands for none. A job keeps nine
+/// of them (times, durations, a core count, its metric), each 16 bytes as an `Option`: 72 of
+/// the 704 bytes of every live job, the most of any field, in a manager that keeps 100,000 of
+/// them under its 2 KB a job (docs/performance.md, "Memory per live job"). None of them is
+/// ever NaN: times and durations come from the core's clock, core counts from the policies'
+/// splits, and the contract refuses non-finite metrics (`Some(NaN)` would read back as
+/// none). It stores and prints as the `Option` it stands for, so stored records are as they
+/// were (a record without the field reads it as none, as serde reads a missing `Option`).
+#[derive(Clone, Copy, PartialEq)]
+pub struct OptF64(f64);
+
+impl OptF64 {
+    /// None.
+    pub const NONE: OptF64 = OptF64(f64::NAN);
+
+    /// The value, if any.
+    pub fn get(self) -> Option<f64> {
+        (!self.0.is_nan()).then_some(self.0)
+    }
+
+    /// Whether it holds a value.
+    pub fn is_some(self) -> bool {
+        !self.0.is_nan()
+    }
+
+    /// Whether it holds none.
+    pub fn is_none(self) -> bool {
+        self.0.is_nan()
+    }
+}
+
+impl Default for OptF64 {
+    fn default() -> Self {
+        OptF64::NONE
+    }
+}
+
+impl From<Option<f64>> for OptF64 {
+    fn from(v: Option<f64>) -> Self {
+        OptF64(v.unwrap_or(f64::NAN))
+    }
+}
+
+impl From<f64> for OptF64 {
+    fn from(v: f64) -> Self {
+        OptF64(v)
+    }
+}
+
+impl std::fmt::Debug for OptF64 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.get().fmt(f)
+    }
+}
+
+impl Serialize for OptF64 {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.get().serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for OptF64 {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Option::<f64>::deserialize(d).map(OptF64::from)
+    }
+}
+
 /// One job.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Job {
@@ -297,15 +364,15 @@ pub struct Job {
     /// Submitted.
     pub submitted_at: Time,
     /// First started.
-    pub started_at: Option<Time>,
+    pub started_at: OptF64,
     /// Reached a terminal phase.
-    pub finished_at: Option<Time>,
+    pub finished_at: OptF64,
     /// Latest step.
     pub step: u64,
     /// Step budget, when the job says.
     pub total_steps: u64,
     /// Latest metric value.
-    pub metric_value: Option<f64>,
+    pub metric_value: OptF64,
     /// Progress samples received in all.
     pub samples: u64,
     /// Malformed progress lines reported.
@@ -324,21 +391,21 @@ pub struct Job {
     /// What its worker last reported of it.
     pub view: WorkerView,
     /// When `view` was last reported (its CPU use counts from then).
-    pub view_at: Option<Time>,
+    pub view_at: OptF64,
     /// Reference core-seconds used in all incarnations (heartbeats' CPU use × time × the
     /// worker's speed): the service the job has had.
     pub cpu_s: f64,
     /// The CPU limit (cores) the policy last gave it, if it sets limits.
-    pub assigned_cpus: Option<f64>,
+    pub assigned_cpus: OptF64,
     /// The latest step a checkpoint of it holds (what a move or a kill would resume from).
     pub checkpoint_step: Option<u64>,
     /// The finish time predicted when it passed 25%, 50% and 75% of its steps (to measure the
     /// predictions against the real finish).
-    pub predicted_at: [Option<Time>; 3],
+    pub predicted_at: [OptF64; 3],
     /// Finished moves.
     pub migrations: u32,
     /// Downtime of the last finished move, in seconds.
-    pub last_migration_downtime: Option<f64>,
+    pub last_migration_downtime: OptF64,
     /// A move waiting for its first progress line (measurement only; decides nothing). Boxed:
     /// rare, and 64 bytes inline in every job.
     pub resuming: Option<Box<Resuming>>,
@@ -351,7 +418,8 @@ impl Job {
     /// a fraction of its run (first start to finish): what users were told against what
     /// happened. `None` unless it completed, and for a quarter it never reported past.
     pub fn eta_errors(&self) -> [Option<f64>; 3] {
-        let (Some(started), Some(finished)) = (self.started_at, self.finished_at) else {
+        let (Some(started), Some(finished)) = (self.started_at.get(), self.finished_at.get())
+        else {
             return [None; 3];
         };
         // A job that failed or was given up did not finish when predicted or otherwise.
@@ -360,7 +428,7 @@ impl Job {
         }
         let run = (finished - started).max(1e-9);
         self.predicted_at
-            .map(|p| p.map(|p| (p - finished).abs() / run))
+            .map(|p| p.get().map(|p| (p - finished).abs() / run))
     }
 
     /// The phase without its data.
@@ -560,5 +628,19 @@ mod tests {
             },
             &m
         ));
+    }
+
+    /// `OptF64` is stored and read back as the `Option<f64>` it stands for, and takes the
+    /// eight bytes it exists to save (a job's record: `a_stored_job_keeps_its_optional_times`).
+    #[test]
+    fn an_opt_f64_stores_as_the_option_it_stands_for() {
+        assert_eq!(std::mem::size_of::<OptF64>(), 8);
+        for v in [None, Some(0.0), Some(-2.5), Some(1.0e300)] {
+            let text = serde_json::to_string(&OptF64::from(v)).unwrap();
+            assert_eq!(text, serde_json::to_string(&v).unwrap());
+            assert_eq!(serde_json::from_str::<OptF64>(&text).unwrap().get(), v);
+            assert_eq!(OptF64::from(v).is_some(), v.is_some());
+            assert_eq!(format!("{:?}", OptF64::from(v)), format!("{v:?}"));
+        }
     }
 }

@@ -50,8 +50,8 @@ use converge_policy::estimate::Basis;
 use tracing::{debug, info, warn};
 
 use lifecycle::{
-    Incarnation, Job, JobPhase, Jobs, Move, MovePhase, Resuming, Worker, WorkerPhase, WorkerView,
-    Workers,
+    Incarnation, Job, JobPhase, Jobs, Move, MovePhase, OptF64, Resuming, Worker, WorkerPhase,
+    WorkerView, Workers,
 };
 use policy::{Admission, ClusterPolicy, ClusterView, Decision, Preempt, Report, Victim};
 use progress::{Progress, ProgressPoint};
@@ -559,7 +559,7 @@ impl Core {
             core.jobs
                 .get(id)
                 // No finish time counts as the oldest, as in the store and `from_saved`.
-                .is_none_or(|j| j.finished_at.is_none_or(|t| t < before))
+                .is_none_or(|j| j.finished_at.get().is_none_or(|t| t < before))
         })
         .into_iter()
         .map(|j| j.id)
@@ -579,7 +579,7 @@ impl Core {
             let id = self.finished.pop_front().expect("non-empty");
             if let Some(j) = self.jobs.remove(&id) {
                 self.archived_downtime =
-                    max_downtime(self.archived_downtime, j.last_migration_downtime);
+                    max_downtime(self.archived_downtime, j.last_migration_downtime.get());
                 dropped.push(j);
             }
         }
@@ -625,8 +625,8 @@ impl Core {
             });
             job.container_id.clear();
             job.view = WorkerView::default();
-            job.view_at = None;
-            job.assigned_cpus = None;
+            job.view_at = OptF64::NONE;
+            job.assigned_cpus = OptF64::NONE;
         }
         if from_state == JobState::Pending {
             self.pending.remove(&job.seq);
@@ -638,10 +638,12 @@ impl Core {
         if to.state() == JobState::Running {
             // Its first start, however it was learnt (the Start's result or, when that was
             // lost, its first progress line).
-            job.started_at.get_or_insert(now);
+            if job.started_at.is_none() {
+                job.started_at = now.into();
+            }
         }
         if to.state().is_terminal() {
-            job.finished_at = Some(now);
+            job.finished_at = now.into();
             job.resuming = None;
             if !from_state.is_terminal() {
                 self.finished.push_back(id.clone());

@@ -203,7 +203,7 @@ impl Core {
             .jobs
             .values()
             .filter(|j| j.is_terminal())
-            .map(|j| (j, j.finished_at.unwrap_or(Time::NEG_INFINITY)))
+            .map(|j| (j, j.finished_at.get().unwrap_or(Time::NEG_INFINITY)))
             .collect();
         finished.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.seq.cmp(&b.0.seq)));
         core.finished = finished.into_iter().map(|(j, _)| j.id.clone()).collect();

@@ -75,7 +75,7 @@ impl Shadow {
     fn saved(&self) -> saved::Saved {
         let mut finished: Vec<&Job> = self.jobs.values().filter(|j| j.is_terminal()).collect();
         finished.sort_by(|a, b| {
-            let at = |j: &Job| j.finished_at.unwrap_or(f64::NEG_INFINITY);
+            let at = |j: &Job| j.finished_at.get().unwrap_or(f64::NEG_INFINITY);
             at(b).total_cmp(&at(a)).then(b.seq.cmp(&a.seq))
         });
         let left_out = finished.split_off(finished.len().min(KEEP_FINISHED));
@@ -90,7 +90,7 @@ impl Shadow {
             counters: self.counters.clone(),
             archived_downtime: left_out
                 .iter()
-                .filter_map(|j| j.last_migration_downtime)
+                .filter_map(|j| j.last_migration_downtime.get())
                 .reduce(f64::max),
         }
     }
@@ -944,9 +944,31 @@ fn first_progress_after_a_restore_records_the_downtime() {
     let out = f.progress(2, "a", 2, 11);
     let job = f.core.job("a").unwrap();
     assert_eq!(job.migrations, 1);
-    assert_eq!(job.last_migration_downtime, Some(0.5));
+    assert_eq!(job.last_migration_downtime.get(), Some(0.5));
     let done = out.iter().any(|e| matches!(e, Effect::Event(ev) if ev.attributes.get("outcome").map(String::as_str) == Some("completed")));
     assert!(done, "{out:?}");
+}
+
+/// A job's optional times are stored as they were when they were `Option`s (a number or
+/// null, [`OptF64`](super::lifecycle::OptF64)), so a store written before reads the same; a
+/// record that lacks one reads it as none, as a missing `Option` did.
+#[test]
+fn a_stored_job_keeps_its_optional_times() {
+    let (mut f, start) = Fixture::restoring();
+    f.now += 0.5;
+    f.ok(2, &start, Fixture::started(2));
+    f.progress(2, "a", 2, 11);
+    let job = f.core.job("a").unwrap();
+    let text = serde_json::to_string(job).unwrap();
+    let mut record: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(record["last_migration_downtime"], serde_json::json!(0.5));
+    assert_eq!(record["finished_at"], serde_json::Value::Null);
+    assert!(record["started_at"].is_number(), "{text}");
+    let back: Job = serde_json::from_str(&text).unwrap();
+    assert_eq!(serde_json::to_string(&back).unwrap(), text);
+    record.as_object_mut().unwrap().remove("started_at");
+    let back: Job = serde_json::from_value(record).unwrap();
+    assert!(back.started_at.is_none());
 }
 
 /// A new incarnation's first line is where the job is: the step of the checkpoint it really
@@ -2104,7 +2126,7 @@ mod value {
         let z = f.core.job("Z").unwrap();
         assert_eq!((z.state(), z.epoch), (JobState::Rejected, 0));
         assert!(z.reason.contains("reject"), "{}", z.reason);
-        assert_eq!(z.finished_at, Some(T0));
+        assert_eq!(z.finished_at.get(), Some(T0));
     }
 
     #[test]
@@ -3006,7 +3028,7 @@ fn a_running_job_has_an_eta_from_its_steps_and_is_measured_against_its_finish() 
     }
     let job = f.core.job("a").unwrap();
     assert!(
-        job.predicted_at.iter().all(Option::is_some),
+        job.predicted_at.iter().all(|p| p.is_some()),
         "{:?}",
         job.predicted_at
     );

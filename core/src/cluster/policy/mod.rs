@@ -125,7 +125,7 @@ impl<'a> ClusterView<'a> {
     /// The longest migration downtime any job ever had (its last move's), archived or not.
     pub fn longest_downtime(&self) -> Option<f64> {
         self.jobs.values().fold(self.archived_downtime, |m, j| {
-            crate::cluster::max_downtime(m, j.last_migration_downtime)
+            crate::cluster::max_downtime(m, j.last_migration_downtime.get())
         })
     }
 
