@@ -12,7 +12,7 @@
 //! (a draining worker that stops answering is lost, and when it comes back it drains again).
 
 use std::cell::Cell;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use converge_policy::cluster::Category;
 use converge_policy::estimate::Estimate;
@@ -500,7 +500,77 @@ pub struct Worker {
     /// Not stored: it follows from the jobs' phases, and a record that grew with every job
     /// placed would be rewritten in full at every placement.
     #[serde(skip)]
-    pub jobs: BTreeSet<JobId>,
+    pub jobs: JobSet,
+}
+
+/// A worker's jobs, in id order: a sorted `Vec`. Every heartbeat walks its worker's jobs (the
+/// weights, the snapshot placement reads), and a worker holds a few tens of them: a sorted
+/// slice is read in one pass over adjacent ids, where a B-tree set went through its node and
+/// kept room for eleven. Adding or removing one moves the ids after it, a few tens at most.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobSet(Vec<JobId>);
+
+impl JobSet {
+    /// Where `id` is, or would go.
+    fn find(&self, id: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|o| o.as_str().cmp(id))
+    }
+
+    /// Adds `id`; false if it was there.
+    pub fn insert(&mut self, id: JobId) -> bool {
+        match self.find(&id) {
+            Ok(_) => false,
+            Err(k) => {
+                self.0.insert(k, id);
+                true
+            }
+        }
+    }
+
+    /// Removes `id`; false if it was not there.
+    pub fn remove(&mut self, id: &str) -> bool {
+        match self.find(id) {
+            Ok(k) => {
+                self.0.remove(k);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Whether `id` is here.
+    pub fn contains(&self, id: &str) -> bool {
+        self.find(id).is_ok()
+    }
+
+    /// The ids, in order.
+    pub fn iter(&self) -> std::slice::Iter<'_, JobId> {
+        self.0.iter()
+    }
+
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Removes them all.
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+impl<'a> IntoIterator for &'a JobSet {
+    type Item = &'a JobId;
+    type IntoIter = std::slice::Iter<'a, JobId>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
 }
 
 /// A worker's lifecycle.
@@ -642,5 +712,26 @@ mod tests {
             assert_eq!(OptF64::from(v).is_some(), v.is_some());
             assert_eq!(format!("{:?}", OptF64::from(v)), format!("{v:?}"));
         }
+    }
+
+    /// A worker's jobs are walked in id order, whatever order they came in (the weights and
+    /// placement's sums and ties depend on it), and each is held once.
+    #[test]
+    fn a_job_set_keeps_its_ids_once_and_in_order() {
+        let mut set = JobSet::default();
+        for id in ["c", "a", "d", "b", "a"] {
+            set.insert(id.into());
+        }
+        assert!(!set.insert("c".into()), "c was there");
+        let ids = |set: &JobSet| set.iter().map(|i| i.to_string()).collect::<Vec<_>>();
+        assert_eq!(ids(&set), ["a", "b", "c", "d"]);
+        assert!(set.remove("b") && !set.remove("b") && !set.remove("e"));
+        assert!(set.contains("d") && !set.contains("b"));
+        assert_eq!(
+            (ids(&set), set.len()),
+            (vec!["a".into(), "c".into(), "d".into()], 3)
+        );
+        set.clear();
+        assert!(set.is_empty());
     }
 }
