@@ -516,7 +516,7 @@ pub struct Worker {
 /// weights, the snapshot placement reads), and a worker holds a few tens of them: a sorted
 /// slice is read in one pass over adjacent ids, where a B-tree set went through its node and
 /// kept room for eleven. Adding or removing one moves the ids after it: a few tens on a real
-/// worker, 16 KB at the harness's 1,000 jobs to an agent (`load memory`).
+/// worker, up to 16 KB of ids at the harness's 1,000 jobs to an agent (`load memory`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct JobSet(Vec<JobId>);
 
