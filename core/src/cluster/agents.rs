@@ -148,6 +148,35 @@ impl Core {
                     };
                     self.send(worker, cmd);
                 }
+                // Its container exited while being saved and the Save's result is lost (its
+                // agent restarted, or answered on a stream that broke). Nothing of it runs
+                // and no result will come (a restarted agent never had the Save; re-sent to
+                // one that never got it, the Save would fail and leave the job "running" with
+                // no container): the move goes on from its checkpoint, as for a container
+                // gone altogether (below).
+                (
+                    JobPhase::Migrating(Move {
+                        phase: MovePhase::Saving { .. },
+                        ..
+                    }),
+                    false,
+                ) => {
+                    self.migration_event(
+                        &id,
+                        worker,
+                        format!("its container exited on {worker}; restoring from its checkpoint"),
+                        BTreeMap::new(),
+                    );
+                    self.after_save(&id);
+                }
+                (JobPhase::Stopping { why, .. }, false) => {
+                    let why = why.clone();
+                    self.transition(
+                        &id,
+                        JobPhase::Completed,
+                        format!("{why}; its container exited on {worker}, its checkpoint kept"),
+                    );
+                }
                 _ => {}
             }
         }
@@ -522,6 +551,22 @@ impl Core {
         let job = &self.jobs[&r.job];
         if job.is_terminal() {
             debug!(job = %r.job, "result for a finished job ignored");
+            return;
+        }
+        // Only the current incarnation, on the worker it was sent to, may answer the command
+        // its phase waits for. A worker that ran an older incarnation may speak of that one
+        // (`may_speak`), and command ids are easy to guess (a prefix and a counter): taken as
+        // the answer, its result would move the job onto it, or start a restore while the
+        // real source still runs unsaved. Late answers to older commands fall through to
+        // `other_result`, as before.
+        let current = r.epoch == job.epoch && job.worker().is_some_and(|w| w == worker);
+        if !current && job.phase.awaits(&r.command) {
+            self.out.push(refused_speaker(
+                Refusal::ForeignJob,
+                worker,
+                &r.job,
+                r.epoch,
+            ));
             return;
         }
         let id = r.job.clone();

@@ -139,6 +139,21 @@ impl JobPhase {
         }
     }
 
+    /// Whether this phase waits for the result of command `id` (the Start, Save or restore
+    /// sent to [`JobPhase::worker`] for the current incarnation) to move on.
+    pub fn awaits(&self, id: &str) -> bool {
+        let awaited = match self {
+            JobPhase::Starting { command, .. }
+            | JobPhase::Stopping { command, .. }
+            | JobPhase::Migrating(Move {
+                phase: MovePhase::Saving { command } | MovePhase::Restoring { command },
+                ..
+            }) => command,
+            _ => return false,
+        };
+        awaited == id
+    }
+
     /// Whether a phase change to `to` starts a new incarnation (the epoch goes up): a Start,
     /// or a restore with a command other than the one in flight.
     pub fn starts_incarnation(&self, to: &JobPhase) -> bool {

@@ -3438,3 +3438,230 @@ fn spread_read_off_the_order_by_running_jobs_places_as_comparing_every_worker_do
         "only {placed} jobs placed: the test exercised too little"
     );
 }
+
+/// w1 ran epoch 1 of `a`; the job now restores on w2 (epoch 2). w1's agent answers the
+/// restore's Start (a command it was never sent, whose id is easy to guess) under its own old
+/// epoch: the result must be refused and counted, not make `a` Running on w1.
+#[test]
+fn a_result_from_a_past_incarnation_for_the_current_command_is_refused() {
+    let (mut f, start) = Fixture::restoring();
+    assert_eq!(start.epoch, 2);
+    // Straight to the core: the fixture's own check after the step (every current
+    // incarnation is among the job's incarnations) would stop the test first.
+    let out = f.core.step(
+        f.now,
+        Input::Agent {
+            conn: 1,
+            message: AgentMessage::Result(CommandResult {
+                command: start.id.clone(),
+                job: "a".into(),
+                epoch: 1,
+                ok: true,
+                error: String::new(),
+                detail: Fixture::started(1),
+            }),
+        },
+    );
+    let job = f.core.job("a").unwrap();
+    assert_eq!(
+        (job.state(), job.worker().map(WorkerId::as_str)),
+        (JobState::Migrating, Some("w2")),
+        "w1's answer to w2's Start was applied: {out:?}"
+    );
+    assert_eq!(Fixture::refused(&out, Refusal::ForeignJob), 1, "{out:?}");
+}
+
+/// Never two incarnations: `a` ran on w1 (epoch 1), moved to w2 (epoch 2) and is now being
+/// saved on w2 for w3. w1's agent answers w2's Save as done under its old epoch: no restore may be
+/// started while w2's incarnation has not been saved.
+#[test]
+fn a_save_answered_by_a_past_incarnations_worker_starts_no_second_incarnation() {
+    let mut f = Fixture::running();
+    f.register(3, "w3", 2.0);
+    assert!(
+        f.core
+            .begin_move("a", "w2", MoveReason::Rebalance, BTreeMap::new())
+    );
+    let out = std::mem::take(&mut f.core.out);
+    let (_, save) = Fixture::sent(&out, "a", "save").unwrap();
+    let out = f.ok(1, &save, Fixture::saved());
+    let (_, start) = Fixture::sent(&out, "a", "start").unwrap();
+    f.ok(2, &start, Fixture::started(2));
+    assert_eq!(
+        (f.state("a"), f.epoch("a")),
+        (JobState::Running, 2),
+        "runs on w2"
+    );
+    // A second move, w2 -> w3: w2 is told to save epoch 2.
+    assert!(
+        f.core
+            .begin_move("a", "w3", MoveReason::Rebalance, BTreeMap::new())
+    );
+    let out = std::mem::take(&mut f.core.out);
+    let (conn, save2) = Fixture::sent(&out, "a", "save").unwrap();
+    assert_eq!((conn, save2.epoch), (2, 2));
+    // w1 claims that save, speaking of its own epoch 1.
+    let out = f.msg(
+        1,
+        AgentMessage::Result(CommandResult {
+            command: save2.id.clone(),
+            job: "a".into(),
+            epoch: 1,
+            ok: true,
+            error: String::new(),
+            detail: Fixture::saved(),
+        }),
+    );
+    assert!(
+        Fixture::sent(&out, "a", "start").is_none(),
+        "a restore was started while w2's incarnation still runs unsaved: {out:?}"
+    );
+    assert_eq!(
+        f.core.job("a").unwrap().worker().map(WorkerId::as_str),
+        Some("w2")
+    );
+}
+
+/// A failed move leaves the job restartable, never stuck: the source's agent restarts while
+/// `a` is being saved; the container saved and exited (0, no `done` line) meanwhile, so the
+/// Save's result died with the old agent. The new agent registers listing the exited
+/// container and reports its exit (as `NodeCore::adopted` does for `Found::Exited`). The move
+/// must go on (restore on w2 or wait as Pending), not stay Migrating/Saving forever.
+#[test]
+fn a_save_whose_container_exited_while_its_agent_restarted_goes_on_from_the_checkpoint() {
+    let (mut f, _save) = Fixture::saving();
+    f.step(Input::Disconnected {
+        conn: 1,
+        reason: "agent crashed".into(),
+    });
+    f.step(Input::Connected {
+        conn: 5,
+        register: Register {
+            worker: "w1".into(),
+            cpu_capacity: 2.0,
+            instance_id: "w1-b".into(),
+            containers: vec![ContainerReport {
+                job: "a".into(),
+                epoch: 1,
+                container_id: "a-1".into(),
+                running: false,
+                last_step: Some(10),
+            }],
+            ..Register::default()
+        },
+    });
+    f.msg(
+        5,
+        AgentMessage::Exited(ContainerExited {
+            job: "a".into(),
+            epoch: 1,
+            exit_code: 0,
+            done: false,
+            requested: false,
+            last_step: Some(10),
+            ..ContainerExited::default()
+        }),
+    );
+    for _ in 0..120 {
+        f.heartbeat(5);
+        f.heartbeat(2);
+        f.advance(1.0);
+    }
+    let job = f.core.job("a").unwrap();
+    assert!(
+        matches!(
+            &job.phase,
+            JobPhase::Migrating(Move {
+                phase: MovePhase::Restoring { .. },
+                to,
+                ..
+            }) if to == "w2"
+        ),
+        "not restoring on w2 two minutes after its container exited: {:?} ({})",
+        job.phase,
+        job.reason
+    );
+}
+
+/// The same for a stop at convergence: the agent restarts after the container saved and
+/// exited, the Save's result is lost with it; the job must not stay Stopping forever.
+#[test]
+fn a_stop_at_convergence_whose_container_exited_while_its_agent_restarted_completes() {
+    let mut f = Fixture::new("spread");
+    f.register(1, "w1", 2.0);
+    f.step(Input::Submit {
+        id: "a".into(),
+        spec: JobSpec {
+            cpus: 1.0,
+            stop: Some(converge_policy::estimate::StopRule {
+                min_improvement: 0.01,
+                window_steps: 100,
+            }),
+            ..JobSpec::default()
+        },
+    });
+    let (_, start) = Fixture::sent(&f.effects.clone(), "a", "start").unwrap();
+    f.ok(1, &start, Fixture::started(1));
+    // Flat loss: the rule fires once a window of history is there.
+    for k in (0..=200).step_by(50) {
+        f.msg(
+            1,
+            AgentMessage::Progress(ProgressBatch {
+                samples: vec![ProgressSample {
+                    job: "a".into(),
+                    epoch: 1,
+                    unix_ms: 0,
+                    step: k,
+                    total_steps: Some(1_000_000),
+                    value: Some(1.0),
+                    checkpointed: false,
+                }],
+                malformed: vec![],
+            }),
+        );
+    }
+    assert_eq!(f.state("a"), JobState::Stopping);
+    f.step(Input::Disconnected {
+        conn: 1,
+        reason: "agent crashed".into(),
+    });
+    f.step(Input::Connected {
+        conn: 5,
+        register: Register {
+            worker: "w1".into(),
+            cpu_capacity: 2.0,
+            instance_id: "w1-b".into(),
+            containers: vec![ContainerReport {
+                job: "a".into(),
+                epoch: 1,
+                container_id: "a-1".into(),
+                running: false,
+                last_step: Some(200),
+            }],
+            ..Register::default()
+        },
+    });
+    f.msg(
+        5,
+        AgentMessage::Exited(ContainerExited {
+            job: "a".into(),
+            epoch: 1,
+            exit_code: 0,
+            done: false,
+            requested: false,
+            last_step: Some(200),
+            ..ContainerExited::default()
+        }),
+    );
+    for _ in 0..120 {
+        f.heartbeat(5);
+        f.advance(1.0);
+    }
+    let job = f.core.job("a").unwrap();
+    assert_eq!(
+        job.state(),
+        JobState::Completed,
+        "not completed two minutes after its container exited ({})",
+        job.reason
+    );
+}
