@@ -71,16 +71,8 @@ impl Sqlite {
         let conn = Connection::open(&path).map_err(sql)?;
         // A manager that was just killed may still be releasing the file.
         conn.busy_timeout(Duration::from_secs(2)).map_err(sql)?;
-        conn.pragma_update(None, "locking_mode", "EXCLUSIVE")
-            .map_err(sql)?;
-        let mode: String = conn
-            .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
-            .map_err(sql)?;
-        if !mode.eq_ignore_ascii_case("wal") {
-            return Err(unreadable(format!("journal mode {mode}, not WAL")));
-        }
-        conn.pragma_update(None, "synchronous", "NORMAL")
-            .map_err(sql)?;
+        // Read-only checks first: the pragmas below write (WAL mode is kept in the file's
+        // header), and a file that is refused must be left as it was found.
         let check: String = conn
             .query_row("PRAGMA quick_check", [], |r| r.get(0))
             .map_err(sql)?;
@@ -101,6 +93,16 @@ impl Sqlite {
                 "it is an SQLite database of another application (application_id {app:#x})"
             )));
         }
+        conn.pragma_update(None, "locking_mode", "EXCLUSIVE")
+            .map_err(sql)?;
+        let mode: String = conn
+            .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
+            .map_err(sql)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(unreadable(format!("journal mode {mode}, not WAL")));
+        }
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(sql)?;
         if version > SCHEMA_VERSION {
             return Err(Error::Newer {
                 path,

@@ -299,16 +299,32 @@ fn a_store_of_a_newer_schema_is_refused_and_names_both_versions() {
     assert!(err.to_string().contains("run the newer manager"), "{err}");
 }
 
+/// Refused, and left as it was: the checks come before the pragmas that would have turned
+/// the file (in SQLite's default rollback-journal mode) into WAL mode for good.
 #[test]
-fn another_applications_database_is_refused() {
+fn another_applications_database_is_refused_and_left_untouched() {
     let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(FILE_NAME);
     {
-        let c = rusqlite::Connection::open(dir.path().join(FILE_NAME)).unwrap();
+        let c = rusqlite::Connection::open(&path).unwrap();
         c.execute_batch("CREATE TABLE notes (t TEXT); INSERT INTO notes VALUES ('mine');")
             .unwrap();
     }
+    let before = std::fs::read(&path).unwrap();
     let why = refusal(dir.path());
     assert!(why.contains("another application"), "{why}");
+    let mode: String = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    let after = std::fs::read(&path).unwrap();
+    assert_eq!(
+        (mode.as_str(), before == after),
+        ("delete", true),
+        "the refused file was changed (header bytes 18-19, the journal mode: {:?} -> {:?})",
+        &before[18..20],
+        &after[18..20]
+    );
 }
 
 #[test]
