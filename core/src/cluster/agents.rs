@@ -33,6 +33,7 @@ impl Core {
             alpha: None,
             interval_s: None,
             jobs: Default::default(),
+            stops_owed: Vec::new(),
         });
         // Written through the one door, new or not: the store and the placement index hear.
         let w = self.worker_mut(&id).expect("just inserted");
@@ -77,6 +78,17 @@ impl Core {
     pub(super) fn reconcile(&mut self, worker: &str, reported: &[ContainerReport]) {
         for c in reported {
             let Some(job) = self.jobs.get(&c.job) else {
+                let owed = (self.workers[worker].stops_owed.iter())
+                    .any(|o| o.job == c.job && o.epoch == c.epoch);
+                if c.running && owed {
+                    // Told to stop while its agent was away, and archived since (a job
+                    // cancelled then, and enough others finished after it): stopped all the
+                    // same, or a job every API calls ended would run on, unaccounted for.
+                    info!(%worker, job = %c.job, epoch = c.epoch, "stopping the container of an archived job that was told to stop");
+                    let reason = "its job has ended (stopped while its agent was away)".into();
+                    self.send_to(worker, &c.job, c.epoch, Action::Stop { reason });
+                    continue;
+                }
                 // A container from before this manager started: leave the user's work alone
                 // rather than kill what we cannot account for. An exited one is most likely
                 // a finished job's, archived since (`Core::archive`): nothing to say.
@@ -179,6 +191,12 @@ impl Core {
                 }
                 _ => {}
             }
+        }
+        // What the agent does not report running has exited: no stop is owed for it.
+        if let Some(w) = self.workers.get_mut(worker) {
+            w.stops_owed.retain(|o| {
+                (reported.iter()).any(|c| c.running && c.job == o.job && c.epoch == o.epoch)
+            });
         }
         // Current incarnations placed here that the agent does not report.
         let missing: Vec<JobId> = self.workers[worker]
@@ -545,12 +563,28 @@ impl Core {
     }
 
     pub(super) fn result(&mut self, worker: &str, r: CommandResult) {
+        // A Stop's success shows it carried out: the agent answers once Docker has stopped
+        // the container. An error (no container yet, Docker refused) leaves it owed.
+        if r.ok
+            && let Some(w) = self.workers.get_mut(worker)
+            && !w.stops_owed.is_empty()
+        {
+            w.stops_owed.retain(|o| o.command != r.command);
+        }
         if !self.may_speak(worker, &r.job, r.epoch) {
             return;
         }
         let job = &self.jobs[&r.job];
         if job.is_terminal() {
-            debug!(job = %r.job, "result for a finished job ignored");
+            if r.ok && matches!(r.detail, ResultDetail::Started { .. }) {
+                // Ended while its Start was under way (cancelled while starting): the agent
+                // found no container to stop then, and has started one now. Stop it, or it
+                // trains on for a job every API calls ended.
+                let reason = format!("job is {}", job.state().label());
+                self.send_to(worker, &r.job, r.epoch, Action::Stop { reason });
+            } else {
+                debug!(job = %r.job, "result for a finished job ignored");
+            }
             return;
         }
         // Only the current incarnation, on the worker it was sent to, may answer the command
@@ -641,6 +675,12 @@ impl Core {
     }
 
     pub(super) fn exited(&mut self, worker: &str, e: ContainerExited) {
+        if let Some(w) = self.workers.get_mut(worker)
+            && !w.stops_owed.is_empty()
+        {
+            w.stops_owed
+                .retain(|o| o.job != e.job || o.epoch != e.epoch);
+        }
         if !self.may_speak(worker, &e.job, e.epoch) {
             return;
         }

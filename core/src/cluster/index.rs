@@ -379,6 +379,7 @@ mod tests {
             alpha: None,
             interval_s: None,
             jobs: Default::default(),
+            stops_owed: Vec::new(),
         }
     }
 

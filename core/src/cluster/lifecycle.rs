@@ -525,6 +525,28 @@ pub struct Worker {
     /// placed would be rewritten in full at every placement.
     #[serde(skip)]
     pub jobs: JobSet,
+    /// Stops sent here that no answer or exit has shown to be carried out: a Stop sent to a
+    /// stream that was gone, or that broke before its agent read it. Kept apart from the jobs
+    /// because a stopped job may be archived (`Core::archive`) before its agent is back, and
+    /// an agent that reports a running container of a job the core no longer holds is
+    /// otherwise left alone (`Core::reconcile`). An entry goes with its Stop's success (the
+    /// agent answers once the container has stopped), its container's exit, or a
+    /// registration that does not report the container running. Not
+    /// stored: a restarted manager reloads the newest finished jobs, and reconcile stops
+    /// their containers from those.
+    #[serde(skip)]
+    pub stops_owed: Vec<OwedStop>,
+}
+
+/// A Stop sent to a worker and not yet shown to be carried out ([`Worker::stops_owed`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OwedStop {
+    /// The job.
+    pub job: JobId,
+    /// The incarnation told to stop.
+    pub epoch: u64,
+    /// The latest Stop sent for it.
+    pub command: CommandId,
 }
 
 /// A worker's jobs, in id order: a sorted `Vec`. Every heartbeat walks its worker's jobs (the

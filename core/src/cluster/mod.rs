@@ -778,8 +778,23 @@ impl Core {
     }
 
     /// Sends `cmd` to `worker`'s stream. With no stream it is not sent: what must still happen
-    /// when the agent comes back is re-sent by [`Core::reconcile`].
+    /// when the agent comes back is re-sent by [`Core::reconcile`]. A Stop is noted as owed
+    /// until its container is seen to exit ([`Worker::stops_owed`]), sent or not: a stream
+    /// can break with the command unread.
     pub(super) fn send(&mut self, worker: &str, command: Command) {
+        if let Action::Stop { .. } = command.action
+            && let Some(w) = self.workers.get_mut(worker)
+        {
+            let (job, epoch) = (&command.job, command.epoch);
+            match (w.stops_owed.iter_mut()).find(|o| o.job == *job && o.epoch == epoch) {
+                Some(o) => o.command = command.id.clone(),
+                None => w.stops_owed.push(lifecycle::OwedStop {
+                    job: job.clone(),
+                    epoch,
+                    command: command.id.clone(),
+                }),
+            }
+        }
         match self.workers.get(worker).and_then(|w| w.conn) {
             Some(conn) => self.out.push(Effect::Send {
                 conn,

@@ -97,12 +97,14 @@ impl Shadow {
 
     /// Every stored record is the core's own: nothing changed unreported.
     fn assert_complete(&self, core: &Core) {
-        // What a store keeps of a worker: not its stream, nor its job index (rebuilt).
+        // What a store keeps of a worker: not its stream, nor its job index (rebuilt), nor the
+        // stops it is owed.
         let unlinked = |w: &Worker| {
             let mut w = w.clone();
             w.conn = None;
             w.jobs.clear();
             w.last_heard = 0.0;
+            w.stops_owed.clear();
             format!("{w:?}")
         };
         assert_eq!(
@@ -3664,4 +3666,83 @@ fn a_stop_at_convergence_whose_container_exited_while_its_agent_restarted_comple
         "not completed two minutes after its container exited ({})",
         job.reason
     );
+}
+
+/// A job cancelled while the Stop cannot reach its container (its agent cut off: no stream,
+/// or a stream that broke with the Stop unread) is stopped when the agent comes back, even
+/// once enough other jobs finished for it to be archived out of memory (`keep_finished`, 2
+/// here): otherwise the container of a job every API calls Cancelled would run on,
+/// unaccounted for. Once the agent no longer reports the container, nothing is owed.
+#[test]
+fn a_job_cancelled_while_its_agent_was_away_is_stopped_when_it_returns_even_if_archived() {
+    for stream_gone_first in [true, false] {
+        let mut f = Fixture::running();
+        let disconnect = Input::Disconnected {
+            conn: 1,
+            reason: "network blip".into(),
+        };
+        if stream_gone_first {
+            f.step(disconnect.clone());
+        }
+        f.step(Input::Cancel { id: "a".into() });
+        if !stream_gone_first {
+            // The Stop went out on a stream that broke before the agent read it.
+            f.step(disconnect);
+        }
+        assert_eq!(f.state("a"), JobState::Cancelled);
+        // Two more jobs finish on w2: `a` is the oldest of three finished, so it is archived.
+        for id in ["b", "c"] {
+            let out = f.submit(id, 1.0);
+            let (conn, start) = Fixture::sent(&out, id, "start").expect("placed");
+            assert_eq!(conn, 2);
+            f.ok(conn, &start, Fixture::started(conn));
+            f.exited(conn, id, start.epoch, 0, false);
+            assert_eq!(f.state(id), JobState::Completed);
+        }
+        assert!(f.core.job("a").is_none(), "a was archived");
+        // w1's agent comes back within its fence time and reports a's container running.
+        let out = f.reregister(3, "w1", 2.0, &[("a", 1, 5)]);
+        let (conn, stop) = Fixture::sent(&out, "a", "stop")
+            .unwrap_or_else(|| panic!("the cancelled job's container was left running: {out:?}"));
+        assert_eq!((conn, stop.epoch), (3, 1), "{stream_gone_first}");
+        // It exits: nothing is owed any more, and the worker's record says so.
+        f.exited(3, "a", 1, 143, false);
+        assert!(
+            f.core.worker("w1").unwrap().stops_owed.is_empty(),
+            "{stream_gone_first}"
+        );
+    }
+}
+
+/// A job cancelled while its Start is under way: the agent finds no container to stop yet
+/// (the Stop is answered with an error) and then starts one. Its Started result must get it
+/// stopped, not ignored as a finished job's.
+#[test]
+fn a_job_cancelled_while_starting_has_its_container_stopped_once_started() {
+    let mut f = Fixture::new("spread");
+    f.register(1, "w1", 2.0);
+    let out = f.submit("a", 1.0);
+    let (_, start) = Fixture::sent(&out, "a", "start").expect("placed");
+    let out = f.step(Input::Cancel { id: "a".into() });
+    let (_, early) = Fixture::sent(&out, "a", "stop").expect("told to stop at once");
+    f.msg(
+        1,
+        AgentMessage::Result(CommandResult {
+            command: early.id.clone(),
+            job: "a".into(),
+            epoch: early.epoch,
+            ok: false,
+            error: "no running container of job a (epoch 1) on worker w1".into(),
+            detail: ResultDetail::None,
+        }),
+    );
+    let out = f.ok(1, &start, Fixture::started(1));
+    let (conn, stop) = Fixture::sent(&out, "a", "stop")
+        .unwrap_or_else(|| panic!("the container started after the cancel runs on: {out:?}"));
+    assert_eq!((conn, stop.epoch), (1, start.epoch));
+    assert_eq!(f.state("a"), JobState::Cancelled);
+    // The first Stop's error left it owed; the second's success settles it.
+    assert_eq!(f.core.worker("w1").unwrap().stops_owed.len(), 1);
+    f.ok(1, &stop, ResultDetail::None);
+    assert!(f.core.worker("w1").unwrap().stops_owed.is_empty());
 }
