@@ -220,7 +220,7 @@ impl ManagerMetrics {
         r.register(
             "refused",
             "Inputs refused by the decision core: agent messages about jobs their worker never ran \
-             (foreign_job), about unknown jobs, on replaced streams, and disallowed transitions",
+             or answering a command sent to another incarnation (foreign_job), about unknown jobs, on replaced streams, and disallowed transitions",
             refused.clone(),
         );
         let tasks = Gauge::default();
