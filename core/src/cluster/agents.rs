@@ -70,12 +70,19 @@ impl Core {
             "registered".into()
         };
         self.worker_event(&id, state, reason);
-        self.reconcile(&id, &reg.containers);
+        self.reconcile(&id, &reg.containers, restarted);
         self.dirty = true;
     }
 
     /// Brings the core's view of `worker` in line with what its agent says it runs.
-    pub(super) fn reconcile(&mut self, worker: &str, reported: &[ContainerReport]) {
+    /// `restarted`: its agent is a new process (its instance id changed), which knows nothing
+    /// of the commands the old one was sent.
+    pub(super) fn reconcile(
+        &mut self,
+        worker: &str,
+        reported: &[ContainerReport],
+        restarted: bool,
+    ) {
         for c in reported {
             let Some(job) = self.jobs.get(&c.job) else {
                 let owed = (self.workers[worker].stops_owed.iter())
@@ -128,16 +135,20 @@ impl Core {
                         format!("re-adopted on {worker}"),
                     );
                 }
-                // A save may have been lost with the old stream: the same command again (the
-                // agent answers a repeated id from its cache).
+                // A save, or its result, may have been lost with the old stream: the same
+                // command again (the agent answers a repeated id from its cache, or when the
+                // save ends). Its container may have exited since: the agent that got the
+                // Save still answers it. A restarted agent never got it, and will answer it
+                // with an error (no container) while it reports the exit it did not ask for,
+                // which decides (`exited`).
                 (
                     JobPhase::Stopping { command, .. }
                     | JobPhase::Migrating(Move {
                         phase: MovePhase::Saving { command },
                         ..
                     }),
-                    true,
-                ) => {
+                    running,
+                ) if running || !restarted => {
                     let cmd = self.save_command(command.clone(), &id, c.epoch);
                     self.send(worker, cmd);
                 }
@@ -159,35 +170,6 @@ impl Core {
                         },
                     };
                     self.send(worker, cmd);
-                }
-                // Its container exited while being saved and the Save's result is lost (its
-                // agent restarted, or answered on a stream that broke). Nothing of it runs
-                // and no result will come (a restarted agent never had the Save; re-sent to
-                // one that never got it, the Save would fail and leave the job "running" with
-                // no container): the move goes on from its checkpoint, as for a container
-                // gone altogether (below).
-                (
-                    JobPhase::Migrating(Move {
-                        phase: MovePhase::Saving { .. },
-                        ..
-                    }),
-                    false,
-                ) => {
-                    self.migration_event(
-                        &id,
-                        worker,
-                        format!("its container exited on {worker}; restoring from its checkpoint"),
-                        BTreeMap::new(),
-                    );
-                    self.after_save(&id);
-                }
-                (JobPhase::Stopping { why, .. }, false) => {
-                    let why = why.clone();
-                    self.transition(
-                        &id,
-                        JobPhase::Completed,
-                        format!("{why}; its container exited on {worker}, its checkpoint kept"),
-                    );
                 }
                 _ => {}
             }
@@ -563,10 +545,11 @@ impl Core {
     }
 
     pub(super) fn result(&mut self, worker: &str, r: CommandResult) {
-        // A Stop's success shows it carried out: the agent answers once Docker has stopped
-        // the container. An error (no container yet, Docker refused) leaves it owed.
-        if r.ok
-            && let Some(w) = self.workers.get_mut(worker)
+        // An answer to a Stop shows that its agent got it: it answers once Docker has
+        // stopped the container, or with an error if there was none to stop (a job cancelled
+        // while starting: the Started result that follows gets its container stopped,
+        // `result` below).
+        if let Some(w) = self.workers.get_mut(worker)
             && !w.stops_owed.is_empty()
         {
             w.stops_owed.retain(|o| o.command != r.command);
@@ -715,6 +698,12 @@ impl Core {
                 }
                 self.job_mut(&id).expect("exists").exit_code = Some(0);
                 self.transition(&id, JobPhase::Completed, "completed while being saved");
+            } else if !e.requested {
+                // An exit its agent did not ask for: the container died before the Save
+                // reached it, or its agent restarted since (a new agent reports the exits it
+                // finds, asked for by no one). Either way no Saved result will say more, and
+                // nothing of it runs: the move goes on from its checkpoint, the stop ends.
+                self.saving_ended(&id, worker, e.exit_code);
             }
             // Otherwise the Saved result (which waits for this exit) drives the next step.
             return;
@@ -769,6 +758,25 @@ impl Core {
             )
         };
         self.transition(&id, to, reason);
+    }
+
+    /// Job `id` was being saved (a move, or a stop at convergence) and its container has
+    /// exited with no Saved result to come: restore from its checkpoint, or complete.
+    fn saving_ended(&mut self, id: &str, worker: &str, exit_code: i32) {
+        let how =
+            format!("its container exited (code {exit_code}) on {worker} with no save reported");
+        match self.jobs[id].phase.clone() {
+            JobPhase::Migrating(_) => {
+                let reason = format!("{how}; restoring from its checkpoint");
+                self.migration_event(id, worker, reason, BTreeMap::new());
+                self.after_save(id);
+            }
+            JobPhase::Stopping { why, .. } => {
+                let reason = format!("{why}; {how}, its checkpoint kept");
+                self.transition(id, JobPhase::Completed, reason);
+            }
+            _ => {}
+        }
     }
 
     pub(super) fn migration_request(&mut self, worker: &str, job: &str, epoch: u64, reason: &str) {

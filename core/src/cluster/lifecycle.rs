@@ -529,9 +529,9 @@ pub struct Worker {
     /// stream that was gone, or that broke before its agent read it. Kept apart from the jobs
     /// because a stopped job may be archived (`Core::archive`) before its agent is back, and
     /// an agent that reports a running container of a job the core no longer holds is
-    /// otherwise left alone (`Core::reconcile`). An entry goes with its Stop's success (the
-    /// agent answers once the container has stopped), its container's exit, or a
-    /// registration that does not report the container running. Not
+    /// otherwise left alone (`Core::reconcile`). An entry goes with an answer to its Stop (the
+    /// agent answers once the container has stopped, or that there was none), its
+    /// container's exit, or a registration that does not report the container running. Not
     /// stored: a restarted manager reloads the newest finished jobs, and reconcile stops
     /// their containers from those.
     #[serde(skip)]

@@ -3741,8 +3741,106 @@ fn a_job_cancelled_while_starting_has_its_container_stopped_once_started() {
         .unwrap_or_else(|| panic!("the container started after the cancel runs on: {out:?}"));
     assert_eq!((conn, stop.epoch), (1, start.epoch));
     assert_eq!(f.state("a"), JobState::Cancelled);
-    // The first Stop's error left it owed; the second's success settles it.
+    // Owed until answered.
     assert_eq!(f.core.worker("w1").unwrap().stops_owed.len(), 1);
     f.ok(1, &stop, ResultDetail::None);
     assert!(f.core.worker("w1").unwrap().stops_owed.is_empty());
+}
+
+/// Stops answered with errors (no container: the job was cancelled while starting, and its
+/// Start failed) are owed no longer: a worker whose agent stays connected does not collect
+/// them.
+#[test]
+fn an_answered_stop_is_owed_no_longer_even_when_it_found_no_container() {
+    let mut f = Fixture::new("spread");
+    f.register(1, "w1", 2.0);
+    for k in 0..5 {
+        let id = format!("j{k}");
+        let out = f.submit(&id, 1.0);
+        let (_, start) = Fixture::sent(&out, &id, "start").expect("placed");
+        let out = f.step(Input::Cancel {
+            id: id.as_str().into(),
+        });
+        let (_, stop) = Fixture::sent(&out, &id, "stop").expect("told to stop");
+        assert_eq!(f.core.worker("w1").unwrap().stops_owed.len(), 1);
+        f.fail(1, &stop, "no running container of the job on worker w1");
+        f.fail(1, &start, "image not found");
+        assert_eq!(f.state(&id), JobState::Cancelled);
+    }
+    let owed = &f.core.worker("w1").unwrap().stops_owed;
+    assert!(owed.is_empty(), "{owed:?}");
+}
+
+/// A job that printed its last step and exited 0 while being saved, its agent restarting
+/// meanwhile, is complete: the new agent's report of the exit says so, and it is not
+/// restored.
+#[test]
+fn a_job_that_finished_while_being_saved_is_not_restored_after_its_agent_restarted() {
+    let (mut f, _save) = Fixture::saving();
+    f.step(Input::Disconnected {
+        conn: 1,
+        reason: "agent crashed".into(),
+    });
+    f.step(Input::Connected {
+        conn: 5,
+        register: Register {
+            worker: "w1".into(),
+            cpu_capacity: 2.0,
+            instance_id: "w1-b".into(),
+            containers: vec![ContainerReport {
+                job: "a".into(),
+                epoch: 1,
+                container_id: "a-1".into(),
+                running: false,
+                last_step: Some(100),
+            }],
+            ..Register::default()
+        },
+    });
+    f.msg(
+        5,
+        AgentMessage::Exited(ContainerExited {
+            job: "a".into(),
+            epoch: 1,
+            exit_code: 0,
+            done: true,
+            requested: false,
+            last_step: Some(100),
+            ..ContainerExited::default()
+        }),
+    );
+    let job = f.core.job("a").unwrap();
+    assert_eq!(
+        (job.state(), f.starts("a")),
+        (JobState::Completed, 1),
+        "{:?} ({})",
+        job.phase,
+        job.reason
+    );
+}
+
+/// A container that dies on its own before the drain's Save reaches it (its agent the same,
+/// its stream unbroken): the exit, asked for by no one, moves the job on to its restore, and
+/// the Save's error that follows (no container) changes nothing. Before, the error read as
+/// "the save failed, it runs on", for a job with nothing running.
+#[test]
+fn a_container_that_died_before_its_save_arrived_is_restored_not_taken_to_run_on() {
+    let (mut f, save) = Fixture::saving();
+    f.exited(1, "a", 1, 137, false);
+    let job = f.core.job("a").unwrap();
+    assert!(
+        matches!(&job.phase, JobPhase::Migrating(Move { phase: MovePhase::Restoring { .. }, to, .. }) if to == "w2"),
+        "{:?} ({})",
+        job.phase,
+        job.reason
+    );
+    f.fail(
+        1,
+        &save,
+        "no running container of job a (epoch 1) on worker w1",
+    );
+    assert_eq!(
+        f.core.job("a").unwrap().worker().map(WorkerId::as_str),
+        Some("w2")
+    );
 }
