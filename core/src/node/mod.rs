@@ -413,6 +413,13 @@ impl NodeCore {
             let err = Err(self.no_container(&cmd));
             return self.answer(&cmd, err, out);
         };
+        if live.epoch != cmd.epoch && !matches!(cmd.action, Action::Start { .. }) {
+            // A command for another incarnation than the one running: never carried out on
+            // this one. Answered ok, it would also raise the job's fence past the running
+            // incarnation, and the manager's Stop for that one would then be refused as stale.
+            let err = Err(self.no_container(&cmd));
+            return self.answer(&cmd, err, out);
+        }
         let id = live.container_id.clone();
         let action = match &cmd.action {
             Action::Start { .. } => {
@@ -506,6 +513,17 @@ impl NodeCore {
         let Some(p) = self.pending.remove(&command_id) else {
             return;
         };
+        if outcome.is_err() && matches!(p.action, Action::Stop { .. } | Action::Save { .. }) {
+            // It did not stop: the container runs on, as if never asked to exit. Left marked,
+            // it would be passed over by self-fencing (which must stop every container when
+            // the manager is gone) and a crash of it would be reported as asked for.
+            for c in (self.containers.values_mut())
+                .filter(|c| c.job_id == p.job_id && c.epoch == p.epoch && !c.exiting)
+            {
+                c.exit_requested = false;
+                c.remove_on_exit = false;
+            }
+        }
         if let Ok(detail) = &outcome {
             match (&p.action, detail) {
                 (
@@ -738,10 +756,20 @@ impl NodeCore {
     /// a job ever runs. Their exits are reported with the next registration.
     fn fence(&mut self, out: &mut Vec<NodeEffect>) {
         self.fenced = true;
+        // Passed over: a container exiting, or one a manager's Stop or Save is stopping now.
+        // Not one an earlier fencing asked to exit: that Save's failure is not reported back
+        // (it has no command), and a container that still runs must be stopped this time.
+        let stopping = |c: &Container| {
+            (self.pending.values()).any(|p| {
+                p.job_id == c.job_id
+                    && p.epoch == c.epoch
+                    && matches!(p.action, Action::Stop { .. } | Action::Save { .. })
+            })
+        };
         let ids: Vec<String> = self
             .containers
             .values()
-            .filter(|c| !c.exiting && !c.exit_requested)
+            .filter(|c| !c.exiting && !stopping(c))
             .map(|c| c.container_id.clone())
             .collect();
         if ids.is_empty() {

@@ -597,3 +597,154 @@ fn an_exited_container_found_at_startup_is_reported() {
     );
     assert_eq!(e.len(), 1);
 }
+
+fn stop(id: &str, job: &str, epoch: u64) -> Command {
+    cmd(
+        id,
+        job,
+        epoch,
+        Action::Stop {
+            remove: false,
+            reason: "user".into(),
+        },
+    )
+}
+
+fn disconnect(core: &mut NodeCore, now: Time) -> Vec<NodeEffect> {
+    core.step(
+        now,
+        NodeInput::Session {
+            connected: false,
+            mode: None,
+        },
+    )
+}
+
+/// A Stop that Docker refused leaves the container running: when the manager is then gone,
+/// self-fencing must checkpoint and stop it like any other (it was passed over as "asked to
+/// exit", and the manager restarts the job elsewhere: two incarnations).
+#[test]
+fn a_container_whose_stop_failed_is_still_fenced() {
+    let mut core = NodeCore::new(config(1.0), 0.0).unwrap();
+    connect(&mut core, 0.0, Mode::default());
+    run_job(&mut core, 1.0, "a", 1);
+    core.step(2.0, NodeInput::Command(stop("stop-a", "a", 1)));
+    // Docker refused the stop: the container still runs, and the manager is told so.
+    let e = core.step(
+        3.0,
+        NodeInput::Done {
+            command_id: "stop-a".into(),
+            outcome: Err("cannot stop the container: 500".into()),
+        },
+    );
+    assert!(
+        matches!(answers(&e)[..], [Answer::Result(r)] if !r.ok),
+        "{e:?}"
+    );
+    // Cut off: the manager restarts "a" elsewhere after its grace, so "a" must be fenced here.
+    disconnect(&mut core, 10.0);
+    let e = core.step(40.0, NodeInput::Tick);
+    assert_eq!(
+        docker(&e),
+        vec![&DockerAction::Save {
+            command: None,
+            container_id: "c-a-1".into(),
+            deadline: 10.0,
+        }],
+        "the still-running container of a failed Stop is not fenced: {e:?}"
+    );
+}
+
+/// The same for a Save that could not signal its container.
+#[test]
+fn a_container_whose_save_failed_is_still_fenced() {
+    let mut core = NodeCore::new(config(1.0), 0.0).unwrap();
+    connect(&mut core, 0.0, Mode::default());
+    run_job(&mut core, 1.0, "a", 1);
+    core.step(
+        2.0,
+        NodeInput::Command(cmd("save-a", "a", 1, Action::Save { deadline: None })),
+    );
+    core.step(
+        3.0,
+        NodeInput::Done {
+            command_id: "save-a".into(),
+            outcome: Err("cannot signal the container: 500".into()),
+        },
+    );
+    disconnect(&mut core, 10.0);
+    let e = core.step(40.0, NodeInput::Tick);
+    assert!(
+        docker(&e)
+            .iter()
+            .any(|d| matches!(d, DockerAction::Save { command: None, container_id, .. } if container_id == "c-a-1")),
+        "the still-running container of a failed Save is not fenced: {e:?}"
+    );
+}
+
+/// A fencing Save that never ended (its failure is not reported back: it has no command) does
+/// not exempt the container from the next cut-off's fencing.
+#[test]
+fn a_container_whose_fencing_save_never_finished_is_fenced_again() {
+    // The shell reports nothing about a fencing Save (command None): when it fails
+    // (executor.rs `save`, "fencing could not stop the container"), the container runs on,
+    // and the core must not believe its exit is still under way forever.
+    let mut core = NodeCore::new(config(1.0), 0.0).unwrap();
+    connect(&mut core, 0.0, Mode::default());
+    run_job(&mut core, 1.0, "a", 1);
+    disconnect(&mut core, 10.0);
+    let e = core.step(40.0, NodeInput::Tick);
+    assert_eq!(docker(&e).len(), 1, "first fencing: {e:?}");
+    // The save failed (no Died ever comes); the manager comes back, then goes away again.
+    connect(&mut core, 50.0, Mode::default());
+    disconnect(&mut core, 60.0);
+    let e = core.step(90.0, NodeInput::Tick);
+    assert!(
+        docker(&e)
+            .iter()
+            .any(|d| matches!(d, DockerAction::Save { command: None, container_id, .. } if container_id == "c-a-1")),
+        "second cut-off: the container that still runs is not fenced: {e:?}"
+    );
+}
+
+/// A command about incarnation 2 is not carried out on incarnation 1's container: answered
+/// ok, it would also raise the job's fence to 2, and the manager's Stop of the superseded
+/// incarnation 1 would be refused as stale.
+#[test]
+fn a_command_for_another_epoch_does_not_act_on_the_running_incarnation() {
+    let mut core = NodeCore::new(config(2.0), 0.0).unwrap();
+    connect(&mut core, 0.0, Mode::default());
+    run_job(&mut core, 1.0, "j", 1);
+    // A SetLimits about incarnation 2, which does not run here (epoch 1 does).
+    let e = core.step(
+        2.0,
+        NodeInput::Command(cmd(
+            "l2",
+            "j",
+            2,
+            Action::SetLimits {
+                cpus: 0.5,
+                cpu_shares: 0,
+            },
+        )),
+    );
+    let acted = !docker(&e).is_empty();
+    if acted {
+        core.step(
+            2.0,
+            NodeInput::Done {
+                command_id: "l2".into(),
+                outcome: Ok(Some(Detail::Limits {
+                    cpus: 0.5,
+                    cpu_shares: 0,
+                })),
+            },
+        );
+    }
+    // The manager's Stop of the superseded incarnation 1 must still be carried out.
+    let e2 = core.step(3.0, NodeInput::Command(stop("stop1", "j", 1)));
+    assert!(
+        !acted && matches!(docker(&e2)[..], [DockerAction::Stop { .. }]),
+        "epoch 2's SetLimits acted on epoch 1's container ({e:?}), then epoch 1's Stop: {e2:?}"
+    );
+}
