@@ -239,17 +239,29 @@ pub fn parse_line(
         )?),
     };
 
-    // Which field holds the metric: the job spec's name, then the line's own `metric` name,
-    // then `value`, then a well-known name, then the only other numeric field.
+    // Which field holds the metric. With the job spec's name: that field, or `value` where
+    // the line names no other metric; nothing else, for a line that lacks the metric (a
+    // diverged loss written as null, say) must not have its learning rate read as the loss.
+    // Without: the line's own `metric` name, then `value`, then a well-known name, then the
+    // only other numeric field.
     let mut candidates: Vec<&str> = Vec::new();
-    candidates.extend(expected_metric);
-    candidates.extend(metric_field.as_deref());
-    candidates.push("value");
-    candidates.extend(WELL_KNOWN_METRICS);
+    match expected_metric {
+        Some(name) => {
+            candidates.push(name);
+            if metric_field.as_deref().is_none_or(|m| m == name) {
+                candidates.push("value");
+            }
+        }
+        None => {
+            candidates.extend(metric_field.as_deref());
+            candidates.push("value");
+            candidates.extend(WELL_KNOWN_METRICS);
+        }
+    }
     let mut found = candidates
         .iter()
         .find_map(|k| finite(&obj, k).map(|v| (k.to_string(), v)));
-    if found.is_none() {
+    if found.is_none() && expected_metric.is_none() {
         let others: Vec<(&String, f64)> = obj
             .iter()
             .filter(|(k, _)| !RESERVED.contains(&k.as_str()))
@@ -389,6 +401,31 @@ mod tests {
             parse_line(r#"CONVERGE_PROGRESS {"step":1,"lr":0.1,"bleu":21.5}"#, None),
             Err(ContractError::NoMetric(_))
         ));
+    }
+
+    /// With the job's metric named, a line that lacks it is not read through another field:
+    /// not a null loss's learning rate, not another metric, not a well-known name.
+    #[test]
+    fn a_line_without_the_expected_metric_is_not_read_as_it() {
+        for line in [
+            r#"CONVERGE_PROGRESS {"step":5,"loss":null,"lr":0.001}"#,
+            r#"CONVERGE_PROGRESS {"step":5,"accuracy":0.9}"#,
+            r#"CONVERGE_PROGRESS {"step":5,"metric":"accuracy","value":0.9}"#,
+        ] {
+            let p = parse_line(line, Some("loss"));
+            assert!(
+                matches!(&p, Err(ContractError::NoMetric(named)) if named.contains("loss")),
+                "{line} read as: {p:?}"
+            );
+        }
+        // `value` still carries it where the line names it, or names none.
+        for line in [
+            r#"CONVERGE_PROGRESS {"step":5,"metric":"loss","value":0.5}"#,
+            r#"CONVERGE_PROGRESS {"step":5,"value":0.5}"#,
+        ] {
+            let p = parse_line(line, Some("loss")).unwrap().unwrap();
+            assert_eq!(p.value, Some(0.5), "{line}");
+        }
     }
 
     #[test]
