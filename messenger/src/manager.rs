@@ -11,8 +11,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info_span, warn};
 
@@ -71,6 +73,11 @@ pub enum StreamEvent {
 pub struct AgentLink {
     conn: ConnectionId,
     tx: mpsc::Sender<Result<ManagerMessage, Status>>,
+    /// Ends the stream both ways: the commands still queued are not sent, nothing more is
+    /// read. A link given up (its queue full) must end its stream: left open, the agent
+    /// would go on talking into a stream whose every message the core refuses as stale, and
+    /// be declared lost while it heartbeats.
+    ended: CancellationToken,
 }
 
 /// The agent's stream is gone (or so backed up that it is as good as gone).
@@ -89,16 +96,23 @@ impl AgentLink {
         self.send(ManagerKind::Command(cmd))
     }
 
-    /// Sends any manager message without waiting.
+    /// Sends any manager message without waiting. When the stream's queue is full the link
+    /// is given up, and its stream ended: the agent reconnects and registers again.
     pub fn send(&self, kind: ManagerKind) -> Result<(), LinkClosed> {
         self.tx
             .try_send(Ok(ManagerMessage { kind: Some(kind) }))
-            .map_err(|_| LinkClosed(self.conn))
+            .map_err(|_| {
+                self.ended.cancel();
+                LinkClosed(self.conn)
+            })
     }
 
-    /// Ends the stream with an error status the agent will see (e.g. a duplicate worker id).
+    /// Ends the stream with an error status the agent will see (e.g. a duplicate worker id),
+    /// after what is queued; with no room for the status, at once.
     pub fn close_with(&self, status: Status) {
-        let _ = self.tx.try_send(Err(status));
+        if self.tx.try_send(Err(status)).is_err() {
+            self.ended.cancel();
+        }
     }
 }
 
@@ -142,7 +156,8 @@ impl AgentStreams {
 
 #[tonic::async_trait]
 impl AgentService for AgentStreams {
-    type ConnectStream = ReceiverStream<Result<ManagerMessage, Status>>;
+    type ConnectStream =
+        std::pin::Pin<Box<dyn Stream<Item = Result<ManagerMessage, Status>> + Send + 'static>>;
 
     async fn connect(
         &self,
@@ -203,26 +218,36 @@ impl AgentService for AgentStreams {
         }
         let conn = self.next_conn.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(OUTBOUND_CAPACITY);
+        let ended = CancellationToken::new();
         let span = info_span!("agent_stream", conn, worker = %register.worker_id, %peer);
         let events = self.events.clone();
         events
             .send(StreamEvent::Connected {
                 conn,
                 register,
-                link: AgentLink { conn, tx },
+                link: AgentLink {
+                    conn,
+                    tx,
+                    ended: ended.clone(),
+                },
             })
             .await
             .map_err(|_| Status::unavailable("manager is shutting down"))?;
         let limiter = self
             .per_agent_rate
             .map(|r| governor::RateLimiter::direct(governor::Quota::per_second(r)));
+        let reading = ended.clone();
         tokio::spawn(
             async move {
                 let reason = loop {
                     if let Some(l) = &limiter {
                         l.until_ready().await;
                     }
-                    match inbound.message().await {
+                    let message = tokio::select! {
+                        _ = reading.cancelled() => break "ended by the manager".to_string(),
+                        m = inbound.message() => m,
+                    };
+                    match message {
                         Ok(Some(AgentMessage { kind: Some(kind) })) => {
                             if events
                                 .send(StreamEvent::Message { conn, kind })
@@ -245,6 +270,7 @@ impl AgentService for AgentStreams {
             }
             .instrument(span),
         );
-        Ok(Response::new(ReceiverStream::new(rx)))
+        let outbound = ReceiverStream::new(rx).take_until(ended.cancelled_owned());
+        Ok(Response::new(Box::pin(outbound)))
     }
 }
