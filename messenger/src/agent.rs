@@ -6,6 +6,7 @@
 //! agent's [`AgentState`] for a fresh [`Register`] (the containers it runs *now*), so after a
 //! manager restart or a partition the manager reconciles from the truth, not from history.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -230,10 +231,13 @@ async fn run<S: AgentState>(
     let mut seq = 0u64;
     // A message taken from the outbox when the stream broke is sent first after reconnecting.
     let mut carry: Option<AgentMessage> = None;
+    // Commands read from the manager that the executor has not taken yet: kept across
+    // reconnects, handed over as the executor makes room (`connect_and_serve`).
+    let mut waiting: VecDeque<Command> = VecDeque::new();
     loop {
         let result = tokio::select! {
             _ = shutdown.cancelled() => return,
-            r = connect_and_serve(&config, &*state, &commands, &mut outbox, &status, &mut seq, &mut carry, &shutdown) => r,
+            r = connect_and_serve(&config, &*state, &commands, &mut waiting, &mut outbox, &status, &mut seq, &mut carry, &shutdown) => r,
         };
         if shutdown.is_cancelled() {
             return;
@@ -271,19 +275,23 @@ async fn run<S: AgentState>(
 /// How long a stream closed on purpose waits for the manager to read what was queued on it.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
+/// Commands read from the manager and not yet taken by the executor, at most, before the
+/// session stops reading its stream.
+const WAITING_MAX: usize = 256;
+
 /// Ends a stream without losing what was queued on it: the sending side ends after the queued
 /// messages, and the manager's side is read (commands passed on) until the manager ends it too,
 /// for at most [`CLOSE_WAIT`].
 async fn close_gently(
     tx: mpsc::Sender<AgentMessage>,
     inbound: &mut tonic::Streaming<crate::pb::ManagerMessage>,
-    commands: &mpsc::Sender<Command>,
+    waiting: &mut VecDeque<Command>,
 ) {
     drop(tx);
     let _ = tokio::time::timeout(CLOSE_WAIT, async {
         while let Ok(Some(m)) = inbound.message().await {
             if let Some(ManagerKind::Command(cmd)) = m.kind {
-                let _ = commands.send(cmd).await;
+                waiting.push_back(cmd);
             }
         }
     })
@@ -295,6 +303,7 @@ async fn connect_and_serve<S: AgentState>(
     config: &SessionConfig,
     state: &S,
     commands: &mpsc::Sender<Command>,
+    waiting: &mut VecDeque<Command>,
     outbox: &mut mpsc::Receiver<AgentMessage>,
     status: &watch::Sender<SessionStatus>,
     seq: &mut u64,
@@ -374,7 +383,7 @@ async fn connect_and_serve<S: AgentState>(
                         Ok(_) => {
                             // Running containers are not touched: the next Register lists them.
                             info!("certificate files changed: reconnecting with them");
-                            close_gently(tx, &mut inbound, commands).await;
+                            close_gently(tx, &mut inbound, waiting).await;
                             return Err(SessionError::Rotated);
                         }
                         Err(e) => {
@@ -400,15 +409,21 @@ async fn connect_and_serve<S: AgentState>(
                 }
                 metrics.sent(kind);
             }
-            msg = inbound.message() => match msg? {
+            // Commands go to the executor as it makes room, never awaited here: the executor
+            // answers each through the outbox this loop drains, and a loop waiting for the
+            // executor while the executor waits for the outbox (filled by progress) stood
+            // still for good, heartbeats and all.
+            permit = commands.reserve(), if !waiting.is_empty() => match permit {
+                Ok(permit) => permit.send(waiting.pop_front().expect("not empty")),
+                // The agent's executor is gone: the agent is shutting down.
+                Err(_) => return Ok(()),
+            },
+            // Read on only while few commands wait: past that, HTTP/2 flow control holds
+            // the manager back.
+            msg = inbound.message(), if waiting.len() < WAITING_MAX => match msg? {
                 None => return Err(SessionError::Closed),
                 Some(m) => match m.kind {
-                    Some(ManagerKind::Command(cmd)) => {
-                        if commands.send(cmd).await.is_err() {
-                            // The agent's executor is gone: the agent is shutting down.
-                            return Ok(());
-                        }
-                    }
+                    Some(ManagerKind::Command(cmd)) => waiting.push_back(cmd),
                     Some(ManagerKind::Logs(request)) => match &config.logs {
                         Some(logs) => {
                             let _ = logs.send(LogsControl::Read(request)).await;
