@@ -71,7 +71,12 @@ impl Sqlite {
         let conn = Connection::open(&path).map_err(sql)?;
         // A manager that was just killed may still be releasing the file.
         conn.busy_timeout(Duration::from_secs(2)).map_err(sql)?;
-        // Read-only checks first: the pragmas below write (WAL mode is kept in the file's
+        // Exclusive locking before the first read, so that an existing store's WAL index is
+        // kept in this process's memory (no `-shm` file, which needs shared memory between
+        // processes that some filesystems lack). It writes nothing to the file.
+        conn.pragma_update(None, "locking_mode", "EXCLUSIVE")
+            .map_err(sql)?;
+        // Read-only checks next: the pragmas below write (WAL mode is kept in the file's
         // header), and a file that is refused must be left as it was found.
         let check: String = conn
             .query_row("PRAGMA quick_check", [], |r| r.get(0))
@@ -93,8 +98,6 @@ impl Sqlite {
                 "it is an SQLite database of another application (application_id {app:#x})"
             )));
         }
-        conn.pragma_update(None, "locking_mode", "EXCLUSIVE")
-            .map_err(sql)?;
         let mode: String = conn
             .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
             .map_err(sql)?;

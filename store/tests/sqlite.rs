@@ -525,3 +525,18 @@ fn a_store_of_the_first_schema_is_migrated_and_reads_as_before() {
         .unwrap();
     assert!(plan.contains("jobs_finished"), "{plan}");
 }
+
+/// A store reopened keeps its WAL index in the manager's memory, as when it was created: no
+/// `-shm` file beside it (shared memory between processes, which some filesystems a state
+/// directory may sit on lack). The read-only checks at open come after exclusive locking.
+#[test]
+fn a_reopened_store_keeps_no_shared_memory_file() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(Sqlite::open(dir.path()).unwrap());
+    let _again = Sqlite::open(dir.path()).unwrap();
+    let files: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!files.iter().any(|f| f.ends_with("-shm")), "{files:?}");
+}
