@@ -106,7 +106,7 @@ impl Core {
                 }
                 continue;
             };
-            let current = c.epoch == job.epoch && job.worker().is_some_and(|w| w == worker);
+            let current = job.is_current(worker, c.epoch);
             if !current || job.is_terminal() {
                 if c.running {
                     let why = if job.is_terminal() {
@@ -214,27 +214,11 @@ impl Core {
                 JobPhase::Migrating(Move {
                     phase: MovePhase::Saving { .. },
                     ..
-                }) => {
+                })
+                | JobPhase::Stopping { .. } => {
                     // Its container is gone (saved and reported, or its agent restarted):
-                    // nothing of it runs, so the move goes on from the checkpoint.
-                    self.migration_event(
-                        &id,
-                        worker,
-                        format!(
-                            "its container is gone from {worker}; restoring from its checkpoint"
-                        ),
-                        BTreeMap::new(),
-                    );
-                    self.after_save(&id);
-                }
-                JobPhase::Stopping { why, .. } => {
-                    // It was being stopped at convergence and its container is gone: it has
-                    // stopped, from its last checkpoint on.
-                    self.transition(
-                        &id,
-                        JobPhase::Completed,
-                        format!("{why}; its container is gone from {worker}, its checkpoint kept"),
-                    );
+                    // nothing of it runs.
+                    self.saving_ended(&id, worker, &format!("its container is gone from {worker}"));
                 }
                 _ => {
                     // Nothing of it runs here any more, and how it ended was not reported:
@@ -353,7 +337,7 @@ impl Core {
             let Some(j) = self.reported_job(worker, &s.job, s.epoch) else {
                 continue;
             };
-            if s.epoch != j.epoch || j.worker().is_none_or(|w| w != worker) {
+            if !j.is_current(worker, s.epoch) {
                 continue;
             }
             // The service it had since the last report, at the reference speed.
@@ -549,9 +533,7 @@ impl Core {
         // stopped the container, or with an error if there was none to stop (a job cancelled
         // while starting: the Started result that follows gets its container stopped,
         // `result` below).
-        if let Some(w) = self.workers.get_mut(worker)
-            && !w.stops_owed.is_empty()
-        {
+        if let Some(w) = self.workers.get_mut(worker) {
             w.stops_owed.retain(|o| o.command != r.command);
         }
         if !self.may_speak(worker, &r.job, r.epoch) {
@@ -576,8 +558,7 @@ impl Core {
         // the answer, its result would move the job onto it, or start a restore while the
         // real source still runs unsaved. Late answers to older commands fall through to
         // `other_result`, as before.
-        let current = r.epoch == job.epoch && job.worker().is_some_and(|w| w == worker);
-        if !current && job.phase.awaits(&r.command) {
+        if !job.is_current(worker, r.epoch) && job.phase.awaits(&r.command) {
             self.out.push(refused_speaker(
                 Refusal::ForeignJob,
                 worker,
@@ -658,9 +639,7 @@ impl Core {
     }
 
     pub(super) fn exited(&mut self, worker: &str, e: ContainerExited) {
-        if let Some(w) = self.workers.get_mut(worker)
-            && !w.stops_owed.is_empty()
-        {
+        if let Some(w) = self.workers.get_mut(worker) {
             w.stops_owed
                 .retain(|o| o.job != e.job || o.epoch != e.epoch);
         }
@@ -669,7 +648,7 @@ impl Core {
         }
         let job = &self.jobs[&e.job];
         // An older incarnation ended (superseded), or the job is over: nothing changes.
-        if job.is_terminal() || e.epoch != job.epoch || job.worker().is_none_or(|w| w != worker) {
+        if job.is_terminal() || !job.is_current(worker, e.epoch) {
             return;
         }
         let id = e.job.clone();
@@ -703,7 +682,11 @@ impl Core {
                 // reached it, or its agent restarted since (a new agent reports the exits it
                 // finds, asked for by no one). Either way no Saved result will say more, and
                 // nothing of it runs: the move goes on from its checkpoint, the stop ends.
-                self.saving_ended(&id, worker, e.exit_code);
+                let how = format!(
+                    "its container exited (code {}) on {worker} with no save reported",
+                    e.exit_code
+                );
+                self.saving_ended(&id, worker, &how);
             }
             // Otherwise the Saved result (which waits for this exit) drives the next step.
             return;
@@ -761,10 +744,9 @@ impl Core {
     }
 
     /// Job `id` was being saved (a move, or a stop at convergence) and its container has
-    /// exited with no Saved result to come: restore from its checkpoint, or complete.
-    fn saving_ended(&mut self, id: &str, worker: &str, exit_code: i32) {
-        let how =
-            format!("its container exited (code {exit_code}) on {worker} with no save reported");
+    /// ended with no Saved result to come (`how`, for its events): a move goes on from its
+    /// checkpoint, a stop has stopped from its last checkpoint on.
+    fn saving_ended(&mut self, id: &str, worker: &str, how: &str) {
         match self.jobs[id].phase.clone() {
             JobPhase::Migrating(_) => {
                 let reason = format!("{how}; restoring from its checkpoint");
@@ -812,7 +794,7 @@ fn refusal(job: Option<&Job>, worker: &str, epoch: u64) -> Option<Refusal> {
         // worker are in the job's record, where the list of incarnations is one more cache
         // miss per reported job (a tenth of the simulator's time at 10,000 workers;
         // `docs/performance.md`). The current incarnation is always in that list.
-        Some(j) if j.epoch == epoch && j.worker().is_some_and(|w| w == worker) => None,
+        Some(j) if j.is_current(worker, epoch) => None,
         Some(j) if j.ran_on(worker, epoch) => None,
         Some(_) => Some(Refusal::ForeignJob),
     }

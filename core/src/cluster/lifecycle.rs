@@ -470,6 +470,12 @@ impl Job {
         self.phase.worker()
     }
 
+    /// Whether incarnation `epoch` on `worker` is the job's current one: the one its phase
+    /// runs, starts or waits for there.
+    pub fn is_current(&self, worker: &str, epoch: u64) -> bool {
+        self.epoch == epoch && self.worker().is_some_and(|w| w == worker)
+    }
+
     /// Where the job is, for users: the worker of the current incarnation, or for a finished
     /// job, where its last incarnation ran (a pending job has none).
     pub fn shown_worker(&self) -> Option<&WorkerId> {
