@@ -500,6 +500,45 @@ impl Fixture {
         )
     }
 
+    /// w1's agent (conn 1) dies and a new one (conn 5, another instance) registers; the
+    /// container of `job`'s incarnation 1 exited meanwhile, at `step`, `done` or not. The new
+    /// agent lists it exited and reports the exit, which it did not ask for (as
+    /// `NodeCore::adopted` does for `Found::Exited`).
+    fn agent_restarted_after_its_exit(&mut self, job: &str, step: u64, done: bool) {
+        self.step(Input::Disconnected {
+            conn: 1,
+            reason: "agent crashed".into(),
+        });
+        self.step(Input::Connected {
+            conn: 5,
+            register: Register {
+                worker: "w1".into(),
+                cpu_capacity: 2.0,
+                instance_id: "w1-b".into(),
+                containers: vec![ContainerReport {
+                    job: job.into(),
+                    epoch: 1,
+                    container_id: format!("{job}-1"),
+                    running: false,
+                    last_step: Some(step),
+                }],
+                ..Register::default()
+            },
+        });
+        self.msg(
+            5,
+            AgentMessage::Exited(ContainerExited {
+                job: job.into(),
+                epoch: 1,
+                exit_code: 0,
+                done,
+                requested: false,
+                last_step: Some(step),
+                ..ContainerExited::default()
+            }),
+        );
+    }
+
     /// Two 2-core workers and job `a` (1 core) running on w1 (spread picks the first).
     fn running() -> Self {
         let mut f = Fixture::new("spread");
@@ -3532,38 +3571,7 @@ fn a_save_answered_by_a_past_incarnations_worker_starts_no_second_incarnation() 
 #[test]
 fn a_save_whose_container_exited_while_its_agent_restarted_goes_on_from_the_checkpoint() {
     let (mut f, _save) = Fixture::saving();
-    f.step(Input::Disconnected {
-        conn: 1,
-        reason: "agent crashed".into(),
-    });
-    f.step(Input::Connected {
-        conn: 5,
-        register: Register {
-            worker: "w1".into(),
-            cpu_capacity: 2.0,
-            instance_id: "w1-b".into(),
-            containers: vec![ContainerReport {
-                job: "a".into(),
-                epoch: 1,
-                container_id: "a-1".into(),
-                running: false,
-                last_step: Some(10),
-            }],
-            ..Register::default()
-        },
-    });
-    f.msg(
-        5,
-        AgentMessage::Exited(ContainerExited {
-            job: "a".into(),
-            epoch: 1,
-            exit_code: 0,
-            done: false,
-            requested: false,
-            last_step: Some(10),
-            ..ContainerExited::default()
-        }),
-    );
+    f.agent_restarted_after_its_exit("a", 10, false);
     for _ in 0..120 {
         f.heartbeat(5);
         f.heartbeat(2);
@@ -3623,38 +3631,7 @@ fn a_stop_at_convergence_whose_container_exited_while_its_agent_restarted_comple
         );
     }
     assert_eq!(f.state("a"), JobState::Stopping);
-    f.step(Input::Disconnected {
-        conn: 1,
-        reason: "agent crashed".into(),
-    });
-    f.step(Input::Connected {
-        conn: 5,
-        register: Register {
-            worker: "w1".into(),
-            cpu_capacity: 2.0,
-            instance_id: "w1-b".into(),
-            containers: vec![ContainerReport {
-                job: "a".into(),
-                epoch: 1,
-                container_id: "a-1".into(),
-                running: false,
-                last_step: Some(200),
-            }],
-            ..Register::default()
-        },
-    });
-    f.msg(
-        5,
-        AgentMessage::Exited(ContainerExited {
-            job: "a".into(),
-            epoch: 1,
-            exit_code: 0,
-            done: false,
-            requested: false,
-            last_step: Some(200),
-            ..ContainerExited::default()
-        }),
-    );
+    f.agent_restarted_after_its_exit("a", 200, false);
     for _ in 0..120 {
         f.heartbeat(5);
         f.advance(1.0);
@@ -3777,38 +3754,7 @@ fn an_answered_stop_is_owed_no_longer_even_when_it_found_no_container() {
 #[test]
 fn a_job_that_finished_while_being_saved_is_not_restored_after_its_agent_restarted() {
     let (mut f, _save) = Fixture::saving();
-    f.step(Input::Disconnected {
-        conn: 1,
-        reason: "agent crashed".into(),
-    });
-    f.step(Input::Connected {
-        conn: 5,
-        register: Register {
-            worker: "w1".into(),
-            cpu_capacity: 2.0,
-            instance_id: "w1-b".into(),
-            containers: vec![ContainerReport {
-                job: "a".into(),
-                epoch: 1,
-                container_id: "a-1".into(),
-                running: false,
-                last_step: Some(100),
-            }],
-            ..Register::default()
-        },
-    });
-    f.msg(
-        5,
-        AgentMessage::Exited(ContainerExited {
-            job: "a".into(),
-            epoch: 1,
-            exit_code: 0,
-            done: true,
-            requested: false,
-            last_step: Some(100),
-            ..ContainerExited::default()
-        }),
-    );
+    f.agent_restarted_after_its_exit("a", 100, true);
     let job = f.core.job("a").unwrap();
     assert_eq!(
         (job.state(), f.starts("a")),

@@ -421,14 +421,7 @@ fn self_fencing_after_the_cut_off() {
         matches!(e[0], NodeEffect::Fencing { containers: 1 }),
         "{e:?}"
     );
-    assert_eq!(
-        docker(&e),
-        vec![&DockerAction::Save {
-            command: None,
-            container_id: "c-a-1".into(),
-            deadline: 10.0,
-        }]
-    );
+    assert_eq!(docker(&e), vec![&fencing_save("c-a-1")]);
     assert_eq!(wake(&e), None, "fenced once per disconnection");
     assert!(docker(&core.step(80.0, NodeInput::Tick)).is_empty());
     // The exit is reported as requested (not a failure of the job).
@@ -610,6 +603,15 @@ fn stop(id: &str, job: &str, epoch: u64) -> Command {
     )
 }
 
+/// The Save self-fencing sends for `container` (no command: the manager is gone).
+fn fencing_save(container: &str) -> DockerAction {
+    DockerAction::Save {
+        command: None,
+        container_id: container.into(),
+        deadline: 10.0,
+    }
+}
+
 fn disconnect(core: &mut NodeCore, now: Time) -> Vec<NodeEffect> {
     core.step(
         now,
@@ -620,66 +622,46 @@ fn disconnect(core: &mut NodeCore, now: Time) -> Vec<NodeEffect> {
     )
 }
 
-/// A Stop that Docker refused leaves the container running: when the manager is then gone,
-/// self-fencing must checkpoint and stop it like any other (it was passed over as "asked to
-/// exit", and the manager restarts the job elsewhere: two incarnations).
+/// A Stop that Docker refused, or a Save that could not signal its container, leaves the
+/// container running: when the manager is then gone, self-fencing must checkpoint and stop it
+/// like any other (it was passed over as "asked to exit", and the manager restarts the job
+/// elsewhere: two incarnations).
 #[test]
-fn a_container_whose_stop_failed_is_still_fenced() {
-    let mut core = NodeCore::new(config(1.0), 0.0).unwrap();
-    connect(&mut core, 0.0, Mode::default());
-    run_job(&mut core, 1.0, "a", 1);
-    core.step(2.0, NodeInput::Command(stop("stop-a", "a", 1)));
-    // Docker refused the stop: the container still runs, and the manager is told so.
-    let e = core.step(
-        3.0,
-        NodeInput::Done {
-            command_id: "stop-a".into(),
-            outcome: Err("cannot stop the container: 500".into()),
-        },
-    );
-    assert!(
-        matches!(answers(&e)[..], [Answer::Result(r)] if !r.ok),
-        "{e:?}"
-    );
-    // Cut off: the manager restarts "a" elsewhere after its grace, so "a" must be fenced here.
-    disconnect(&mut core, 10.0);
-    let e = core.step(40.0, NodeInput::Tick);
-    assert_eq!(
-        docker(&e),
-        vec![&DockerAction::Save {
-            command: None,
-            container_id: "c-a-1".into(),
-            deadline: 10.0,
-        }],
-        "the still-running container of a failed Stop is not fenced: {e:?}"
-    );
-}
-
-/// The same for a Save that could not signal its container.
-#[test]
-fn a_container_whose_save_failed_is_still_fenced() {
-    let mut core = NodeCore::new(config(1.0), 0.0).unwrap();
-    connect(&mut core, 0.0, Mode::default());
-    run_job(&mut core, 1.0, "a", 1);
-    core.step(
-        2.0,
-        NodeInput::Command(cmd("save-a", "a", 1, Action::Save { deadline: None })),
-    );
-    core.step(
-        3.0,
-        NodeInput::Done {
-            command_id: "save-a".into(),
-            outcome: Err("cannot signal the container: 500".into()),
-        },
-    );
-    disconnect(&mut core, 10.0);
-    let e = core.step(40.0, NodeInput::Tick);
-    assert!(
-        docker(&e)
-            .iter()
-            .any(|d| matches!(d, DockerAction::Save { command: None, container_id, .. } if container_id == "c-a-1")),
-        "the still-running container of a failed Save is not fenced: {e:?}"
-    );
+fn a_container_whose_stop_or_save_failed_is_still_fenced() {
+    let failed = [
+        (stop("stop-a", "a", 1), "cannot stop the container: 500"),
+        (
+            cmd("save-a", "a", 1, Action::Save { deadline: None }),
+            "cannot signal the container: 500",
+        ),
+    ];
+    for (command, error) in failed {
+        let mut core = NodeCore::new(config(1.0), 0.0).unwrap();
+        connect(&mut core, 0.0, Mode::default());
+        run_job(&mut core, 1.0, "a", 1);
+        let id = command.id.clone();
+        core.step(2.0, NodeInput::Command(command));
+        // Docker refused: the container still runs, and the manager is told so.
+        let e = core.step(
+            3.0,
+            NodeInput::Done {
+                command_id: id.clone(),
+                outcome: Err(error.into()),
+            },
+        );
+        assert!(
+            matches!(answers(&e)[..], [Answer::Result(r)] if !r.ok),
+            "{id}: {e:?}"
+        );
+        // Cut off: the manager restarts "a" elsewhere after its grace, so "a" must be fenced.
+        disconnect(&mut core, 10.0);
+        let e = core.step(40.0, NodeInput::Tick);
+        assert_eq!(
+            docker(&e),
+            vec![&fencing_save("c-a-1")],
+            "{id}: the still-running container is not fenced: {e:?}"
+        );
+    }
 }
 
 /// A fencing Save that never ended (its failure is not reported back: it has no command) does
@@ -700,9 +682,7 @@ fn a_container_whose_fencing_save_never_finished_is_fenced_again() {
     disconnect(&mut core, 60.0);
     let e = core.step(90.0, NodeInput::Tick);
     assert!(
-        docker(&e)
-            .iter()
-            .any(|d| matches!(d, DockerAction::Save { command: None, container_id, .. } if container_id == "c-a-1")),
+        docker(&e).contains(&&fencing_save("c-a-1")),
         "second cut-off: the container that still runs is not fenced: {e:?}"
     );
 }
