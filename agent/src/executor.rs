@@ -16,9 +16,11 @@
 //!
 //! When a container dies, a finalizer task waits for its log follower to read the last lines,
 //! flushes progress (so the manager sees the `done` line first), reads the exit code and OOM
-//! flag, sends `ContainerExited`, removes the container (unless `--keep-exited`) and tells the
-//! core to forget it. The Docker container set is therefore the set of containers whose exit
-//! has not been reported yet, which is what makes re-adoption after a restart simple.
+//! flag, sends `ContainerExited`, and once the manager has acknowledged it removes the
+//! container (unless `--keep-exited`) and tells the core to forget it. The Docker container set
+//! is therefore the set of containers whose exit the manager may not have yet, which is what
+//! makes re-adoption after a restart simple: an agent that dies before the acknowledgement
+//! finds the container again and reports its exit.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -1307,8 +1309,6 @@ impl Executor {
         let internal = self.internal_tx.clone();
         let mut follower_done = io.follower_done.clone();
         let oom_event = io.oom;
-        let mut session = self.session.clone();
-        let heartbeat = self.cfg.heartbeat_interval;
         let kept = self.kept.clone();
         let name = crate::docker::container_name(&self.cfg.worker_id, &job_id, epoch);
         tokio::spawn(
@@ -1347,8 +1347,8 @@ impl Executor {
                 } else {
                     String::new()
                 };
-                outbox
-                    .send(Kind::Exited(pb::ContainerExited {
+                let delivered = outbox
+                    .send_confirmed(Kind::Exited(pb::ContainerExited {
                         job_id,
                         epoch,
                         container_id: id.clone(),
@@ -1360,6 +1360,11 @@ impl Executor {
                         stderr_tail,
                     }))
                     .await;
+                // Until the manager has it, registrations keep listing the container as
+                // exited (its view stays): a manager that registers us in between must not
+                // take a finished job for a lost one. The session sends it again on a new
+                // stream; an error means the session is gone (the agent is stopping).
+                let _ = delivered.await;
                 if remove {
                     // Docker's log goes with the container: keep its last lines for
                     // `convergectl logs` (a migrated job's earlier parts, a finished job).
@@ -1371,10 +1376,6 @@ impl Executor {
                         )
                         .await;
                 }
-                // Until the report has gone out on a live stream, registrations keep listing
-                // the container as exited: a manager that registers us in between must not
-                // take a finished job for a lost one.
-                wait_reported(&mut session, heartbeat).await;
                 let _ = internal.send(Internal::Finalized(id)).await;
             }
             .in_current_span(),
@@ -1521,24 +1522,6 @@ async fn watch_events(
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-        }
-    }
-}
-
-/// Returns once messages queued before the call have had time to go out on a stream that
-/// stayed up (connected, with no re-registration, for two heartbeat periods), or when the
-/// session is gone.
-async fn wait_reported(session: &mut watch::Receiver<SessionStatus>, heartbeat: Duration) {
-    let settle = (heartbeat * 2).max(Duration::from_millis(200));
-    loop {
-        if session.wait_for(|s| s.connected).await.is_err() {
-            return;
-        }
-        let registrations = session.borrow().registrations;
-        tokio::time::sleep(settle).await;
-        let s = session.borrow();
-        if s.connected && s.registrations == registrations {
-            return;
         }
     }
 }

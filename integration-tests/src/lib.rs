@@ -5,6 +5,8 @@
 //! running. Tests that need Docker or an image fail with a message saying how to get it; none
 //! skips silently.
 
+pub mod proxy;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
@@ -208,6 +210,37 @@ where
             bail!("timed out after {timeout:?} waiting for {what}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A raw agent stream, with no session (what the test sends is all that goes), registering
+/// as `worker` with one core: its sender (the stream ends when it drops), the manager's
+/// replies, and the manager's `Registered`.
+pub async fn raw_agent_stream(
+    endpoint: &str,
+    worker: &str,
+) -> Result<(
+    tokio::sync::mpsc::Sender<pb::AgentMessage>,
+    tonic::Streaming<pb::ManagerMessage>,
+    pb::Registered,
+)> {
+    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())?
+        .connect()
+        .await?;
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(pb::AgentMessage {
+        kind: Some(pb::agent_message::Kind::Register(ScriptedAgent::register(
+            worker, 1.0,
+        ))),
+    })
+    .await?;
+    let mut replies = pb::agent_service_client::AgentServiceClient::new(channel)
+        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    match replies.message().await?.and_then(|m| m.kind) {
+        Some(pb::manager_message::Kind::Registered(r)) => Ok((tx, replies, r)),
+        other => bail!("expected Registered, got {other:?}"),
     }
 }
 

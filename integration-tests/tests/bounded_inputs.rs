@@ -2,7 +2,7 @@
 //! environment value is refused by validation as `spec.env` (not by the decoder's size limit),
 //! and nothing is created.
 
-use converge_integration_tests::TestManager;
+use converge_integration_tests::{TestManager, raw_agent_stream};
 use converge_messenger::pb;
 use tonic::Code;
 
@@ -147,57 +147,11 @@ async fn a_job_id_that_is_not_a_uuid_is_invalid_and_an_unknown_one_not_found() -
     Ok(())
 }
 
-/// Opens an agent stream registering as `worker`; returns its sender (kept open) and replies.
-async fn agent_stream(
-    endpoint: &str,
-    worker: &str,
-) -> anyhow::Result<(
-    tokio::sync::mpsc::Sender<pb::AgentMessage>,
-    tonic::Streaming<pb::ManagerMessage>,
-)> {
-    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())?
-        .connect()
-        .await?;
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    tx.send(pb::AgentMessage {
-        kind: Some(pb::agent_message::Kind::Register(pb::Register {
-            worker_id: worker.into(),
-            cpu_capacity: 1.0,
-            instance_id: uuid_like(),
-            ..Default::default()
-        })),
-    })
-    .await?;
-    let mut replies = pb::agent_service_client::AgentServiceClient::new(channel)
-        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await?
-        .into_inner();
-    let first = replies.message().await?;
-    assert!(
-        matches!(
-            first.and_then(|m| m.kind),
-            Some(pb::manager_message::Kind::Registered(_))
-        ),
-        "registered"
-    );
-    Ok((tx, replies))
-}
-
-fn uuid_like() -> String {
-    format!(
-        "{:x}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newer_stream_of_a_worker_closes_the_older_one() -> anyhow::Result<()> {
     let manager = TestManager::start(|_| {}).await?;
-    let (old_tx, mut old) = agent_stream(&manager.endpoint(), "w1").await?;
-    let (new_tx, new) = agent_stream(&manager.endpoint(), "w1").await?;
+    let (old_tx, mut old, _) = raw_agent_stream(&manager.endpoint(), "w1").await?;
+    let (new_tx, new, _) = raw_agent_stream(&manager.endpoint(), "w1").await?;
     let ended = tokio::time::timeout(std::time::Duration::from_secs(10), old.message())
         .await?
         .expect_err("the old stream ends with a status");
@@ -223,8 +177,8 @@ async fn a_flooding_agent_is_read_no_faster_than_its_rate_and_others_get_through
         c.metrics_listen = Some(metrics);
     })
     .await?;
-    let (flood_tx, flood_replies) = agent_stream(&manager.endpoint(), "flood").await?;
-    let (quiet_tx, quiet_replies) = agent_stream(&manager.endpoint(), "quiet").await?;
+    let (flood_tx, flood_replies, _) = raw_agent_stream(&manager.endpoint(), "flood").await?;
+    let (quiet_tx, quiet_replies, _) = raw_agent_stream(&manager.endpoint(), "quiet").await?;
     let received = |text: &str, kind: &str| {
         converge_integration_tests::metric_value(
             text,

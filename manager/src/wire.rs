@@ -226,6 +226,8 @@ pub fn registered(r: core::Registered, manager_id: &str) -> pb::Registered {
             core::WorkerMode::Free => pb::WorkerMode::Free,
             core::WorkerMode::FlowCon => pb::WorkerMode::Flowcon,
         } as i32,
+        // The actor answers every heartbeat once what came before it is stored (`actor`).
+        acknowledges: true,
     }
 }
 

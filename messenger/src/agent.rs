@@ -5,6 +5,12 @@
 //! exits) and a `commands` sender it was given for what comes back. Each (re)connect asks the
 //! agent's [`AgentState`] for a fresh [`Register`] (the containers it runs *now*), so after a
 //! manager restart or a partition the manager reconciles from the truth, not from history.
+//!
+//! What the manager must not miss (command results, container exits) is kept after it is
+//! written until the manager acknowledges it (`Ack`, answering a heartbeat sent after it), and
+//! sent again first thing on the next stream if the stream broke before then: a message
+//! written to a stream is not a message received, and HTTP/2's buffers, or a manager that
+//! stopped before storing it, lose it with the stream.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -16,7 +22,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use rand::SeedableRng;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, warn};
@@ -68,6 +74,8 @@ pub struct SessionMetrics {
     sent: Family<KindLabel, Counter>,
     registrations: Counter,
     disconnects: Counter,
+    resent: Counter,
+    unacknowledged_dropped: Counter,
 }
 
 /// A message kind, as a label.
@@ -93,6 +101,16 @@ impl SessionMetrics {
             "disconnects",
             "Streams to the manager that ended or could not be set up, before a retry",
             self.disconnects.clone(),
+        );
+        registry.register(
+            "messages_resent",
+            "Results and exits sent again on a new stream: the stream they were written to broke before the manager acknowledged them",
+            self.resent.clone(),
+        );
+        registry.register(
+            "unacknowledged_dropped",
+            "Results and exits given up unacknowledged, the oldest first, because more than 4,096 waited for an acknowledgement",
+            self.unacknowledged_dropped.clone(),
         );
     }
 
@@ -177,20 +195,103 @@ pub struct SessionStatus {
 /// The agent's handle for sending to the manager; messages wait here while disconnected.
 #[derive(Clone, Debug)]
 pub struct Outbox {
-    tx: mpsc::Sender<AgentMessage>,
+    tx: mpsc::Sender<Outgoing>,
+}
+
+/// A message for the manager, and whom to tell once the manager has it.
+#[derive(Debug)]
+struct Outgoing {
+    message: AgentMessage,
+    delivered: Option<oneshot::Sender<()>>,
 }
 
 impl Outbox {
-    /// Queues a message that must not be lost (results, exits); waits for room.
+    /// Queues a message that must not be lost (results, exits); waits for room. Results and
+    /// exits are kept until the manager acknowledges them, and sent again after a reconnect
+    /// (module doc).
     pub async fn send(&self, kind: AgentKind) {
         // The receiver lives as long as the session; after shutdown nothing is delivered anyway.
-        let _ = self.tx.send(AgentMessage { kind: Some(kind) }).await;
+        let _ = self.tx.send(Outgoing::new(kind, None)).await;
+    }
+
+    /// Queues a message as [`Outbox::send`] does, and returns what resolves once the manager
+    /// has acknowledged it (or, from a manager that does not acknowledge, once its stream has
+    /// stayed up for two heartbeats after it). It fails only when the session has ended.
+    pub async fn send_confirmed(&self, kind: AgentKind) -> oneshot::Receiver<()> {
+        let (tx, rx) = oneshot::channel();
+        let _ = self.tx.send(Outgoing::new(kind, Some(tx))).await;
+        rx
     }
 
     /// Queues a message that may be dropped when the queue is full (progress and usage are
     /// superseded by the next batch); returns false when it was dropped.
     pub fn try_send(&self, kind: AgentKind) -> bool {
-        self.tx.try_send(AgentMessage { kind: Some(kind) }).is_ok()
+        self.tx.try_send(Outgoing::new(kind, None)).is_ok()
+    }
+}
+
+impl Outgoing {
+    fn new(kind: AgentKind, delivered: Option<oneshot::Sender<()>>) -> Self {
+        Self {
+            message: AgentMessage { kind: Some(kind) },
+            delivered,
+        }
+    }
+
+    /// Whether the manager must get it even if the stream it is written to breaks: a lost
+    /// result or exit leaves the manager waiting for an answer, or restarting a job that had
+    /// finished.
+    fn must_arrive(&self) -> bool {
+        self.delivered.is_some()
+            || matches!(
+                self.message.kind,
+                Some(AgentKind::Result(_) | AgentKind::Exited(_))
+            )
+    }
+}
+
+/// Results and exits written to a stream and not yet acknowledged, oldest first.
+#[derive(Debug, Default)]
+struct Unacknowledged {
+    waiting: VecDeque<Written>,
+}
+
+/// One message in [`Unacknowledged`].
+#[derive(Debug)]
+struct Written {
+    message: AgentMessage,
+    /// The sequence number of the last heartbeat written before it: an ack of any later
+    /// heartbeat covers it.
+    after: u64,
+    delivered: Option<oneshot::Sender<()>>,
+}
+
+/// Unacknowledged messages kept, at most: past it the oldest is given up (and counted), so
+/// that a manager that stopped acknowledging cannot make the agent grow without end.
+const UNACKNOWLEDGED_MAX: usize = 4096;
+
+impl Unacknowledged {
+    /// Keeps a message just written after heartbeat `after`.
+    fn keep(&mut self, out: Outgoing, after: u64, metrics: &SessionMetrics) {
+        if self.waiting.len() == UNACKNOWLEDGED_MAX {
+            self.waiting.pop_front();
+            metrics.unacknowledged_dropped.inc();
+        }
+        self.waiting.push_back(Written {
+            message: out.message,
+            after,
+            delivered: out.delivered,
+        });
+    }
+
+    /// The manager has everything written before heartbeat `seq`.
+    fn acknowledged(&mut self, seq: u64) {
+        // In the order written, so `after` never decreases.
+        while self.waiting.front().is_some_and(|w| w.after < seq) {
+            if let Some(tx) = self.waiting.pop_front().and_then(|w| w.delivered) {
+                let _ = tx.send(());
+            }
+        }
     }
 }
 
@@ -223,21 +324,23 @@ async fn run<S: AgentState>(
     mut config: SessionConfig,
     state: Arc<S>,
     commands: mpsc::Sender<Command>,
-    mut outbox: mpsc::Receiver<AgentMessage>,
+    mut outbox: mpsc::Receiver<Outgoing>,
     status: watch::Sender<SessionStatus>,
     shutdown: CancellationToken,
 ) {
     let mut rng = rand::rngs::StdRng::from_os_rng();
     let mut seq = 0u64;
-    // A message taken from the outbox when the stream broke is sent first after reconnecting.
-    let mut carry: Option<AgentMessage> = None;
+    // A message taken from the outbox when the stream broke is sent first after reconnecting
+    // (after the unacknowledged ones, written before it was taken).
+    let mut carry: Option<Outgoing> = None;
+    let mut unacknowledged = Unacknowledged::default();
     // Commands read from the manager that the executor has not taken yet: kept across
     // reconnects, handed over as the executor makes room (`connect_and_serve`).
     let mut waiting: VecDeque<Command> = VecDeque::new();
     loop {
         let result = tokio::select! {
             _ = shutdown.cancelled() => return,
-            r = connect_and_serve(&config, &*state, &commands, &mut waiting, &mut outbox, &status, &mut seq, &mut carry, &shutdown) => r,
+            r = connect_and_serve(&config, &*state, &commands, &mut waiting, &mut outbox, &status, &mut seq, &mut carry, &mut unacknowledged, &shutdown) => r,
         };
         if shutdown.is_cancelled() {
             return;
@@ -286,12 +389,15 @@ async fn close_gently(
     tx: mpsc::Sender<AgentMessage>,
     inbound: &mut tonic::Streaming<crate::pb::ManagerMessage>,
     waiting: &mut VecDeque<Command>,
+    unacknowledged: &mut Unacknowledged,
 ) {
     drop(tx);
     let _ = tokio::time::timeout(CLOSE_WAIT, async {
         while let Ok(Some(m)) = inbound.message().await {
-            if let Some(ManagerKind::Command(cmd)) = m.kind {
-                waiting.push_back(cmd);
+            match m.kind {
+                Some(ManagerKind::Command(cmd)) => waiting.push_back(cmd),
+                Some(ManagerKind::Ack(ack)) => unacknowledged.acknowledged(ack.heartbeat_seq),
+                _ => {}
             }
         }
     })
@@ -304,10 +410,11 @@ async fn connect_and_serve<S: AgentState>(
     state: &S,
     commands: &mpsc::Sender<Command>,
     waiting: &mut VecDeque<Command>,
-    outbox: &mut mpsc::Receiver<AgentMessage>,
+    outbox: &mut mpsc::Receiver<Outgoing>,
     status: &watch::Sender<SessionStatus>,
     seq: &mut u64,
-    carry: &mut Option<AgentMessage>,
+    carry: &mut Option<Outgoing>,
+    unacknowledged: &mut Unacknowledged,
     shutdown: &CancellationToken,
 ) -> Result<(), SessionError> {
     let endpoint = tonic::transport::Endpoint::from_shared(config.manager_endpoint.clone())
@@ -351,6 +458,7 @@ async fn connect_and_serve<S: AgentState>(
         },
     };
     info!(%worker, containers, manager = %registered.manager_id, policy = %registered.policy, "registered with manager");
+    let acknowledges = registered.acknowledges;
     let metrics = &config.metrics;
     metrics.registrations.inc();
     metrics.sent(Some("register"));
@@ -361,13 +469,23 @@ async fn connect_and_serve<S: AgentState>(
         s.last_error = None;
     });
 
-    if let Some(msg) = carry.take() {
-        let kind = msg.kind.as_ref().map(AgentKind::name);
-        if let Err(e) = tx.send(msg).await {
-            *carry = Some(e.0);
+    // What the last stream may have lost, in the order it was written, before anything
+    // newer: the manager takes a repeated one as the late duplicate it is.
+    for w in unacknowledged.waiting.iter_mut() {
+        if tx.send(w.message.clone()).await.is_err() {
             return Err(SessionError::Closed);
         }
-        metrics.sent(kind);
+        w.after = *seq;
+        metrics.resent.inc();
+    }
+    if !unacknowledged.waiting.is_empty() {
+        info!(
+            messages = unacknowledged.waiting.len(),
+            "sent again what the manager had not acknowledged"
+        );
+    }
+    if let Some(out) = carry.take() {
+        write(&tx, out, *seq, unacknowledged, carry, metrics).await?;
     }
     let mut heartbeat = tokio::time::interval(config.heartbeat_interval);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -383,7 +501,7 @@ async fn connect_and_serve<S: AgentState>(
                         Ok(_) => {
                             // Running containers are not touched: the next Register lists them.
                             info!("certificate files changed: reconnecting with them");
-                            close_gently(tx, &mut inbound, waiting).await;
+                            close_gently(tx, &mut inbound, waiting, unacknowledged).await;
                             return Err(SessionError::Rotated);
                         }
                         Err(e) => {
@@ -393,6 +511,11 @@ async fn connect_and_serve<S: AgentState>(
                     }
                 }
                 *seq += 1;
+                if !acknowledges {
+                    // An older manager: a stream that stayed up for two heartbeats after a
+                    // message is taken to have delivered it.
+                    unacknowledged.acknowledged(seq.saturating_sub(2));
+                }
                 let mut hb = state.heartbeat();
                 hb.seq = *seq;
                 hb.unix_ms = crate::unix_ms(SystemTime::now());
@@ -401,14 +524,7 @@ async fn connect_and_serve<S: AgentState>(
                 }
                 metrics.sent(Some("heartbeat"));
             }
-            Some(msg) = outbox.recv() => {
-                let kind = msg.kind.as_ref().map(AgentKind::name);
-                if let Err(e) = tx.send(msg).await {
-                    *carry = Some(e.0);
-                    return Err(SessionError::Closed);
-                }
-                metrics.sent(kind);
-            }
+            Some(out) = outbox.recv() => write(&tx, out, *seq, unacknowledged, carry, metrics).await?,
             // Commands go to the executor as it makes room, never awaited here: the executor
             // answers each through the outbox this loop drains, and a loop waiting for the
             // executor while the executor waits for the outbox (filled by progress) stood
@@ -445,10 +561,39 @@ async fn connect_and_serve<S: AgentState>(
                             let _ = logs.send(LogsControl::Cancel(c.request_id)).await;
                         }
                     }
+                    Some(ManagerKind::Ack(ack)) => unacknowledged.acknowledged(ack.heartbeat_seq),
                     Some(ManagerKind::Registered(_)) => debug!("ignoring a repeated Registered"),
                     None => debug!("ignoring an empty or newer manager message"),
                 },
             },
         }
     }
+}
+
+/// Writes one message to the stream, after heartbeat `seq`; one the manager must get is kept
+/// until acknowledged. A message the stream would not take is kept in `carry` for the next.
+async fn write(
+    tx: &mpsc::Sender<AgentMessage>,
+    out: Outgoing,
+    seq: u64,
+    unacknowledged: &mut Unacknowledged,
+    carry: &mut Option<Outgoing>,
+    metrics: &SessionMetrics,
+) -> Result<(), SessionError> {
+    let kind = out.message.kind.as_ref().map(AgentKind::name);
+    if out.must_arrive() {
+        if tx.send(out.message.clone()).await.is_err() {
+            *carry = Some(out);
+            return Err(SessionError::Closed);
+        }
+        unacknowledged.keep(out, seq, metrics);
+    } else if let Err(e) = tx.send(out.message).await {
+        *carry = Some(Outgoing {
+            message: e.0,
+            delivered: None,
+        });
+        return Err(SessionError::Closed);
+    }
+    metrics.sent(kind);
+    Ok(())
 }

@@ -3790,3 +3790,56 @@ fn a_container_that_died_before_its_save_arrived_is_restored_not_taken_to_run_on
         Some("w2")
     );
 }
+
+/// An agent sends again, on its next stream, every result and exit its manager had not
+/// acknowledged (`messenger::agent`), and some of them the core has already taken: they are
+/// late duplicates. A move's Saved result, its source's exit and its restore's Started result,
+/// each taken twice, the second time after a reconnect: nothing is refused, no second restore
+/// is sent, and the job runs where it was restored; a finished job's repeated exit leaves it
+/// completed.
+#[test]
+fn results_and_exits_sent_again_after_a_reconnect_are_taken_as_duplicates() {
+    let (mut f, start) = Fixture::restoring();
+    let save = f
+        .effects
+        .iter()
+        .rev()
+        .find_map(|e| match e {
+            Effect::Send { command, .. } if command.action.name() == "save" => {
+                Some(command.clone())
+            }
+            _ => None,
+        })
+        .expect("the move's save");
+    f.exited(1, "a", 1, 0, true);
+    f.ok(2, &start, Fixture::started(2));
+    assert_eq!((f.state("a"), f.epoch("a")), (JobState::Running, 2));
+    let starts = f.starts("a");
+    // w1 and w2 reconnect, and send again what they had not seen acknowledged.
+    let mut out = f.reregister(3, "w1", 2.0, &[]);
+    out.extend(f.ok(3, &save, Fixture::saved()));
+    out.extend(f.exited(3, "a", 1, 0, true));
+    out.extend(f.reregister(4, "w2", 2.0, &[("a", 2, 0)]));
+    out.extend(f.ok(4, &start, Fixture::started(2)));
+    let refused = out
+        .iter()
+        .filter(|e| matches!(e, Effect::Refused { .. }))
+        .count();
+    assert_eq!(refused, 0, "a duplicate was refused: {out:?}");
+    assert_eq!(
+        f.starts("a"),
+        starts,
+        "a duplicate started it again: {out:?}"
+    );
+    assert_eq!(
+        (f.state("a"), f.epoch("a")),
+        (JobState::Running, 2),
+        "{out:?}"
+    );
+    // It finishes; its exit comes twice.
+    f.exited(4, "a", 2, 0, false);
+    assert_eq!(f.state("a"), JobState::Completed);
+    let out = f.exited(4, "a", 2, 0, false);
+    assert_eq!(f.state("a"), JobState::Completed, "{out:?}");
+    assert_eq!(f.starts("a"), starts);
+}

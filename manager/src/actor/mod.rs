@@ -17,6 +17,11 @@
 //! commit: one write per batch, not per request). A batch with no outward effect (most progress
 //! and heartbeats) is written with the next, or within [`FLUSH_EVERY`]. A store that fails stops
 //! the manager: it would otherwise act on decisions it could not keep.
+//!
+//! Every heartbeat is answered with an `Ack` of its sequence number once the batch it came in
+//! is stored (at once without a store): the agent keeps each result and exit until an ack
+//! covers it, and sends the uncovered ones again after a reconnect. An ack is the promise that
+//! what the agent said before that heartbeat survives a broken stream and a manager restart.
 
 mod logs;
 mod specs;
@@ -158,6 +163,10 @@ pub struct Actor {
     held: Vec<Held>,
     /// Answers to the batch's requests, waiting for the store.
     answers: Vec<Answer>,
+    /// Heartbeats taken (stream, sequence number), waiting for the store to be acknowledged.
+    acks_waiting: Vec<(ConnectionId, u64)>,
+    /// Heartbeats whose batch is stored: acknowledged at the end of the flush.
+    acks_due: Vec<(ConnectionId, u64)>,
     /// Open `JobLogs` readers.
     logs: logs::Readers,
     /// How long the store keeps finished jobs, and when it is next pruned of older ones.
@@ -274,6 +283,8 @@ impl Actor {
             failed: None,
             held: Vec::new(),
             answers: Vec::new(),
+            acks_waiting: Vec::new(),
+            acks_due: Vec::new(),
             logs: logs::Readers::default(),
             retention: config.finished_retention,
             prune_due: Instant::now(),
@@ -389,6 +400,9 @@ impl Actor {
             if let Some(e) = &self.failed {
                 let why = e.to_string();
                 self.held.clear();
+                // Not stored: not acknowledged (the agents send it again to the next manager).
+                self.acks_waiting.clear();
+                self.acks_due.clear();
                 for answer in self.answers.drain(..) {
                     answer(Some(&why));
                 }
@@ -399,6 +413,28 @@ impl Actor {
             }
             for answer in std::mem::take(&mut self.answers) {
                 answer(None);
+            }
+            self.acknowledge();
+        }
+    }
+
+    /// Acknowledges the heartbeats whose batch is stored (module doc). An ack that finds its
+    /// stream gone is a disconnect, one more step for the flush to carry out.
+    fn acknowledge(&mut self) {
+        if self.store.is_none() {
+            self.acks_due.append(&mut self.acks_waiting);
+        }
+        for (conn, heartbeat_seq) in std::mem::take(&mut self.acks_due) {
+            // A stream closed or replaced since: its agent sends again what it is not sure of.
+            let Some(link) = self.links.get(&conn) else {
+                continue;
+            };
+            if link
+                .send(ManagerKind::Ack(pb::Ack { heartbeat_seq }))
+                .is_err()
+            {
+                let input = self.lost_link(conn);
+                let _ = self.step(input);
             }
         }
     }
@@ -588,6 +624,7 @@ impl Actor {
         match result {
             // Stored: finished jobs beyond what is kept leave memory, the store answers for them.
             Ok(()) => {
+                self.acks_due.append(&mut self.acks_waiting);
                 let archived = self.core.archive();
                 self.metrics.archived(archived.len());
                 for id in archived {
@@ -985,8 +1022,16 @@ impl Actor {
             }
             StreamEvent::Message { conn, kind } => {
                 self.metrics.received(kind.name());
+                let heartbeat = match &kind {
+                    pb::agent_message::Kind::Heartbeat(hb) => Some(hb.seq),
+                    _ => None,
+                };
                 if let Some(message) = wire::agent_message(kind) {
                     let _ = self.step(Input::Agent { conn, message });
+                }
+                // Everything before it on this stream has been taken, in order.
+                if let Some(seq) = heartbeat {
+                    self.acks_waiting.push((conn, seq));
                 }
             }
             StreamEvent::Disconnected { conn, reason } => {
