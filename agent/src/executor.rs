@@ -1363,9 +1363,10 @@ impl Executor {
                 // Until the manager has it, registrations keep listing the container as
                 // exited (its view stays): a manager that registers us in between must not
                 // take a finished job for a lost one. The session sends it again on a new
-                // stream; an error means the session is gone (the agent is stopping).
-                let _ = delivered.await;
-                if remove {
+                // stream. An error means the session is gone (the agent is stopping): the
+                // container stays, so the next agent finds it and reports its exit.
+                let delivered = delivered.await.is_ok();
+                if remove && delivered {
                     // Docker's log goes with the container: keep its last lines for
                     // `convergectl logs` (a migrated job's earlier parts, a finished job).
                     kept.keep(&name, last);

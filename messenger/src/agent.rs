@@ -109,7 +109,7 @@ impl SessionMetrics {
         );
         registry.register(
             "unacknowledged_dropped",
-            "Results and exits given up unacknowledged, the oldest first, because more than 4,096 waited for an acknowledgement",
+            "Command results given up unacknowledged, the oldest first, past 4,096 messages waiting for an acknowledgement (exits never are)",
             self.unacknowledged_dropped.clone(),
         );
     }
@@ -266,16 +266,25 @@ struct Written {
     delivered: Option<oneshot::Sender<()>>,
 }
 
-/// Unacknowledged messages kept, at most: past it the oldest is given up (and counted), so
+/// Unacknowledged messages kept before results are given up, oldest first (and counted), so
 /// that a manager that stopped acknowledging cannot make the agent grow without end.
 const UNACKNOWLEDGED_MAX: usize = 4096;
 
 impl Unacknowledged {
     /// Keeps a message just written after heartbeat `after`.
     fn keep(&mut self, out: Outgoing, after: u64, metrics: &SessionMetrics) {
-        if self.waiting.len() == UNACKNOWLEDGED_MAX {
-            self.waiting.pop_front();
-            metrics.unacknowledged_dropped.inc();
+        if self.waiting.len() >= UNACKNOWLEDGED_MAX {
+            // Only a result with nobody waiting for it may go: the manager recovers a lost
+            // result by sending its command again (reconcile), which the agent answers from
+            // its cache. An exit is never given up: there is one per container, whose
+            // removal waits for it, and nothing else would tell the manager the job ended.
+            let result = self.waiting.iter().position(|w| {
+                w.delivered.is_none() && matches!(w.message.kind, Some(AgentKind::Result(_)))
+            });
+            if let Some(i) = result {
+                self.waiting.remove(i);
+                metrics.unacknowledged_dropped.inc();
+            }
         }
         self.waiting.push_back(Written {
             message: out.message,

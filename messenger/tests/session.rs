@@ -339,3 +339,37 @@ async fn a_manager_that_does_not_acknowledge_has_messages_confirmed_by_a_stream_
         .expect("the session is gone");
     shutdown.cancel();
 }
+
+/// A manager that says it acknowledges and never does, while more results than the session
+/// keeps (4,096) pile up: results with nobody waiting are given up, oldest first, but one whose
+/// delivery something waits for (an exit: the agent removes its container after) is kept, and
+/// its confirmation neither resolves nor fails while the session runs. It used to fail, which
+/// the executor takes for "the agent is stopping": it would have removed a container whose
+/// exit no manager had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmation_is_kept_while_results_pile_up_unacknowledged() {
+    let (fake, mut rx) = Fake::new(Script::Acknowledge { from: usize::MAX });
+    let endpoint = serve(fake).await;
+    let shutdown = CancellationToken::new();
+    let (cmd_tx, _cmd_rx) = mpsc::channel::<pb::Command>(16);
+    let (outbox, status, task) =
+        Session::spawn(config(endpoint), Arc::new(State), cmd_tx, shutdown.clone());
+    let mut first = outbox.send_confirmed(result("r0")).await;
+    // Past 4,096: the session gives up the oldest result it may when it keeps r4096, before
+    // it writes r4097, so once the last has arrived the choice has been made.
+    const MORE: usize = 4100;
+    for i in 1..=MORE {
+        outbox.send(result(&format!("r{i}"))).await;
+    }
+    let last = format!("r{MORE}");
+    while result_id(&next(&mut rx).await.1) != Some(last.as_str()) {}
+    assert!(!task.is_finished() && status.borrow().connected);
+    match first.try_recv() {
+        Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {}
+        Ok(()) => panic!("r0 confirmed although nothing was acknowledged"),
+        Err(tokio::sync::oneshot::error::TryRecvError::Closed) => {
+            panic!("r0's confirmation failed while the session runs, with no acknowledgement")
+        }
+    }
+    shutdown.cancel();
+}

@@ -541,7 +541,12 @@ impl Core {
         }
         let job = &self.jobs[&r.job];
         if job.is_terminal() {
-            if r.ok && matches!(r.detail, ResultDetail::Started { .. }) {
+            // The Start of this very container was taken before the job ended: this is the
+            // same result again (an agent sends again what its manager had not acknowledged
+            // when the stream broke), and the container's exit is known or on its way.
+            let taken = matches!(&r.detail, ResultDetail::Started { container_id }
+                if r.epoch == job.epoch && !container_id.is_empty() && *container_id == job.container_id);
+            if r.ok && matches!(r.detail, ResultDetail::Started { .. }) && !taken {
                 // Ended while its Start was under way (cancelled while starting): the agent
                 // found no container to stop then, and has started one now. Stop it, or it
                 // trains on for a job every API calls ended.

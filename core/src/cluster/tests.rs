@@ -3843,3 +3843,49 @@ fn results_and_exits_sent_again_after_a_reconnect_are_taken_as_duplicates() {
     assert_eq!(f.state("a"), JobState::Completed, "{out:?}");
     assert_eq!(f.starts("a"), starts);
 }
+
+/// A job that failed at once: its Started result and its exit went out on one stream, and
+/// neither was acknowledged when it broke. The agent sends both again after its next Register,
+/// in the order written. The repeated Started result found the job Failed and was taken for
+/// one of a job cancelled while starting: a Stop went out for an incarnation whose exit the
+/// core already had.
+#[test]
+fn a_started_result_sent_again_for_a_job_that_ended_since_sends_no_stop() {
+    let mut f = Fixture::new("spread");
+    f.register(1, "w1", 2.0);
+    let out = f.submit("a", 1.0);
+    let (conn, start) = Fixture::sent(&out, "a", "start").expect("placed");
+    assert_eq!(conn, 1);
+    f.ok(1, &start, Fixture::started(1));
+    f.exited(1, "a", 1, 1, false);
+    assert_eq!(f.state("a"), JobState::Failed);
+    // The stream breaks; w1 registers again (its container listed, exited: not yet
+    // acknowledged) and sends again what was not acknowledged.
+    let mut out = f.step(Input::Disconnected {
+        conn: 1,
+        reason: "stream broke".into(),
+    });
+    out.extend(f.step(Input::Connected {
+        conn: 3,
+        register: Register {
+            worker: "w1".into(),
+            cpu_capacity: 2.0,
+            instance_id: "w1-a".into(),
+            containers: vec![ContainerReport {
+                job: "a".into(),
+                epoch: 1,
+                container_id: "a-1".into(),
+                running: false,
+                last_step: None,
+            }],
+            ..Register::default()
+        },
+    }));
+    out.extend(f.ok(3, &start, Fixture::started(1)));
+    out.extend(f.exited(3, "a", 1, 1, false));
+    assert_eq!(f.state("a"), JobState::Failed);
+    assert!(
+        Fixture::sent(&out, "a", "stop").is_none(),
+        "a repeated Started result of a job that had already ended sent a Stop: {out:?}"
+    );
+}
