@@ -21,7 +21,9 @@
 //! Every heartbeat is answered with an `Ack` of its sequence number once the batch it came in
 //! is stored (at once without a store): the agent keeps each result and exit until an ack
 //! covers it, and sends the uncovered ones again after a reconnect. An ack is the promise that
-//! what the agent said before that heartbeat survives a broken stream and a manager restart.
+//! the results and exits the agent sent before that heartbeat survive a broken stream and a
+//! manager restart (what they changed is stored; progress, written a share at a time as
+//! above, is not part of the promise).
 
 mod logs;
 mod specs;
