@@ -95,12 +95,13 @@ async fn an_exit_lost_with_its_stream_is_sent_again_and_the_job_completes() -> a
     Ok(())
 }
 
-/// The manager says at registration that it acknowledges, and answers a heartbeat with an ack
-/// of its number once what came before it is stored (here in a real SQLite store). A manager
-/// that did not would leave its agents re-sending everything after every reconnect, and
-/// waiting to remove exited containers.
+/// The manager says at registration that it acknowledges, and answers each heartbeat with an
+/// ack of its number, through its store's commit path (a real SQLite store). That the ack
+/// waits for the commit is not observable from here. A manager that did not acknowledge
+/// would leave its agents re-sending everything after every reconnect, and waiting to remove
+/// exited containers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_manager_acknowledges_each_heartbeat_once_stored() -> anyhow::Result<()> {
+async fn the_manager_acknowledges_each_heartbeat() -> anyhow::Result<()> {
     let state = converge_integration_tests::tempfile_dir("acks")?;
     let dir = state.path().to_path_buf();
     let manager = TestManager::start(move |c| c.state_dir = Some(dir)).await?;

@@ -272,7 +272,13 @@ const UNACKNOWLEDGED_MAX: usize = 4096;
 
 impl Unacknowledged {
     /// Keeps a message just written after heartbeat `after`.
-    fn keep(&mut self, out: Outgoing, after: u64, metrics: &SessionMetrics) {
+    fn keep(
+        &mut self,
+        message: AgentMessage,
+        delivered: Option<oneshot::Sender<()>>,
+        after: u64,
+        metrics: &SessionMetrics,
+    ) {
         if self.waiting.len() >= UNACKNOWLEDGED_MAX {
             // Only a result with nobody waiting for it may go: the manager recovers a lost
             // result by sending its command again (reconcile), which the agent answers from
@@ -287,9 +293,9 @@ impl Unacknowledged {
             }
         }
         self.waiting.push_back(Written {
-            message: out.message,
+            message,
             after,
-            delivered: out.delivered,
+            delivered,
         });
     }
 
@@ -590,18 +596,16 @@ async fn write(
     metrics: &SessionMetrics,
 ) -> Result<(), SessionError> {
     let kind = out.message.kind.as_ref().map(AgentKind::name);
-    if out.must_arrive() {
-        if tx.send(out.message.clone()).await.is_err() {
-            *carry = Some(out);
-            return Err(SessionError::Closed);
-        }
-        unacknowledged.keep(out, seq, metrics);
-    } else if let Err(e) = tx.send(out.message).await {
+    let kept = out.must_arrive().then(|| out.message.clone());
+    if let Err(e) = tx.send(out.message).await {
         *carry = Some(Outgoing {
             message: e.0,
-            delivered: None,
+            delivered: out.delivered,
         });
         return Err(SessionError::Closed);
+    }
+    if let Some(message) = kept {
+        unacknowledged.keep(message, out.delivered, seq, metrics);
     }
     metrics.sent(kind);
     Ok(())

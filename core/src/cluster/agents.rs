@@ -544,9 +544,11 @@ impl Core {
             // The Start of this very container was taken before the job ended: this is the
             // same result again (an agent sends again what its manager had not acknowledged
             // when the stream broke), and the container's exit is known or on its way.
-            let taken = matches!(&r.detail, ResultDetail::Started { container_id }
-                if r.epoch == job.epoch && !container_id.is_empty() && *container_id == job.container_id);
-            if r.ok && matches!(r.detail, ResultDetail::Started { .. }) && !taken {
+            if let (true, ResultDetail::Started { container_id }) = (r.ok, &r.detail)
+                && !(r.epoch == job.epoch
+                    && !container_id.is_empty()
+                    && *container_id == job.container_id)
+            {
                 // Ended while its Start was under way (cancelled while starting): the agent
                 // found no container to stop then, and has started one now. Stop it, or it
                 // trains on for a job every API calls ended.

@@ -3800,17 +3800,7 @@ fn a_container_that_died_before_its_save_arrived_is_restored_not_taken_to_run_on
 #[test]
 fn results_and_exits_sent_again_after_a_reconnect_are_taken_as_duplicates() {
     let (mut f, start) = Fixture::restoring();
-    let save = f
-        .effects
-        .iter()
-        .rev()
-        .find_map(|e| match e {
-            Effect::Send { command, .. } if command.action.name() == "save" => {
-                Some(command.clone())
-            }
-            _ => None,
-        })
-        .expect("the move's save");
+    let (_, save) = Fixture::sent(&f.effects, "a", "save").expect("the move's save");
     f.exited(1, "a", 1, 0, true);
     f.ok(2, &start, Fixture::started(2));
     assert_eq!((f.state("a"), f.epoch("a")), (JobState::Running, 2));
