@@ -118,6 +118,31 @@ pub fn one_core_spec() -> pb::JobSpec {
     }
 }
 
+/// The low-value job of the value-preemption scenario (`value_docker.rs`, `durable_docker.rs`,
+/// and the core's `a_high_value_arrival_pauses_the_low_value_job_which_resumes_after`):
+/// ~4000 steps of mlp-digits size 8 (~3 ms each: 12-15 s alone on an idle machine, up to twice
+/// that on a loaded CI runner), estimated at 40 s; worth 10 at its release, falling linearly to
+/// 0 at 100 s.
+///
+/// The estimate is deliberately no shorter than the slowest runs: the value policy drops a job
+/// once `now + ET·(1 − step/total)` passes its zero-value time, so an estimate shorter than
+/// the real run had a loaded runner drop L after it resumed (ET 20 s and zero at 50 s: at 37 s
+/// and step 1400 it predicted 50 s, and L was rejected instead of completing).
+pub fn low_value_spec() -> pb::JobSpec {
+    value_spec("mlp-digits", 8, 4000, 40.0, (10.0, 0.0, 100.0))
+}
+
+/// The high-value arrival of the same scenario: a short job (mlp-digits size 4, 1500 steps,
+/// a few seconds) whose estimate is 120 s, worth 100 falling to 0 at 600 s. When it arrives L,
+/// a few seconds in, expects to finish ~40 s after its release: value 10·(100−40)/100 = 6 of 10,
+/// β = 0.6 < λ = 0.9, so a 1-CPU worker holding L is overloaded and L is DwP's victim (the only
+/// one). Sharing the CPU in any proportion delays L by about H's estimated 120 s, past its
+/// zero-value time (L then earns 0 either way), and slows H; pausing L gives H the whole CPU,
+/// so pausing earns more.
+pub fn high_value_spec() -> pb::JobSpec {
+    value_spec("mlp-digits", 4, 1500, 120.0, (100.0, 0.0, 600.0))
+}
+
 /// A trainer job of `model` at `size` with a value curve worth `max` until `full` s after
 /// submission and nothing from `zero` s, estimated at `et` s alone on the reference worker.
 pub fn value_spec(

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use converge_integration_tests::{
     DockerEvents, MANAGER_IMAGE, ManagerContainer, TRAINER_IMAGE, TestAgent, events_of, eventually,
-    job, require_docker, tempfile_dir, trainer_spec, unique, unix_nanos, value_spec,
+    high_value_spec, job, low_value_spec, require_docker, tempfile_dir, trainer_spec, unique,
+    unix_nanos,
 };
 use converge_messenger::pb::{self, JobState, control_service_client::ControlServiceClient};
 use tokio_stream::StreamExt;
@@ -298,11 +299,7 @@ async fn kill_9_at_any_moment_loses_no_job_and_never_runs_one_twice() -> anyhow:
     // (f) Killed during a value-based preemption: on the last worker, a high-value arrival
     // pauses a low-value job; the manager dies as SubmitJob returns (the Pause and the Start
     // stored and sent). Both finish, each in one container, the low one paused and resumed.
-    let low = submit(
-        &mut client,
-        value_spec("mlp-digits", 8, 4000, 20.0, (10.0, 0.0, 50.0)),
-    )
-    .await?;
+    let low = submit(&mut client, low_value_spec()).await?;
     until(
         &client,
         &low,
@@ -311,11 +308,7 @@ async fn kill_9_at_any_moment_loses_no_job_and_never_runs_one_twice() -> anyhow:
         |j| j.state == JobState::Running as i32 && j.step >= 100,
     )
     .await?;
-    let high = submit(
-        &mut client,
-        value_spec("mlp-digits", 4, 1500, 60.0, (100.0, 0.0, 300.0)),
-    )
-    .await?;
+    let high = submit(&mut client, high_value_spec()).await?;
     client = kill_and_restart(&manager, "(f) during a preemption").await?;
     let h = until(
         &client,

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use converge_integration_tests::{
     DockerEvents, TRAINER_IMAGE, TestAgent, TestManager, cgroup_cpu_weight, containers_of,
-    events_of, eventually, job, require_docker, tempfile_dir, trainer_spec, unique, value_spec,
+    events_of, eventually, high_value_spec, job, low_value_spec, require_docker, tempfile_dir,
+    trainer_spec, unique, value_spec,
 };
 use converge_messenger::pb::{self, JobState, control_service_client::ControlServiceClient};
 use tonic::transport::Channel;
@@ -87,13 +88,8 @@ async fn a_high_value_job_pauses_a_low_value_one_which_resumes_after() -> anyhow
     let agent = TestAgent::start(&manager.endpoint(), &worker, 1.0, dir.path());
     wait_worker(&client).await?;
 
-    // L: ~4000 steps of mlp-digits size 8 (~3 ms each: ~12-15 s alone), estimated at 20 s; worth
-    // 10 at its release, falling linearly to 0 at 50 s.
-    let low = submit(
-        &mut client,
-        value_spec("mlp-digits", 8, 4000, 20.0, (10.0, 0.0, 50.0)),
-    )
-    .await?;
+    // L, then H: the pair `low_value_spec` and `high_value_spec` describe, with the numbers.
+    let low = submit(&mut client, low_value_spec()).await?;
     let running = eventually(Duration::from_secs(30), "L to make progress", || {
         let mut c = client.clone();
         let low = low.clone();
@@ -113,18 +109,8 @@ async fn a_high_value_job_pauses_a_low_value_one_which_resumes_after() -> anyhow
     let (found, expected) = cgroup_cpu_weight(&agent.config, &full, shares)?;
     assert_eq!(found, expected, "L placed with {shares} CPU shares");
 
-    // H: a short job (mlp-digits size 4, ~2 s) whose estimate is 60 s, worth 100 falling to 0
-    // at 300 s. When it arrives L, a few seconds in, expects to finish ~20 s after its release:
-    // value 10·(50−20)/50 = 6 of 10, β = 0.6 < λ = 0.9, so the worker is overloaded and L is
-    // DwP's victim (the only one). Sharing the CPU in any proportion delays L by about H's
-    // estimated 60 s, past its zero-value time (L then earns 0 either way), and slows H a
-    // little; pausing L gives H the whole CPU, so pausing earns more (the manager's unit test
-    // `the_docker_scenario_pauses_the_low_value_job_and_resumes_it_after` has the numbers).
-    let high = submit(
-        &mut client,
-        value_spec("mlp-digits", 4, 1500, 60.0, (100.0, 0.0, 300.0)),
-    )
-    .await?;
+    // H arrives: L, a few seconds in, is paused for it (see `high_value_spec`).
+    let high = submit(&mut client, high_value_spec()).await?;
     let paused = wait_state(&client, &low, JobState::Paused, Duration::from_secs(10)).await?;
     assert!(
         paused
@@ -150,7 +136,7 @@ async fn a_high_value_job_pauses_a_low_value_one_which_resumes_after() -> anyhow
     assert_eq!(h.worker_id, worker);
 
     // H finishes in a few seconds (far under its estimate); L, paused for that long, can still
-    // finish well before 50 s, so the departure resumes it.
+    // finish well before 100 s, so the departure resumes it.
     let h = wait_state(&client, &high, JobState::Completed, Duration::from_secs(60)).await?;
     assert_eq!(h.step, 1500);
     let resumed = wait_state(&client, &low, JobState::Running, Duration::from_secs(10)).await?;
@@ -196,11 +182,7 @@ async fn with_stop_preemption_the_victim_is_stopped_for_good() -> anyhow::Result
     let agent = TestAgent::start(&manager.endpoint(), &worker, 1.0, dir.path());
     wait_worker(&client).await?;
     // The numbers of the pause test.
-    let low = submit(
-        &mut client,
-        value_spec("mlp-digits", 8, 4000, 20.0, (10.0, 0.0, 50.0)),
-    )
-    .await?;
+    let low = submit(&mut client, low_value_spec()).await?;
     eventually(Duration::from_secs(30), "L to make progress", || {
         let mut c = client.clone();
         let low = low.clone();
@@ -210,11 +192,7 @@ async fn with_stop_preemption_the_victim_is_stopped_for_good() -> anyhow::Result
         }
     })
     .await?;
-    let high = submit(
-        &mut client,
-        value_spec("mlp-digits", 4, 1500, 60.0, (100.0, 0.0, 300.0)),
-    )
-    .await?;
+    let high = submit(&mut client, high_value_spec()).await?;
     let stopped = wait_state(&client, &low, JobState::Rejected, Duration::from_secs(10)).await?;
     assert!(
         stopped

@@ -2101,14 +2101,15 @@ mod value {
         })
     }
 
-    /// L (ET 20 s, worth 10 falling to 0 at 50 s) has run 3 s of its 20 when H (ET 60 s, worth
-    /// 100 falling to 0 at 300 s) arrives on the one 1-CPU worker. With λ = 0.9 the worker is
+    /// L (ET 40 s, worth 10 falling to 0 at 100 s) has run 3 s of its 40 when H (ET 120 s, worth
+    /// 100 falling to 0 at 600 s) arrives on the one 1-CPU worker (the numbers of the Docker
+    /// tests' `low_value_spec` and `high_value_spec`). With λ = 0.9 the worker is
     /// overloaded (β = 0.6), and pausing L gives H the whole CPU: DwP pauses L, starts H with
     /// its share, and resumes L when H is gone.
     #[test]
     fn a_high_value_arrival_pauses_the_low_value_job_which_resumes_after() {
         let mut f = fixture(0.9);
-        let out = submit_value(&mut f, "L", 20.0, (10.0, 0.0, 50.0));
+        let out = submit_value(&mut f, "L", 40.0, (10.0, 0.0, 100.0));
         let (_, start) = Fixture::sent(&out, "L", "start").expect("L placed");
         f.ok(1, &start, Fixture::started(1));
         f.now = T0 + 3.0;
@@ -2127,7 +2128,7 @@ mod value {
                 malformed: vec![],
             }),
         );
-        let out = submit_value(&mut f, "H", 60.0, (100.0, 0.0, 300.0));
+        let out = submit_value(&mut f, "H", 120.0, (100.0, 0.0, 600.0));
         assert!(Fixture::sent(&out, "L", "pause").is_some(), "{out:?}");
         let l = f.core.job("L").unwrap();
         assert_eq!(l.state(), JobState::Paused);
