@@ -104,7 +104,7 @@ impl SessionMetrics {
         );
         registry.register(
             "messages_resent",
-            "Results and exits sent again on a new stream: the stream they were written to broke before the manager acknowledged them",
+            "Results, exits and migration requests sent again on a new stream: the stream they were written to broke before the manager acknowledged them",
             self.resent.clone(),
         );
         registry.register(
@@ -240,17 +240,21 @@ impl Outgoing {
 
     /// Whether the manager must get it even if the stream it is written to breaks: a lost
     /// result or exit leaves the manager waiting for an answer, or restarting a job that had
-    /// finished.
+    /// finished; a lost migration request is never asked again (the node asks once per
+    /// incarnation), so the job misses its move. A duplicate of any of them is harmless: the
+    /// core takes a result or exit it has as the same again, and SpeCon decides a job's
+    /// request at most once.
     fn must_arrive(&self) -> bool {
         self.delivered.is_some()
             || matches!(
                 self.message.kind,
-                Some(AgentKind::Result(_) | AgentKind::Exited(_))
+                Some(AgentKind::Result(_) | AgentKind::Exited(_) | AgentKind::MigrationRequest(_))
             )
     }
 }
 
-/// Results and exits written to a stream and not yet acknowledged, oldest first.
+/// Results, exits and migration requests written to a stream and not yet acknowledged, oldest
+/// first.
 #[derive(Debug, Default)]
 struct Unacknowledged {
     waiting: VecDeque<Written>,
@@ -280,12 +284,17 @@ impl Unacknowledged {
         metrics: &SessionMetrics,
     ) {
         if self.waiting.len() >= UNACKNOWLEDGED_MAX {
-            // Only a result with nobody waiting for it may go: the manager recovers a lost
-            // result by sending its command again (reconcile), which the agent answers from
-            // its cache. An exit is never given up: there is one per container, whose
-            // removal waits for it, and nothing else would tell the manager the job ended.
+            // Only a result or a migration request with nobody waiting for it may go: the
+            // manager recovers a lost result by sending its command again (reconcile), which
+            // the agent answers from its cache, and a lost request costs one move, not a job.
+            // An exit is never given up: there is one per container, whose removal waits for
+            // it, and nothing else would tell the manager the job ended.
             let result = self.waiting.iter().position(|w| {
-                w.delivered.is_none() && matches!(w.message.kind, Some(AgentKind::Result(_)))
+                w.delivered.is_none()
+                    && matches!(
+                        w.message.kind,
+                        Some(AgentKind::Result(_) | AgentKind::MigrationRequest(_))
+                    )
             });
             if let Some(i) = result {
                 self.waiting.remove(i);

@@ -245,20 +245,23 @@ async fn next(rx: &mut mpsc::UnboundedReceiver<(usize, Kind)>) -> (usize, Kind) 
         .expect("the fake manager is gone")
 }
 
-/// The id of a result, `None` for any other kind.
+/// The id of a result (its command's) or of a migration request (its job's), `None` for any
+/// other kind.
 fn result_id(kind: &Kind) -> Option<&str> {
     match kind {
         Kind::Result(r) => Some(r.command_id.as_str()),
+        Kind::MigrationRequest(m) => Some(m.job_id.as_str()),
         _ => None,
     }
 }
 
-/// Results written to a stream whose manager never acknowledged them (it got them, and went
-/// away before storing them: to the agent the same as a stream whose buffers were lost) are
-/// sent again on the next stream, first and in order; what the next manager acknowledged is
-/// not sent a third time; and `send_confirmed` resolves on the acknowledgement, not before.
-/// The session used to count a message as sent once the stream took it, and lost it with the
-/// stream.
+/// Results and migration requests written to a stream whose manager never acknowledged them
+/// (it got them, and went away before storing them: to the agent the same as a stream whose
+/// buffers were lost) are sent again on the next stream, first and in order; what the next
+/// manager acknowledged is not sent a third time; and `send_confirmed` resolves on the
+/// acknowledgement, not before. The session used to count a message as sent once the stream
+/// took it, and lost it with the stream (a migration request, until after stop 51: the node
+/// asks once per incarnation, so a lost one was never asked again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn results_the_manager_did_not_acknowledge_are_sent_again_on_the_next_stream() {
     let (fake, mut rx) = Fake::new(Script::Acknowledge { from: 2 });
@@ -268,25 +271,32 @@ async fn results_the_manager_did_not_acknowledge_are_sent_again_on_the_next_stre
     let (outbox, _status, _task) =
         Session::spawn(config(endpoint), Arc::new(State), cmd_tx, shutdown.clone());
     outbox.send(result("r1")).await;
+    outbox
+        .send(Kind::MigrationRequest(pb::MigrationRequest {
+            job_id: "m1".into(),
+            epoch: 1,
+            reason: "converged".into(),
+        }))
+        .await;
     let mut confirmed = outbox.send_confirmed(result("r2")).await;
-    // Both reach stream 1, and heartbeats follow them there: unacknowledged all the same.
+    // All three reach stream 1, and heartbeats follow them there: unacknowledged all the same.
     let mut on_first = Vec::new();
     let mut heartbeats_after = 0;
     while heartbeats_after < 3 {
         match next(&mut rx).await {
-            (1, Kind::Heartbeat(_)) if on_first.len() == 2 => heartbeats_after += 1,
+            (1, Kind::Heartbeat(_)) if on_first.len() == 3 => heartbeats_after += 1,
             (1, k) => on_first.extend(result_id(&k).map(str::to_string)),
             (n, k) => panic!("stream {n} before stream 1 broke: {k:?}"),
         }
     }
-    assert_eq!(on_first, ["r1", "r2"]);
+    assert_eq!(on_first, ["r1", "m1", "r2"]);
     assert!(
         confirmed.try_recv().is_err(),
         "confirmed although no manager acknowledged it"
     );
     fake.break_stream(1).await;
     let third = outbox.send_confirmed(result("r3")).await;
-    // Stream 2: the two again, before anything newer.
+    // Stream 2: the three again, before anything newer.
     let mut on_second = Vec::new();
     while on_second.last().is_none_or(|id| id != "r3") {
         match next(&mut rx).await {
@@ -297,7 +307,7 @@ async fn results_the_manager_did_not_acknowledge_are_sent_again_on_the_next_stre
     }
     assert_eq!(
         on_second,
-        ["r1", "r2", "r3"],
+        ["r1", "m1", "r2", "r3"],
         "what stream 1 lost must come first on stream 2"
     );
     tokio::time::timeout(Duration::from_secs(10), &mut confirmed)

@@ -3792,12 +3792,14 @@ fn a_container_that_died_before_its_save_arrived_is_restored_not_taken_to_run_on
     );
 }
 
-/// An agent sends again, on its next stream, every result and exit its manager had not
-/// acknowledged (`messenger::agent`), and some of them the core has already taken: they are
-/// late duplicates. A move's Saved result, its source's exit and its restore's Started result,
-/// each taken twice, the second time after a reconnect: nothing is refused, no second restore
-/// is sent, and the job runs where it was restored; a finished job's repeated exit leaves it
-/// completed.
+/// An agent sends again, on its next stream, every result, exit and migration request its
+/// manager had not acknowledged (`messenger::agent`), and some of them the core has already
+/// taken: they are late duplicates. A move's Saved result, its source's exit and its restore's
+/// Started result, each taken twice, the second time after a reconnect, and the source's
+/// migration request for the incarnation that moved: nothing is refused, no second restore or
+/// move is sent, and the job runs where it was restored; a finished job's repeated exit leaves
+/// it completed. (A repeated request for the incarnation that runs is decided once by SpeCon:
+/// `a_converged_job_moves_by_specon_alg2_once`.)
 #[test]
 fn results_and_exits_sent_again_after_a_reconnect_are_taken_as_duplicates() {
     let (mut f, start) = Fixture::restoring();
@@ -3810,6 +3812,14 @@ fn results_and_exits_sent_again_after_a_reconnect_are_taken_as_duplicates() {
     let mut out = f.reregister(3, "w1", 2.0, &[]);
     out.extend(f.ok(3, &save, Fixture::saved()));
     out.extend(f.exited(3, "a", 1, 0, true));
+    out.extend(f.msg(
+        3,
+        AgentMessage::MigrationRequest {
+            job: "a".into(),
+            epoch: 1,
+            reason: "converged".into(),
+        },
+    ));
     out.extend(f.reregister(4, "w2", 2.0, &[("a", 2, 0)]));
     out.extend(f.ok(4, &start, Fixture::started(2)));
     let refused = out

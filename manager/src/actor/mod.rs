@@ -19,11 +19,11 @@
 //! the manager: it would otherwise act on decisions it could not keep.
 //!
 //! Every heartbeat is answered with an `Ack` of its sequence number once the batch it came in
-//! is stored (at once without a store): the agent keeps each result and exit until an ack
-//! covers it, and sends the uncovered ones again after a reconnect. An ack is the promise that
-//! the results and exits the agent sent before that heartbeat survive a broken stream and a
-//! manager restart (what they changed is stored; progress, written a share at a time as
-//! above, is not part of the promise).
+//! is stored (at once without a store): the agent keeps each result, exit and migration request
+//! until an ack covers it, and sends the uncovered ones again after a reconnect. An ack is the
+//! promise that the results, exits and migration requests the agent sent before that heartbeat
+//! survive a broken stream and a manager restart (what they changed is stored; progress,
+//! written a share at a time as above, is not part of the promise).
 
 mod logs;
 mod specs;
