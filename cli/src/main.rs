@@ -142,6 +142,14 @@ enum Cmd {
         #[arg(long)]
         tail: Option<u32>,
     },
+    /// Write a consistent copy of the manager's state store, taken while it runs, to a file
+    /// (restore it by putting it in place as `converge.db` in a stopped manager's state
+    /// directory). Needs the operator role.
+    Backup {
+        /// Where to write it; refused if it exists. Written beside as `FILE.part` first and
+        /// renamed when whole, so that a cut-off copy is never taken for a backup.
+        file: std::path::PathBuf,
+    },
     /// Print events as they happen.
     Watch {
         /// Only this job's events.
@@ -365,6 +373,17 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Logs { job, follow, tail } => {
             return logs(&mut client, job, follow, tail, json).await;
         }
+        Cmd::Backup { file: out } => {
+            let bytes = backup(&mut client, &out).await?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "file": out.display().to_string(), "bytes": bytes })
+                );
+            } else {
+                println!("{}: {bytes} bytes", out.display());
+            }
+        }
         Cmd::Watch { job, from_seq } => {
             let mut events = client
                 .watch_events(pb::WatchEventsRequest {
@@ -424,6 +443,43 @@ async fn run(cli: Cli) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `convergectl backup` ([`Cmd::Backup`]): the copy into `out`, through `out.part`; its size.
+async fn backup(client: &mut Client, out: &std::path::Path) -> Result<u64> {
+    use std::io::Write;
+    if out.exists() {
+        bail!(
+            "{} exists: name a new file (a backup never overwrites one)",
+            out.display()
+        );
+    }
+    let mut part = out.as_os_str().to_owned();
+    part.push(".part");
+    let part = std::path::PathBuf::from(part);
+    let mut chunks = client
+        .backup(pb::BackupRequest {})
+        .await
+        .map_err(status)?
+        .into_inner();
+    let mut file =
+        std::fs::File::create(&part).with_context(|| format!("cannot write {}", part.display()))?;
+    let mut bytes = 0u64;
+    let copied = async {
+        while let Some(c) = chunks.message().await.map_err(status)? {
+            file.write_all(&c.data)?;
+            bytes += c.data.len() as u64;
+        }
+        file.sync_all()?;
+        anyhow::Ok(())
+    }
+    .await;
+    if let Err(e) = copied {
+        let _ = std::fs::remove_file(&part);
+        return Err(e.context("the backup was cut off; nothing was written"));
+    }
+    std::fs::rename(&part, out)?;
+    Ok(bytes)
 }
 
 /// `convergectl logs` ([`Cmd::Logs`]).

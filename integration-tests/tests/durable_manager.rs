@@ -64,6 +64,62 @@ async fn submit(
         .job_id)
 }
 
+/// A manager on `state` (`tweak`ed, then `keep`), in which `n` jobs ran on a scripted agent,
+/// gone since, and completed: job `k` in container `ctr-k`, its last step `10 + k`. The manager
+/// and the jobs' ids, in submission order.
+async fn with_completed_jobs(
+    state: &std::path::Path,
+    keep: impl FnOnce(&mut converge_manager::Config),
+    n: u64,
+) -> anyhow::Result<(TestManager, Vec<String>)> {
+    let manager = TestManager::start(|c| {
+        tweak(state)(c);
+        keep(c);
+    })
+    .await?;
+    let mut agent =
+        ScriptedAgent::connect(&manager.endpoint(), "w1", 8.0, Duration::from_millis(100)).await?;
+    let mut client = manager.control().await?;
+    let mut ids = Vec::new();
+    for k in 0..n {
+        ids.push(complete_one(&mut client, &mut agent, k).await?);
+    }
+    Ok((manager, ids))
+}
+
+/// Submits job number `k`, has `agent` start it in container `ctr-k` and report it exited 0 at
+/// step `10 + k`, and waits until the manager has it Completed; its id.
+async fn complete_one(
+    client: &mut pb::control_service_client::ControlServiceClient<tonic::transport::Channel>,
+    agent: &mut ScriptedAgent,
+    k: u64,
+) -> anyhow::Result<String> {
+    let id = submit(client).await?;
+    agent.answer_start(&id, &format!("ctr-{k}")).await?;
+    agent
+        .outbox
+        .send(Kind::Exited(pb::ContainerExited {
+            job_id: id.clone(),
+            epoch: 1,
+            container_id: format!("ctr-{k}"),
+            exit_code: 0,
+            done: true,
+            last_step: Some(10 + k),
+            ..Default::default()
+        }))
+        .await;
+    eventually(Duration::from_secs(10), "the job to complete", || {
+        let mut c = client.clone();
+        let id = id.clone();
+        async move {
+            let j = job(&mut c, &id, false).await?;
+            Ok((j.state == pb::JobState::Completed as i32).then_some(()))
+        }
+    })
+    .await?;
+    Ok(id)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_manager_knows_every_job_readopts_what_runs_and_numbers_events_on()
 -> anyhow::Result<()> {
@@ -212,43 +268,9 @@ async fn finished_jobs_beyond_those_kept_are_answered_for_from_the_store() -> an
         c.events_in_memory = 3;
         c.metrics_listen = Some(metrics);
     };
-    let first = TestManager::start(|c| {
-        tweak(state.path())(c);
-        keep(c);
-    })
-    .await?;
+    let (first, ids) = with_completed_jobs(state.path(), keep, 5).await?;
     let addr = first.addr;
-    let mut agent =
-        ScriptedAgent::connect(&first.endpoint(), "w1", 8.0, Duration::from_millis(100)).await?;
-    let mut client = first.control().await?;
-    let mut ids = Vec::new();
-    for k in 0..5 {
-        let id = submit(&mut client).await?;
-        agent.answer_start(&id, &format!("ctr-{k}")).await?;
-        agent
-            .outbox
-            .send(Kind::Exited(pb::ContainerExited {
-                job_id: id.clone(),
-                epoch: 1,
-                container_id: format!("ctr-{k}"),
-                exit_code: 0,
-                done: true,
-                last_step: Some(10 + k),
-                ..Default::default()
-            }))
-            .await;
-        let want = id.clone();
-        eventually(Duration::from_secs(10), "the job to complete", || {
-            let mut c = client.clone();
-            let id = want.clone();
-            async move {
-                let j = job(&mut c, &id, false).await?;
-                Ok((j.state == pb::JobState::Completed as i32).then_some(()))
-            }
-        })
-        .await?;
-        ids.push(id);
-    }
+    let client = first.control().await?;
     let check = |mut client: pb::control_service_client::ControlServiceClient<
         tonic::transport::Channel,
     >,
@@ -300,7 +322,6 @@ async fn finished_jobs_beyond_those_kept_are_answered_for_from_the_store() -> an
     );
     assert!(commits.is_some_and(|n| n >= 1.0), "{text}");
     check(client.clone(), ids.clone()).await?;
-    drop(agent);
     first.stop().await;
 
     let second = TestManager::start_at(addr, |c| {
@@ -382,5 +403,98 @@ async fn finished_jobs_past_the_retention_are_pruned_and_live_ones_stay() -> any
     let listed: Vec<&str> = listed.iter().map(|j| j.id.as_str()).collect();
     assert_eq!(listed, [live.as_str()]);
     manager.stop().await;
+    Ok(())
+}
+
+/// A record of the store damaged while the manager was stopped (a disk error, a hand edit) that
+/// a restart does not load, the oldest archived job's and the first event's, is found when a
+/// request needs it: a watcher replaying from event 1 and a ListJobs of finished jobs get an
+/// error naming the record and what to do, not an answer silently missing it. Both used to
+/// answer without it (the store's error only logged, an undecodable event skipped), and the
+/// restart itself used to fail on the job's record with SQLite's "malformed JSON" alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_record_is_an_error_naming_it_not_a_gap_in_the_answer() -> anyhow::Result<()> {
+    let state = tempfile_dir("damaged")?;
+    let keep = |c: &mut converge_manager::Config| {
+        c.keep_finished = 1;
+        c.events_in_memory = 3;
+    };
+    let (first, ids) = with_completed_jobs(state.path(), keep, 3).await?;
+    let addr = first.addr;
+    first.stop().await;
+
+    // The oldest job's record is no longer JSON, and event 1 is no longer an Event.
+    {
+        let db = rusqlite::Connection::open(state.path().join("converge.db"))?;
+        let jobs = db.execute(
+            "UPDATE jobs SET record = '{\"id\": damaged' WHERE id = ?1",
+            [&ids[0]],
+        )?;
+        let events = db.execute("UPDATE events SET event = x'ffffffff' WHERE seq = 1", [])?;
+        assert_eq!((jobs, events), (1, 1), "the records to damage exist");
+    }
+
+    let second = TestManager::start_at(addr, |c| {
+        tweak(state.path())(c);
+        keep(c);
+    })
+    .await?;
+    let mut client = second.control().await?;
+    // The damage stays with its record: the job in memory and the other archived one are
+    // answered as before, the damaged one with an error naming it.
+    for id in &ids[1..] {
+        let j = job(&mut client, id, false).await?;
+        assert_eq!(j.state, pb::JobState::Completed as i32);
+    }
+    let err = client
+        .get_job(pb::GetJobRequest {
+            job_id: ids[0].clone(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("a damaged record is not a job");
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert!(
+        err.message().contains(&format!("job {}", ids[0])),
+        "{err:?}"
+    );
+
+    let listed = client
+        .list_jobs(pb::ListJobsRequest {
+            state: pb::JobState::Completed as i32,
+            ..Default::default()
+        })
+        .await;
+    let err = listed.expect_err("a list missing a job it cannot read must not be an answer");
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert!(
+        err.message().contains(&format!("job {}", ids[0])),
+        "{err:?}"
+    );
+    assert!(
+        err.message().contains("restore the file from a backup"),
+        "{err:?}"
+    );
+
+    let watched = client
+        .watch_events(pb::WatchEventsRequest {
+            from_seq: 1,
+            ..Default::default()
+        })
+        .await;
+    let err = match watched {
+        Err(status) => status,
+        Ok(stream) => {
+            let got: Vec<_> = stream.into_inner().take(3).collect().await;
+            panic!("a replay from event 1 that cannot read event 1 must fail; it gave {got:?}")
+        }
+    };
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert!(err.message().contains("event 1"), "{err:?}");
+    assert!(
+        err.message().contains("restore the file from a backup"),
+        "{err:?}"
+    );
+    second.stop().await;
     Ok(())
 }

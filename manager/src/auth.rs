@@ -281,7 +281,13 @@ mod tests {
         ] {
             assert_eq!(required(m), Role::Viewer);
         }
-        for m in ["SubmitJob", "CancelJob", "DrainWorker", "SomethingNew"] {
+        for m in [
+            "SubmitJob",
+            "CancelJob",
+            "DrainWorker",
+            "Backup",
+            "SomethingNew",
+        ] {
             assert_eq!(required(m), Role::Operator);
         }
     }

@@ -92,7 +92,7 @@ impl ManagerHandle {
     fn stream_slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit, Status> {
         self.watchers.clone().try_acquire_owned().map_err(|_| {
             Status::resource_exhausted(format!(
-                "{} event and log streams are open, the most this manager serves (--max-watchers); close one and retry",
+                "{} event, log and backup streams are open, the most this manager serves (--max-watchers); close one and retry",
                 self.max_watchers
             ))
         })
@@ -111,6 +111,10 @@ impl ManagerHandle {
         rx.await.map_err(|_| Error::Unavailable)
     }
 }
+
+/// Bytes of the store's copy per `BackupChunk`: well under the 4 MiB a gRPC client takes by
+/// default.
+const BACKUP_CHUNK: usize = 256 * 1024;
 
 #[tonic::async_trait]
 impl ControlService for ManagerHandle {
@@ -160,7 +164,7 @@ impl ControlService for ManagerHandle {
                 worker_id: r.worker_id,
                 reply,
             })
-            .await?;
+            .await??;
         Ok(Response::new(pb::ListJobsResponse { jobs }))
     }
 
@@ -219,7 +223,7 @@ impl ControlService for ManagerHandle {
                 from_seq: r.from_seq,
                 reply,
             })
-            .await?;
+            .await??;
         let live = BroadcastStream::new(live)
             .filter_map(move |item| {
                 let keep = match &item {
@@ -254,6 +258,48 @@ impl ControlService for ManagerHandle {
     }
 
     type JobLogsStream = Pin<Box<dyn Stream<Item = Result<pb::JobLogsResponse, Status>> + Send>>;
+
+    type BackupStream = Pin<Box<dyn Stream<Item = Result<pb::BackupChunk, Status>> + Send>>;
+
+    async fn backup(
+        &self,
+        request: Request<pb::BackupRequest>,
+    ) -> Result<Response<Self::BackupStream>, Status> {
+        self.admit(&request)?;
+        let permit = self.stream_slot()?;
+        let path = self.ask(|reply| ActorRequest::Backup { reply }).await??;
+        let file = tokio::fs::File::open(&path).await;
+        // Removed at once, whatever the client does next: the open file is read to its end.
+        let _ = tokio::fs::remove_file(&path).await;
+        let file = file.map_err(|e| {
+            Status::internal(format!(
+                "the backup copy {} cannot be read: {e}",
+                path.display()
+            ))
+        })?;
+        let chunks = stream::unfold(Some(file), move |file| async move {
+            use tokio::io::AsyncReadExt;
+            let mut file = file?;
+            let mut data = vec![0; BACKUP_CHUNK];
+            match file.read(&mut data).await {
+                Ok(0) => None,
+                Ok(n) => {
+                    data.truncate(n);
+                    Some((Ok(pb::BackupChunk { data }), Some(file)))
+                }
+                // The error ends the stream: a copy cut short must not look whole.
+                Err(e) => Some((
+                    Err(Status::internal(format!("reading the backup copy: {e}"))),
+                    None,
+                )),
+            }
+        })
+        .map(move |chunk| {
+            let _slot = &permit;
+            chunk
+        });
+        Ok(Response::new(Box::pin(chunks)))
+    }
 
     async fn job_logs(
         &self,

@@ -132,6 +132,12 @@ pub trait Store: Send {
     /// manager's `--finished-retention` keeps the file from growing with the history; `limit`
     /// bounds how long one call holds the writer.
     fn prune_finished(&mut self, before: f64, limit: usize) -> Result<usize>;
+
+    /// Writes a consistent copy of the whole store (what the last commit left) to a new file
+    /// beside it and returns its path: how a running manager is backed up, since it holds its
+    /// file exclusively. The caller reads the copy and removes it; one left by a manager that
+    /// stopped meanwhile is removed when the store is next opened.
+    fn backup(&mut self) -> Result<PathBuf>;
 }
 
 /// A job as stored: the core's record and the full spec it was submitted with.

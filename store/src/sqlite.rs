@@ -20,6 +20,10 @@ use crate::{Batch, Error, RETAINED_EVENTS, Recovered, Result, Store, StoredEvent
 /// The database file's name in the state directory.
 pub const FILE_NAME: &str = "converge.db";
 
+/// How a copy written by [`Store::backup`] is named in the state directory, before a suffix
+/// that makes it unique.
+const BACKUP_PREFIX: &str = "converge.db.backup-";
+
 /// `PRAGMA application_id` of a Converge store ("CNVG").
 const APPLICATION_ID: i64 = 0x434E_5647;
 
@@ -119,6 +123,9 @@ impl Sqlite {
             unpruned: 0,
         };
         store.migrate(version)?;
+        // Only now that the file is this process's: a manager refused above must not remove
+        // a copy that the running one is sending.
+        remove_stale_backups(dir);
         info!(path = %store.path.display(), existed, schema = SCHEMA_VERSION, "state store open");
         Ok(store)
     }
@@ -296,18 +303,32 @@ impl Store for Sqlite {
             ..Saved::default()
         };
         // What the core's running maximum needs of the jobs left on disk (taking the loaded
-        // ones in too changes nothing: it is a maximum).
-        saved.archived_downtime = self
+        // ones in too changes nothing: it is a maximum). A damaged record of a job left on disk
+        // (a disk error, a hand edit) does not stop the restart: the live jobs are all loaded
+        // above, and a request that needs the damaged one is answered with an error naming it.
+        // It is counted here, where every finished record is read anyway, and said at once.
+        let damaged: i64;
+        (saved.archived_downtime, damaged) = self
             .conn
             .query_row(
                 &format!(
-                    "SELECT max(json_extract(record, '$.last_migration_downtime')) FROM jobs
-                     WHERE state IN ({terminal})"
+                    "SELECT max(CASE WHEN json_valid(record)
+                                THEN json_extract(record, '$.last_migration_downtime') END),
+                            count(*) FILTER (WHERE NOT json_valid(record))
+                     FROM jobs WHERE state IN ({terminal})"
                 ),
                 [],
-                |r| r.get(0),
+                |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .map_err(self.sql())?;
+        if damaged > 0 {
+            tracing::warn!(
+                path = %self.path.display(),
+                damaged,
+                "finished job records in the state store cannot be read: requests that need \
+                 them fail, naming each; restore the file from a backup to get them back"
+            );
+        }
         let meta = |key: &str| -> Result<Option<String>> {
             self.conn
                 .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
@@ -464,6 +485,22 @@ impl Store for Sqlite {
         self.path.display().to_string()
     }
 
+    fn backup(&mut self) -> Result<PathBuf> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let to = self
+            .path
+            .with_file_name(format!("{BACKUP_PREFIX}{}-{n}", std::process::id()));
+        // VACUUM INTO reads one snapshot through this connection (the only one the exclusive
+        // lock allows) and writes a compact, self-contained database: no WAL beside it, and
+        // the application id and schema version kept, so that `open` takes it as it is.
+        let _ = std::fs::remove_file(&to);
+        self.conn
+            .execute("VACUUM INTO ?1", [to.to_string_lossy()])
+            .map_err(self.sql())?;
+        Ok(to)
+    }
+
     fn prune_finished(&mut self, before: f64, limit: usize) -> Result<usize> {
         let path = self.path.clone();
         let sql = |source| Error::Sql {
@@ -543,4 +580,17 @@ fn terminal_labels() -> String {
         .map(|s| format!("'{}'", s.label()))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// Removes the copies [`Store::backup`] wrote into `dir` and that nobody removed (their manager
+/// stopped while sending one). Only names of that form are touched.
+fn remove_stale_backups(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if e.file_name().to_string_lossy().starts_with(BACKUP_PREFIX) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }

@@ -540,3 +540,51 @@ fn a_reopened_store_keeps_no_shared_memory_file() {
         .collect();
     assert!(!files.iter().any(|f| f.ends_with("-shm")), "{files:?}");
 }
+
+/// A backup of a store in use (its manager holds the file exclusively, so no other process can
+/// read it) is a store of its own: opened from another directory while the first stays open,
+/// it loads the same jobs, workers and counters.
+#[test]
+fn a_backup_taken_while_the_store_is_held_opens_as_the_same_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Sqlite::open(dir.path()).unwrap();
+    four_finished_one_pending(&mut store);
+    let copy = store.backup().unwrap();
+    assert_eq!(
+        copy.parent(),
+        Some(dir.path()),
+        "beside the store: {copy:?}"
+    );
+    let restored = tempfile::tempdir().unwrap();
+    std::fs::rename(&copy, restored.path().join(FILE_NAME)).unwrap();
+    let mut from_backup = Sqlite::open(restored.path()).unwrap();
+    let (a, b) = (
+        store.load(100, 100).unwrap(),
+        from_backup.load(100, 100).unwrap(),
+    );
+    assert_eq!(debug_jobs(&a.saved).len(), 5);
+    assert_eq!(debug_jobs(&a.saved), debug_jobs(&b.saved));
+    assert_eq!(
+        (a.saved.counters.next_seq, a.next_event_seq, a.specs.len()),
+        (b.saved.counters.next_seq, b.next_event_seq, b.specs.len())
+    );
+    assert_eq!(a.events.len(), b.events.len());
+}
+
+/// A copy nobody removed (its manager stopped while sending it) is removed by the next manager
+/// to open the store, and not by one the running manager keeps out.
+#[test]
+fn a_backup_left_behind_is_removed_by_the_next_manager_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Sqlite::open(dir.path()).unwrap();
+    let copy = store.backup().unwrap();
+    let why = refusal(dir.path());
+    assert!(why.contains("another manager holds it"), "{why}");
+    assert!(
+        copy.exists(),
+        "a refused manager removed the running one's copy"
+    );
+    drop(store);
+    let _next = Sqlite::open(dir.path()).unwrap();
+    assert!(!copy.exists(), "the copy outlived its manager: {copy:?}");
+}

@@ -98,8 +98,9 @@ pub enum Request {
         state: JobState,
         /// Only this worker (empty = all).
         worker_id: String,
-        /// The jobs, in submission order.
-        reply: oneshot::Sender<Vec<pb::Job>>,
+        /// The jobs, in submission order; an error when the store cannot give the archived
+        /// ones asked for (a list missing them is no answer).
+        reply: oneshot::Sender<Result<Vec<pb::Job>>>,
     },
     /// Cancel a job.
     Cancel {
@@ -126,8 +127,9 @@ pub enum Request {
         job_id: String,
         /// Replay from this sequence number (0 = live only).
         from_seq: u64,
-        /// History and live receiver.
-        reply: oneshot::Sender<(Vec<Event>, broadcast::Receiver<Event>)>,
+        /// History and live receiver; an error when the store cannot give the history asked
+        /// for (a replay with a gap is no answer).
+        reply: oneshot::Sender<Result<(Vec<Event>, broadcast::Receiver<Event>)>>,
     },
     /// A job's output, through the agents (`logs`).
     Logs {
@@ -139,6 +141,11 @@ pub enum Request {
         tail: u32,
         /// The output as it comes.
         reply: oneshot::Sender<Result<LogStream>>,
+    },
+    /// A copy of the state store, in a new file beside it.
+    Backup {
+        /// The copy's path: the caller reads it and removes it.
+        reply: oneshot::Sender<Result<std::path::PathBuf>>,
     },
 }
 
@@ -691,15 +698,23 @@ impl Actor {
         let stored = store
             .jobs(id, state.map(|s| s.label()))
             .map_err(Error::Store)?;
-        Ok(stored
+        let location = store.location();
+        stored
             .into_iter()
             // Those in memory are the core's to answer for (their stored record may lag).
             .filter(|s| s.job.is_terminal() && self.core.job(&s.job.id).is_none())
             .map(|s| {
-                let spec = s.spec.and_then(|b| JobSpec::decode(b.as_slice()).ok());
-                (s.job, spec)
+                let spec = s
+                    .spec
+                    .map(|b| {
+                        JobSpec::decode(b.as_slice()).map_err(|e| {
+                            damaged(location.clone(), format!("spec of job {}", s.job.id), e)
+                        })
+                    })
+                    .transpose()?;
+                Ok((s.job, spec))
             })
-            .collect())
+            .collect()
     }
 
     /// An archived job as the control API shows it.
@@ -790,25 +805,25 @@ impl Actor {
                         wire::job(j, self.specs.get(&j.id).as_ref(), policy, false, eta)
                     })
                     .collect();
-                if want.is_none_or(|s| s.is_terminal()) {
-                    match self.archived(None, want) {
-                        Ok(archived) => {
-                            out.extend(
-                                archived
-                                    .iter()
-                                    .filter(|(j, _)| {
-                                        worker_id.is_empty()
-                                            || j.shown_worker().is_some_and(|w| *w == worker_id)
-                                    })
-                                    .map(|a| self.archived_pb(a)),
-                            );
-                            // Submission order, as the in-memory jobs are listed.
-                            out.sort_by_key(|j| j.submitted_unix_ms);
-                        }
-                        Err(e) => tracing::warn!(error = %e, "archived jobs not listed"),
-                    }
-                }
-                self.later(reply, out);
+                let r = if want.is_none_or(|s| s.is_terminal()) {
+                    self.archived(None, want).map(|archived| {
+                        out.extend(
+                            archived
+                                .iter()
+                                .filter(|(j, _)| {
+                                    worker_id.is_empty()
+                                        || j.shown_worker().is_some_and(|w| *w == worker_id)
+                                })
+                                .map(|a| self.archived_pb(a)),
+                        );
+                        // Submission order, as the in-memory jobs are listed.
+                        out.sort_by_key(|j| j.submitted_unix_ms);
+                        out
+                    })
+                } else {
+                    Ok(out)
+                };
+                self.answer_later(reply, r);
             }
             Request::Cancel { id, reply } => {
                 let span = self
@@ -864,25 +879,35 @@ impl Actor {
                 // replay limit).
                 let oldest = self.events.oldest_seq();
                 let room = crate::events::REPLAY.saturating_sub(history.len());
+                let mut r = Ok(());
                 if from_seq > 0
                     && from_seq < oldest
                     && room > 0
                     && let Some(store) = self.store.as_mut()
                 {
                     let job = (!job_id.is_empty()).then_some(job_id.as_str());
-                    match store.events(from_seq, oldest, job, room) {
-                        Ok(older) => {
-                            let mut older: Vec<Event> = older
-                                .iter()
-                                .filter_map(|e| Event::decode(e.bytes.as_slice()).ok())
-                                .collect();
+                    r = stored_events(store.as_mut(), from_seq, oldest, job, room).map(
+                        |mut older| {
                             older.append(&mut history);
                             history = older;
-                        }
-                        Err(e) => tracing::warn!(error = %e, "older events not replayed"),
-                    }
+                        },
+                    );
                 }
-                self.later(reply, (history, live));
+                self.answer_later(reply, r.map(|()| (history, live)));
+            }
+            Request::Backup { reply } => {
+                // The copy is what the last commit left, and every answer given so far waited
+                // for its commit: nothing a client has seen is missing from it. The actor
+                // waits for the copy (SQLite reads the store through the actor's connection).
+                let r = match self.store.as_mut() {
+                    None => Err(Error::FailedPrecondition(
+                        "this manager keeps no state (--state-dir none): there is nothing to back \
+                         up"
+                        .into(),
+                    )),
+                    Some(store) => store.backup().map_err(Error::Store),
+                };
+                self.answer_later(reply, r);
             }
             Request::Logs {
                 id,
@@ -1075,4 +1100,34 @@ fn static_outcome(o: &str) -> &'static str {
         "declined" => "declined",
         _ => "other",
     }
+}
+
+/// Stored events `from_seq..before_seq` (of `job` when given, the newest `limit`), decoded.
+/// One that cannot be decoded is an error naming it, as at a restart (`recover`): a replay
+/// that skipped it would look complete.
+fn stored_events(
+    store: &mut dyn Store,
+    from_seq: u64,
+    before_seq: u64,
+    job: Option<&str>,
+    limit: usize,
+) -> Result<Vec<Event>> {
+    store
+        .events(from_seq, before_seq, job, limit)
+        .map_err(Error::Store)?
+        .iter()
+        .map(|e| {
+            Event::decode(e.bytes.as_slice())
+                .map_err(|err| damaged(store.location(), format!("event {}", e.seq), err))
+        })
+        .collect()
+}
+
+/// A stored record that the store gave back but that does not decode.
+fn damaged(path: String, what: String, why: prost::DecodeError) -> Error {
+    Error::Store(converge_store::Error::Record {
+        path: path.into(),
+        what,
+        why: why.to_string(),
+    })
 }
