@@ -101,6 +101,13 @@ enum Cmd {
         #[arg(long)]
         svg: Option<std::path::PathBuf>,
     },
+    /// What `Backup` costs at each number of stored jobs: the copy's size and time, and the
+    /// longest a GetJob waited while it ran (the manager's actor makes the copy, and answers
+    /// nothing meanwhile), against the median GetJob at rest.
+    Backup {
+        #[arg(long, value_delimiter = ',', default_values_t = [1_000usize, 10_000, 100_000])]
+        levels: Vec<usize>,
+    },
     /// (Internal) the bare server.
     #[command(hide = true)]
     BareServer {
@@ -145,6 +152,7 @@ fn main() -> anyhow::Result<()> {
                 manager_args,
             } => memory(&levels, points, &manager_args).await?,
             Cmd::Heap { stacks, top } => heap(&stacks, top)?,
+            Cmd::Backup { levels } => backup(&levels).await?,
             Cmd::Soak {
                 agents,
                 minutes,
@@ -408,6 +416,71 @@ async fn memory(levels: &[usize], points: u64, extra: &[String]) -> anyhow::Resu
         );
     }
     fleet.stop().await;
+    Ok(())
+}
+
+async fn backup(levels: &[usize]) -> anyhow::Result<()> {
+    let target = Target::start(Kind::Manager, &[]).await?;
+    let client = control(&target).await?;
+    // One GetJob's round trip, the median of `n`, of job `id`.
+    let get = |id: String, n: usize| {
+        let mut c = client.clone();
+        async move {
+            let mut took = Vec::with_capacity(n);
+            for _ in 0..n {
+                let t = Instant::now();
+                c.get_job(pb::GetJobRequest {
+                    job_id: id.clone(),
+                    ..Default::default()
+                })
+                .await?;
+                took.push(t.elapsed());
+            }
+            took.sort();
+            anyhow::Ok(took[n / 2])
+        }
+    };
+    println!(
+        "jobs are submitted from 32 callers with no worker (Pending): each one stored, none running"
+    );
+    println!(
+        "| stored jobs | SubmitJob/s to get there | copy | Backup (whole stream) | GetJob at rest (median) | longest GetJob during the Backup | ratio |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    let mut stored = 0;
+    let mut last = String::new();
+    for &level in levels {
+        let t = Instant::now();
+        let ids = submit(&client, level - stored).await?;
+        let submit_rate = (level - stored) as f64 / t.elapsed().as_secs_f64();
+        stored = level;
+        last = ids.last().cloned().unwrap_or(last);
+        let rest = get(last.clone(), 21).await?;
+        let began = Instant::now();
+        let mut c = client.clone();
+        let copy = tokio::spawn(async move {
+            let mut chunks = c.backup(pb::BackupRequest {}).await?.into_inner();
+            let mut bytes = 0;
+            while let Some(chunk) = chunks.message().await? {
+                bytes += chunk.data.len();
+            }
+            anyhow::Ok((bytes, began.elapsed()))
+        });
+        // GetJobs one after another until the Backup is done: the longest waited for the copy.
+        let mut during = Duration::ZERO;
+        while !copy.is_finished() {
+            during = during.max(get(last.clone(), 1).await?);
+        }
+        let (bytes, took) = copy.await??;
+        println!(
+            "| {stored} | {submit_rate:.0} | {:.1} MiB | {:.0} ms | {:.2} ms | {:.1} ms | {:.0}x |",
+            bytes as f64 / (1 << 20) as f64,
+            took.as_secs_f64() * 1e3,
+            rest.as_secs_f64() * 1e3,
+            during.as_secs_f64() * 1e3,
+            during.as_secs_f64() / rest.as_secs_f64()
+        );
+    }
     Ok(())
 }
 
