@@ -907,7 +907,22 @@ impl Actor {
                     )),
                     Some(store) => store.backup().map_err(Error::Store),
                 };
-                self.answer_later(reply, r);
+                // As `answer_later`, and a copy nobody will read is removed: the batch's
+                // write failed, or the caller went away while the copy was made.
+                self.answers.push(Box::new(move |failed: Option<&str>| {
+                    let r = match (failed, r) {
+                        (None, r) => r,
+                        (Some(why), r) => {
+                            if let Ok(copy) = r {
+                                let _ = std::fs::remove_file(copy);
+                            }
+                            Err(Error::StoreFailed(why.to_string()))
+                        }
+                    };
+                    if let Err(Ok(copy)) = reply.send(r) {
+                        let _ = std::fs::remove_file(copy);
+                    }
+                }));
             }
             Request::Logs {
                 id,
