@@ -267,16 +267,15 @@ impl ControlService for ManagerHandle {
     ) -> Result<Response<Self::BackupStream>, Status> {
         self.admit(&request)?;
         let permit = self.stream_slot()?;
-        let path = self.ask(|reply| ActorRequest::Backup { reply }).await??;
-        let file = tokio::fs::File::open(&path).await;
-        // Removed at once, whatever the client does next: the open file is read to its end.
-        let _ = tokio::fs::remove_file(&path).await;
-        let file = file.map_err(|e| {
+        let copy = self.ask(|reply| ActorRequest::Backup { reply }).await??;
+        let file = tokio::fs::File::open(copy.path()).await.map_err(|e| {
             Status::internal(format!(
                 "the backup copy {} cannot be read: {e}",
-                path.display()
+                copy.path().display()
             ))
         })?;
+        // Removed at once, whatever the client does next: the open file is read to its end.
+        drop(copy);
         let chunks = stream::unfold(Some(file), move |file| async move {
             use tokio::io::AsyncReadExt;
             let mut file = file?;

@@ -134,10 +134,37 @@ pub trait Store: Send {
     fn prune_finished(&mut self, before: f64, limit: usize) -> Result<usize>;
 
     /// Writes a consistent copy of the whole store (what the last commit left) to a new file
-    /// beside it and returns its path: how a running manager is backed up, since it holds its
-    /// file exclusively. The caller reads the copy and removes it; one left by a manager that
-    /// stopped meanwhile is removed when the store is next opened.
-    fn backup(&mut self) -> Result<PathBuf>;
+    /// beside it: how a running manager is backed up, since it holds its file exclusively. The
+    /// file goes when the [`BackupCopy`] is dropped; one left by a manager that stopped
+    /// meanwhile is removed when the store is next opened.
+    fn backup(&mut self) -> Result<BackupCopy>;
+}
+
+/// A copy written by [`Store::backup`], removed when dropped: whoever holds it last (the reader,
+/// or an answer that never reached its caller) leaves nothing behind. An open file of it stays
+/// readable to its end after the removal.
+#[derive(Debug)]
+pub struct BackupCopy(PathBuf);
+
+impl BackupCopy {
+    /// Where the copy is.
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+
+    /// Keeps the file: it is no longer removed on drop.
+    pub fn keep(mut self) -> PathBuf {
+        std::mem::take(&mut self.0)
+    }
+}
+
+impl Drop for BackupCopy {
+    fn drop(&mut self) {
+        // Empty once kept.
+        if !self.0.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
 }
 
 /// A job as stored: the core's record and the full spec it was submitted with.

@@ -15,7 +15,9 @@ use converge_core::cluster::saved::Saved;
 use rusqlite::{Connection, OptionalExtension, params};
 use tracing::info;
 
-use crate::{Batch, Error, RETAINED_EVENTS, Recovered, Result, Store, StoredEvent, StoredJob};
+use crate::{
+    BackupCopy, Batch, Error, RETAINED_EVENTS, Recovered, Result, Store, StoredEvent, StoredJob,
+};
 
 /// The database file's name in the state directory.
 pub const FILE_NAME: &str = "converge.db";
@@ -485,7 +487,7 @@ impl Store for Sqlite {
         self.path.display().to_string()
     }
 
-    fn backup(&mut self) -> Result<PathBuf> {
+    fn backup(&mut self) -> Result<BackupCopy> {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let to = self
@@ -493,12 +495,12 @@ impl Store for Sqlite {
             .with_file_name(format!("{BACKUP_PREFIX}{}-{n}", std::process::id()));
         // VACUUM INTO reads one snapshot through this connection (the only one the exclusive
         // lock allows) and writes a compact, self-contained database: no WAL beside it, and
-        // the application id and schema version kept, so that `open` takes it as it is.
-        let _ = std::fs::remove_file(&to);
+        // the application id and schema version kept, so that `open` takes it as it is. The
+        // name is new: this process's counter, and `open` removed other processes' copies.
         self.conn
             .execute("VACUUM INTO ?1", [to.to_string_lossy()])
             .map_err(self.sql())?;
-        Ok(to)
+        Ok(BackupCopy(to))
     }
 
     fn prune_finished(&mut self, before: f64, limit: usize) -> Result<usize> {

@@ -551,12 +551,12 @@ fn a_backup_taken_while_the_store_is_held_opens_as_the_same_store() {
     four_finished_one_pending(&mut store);
     let copy = store.backup().unwrap();
     assert_eq!(
-        copy.parent(),
+        copy.path().parent(),
         Some(dir.path()),
         "beside the store: {copy:?}"
     );
     let restored = tempfile::tempdir().unwrap();
-    std::fs::rename(&copy, restored.path().join(FILE_NAME)).unwrap();
+    std::fs::rename(copy.keep(), restored.path().join(FILE_NAME)).unwrap();
     let mut from_backup = Sqlite::open(restored.path()).unwrap();
     let (a, b) = (
         store.load(100, 100).unwrap(),
@@ -577,7 +577,8 @@ fn a_backup_taken_while_the_store_is_held_opens_as_the_same_store() {
 fn a_backup_left_behind_is_removed_by_the_next_manager_only() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = Sqlite::open(dir.path()).unwrap();
-    let copy = store.backup().unwrap();
+    // Kept, as by a manager killed while it sent the copy.
+    let copy = store.backup().unwrap().keep();
     let why = refusal(dir.path());
     assert!(why.contains("another manager holds it"), "{why}");
     assert!(

@@ -144,8 +144,8 @@ pub enum Request {
     },
     /// A copy of the state store, in a new file beside it.
     Backup {
-        /// The copy's path: the caller reads it and removes it.
-        reply: oneshot::Sender<Result<std::path::PathBuf>>,
+        /// The copy, removed when dropped.
+        reply: oneshot::Sender<Result<converge_store::BackupCopy>>,
     },
 }
 
@@ -907,22 +907,9 @@ impl Actor {
                     )),
                     Some(store) => store.backup().map_err(Error::Store),
                 };
-                // As `answer_later`, and a copy nobody will read is removed: the batch's
-                // write failed, or the caller went away while the copy was made.
-                self.answers.push(Box::new(move |failed: Option<&str>| {
-                    let r = match (failed, r) {
-                        (None, r) => r,
-                        (Some(why), r) => {
-                            if let Ok(copy) = r {
-                                let _ = std::fs::remove_file(copy);
-                            }
-                            Err(Error::StoreFailed(why.to_string()))
-                        }
-                    };
-                    if let Err(Ok(copy)) = reply.send(r) {
-                        let _ = std::fs::remove_file(copy);
-                    }
-                }));
+                // A copy nobody will read (the batch's write failed, or the caller went away
+                // meanwhile) is dropped on the way, and its file with it.
+                self.answer_later(reply, r);
             }
             Request::Logs {
                 id,
