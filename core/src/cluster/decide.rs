@@ -24,11 +24,27 @@ impl Core {
     }
 
     /// Places pending jobs, oldest first, as long as the policy finds workers for them.
+    ///
+    /// Jobs told to wait for room are not asked again while no worker's placement snapshot
+    /// changes (`waiting_for_room`): the policy promised the same answer until one does, and
+    /// asking every pending job whenever one became pending made a backlog of n jobs cost n
+    /// answers a submission (`docs/performance.md`, "A backlog of waiting jobs"). The
+    /// answers are the ones a full pass would give, so the decisions are too.
     pub(super) fn schedule(&mut self) {
         if self.pending.is_empty() {
             return;
         }
-        let pending: Vec<JobId> = self.pending.values().cloned().collect();
+        let after = match self.waiting_for_room {
+            Some((seq, touches)) if touches == self.index.touches() => seq + 1,
+            _ => 0,
+        };
+        let pending: Vec<JobId> = self
+            .pending
+            .range(after..)
+            .map(|(_, id)| id.clone())
+            .collect();
+        // Whether every answer of this pass was a wait for room (then it changed nothing).
+        let mut for_room_only = true;
         for id in pending {
             if !matches!(self.jobs[&id].phase, JobPhase::Pending) {
                 continue;
@@ -42,13 +58,15 @@ impl Core {
                     reason,
                     attributes,
                 } => {
+                    for_room_only = false;
                     // Victims first: their CPU is what the new job was promised.
                     for v in victims {
                         self.preempt(v);
                     }
                     self.start(&id, &worker, cpu_shares, reason, attributes);
                 }
-                Admission::Wait { reason } => {
+                Admission::Wait { reason, for_room } => {
+                    for_room_only &= for_room;
                     let j = self.job_mut(&id).expect("exists");
                     if j.reason != reason {
                         debug!(job = %id, %reason, "job waits");
@@ -56,11 +74,18 @@ impl Core {
                     }
                 }
                 Admission::Reject { reason } => {
+                    for_room_only = false;
                     info!(job = %id, %reason, "job rejected");
                     self.transition(&id, JobPhase::Rejected, reason);
                 }
             }
         }
+        // A pass of waits only touched nothing: the count is the one the answers were given at.
+        self.waiting_for_room = if for_room_only {
+            (self.pending.last_key_value()).map(|(&seq, _)| (seq, self.index.touches()))
+        } else {
+            None
+        };
     }
 
     pub(super) fn start(

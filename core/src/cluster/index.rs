@@ -49,6 +49,9 @@ pub struct PlacementIndex {
     places: HashMap<WorkerId, usize, foldhash::fast::RandomState>,
     /// Workers written since their snapshot was taken.
     stale: BTreeSet<WorkerId>,
+    /// How many times a worker was touched, ever: while it stays the same, no snapshot
+    /// changed (what lets the core leave jobs waiting for room alone; `Core::schedule`).
+    touches: u64,
     /// Workers that are draining, whatever their connection: the core looks for drains to
     /// continue after every placement and departure, and walking every worker for them was
     /// a fifth of the simulator's profile at 10,000 workers (`docs/performance.md`).
@@ -76,9 +79,15 @@ impl PlacementIndex {
 
     /// Notes that worker `id` (or one of its jobs) changed.
     pub fn touch(&mut self, id: &WorkerId) {
+        self.touches += 1;
         if !self.stale.contains(id) {
             self.stale.insert(id.clone());
         }
+    }
+
+    /// A count that changes whenever a snapshot may have ([`PlacementIndex::touch`]).
+    pub fn touches(&self) -> u64 {
+        self.touches
     }
 
     /// Brings every changed snapshot up to date. A worker the index has not seen (workers are

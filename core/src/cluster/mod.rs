@@ -297,6 +297,11 @@ pub struct Core {
     jobs: Jobs,
     /// Pending jobs by submission order.
     pending: BTreeMap<u64, JobId>,
+    /// `(seq, touches)`: every pending job up to submission number `seq` was told to wait for
+    /// room ([`Admission::Wait`]'s `for_room`) in a pass that changed nothing, when the
+    /// placement index had been touched `touches` times. While that count stays, no worker's
+    /// snapshot changed, and the next pass asks only the jobs after `seq` ([`Core::schedule`]).
+    waiting_for_room: Option<(u64, u64)>,
     /// Which worker each live stream belongs to: every agent message looks its stream up
     /// here first, and a B-tree of 10,000 streams was a search of four nodes where a hash
     /// probe is one (never walked, so its order does not matter; ids are the shell's
@@ -396,6 +401,7 @@ impl Core {
             out: Vec::new(),
             departures: VecDeque::new(),
             dirty: false,
+            waiting_for_room: None,
             history: Default::default(),
             changes: record_changes.then(Default::default),
             grace_until: Time::NEG_INFINITY,

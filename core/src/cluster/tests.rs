@@ -1159,6 +1159,184 @@ fn submit_validates_through_the_policy_and_places() {
     assert_eq!(f.state("a"), JobState::Starting);
 }
 
+/// What [`Scripted`] answers, set by the test between steps.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Answer {
+    WaitForRoom,
+    /// A wait the policy does not promise to repeat (its reason may read the time).
+    WaitForOther,
+}
+
+/// A policy that answers what the test says and records which jobs it was asked about: for
+/// the core's bookkeeping of whom to ask, which no real policy's answer shows. Jobs whose id
+/// starts with `r` it places on the first worker.
+struct Scripted {
+    asked: std::sync::Arc<std::sync::Mutex<Vec<JobId>>>,
+    answer: std::sync::Arc<std::sync::Mutex<Answer>>,
+}
+
+impl ClusterPolicy for Scripted {
+    fn name(&self) -> &'static str {
+        "scripted"
+    }
+
+    fn place(&mut self, _now: Time, job: &Job, view: ClusterView<'_>) -> Admission {
+        self.asked.lock().unwrap().push(job.id.clone());
+        match view.workers.keys().next() {
+            Some(w) if job.id.starts_with('r') => Admission::Place {
+                worker: w.clone(),
+                cpu_shares: 0,
+                victims: Vec::new(),
+                reason: "as scripted".into(),
+                attributes: BTreeMap::new(),
+            },
+            _ => Admission::Wait {
+                reason: "as scripted".into(),
+                for_room: *self.answer.lock().unwrap() == Answer::WaitForRoom,
+            },
+        }
+    }
+
+    fn place_move(&mut self, _now: Time, _job: &Job, _view: ClusterView<'_>) -> Option<WorkerId> {
+        None
+    }
+}
+
+#[test]
+fn a_backlog_waiting_for_room_is_asked_again_only_when_a_workers_snapshot_changes() {
+    let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let answer = std::sync::Arc::new(std::sync::Mutex::new(Answer::WaitForRoom));
+    let policy = Scripted {
+        asked: asked.clone(),
+        answer: answer.clone(),
+    };
+    let mut f = Fixture {
+        core: Core::new(config(), Box::new(policy)),
+        now: 0.0,
+        effects: Vec::new(),
+        store: Shadow::default(),
+    };
+    f.register(1, "w1", 4.0);
+    f.start("r0", spec(1.0));
+    // Whom the policy was asked about since the last call.
+    let take = || std::mem::take(&mut *asked.lock().unwrap());
+    let jobs = |ks: std::ops::RangeInclusive<usize>| -> Vec<JobId> {
+        ks.map(|k| format!("j{k}").into()).collect()
+    };
+    assert_eq!(take(), vec![JobId::from("r0")]);
+    // Ten submissions that wait for room: each asks about itself only (a pass over the whole
+    // backlog at each one asked 55 times).
+    for k in 0..10 {
+        f.submit(&format!("j{k}"), 1.0);
+        assert_eq!(take(), jobs(k..=k), "submission {k}");
+    }
+    // A wait that is not for room is asked again at the next submission, with the rest.
+    *answer.lock().unwrap() = Answer::WaitForOther;
+    f.submit("j10", 1.0);
+    assert_eq!(take(), jobs(10..=10));
+    f.submit("j11", 1.0);
+    assert_eq!(take(), jobs(0..=11));
+    *answer.lock().unwrap() = Answer::WaitForRoom;
+    f.submit("j12", 1.0);
+    assert_eq!(take(), jobs(0..=12));
+    f.submit("j13", 1.0);
+    assert_eq!(take(), jobs(13..=13));
+    // Time, and heartbeats that change nothing placement sees, leave the backlog alone.
+    for _ in 0..5 {
+        f.advance(1.0);
+        f.heartbeat_of(1, "r0", 1, 0.7);
+    }
+    f.submit("j14", 1.0);
+    assert_eq!(take(), jobs(14..=14));
+    // A heartbeat that changes what r0 shows changes w1's snapshot: the next pass asks every
+    // job again.
+    f.msg(
+        1,
+        AgentMessage::Heartbeat(Heartbeat {
+            jobs: vec![JobStatus {
+                job: "r0".into(),
+                epoch: 1,
+                category: Some(converge_policy::Category::Watching),
+                growth_efficiency: Some(0.5),
+                cpu_limit: None,
+                cpu_usage: 0.7,
+            }],
+            ..Heartbeat::default()
+        }),
+    );
+    f.submit("j15", 1.0);
+    assert_eq!(take(), jobs(0..=15));
+    // So does a job that leaves a worker, and a worker that registers (in their own step).
+    f.exited(1, "r0", 1, 0, false);
+    assert_eq!(take(), jobs(0..=15));
+    f.submit("j16", 1.0);
+    assert_eq!(take(), jobs(16..=16));
+    f.register(2, "w2", 4.0);
+    assert_eq!(take(), jobs(0..=16));
+}
+
+/// The promise each policy makes when nothing has room for a job: it waits for room
+/// ([`Admission::Wait`]'s `for_room`), which lets the core leave a backlog alone at each
+/// submission. With no worker, and with a worker too small for the job.
+#[test]
+fn every_policy_says_a_job_nothing_has_room_for_waits_for_room() {
+    let settings = PolicyConfig {
+        value: Some(converge_policy::value::ValueConfig::default()),
+        ..PolicyConfig::default()
+    };
+    let valued = JobSpec {
+        cpus: 2.0,
+        estimated_runtime_s: 100.0,
+        value_curve: Some(converge_policy::value::ValueCurve {
+            max_value: 10.0,
+            full_value_until_s: 200.0,
+            zero_value_at_s: 400.0,
+        }),
+        ..JobSpec::default()
+    };
+    for &name in policy::POLICIES {
+        let mut core = Core::new(config(), policy::by_name(name, &settings).unwrap());
+        let mut asked = policy::by_name(name, &settings).unwrap();
+        for (id, spec) in [("plain", spec(2.0)), ("valued", valued.clone())] {
+            core.step(
+                0.0,
+                Input::Submit {
+                    id: id.into(),
+                    spec,
+                },
+            );
+        }
+        let wait_for_room = |asked: &mut Box<dyn ClusterPolicy>, core: &Core, id: &str| {
+            let answer = asked.place(0.0, core.job(id).unwrap(), core.view());
+            assert!(
+                matches!(answer, Admission::Wait { for_room: true, .. }),
+                "{name} answered {answer:?} for {id}"
+            );
+        };
+        for id in ["plain", "valued"] {
+            wait_for_room(&mut asked, &core, id);
+        }
+        // A worker of one core, which neither job (two) fits. The value policies weigh a
+        // valued job against what runs on a schedulable worker: it is not a wait for room.
+        core.step(
+            0.0,
+            Input::Connected {
+                conn: 1,
+                register: Register {
+                    worker: "w1".into(),
+                    cpu_capacity: 1.0,
+                    instance_id: "w1-a".into(),
+                    ..Register::default()
+                },
+            },
+        );
+        wait_for_room(&mut asked, &core, "plain");
+        if !name.starts_with("value") {
+            wait_for_room(&mut asked, &core, "valued");
+        }
+    }
+}
+
 #[test]
 fn value_policy_refuses_a_curve_without_runtime_naming_the_field() {
     let p = policy::by_name(

@@ -59,6 +59,10 @@ enum Cmd {
         /// Extra arguments for the manager (e.g. `--manager-arg=--state-dir=none`).
         #[arg(long = "manager-arg", allow_hyphen_values = true)]
         manager_args: Vec<String>,
+        /// A `converge-manager` binary of another build, measured after this one in the same
+        /// run (a second row, its ratio also to the same bare stream).
+        #[arg(long)]
+        against: Option<std::path::PathBuf>,
     },
     /// The shapes of `docs/performance.md`, as a markdown table.
     Table {
@@ -110,6 +114,24 @@ enum Cmd {
         #[arg(long, value_delimiter = ',', default_values_t = [1_000usize, 2_000, 4_000, 8_000, 16_000])]
         levels: Vec<usize>,
     },
+    /// What a backlog of waiting jobs costs a submission: SubmitJob/s at each number of jobs
+    /// waiting, with no worker, and with a full cluster (agents of one core each running one
+    /// job, heartbeating and reporting progress once a second), the waiting jobs asking for a
+    /// core each. With `--against`, the same against another manager build in the same run.
+    Backlog {
+        #[arg(long, value_delimiter = ',', default_values_t = [1_000usize, 2_000, 4_000, 8_000, 16_000])]
+        levels: Vec<usize>,
+        /// Agents of the full cluster.
+        #[arg(long, default_value_t = 100)]
+        agents: usize,
+        /// A `converge-manager` binary of another build (e.g. an earlier commit's, built into
+        /// its own target directory), measured after this one.
+        #[arg(long)]
+        against: Option<std::path::PathBuf>,
+        /// Extra arguments for the managers (e.g. `--manager-arg=--policy=converge`).
+        #[arg(long = "manager-arg", allow_hyphen_values = true)]
+        manager_args: Vec<String>,
+    },
     /// (Internal) the bare server.
     #[command(hide = true)]
     BareServer {
@@ -133,19 +155,32 @@ fn main() -> anyhow::Result<()> {
                 rate,
                 seconds,
                 manager_args,
+                against,
             } => {
                 let shape = Shape {
                     agents,
                     containers,
                     rate,
                 };
+                let (bare, manager) = compare(&shape, seconds, &manager_args).await?;
+                let other = match &against {
+                    Some(bin) => {
+                        let m = measure(Kind::Manager, Some(bin), &shape, seconds, &manager_args);
+                        Some(m.await?)
+                    }
+                    None => None,
+                };
                 print_header();
-                print_row(&shape, &compare(&shape, seconds, &manager_args).await?);
+                print_row(&shape, "", &bare, &manager);
+                if let Some(other) = other {
+                    print_row(&shape, " (against)", &bare, &other);
+                }
             }
             Cmd::Table { seconds } => {
                 print_header();
                 for shape in SHAPES {
-                    print_row(&shape, &compare(&shape, seconds, &[]).await?);
+                    let (bare, manager) = compare(&shape, seconds, &[]).await?;
+                    print_row(&shape, "", &bare, &manager);
                 }
             }
             Cmd::Memory {
@@ -155,6 +190,12 @@ fn main() -> anyhow::Result<()> {
             } => memory(&levels, points, &manager_args).await?,
             Cmd::Heap { stacks, top } => heap(&stacks, top)?,
             Cmd::Backup { levels } => backup(&levels).await?,
+            Cmd::Backlog {
+                levels,
+                agents,
+                against,
+                manager_args,
+            } => backlog(&levels, agents, against.as_deref(), &manager_args).await?,
             Cmd::Soak {
                 agents,
                 minutes,
@@ -216,8 +257,8 @@ async fn compare(
     manager_args: &[String],
 ) -> anyhow::Result<(Measured, Measured)> {
     // Bare first, then the manager: each alone on the machine.
-    let bare = measure(Kind::Bare, shape, seconds, &[]).await?;
-    let manager = measure(Kind::Manager, shape, seconds, manager_args).await?;
+    let bare = measure(Kind::Bare, None, shape, seconds, &[]).await?;
+    let manager = measure(Kind::Manager, None, shape, seconds, manager_args).await?;
     Ok((bare, manager))
 }
 
@@ -228,7 +269,8 @@ fn print_header() {
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
 }
 
-fn print_row(shape: &Shape, (bare, manager): &(Measured, Measured)) {
+/// One row: `label` follows the shape (which build, when two are compared).
+fn print_row(shape: &Shape, label: &str, bare: &Measured, manager: &Measured) {
     let rate = if shape.rate > 0.0 {
         format!("{}/s", shape.rate)
     } else {
@@ -236,7 +278,7 @@ fn print_row(shape: &Shape, (bare, manager): &(Measured, Measured)) {
     };
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     println!(
-        "| {} × {} × {rate} | {:.0} | {:.0} | {:.2} | {:.1} / {:.1} ms | {:.1} / {:.1} ms | {:.2} cores | {:.2} cores | {:.0} MiB | {:.0} MiB |",
+        "| {} × {} × {rate}{label} | {:.0} | {:.0} | {:.2} | {:.1} / {:.1} ms | {:.1} / {:.1} ms | {:.2} cores | {:.2} cores | {:.0} MiB | {:.0} MiB |",
         shape.agents,
         shape.containers,
         manager.handled_per_s,
@@ -306,12 +348,13 @@ async fn running(target: &Target, n: u64, within: Duration) -> anyhow::Result<()
 
 async fn measure(
     kind: Kind,
+    manager: Option<&std::path::Path>,
     shape: &Shape,
     seconds: u64,
     extra: &[String],
 ) -> anyhow::Result<Measured> {
     let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-    let target = Target::start(kind, &extra).await?;
+    let target = Target::start_at(kind, manager, &extra).await?;
     let shutdown = CancellationToken::new();
     let mut probe = Probe::connect(&target.endpoint(), &shutdown).await?;
     let client = match kind {
@@ -482,6 +525,93 @@ async fn backup(levels: &[usize]) -> anyhow::Result<()> {
             during.as_secs_f64() * 1e3,
             during.as_secs_f64() / rest.as_secs_f64()
         );
+    }
+    Ok(())
+}
+
+/// SubmitJob/s at each backlog level, for each cluster shape (no worker; `agents` full
+/// agents), for this build and, if given, `against`: rows of the table `docs/performance.md`
+/// shows ("A backlog of waiting jobs").
+async fn backlog(
+    levels: &[usize],
+    agents: usize,
+    against: Option<&std::path::Path>,
+    manager_args: &[String],
+) -> anyhow::Result<()> {
+    let extra: Vec<&str> = manager_args.iter().map(String::as_str).collect();
+    // Rates per (shape, build), each a list over the levels.
+    let mut rates: Vec<Vec<Vec<f64>>> = Vec::new();
+    for shape_agents in [0, agents] {
+        let mut per_build = Vec::new();
+        for bin in std::iter::once(None).chain(against.map(Some)) {
+            let target = Target::start_at(Kind::Manager, bin, &extra).await?;
+            let client = control(&target).await?;
+            let fleet = if shape_agents > 0 {
+                let fleet = Fleet::start(
+                    &target.endpoint(),
+                    &FleetConfig {
+                        agents: shape_agents,
+                        cpus: 1.0,
+                        rate: 1.0,
+                        fake_containers: 0,
+                        quiet_after: None,
+                        finish_after: None,
+                        prefix: "full-".into(),
+                    },
+                )
+                .await?;
+                // One job per agent fills the cluster; the backlog comes after.
+                submit(&client, shape_agents).await?;
+                running(&target, shape_agents as u64, Duration::from_secs(120)).await?;
+                Some(fleet)
+            } else {
+                None
+            };
+            let mut waiting = 0;
+            let mut row = Vec::new();
+            for &level in levels {
+                let t = Instant::now();
+                submit(&client, level - waiting).await?;
+                row.push((level - waiting) as f64 / t.elapsed().as_secs_f64());
+                waiting = level;
+            }
+            if let Some(fleet) = fleet {
+                fleet.stop().await;
+            }
+            per_build.push(row);
+        }
+        rates.push(per_build);
+    }
+    println!(
+        "SubmitJob/s from 32 callers, at each number of jobs already waiting for a core{}",
+        if against.is_some() {
+            "; `against`: the other build, in the same run"
+        } else {
+            ""
+        }
+    );
+    print!("| cluster | jobs waiting | SubmitJob/s to get there |");
+    if against.is_some() {
+        print!(" against | ratio |");
+    }
+    println!();
+    println!(
+        "|---|---:|---:|{}",
+        if against.is_some() { "---:|---:|" } else { "" }
+    );
+    for (shape, per_build) in [0, agents].iter().zip(&rates) {
+        let cluster = if *shape == 0 {
+            "no worker".to_string()
+        } else {
+            format!("{shape} agents of 1 core, full")
+        };
+        for (k, level) in levels.iter().enumerate() {
+            print!("| {cluster} | {level} | {:.0} |", per_build[0][k]);
+            if let Some(other) = per_build.get(1) {
+                print!(" {:.0} | {:.1}x |", other[k], per_build[0][k] / other[k]);
+            }
+            println!();
+        }
     }
     Ok(())
 }

@@ -53,11 +53,24 @@ pub struct ProcSample {
 impl Target {
     /// Starts `kind` on a free loopback port and waits until it accepts connections.
     pub async fn start(kind: Kind, extra: &[&str]) -> anyhow::Result<Self> {
+        Self::start_at(kind, None, extra).await
+    }
+
+    /// [`Target::start`], with the manager binary at `manager` (another build, to compare in
+    /// one run) instead of the one beside this harness.
+    pub async fn start_at(
+        kind: Kind,
+        manager: Option<&Path>,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
         let addr = free_local_addr();
         let mut wrapped = false;
         let (child, metrics, state, bare_count) = match kind {
             Kind::Manager => {
-                let bin = sibling("converge-manager")?;
+                let bin = match manager {
+                    Some(bin) => bin.to_path_buf(),
+                    None => sibling("converge-manager")?,
+                };
                 let state = tempfile::tempdir()?;
                 let metrics = free_local_addr();
                 // `CONVERGE_LOAD_WRAP` runs the manager under a profiler (e.g. "heaptrack -o

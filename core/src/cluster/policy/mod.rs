@@ -356,6 +356,13 @@ pub enum Admission {
     Wait {
         /// Why, in words a user can act on.
         reason: String,
+        /// The job waits only because no schedulable worker has room for it: the policy's
+        /// promise that it gives this answer again, whatever the time, until a worker's
+        /// placement snapshot changes ([`ClusterView::snapshots`]: its capacity, its state,
+        /// the jobs on it). The core does not ask again until then (`Core::schedule`); a
+        /// backlog of n such jobs made every submission ask n (`docs/performance.md`, "A
+        /// backlog of waiting jobs").
+        for_room: bool,
     },
     /// Never (value-based allocation).
     Reject {

@@ -44,7 +44,13 @@ impl Placing {
             }
             None => match self.placer.place(&need, snaps) {
                 Placement::Worker { index, scores } => (index, placement_text(ids, &scores, index)),
-                Placement::Unschedulable { reason } => return Admission::Wait { reason },
+                // Every placer says so only when no schedulable worker fits the request.
+                Placement::Unschedulable { reason } => {
+                    return Admission::Wait {
+                        reason,
+                        for_room: true,
+                    };
+                }
             },
         };
         let worker = ids[index].clone();

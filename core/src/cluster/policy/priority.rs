@@ -885,6 +885,9 @@ impl PriorityPolicy {
             }
             None => Admission::Wait {
                 reason: converge_policy::cluster::unschedulable_reason(&need, snaps),
+                // Not when it fits somewhere whose marginal is not finite: that reads the
+                // works of other jobs, which a submission changes (their median).
+                for_room: !fits.contains(&true),
             },
         }
     }

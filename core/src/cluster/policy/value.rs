@@ -160,6 +160,7 @@ impl ClusterPolicy for ValuePolicy {
         if !nodes.iter().any(|n| n.schedulable) {
             return Admission::Wait {
                 reason: "waiting for a schedulable worker".into(),
+                for_room: true,
             };
         }
         let ids: Vec<&WorkerId> = view.workers.keys().collect();
