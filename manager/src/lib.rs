@@ -37,7 +37,6 @@ use converge_messenger::pb::control_service_server::ControlServiceServer;
 use converge_store::{Sqlite, Store};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -183,7 +182,7 @@ pub async fn serve(
             info!("TLS on; agents need a client certificate naming their worker");
             Either::Left(incoming)
         }
-        None => Either::Right(TcpListenerStream::new(listener)),
+        None => Either::Right(plain_incoming(listener)),
     };
     let router = builder
         .layer(tower::util::option_layer(auth))
@@ -295,4 +294,33 @@ fn recover(
         store: Some(Box::new(store)),
         restored: Some(restored),
     })
+}
+
+/// Plain TCP connections as the server takes them, with Nagle's algorithm off, as tonic's own
+/// listener and the TLS listener (`converge_messenger::tls`) set it. `serve_with_incoming`
+/// leaves a socket as it comes: an answer written in more than one piece then waited for the
+/// client's delayed ACK, and a GetJob at rest took 43 ms where it takes under one
+/// (`docs/performance.md`, "Answers that waited for an ACK").
+fn plain_incoming(listener: TcpListener) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+    use tokio::net::{TcpListener, TcpStream};
+
+    #[tokio::test]
+    async fn plain_connections_are_taken_with_nagles_algorithm_off() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let incoming = super::plain_incoming(listener);
+        tokio::pin!(incoming);
+        let _client = TcpStream::connect(addr).await.unwrap();
+        let accepted = incoming.next().await.unwrap().unwrap();
+        assert!(
+            accepted.nodelay().unwrap(),
+            "an accepted connection has Nagle's algorithm on: small answers wait for an ACK"
+        );
+    }
 }

@@ -21,6 +21,11 @@
 //! - `soak`: agents for minutes with jobs starting and finishing and agents reconnecting at
 //!   random; RSS, tokio tasks, threads and open files every 10 s, drawn as an SVG; at the end,
 //!   every job's final state is checked.
+//! - `backup`: what a `Backup` costs at each number of stored jobs; `backlog`: SubmitJob/s at
+//!   each number of jobs waiting for room.
+//!
+//! `throughput` and `backlog` take `--against PATH`: another build's `converge-manager`,
+//! measured after this one in the same run, so that a change is a ratio within one run.
 
 mod fleet;
 mod target;
@@ -107,11 +112,9 @@ enum Cmd {
     },
     /// What `Backup` costs at each number of stored jobs: the copy's size and time, and the
     /// longest a GetJob waited while it ran (the manager's actor makes the copy, and answers
-    /// nothing meanwhile), against the median GetJob at rest. The jobs wait with no worker, and
-    /// each submission costs in proportion to those waiting (`docs/performance.md`), so the
-    /// default stops at 16,000.
+    /// nothing meanwhile), against the median GetJob at rest. The jobs wait with no worker.
     Backup {
-        #[arg(long, value_delimiter = ',', default_values_t = [1_000usize, 2_000, 4_000, 8_000, 16_000])]
+        #[arg(long, value_delimiter = ',', default_values_t = [1_000usize, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 100_000])]
         levels: Vec<usize>,
     },
     /// What a backlog of waiting jobs costs a submission: SubmitJob/s at each number of jobs
