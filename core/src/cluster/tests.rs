@@ -165,9 +165,13 @@ fn spec(cpus: f64) -> JobSpec {
 
 impl Fixture {
     fn new(policy: &str) -> Self {
-        let p = policy::by_name(policy, &PolicyConfig::default()).unwrap();
+        Self::with(policy::by_name(policy, &PolicyConfig::default()).unwrap())
+    }
+
+    /// A fixture around a core that runs `policy`.
+    fn with(policy: Box<dyn ClusterPolicy>) -> Self {
         Fixture {
-            core: Core::new(config(), p),
+            core: Core::new(config(), policy),
             now: 0.0,
             effects: Vec::new(),
             store: Shadow::default(),
@@ -1206,16 +1210,10 @@ impl ClusterPolicy for Scripted {
 fn a_backlog_waiting_for_room_is_asked_again_only_when_a_workers_snapshot_changes() {
     let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let answer = std::sync::Arc::new(std::sync::Mutex::new(Answer::WaitForRoom));
-    let policy = Scripted {
+    let mut f = Fixture::with(Box::new(Scripted {
         asked: asked.clone(),
         answer: answer.clone(),
-    };
-    let mut f = Fixture {
-        core: Core::new(config(), Box::new(policy)),
-        now: 0.0,
-        effects: Vec::new(),
-        store: Shadow::default(),
-    };
+    }));
     f.register(1, "w1", 4.0);
     f.start("r0", spec(1.0));
     // Whom the policy was asked about since the last call.
@@ -1286,13 +1284,7 @@ fn every_policy_says_a_job_nothing_has_room_for_waits_for_room() {
     };
     let valued = JobSpec {
         cpus: 2.0,
-        estimated_runtime_s: 100.0,
-        value_curve: Some(converge_policy::value::ValueCurve {
-            max_value: 10.0,
-            full_value_until_s: 200.0,
-            zero_value_at_s: 400.0,
-        }),
-        ..JobSpec::default()
+        ..value_job(100.0, 10.0, 200.0, 400.0)
     };
     for &name in policy::POLICIES {
         let mut core = Core::new(config(), policy::by_name(name, &settings).unwrap());
