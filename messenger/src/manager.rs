@@ -86,6 +86,22 @@ pub struct AgentLink {
 pub struct LinkClosed(pub ConnectionId);
 
 impl AgentLink {
+    /// A link for stream `conn` holding up to `capacity` messages, and what it sends as it
+    /// comes: [`AgentStreams`] answers a stream with the receiver; a manager's tests read it
+    /// as the agent would.
+    pub fn channel(
+        conn: ConnectionId,
+        capacity: usize,
+    ) -> (Self, mpsc::Receiver<Result<ManagerMessage, Status>>) {
+        let (tx, rx) = mpsc::channel(capacity);
+        let link = Self {
+            conn,
+            tx,
+            ended: CancellationToken::new(),
+        };
+        (link, rx)
+    }
+
     /// The stream this link sends on.
     pub fn conn(&self) -> ConnectionId {
         self.conn
@@ -217,19 +233,15 @@ impl AgentService for AgentStreams {
             )));
         }
         let conn = self.next_conn.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel(OUTBOUND_CAPACITY);
-        let ended = CancellationToken::new();
+        let (link, rx) = AgentLink::channel(conn, OUTBOUND_CAPACITY);
+        let ended = link.ended.clone();
         let span = info_span!("agent_stream", conn, worker = %register.worker_id, %peer);
         let events = self.events.clone();
         events
             .send(StreamEvent::Connected {
                 conn,
                 register,
-                link: AgentLink {
-                    conn,
-                    tx,
-                    ended: ended.clone(),
-                },
+                link,
             })
             .await
             .map_err(|_| Status::unavailable("manager is shutting down"))?;

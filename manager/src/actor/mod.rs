@@ -29,6 +29,9 @@ mod logs;
 mod specs;
 mod trace;
 
+#[cfg(test)]
+mod tests;
+
 pub use logs::LogStream;
 pub use specs::Specs;
 
