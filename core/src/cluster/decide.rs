@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// Kinds of wait for room a pass keeps to give again ([`Core::schedule`]): a backlog of jobs
+/// asking for a few sizes is answered by one question per size.
+const ALIKE_KINDS: usize = 8;
+
 impl Core {
     /// Offers departures to the policy, continues drains, places pending jobs; until nothing
     /// changes.
@@ -28,11 +32,19 @@ impl Core {
     /// Jobs told to wait for room are not asked again while no worker's placement snapshot
     /// changes (`waiting_for_room`): the policy promised the same answer until one does, and
     /// asking every pending job whenever one became pending made a backlog of n jobs cost n
-    /// answers a submission (`docs/performance.md`, "A backlog of waiting jobs"). The
-    /// answers are the ones a full pass would give, so the decisions are too.
+    /// answers a submission (`docs/performance.md`, "A backlog of waiting jobs"). Once one
+    /// has changed, a job that waits alike with one already told to wait for room in the
+    /// same pass, at the same snapshots, gets its answer without a question
+    /// ([`ClusterPolicy::waits_alike`]): in a full cluster, every job that ended had the
+    /// policy asked about the whole backlog. The answers are the ones a full pass would give,
+    /// so the decisions are too.
     pub(super) fn schedule(&mut self) {
         if self.pending.is_empty() {
             return;
+        }
+        #[cfg(test)]
+        if self.every_pass_full {
+            self.waiting_for_room = None;
         }
         let after = match self.waiting_for_room {
             Some((seq, touches)) if touches == self.index.touches() => seq + 1,
@@ -45,8 +57,32 @@ impl Core {
             .collect();
         // Whether every answer of this pass was a wait for room (then it changed nothing).
         let mut for_room_only = true;
+        // The waits for room given in this pass, with a job each was given to, at the touch
+        // count then: a job the policy says waits alike gets the same answer without asking
+        // while the count stays ([`ClusterPolicy::waits_alike`]). A few kinds of request make
+        // most backlogs; past `ALIKE_KINDS` the newest answer replaces the oldest.
+        // Each asked job is kept as a copy: looking it up by id for every job of the backlog
+        // was a third of a full cluster's pass.
+        let mut alike: VecDeque<(Job, String)> = VecDeque::new();
+        let mut alike_at = self.index.touches();
         for id in pending {
-            if !matches!(self.jobs[&id].phase, JobPhase::Pending) {
+            if alike_at != self.index.touches() {
+                alike.clear();
+                alike_at = self.index.touches();
+            }
+            #[cfg(test)]
+            if self.every_pass_full {
+                alike.clear();
+            }
+            let job = &self.jobs[&id];
+            if !matches!(job.phase, JobPhase::Pending) {
+                continue;
+            }
+            let same = (alike.iter()).find(|(asked, _)| self.policy.waits_alike(asked, job));
+            if let Some((_, reason)) = same {
+                if job.reason != *reason {
+                    self.wait(&id, reason.clone());
+                }
                 continue;
             }
             let view = policy_view!(self);
@@ -67,11 +103,13 @@ impl Core {
                 }
                 Admission::Wait { reason, for_room } => {
                     for_room_only &= for_room;
-                    let j = self.job_mut(&id).expect("exists");
-                    if j.reason != reason {
-                        debug!(job = %id, %reason, "job waits");
-                        j.reason = reason;
+                    if for_room {
+                        if alike.len() == ALIKE_KINDS {
+                            alike.pop_front();
+                        }
+                        alike.push_back((self.jobs[&id].clone(), reason.clone()));
                     }
+                    self.wait(&id, reason);
                 }
                 Admission::Reject { reason } => {
                     for_room_only = false;
@@ -86,6 +124,15 @@ impl Core {
         } else {
             None
         };
+    }
+
+    /// Pending job `id` waits, for `reason`. Its record changes only when the reason does: a
+    /// pass that found a backlog waiting as before had the store write all of it again.
+    fn wait(&mut self, id: &str, reason: String) {
+        if self.jobs[id].reason != reason {
+            debug!(job = %id, %reason, "job waits");
+            self.job_mut(id).expect("exists").reason = reason;
+        }
     }
 
     pub(super) fn start(

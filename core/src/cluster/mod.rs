@@ -302,6 +302,10 @@ pub struct Core {
     /// placement index had been touched `touches` times. While that count stays, no worker's
     /// snapshot changed, and the next pass asks only the jobs after `seq` ([`Core::schedule`]).
     waiting_for_room: Option<(u64, u64)>,
+    /// Tests: every pass asks the policy about every pending job, as before either shortcut
+    /// of [`Core::schedule`] (the twin a property test holds the shortcuts to).
+    #[cfg(test)]
+    every_pass_full: bool,
     /// Which worker each live stream belongs to: every agent message looks its stream up
     /// here first, and a B-tree of 10,000 streams was a search of four nodes where a hash
     /// probe is one (never walked, so its order does not matter; ids are the shell's
@@ -402,6 +406,8 @@ impl Core {
             departures: VecDeque::new(),
             dirty: false,
             waiting_for_room: None,
+            #[cfg(test)]
+            every_pass_full: false,
             history: Default::default(),
             changes: record_changes.then(Default::default),
             grace_until: Time::NEG_INFINITY,

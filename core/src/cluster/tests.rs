@@ -458,6 +458,28 @@ impl Fixture {
         self.progress_of(conn, job, epoch, step, 100)
     }
 
+    /// A heartbeat reporting `jobs` (each at epoch 1, using a core) in `category`.
+    fn heartbeat_in(
+        &mut self,
+        conn: ConnId,
+        jobs: &[&str],
+        category: converge_policy::Category,
+    ) -> Vec<Effect> {
+        let status = |j: &&str| JobStatus {
+            job: (*j).into(),
+            epoch: 1,
+            category: Some(category),
+            growth_efficiency: None,
+            cpu_limit: None,
+            cpu_usage: 1.0,
+        };
+        let heartbeat = Heartbeat {
+            jobs: jobs.iter().map(status).collect(),
+            ..Heartbeat::default()
+        };
+        self.msg(conn, AgentMessage::Heartbeat(heartbeat))
+    }
+
     fn progress_of(
         &mut self,
         conn: ConnId,
@@ -1163,6 +1185,9 @@ fn submit_validates_through_the_policy_and_places() {
     assert_eq!(f.state("a"), JobState::Starting);
 }
 
+/// What a test and a policy it scripts both hold.
+type Shared<T> = std::sync::Arc<std::sync::Mutex<T>>;
+
 /// What [`Scripted`] answers, set by the test between steps.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Answer {
@@ -1173,10 +1198,26 @@ enum Answer {
 
 /// A policy that answers what the test says and records which jobs it was asked about: for
 /// the core's bookkeeping of whom to ask, which no real policy's answer shows. Jobs whose id
-/// starts with `r` it places on the first worker.
+/// starts with `r` it places on the first worker. With `alike`, other jobs of the same size
+/// wait alike.
 struct Scripted {
-    asked: std::sync::Arc<std::sync::Mutex<Vec<JobId>>>,
-    answer: std::sync::Arc<std::sync::Mutex<Answer>>,
+    asked: Shared<Vec<JobId>>,
+    answer: Shared<Answer>,
+    alike: bool,
+}
+
+impl Scripted {
+    /// The policy, whom it was asked about, and what it answers.
+    fn new(alike: bool) -> (Self, Shared<Vec<JobId>>, Shared<Answer>) {
+        let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let answer = std::sync::Arc::new(std::sync::Mutex::new(Answer::WaitForRoom));
+        let policy = Scripted {
+            asked: asked.clone(),
+            answer: answer.clone(),
+            alike,
+        };
+        (policy, asked, answer)
+    }
 }
 
 impl ClusterPolicy for Scripted {
@@ -1201,6 +1242,12 @@ impl ClusterPolicy for Scripted {
         }
     }
 
+    fn waits_alike(&self, a: &Job, b: &Job) -> bool {
+        // Jobs it places wait unlike the others (once there is a worker, they are placed).
+        let placed = |j: &Job| j.id.starts_with('r');
+        self.alike && a.spec.cpus == b.spec.cpus && placed(a) == placed(b)
+    }
+
     fn place_move(&mut self, _now: Time, _job: &Job, _view: ClusterView<'_>) -> Option<WorkerId> {
         None
     }
@@ -1208,12 +1255,8 @@ impl ClusterPolicy for Scripted {
 
 #[test]
 fn a_backlog_waiting_for_room_is_asked_again_only_when_a_workers_snapshot_changes() {
-    let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let answer = std::sync::Arc::new(std::sync::Mutex::new(Answer::WaitForRoom));
-    let mut f = Fixture::with(Box::new(Scripted {
-        asked: asked.clone(),
-        answer: answer.clone(),
-    }));
+    let (policy, asked, answer) = Scripted::new(false);
+    let mut f = Fixture::with(Box::new(policy));
     f.register(1, "w1", 4.0);
     f.start("r0", spec(1.0));
     // Whom the policy was asked about since the last call.
@@ -1273,6 +1316,75 @@ fn a_backlog_waiting_for_room_is_asked_again_only_when_a_workers_snapshot_change
     assert_eq!(take(), jobs(0..=16));
 }
 
+/// Once a snapshot changed, a pass asks about one job of each kind that waits alike, and
+/// gives the others its answer, until a placement changes a snapshot in the same pass.
+#[test]
+fn a_pass_asks_about_one_job_of_each_kind_that_waits_alike() {
+    let (policy, asked, _) = Scripted::new(true);
+    let mut f = Fixture::with(Box::new(policy));
+    let take = || std::mem::take(&mut *asked.lock().unwrap());
+    let ids = |ks: &[&str]| -> Vec<JobId> { ks.iter().map(|&k| k.into()).collect() };
+    // No worker: all wait for room. `r1` is placed once there is a worker.
+    for (id, cpus) in [
+        ("a1", 1.0),
+        ("b2", 2.0),
+        ("c1", 1.0),
+        ("d2", 2.0),
+        ("r1", 1.0),
+    ] {
+        f.submit(id, cpus);
+    }
+    for (id, cpus) in [("e1", 1.0), ("f2", 2.0), ("g1", 1.0)] {
+        f.submit(id, cpus);
+    }
+    assert_eq!(
+        take(),
+        ids(&["a1", "b2", "c1", "d2", "r1", "e1", "f2", "g1"])
+    );
+    // A worker registers: c1 and d2 are answered as a1 and b2 were; r1 is placed, which
+    // changes the worker's snapshot, so the next of each size is asked again.
+    f.register(1, "w1", 8.0);
+    assert_eq!(take(), ids(&["a1", "b2", "r1", "e1", "f2"]));
+    assert_eq!(f.state("r1"), JobState::Starting);
+    for id in ["a1", "b2", "c1", "d2", "e1", "f2", "g1"] {
+        assert_eq!((id, f.state(id)), (id, JobState::Pending));
+        assert_eq!(f.core.job(id).unwrap().reason, "as scripted");
+    }
+    // Another change: one question per size.
+    f.register(2, "w2", 8.0);
+    assert_eq!(take(), ids(&["a1", "b2"]));
+}
+
+/// A pass that finds a backlog waiting for the reasons it waited for changes no record: the
+/// store wrote every waiting job again at each pass, one row each, in a full cluster at
+/// every job that ended.
+#[test]
+fn a_job_that_waits_as_before_is_not_stored_again() {
+    let mut f = Fixture::new("spread");
+    f.register(1, "w1", 1.0);
+    f.start("r", spec(1.0));
+    for id in ["a", "b", "c"] {
+        f.submit(id, 1.0);
+    }
+    f.core.take_changes();
+    // A change of r's category changes w1's snapshot: the next pass asks about a, b and c
+    // again, which still wait, for the same reason.
+    let before = f.core.job("a").unwrap().reason.clone();
+    f.heartbeat_in(1, &["r"], converge_policy::Category::Completing);
+    // Stepped by hand, to read what the step changed before the fixture's store takes it.
+    let submit = Input::Submit {
+        id: "d".into(),
+        spec: spec(1.0),
+    };
+    f.core.step(f.now, submit);
+    assert_eq!(f.core.job("a").unwrap().reason, before);
+    let changed = f.core.take_changes().jobs;
+    assert!(changed.contains("d"), "{changed:?}");
+    for id in ["a", "b", "c"] {
+        assert!(!changed.contains(id), "{id} stored again: {changed:?}");
+    }
+}
+
 /// The promise each policy makes when nothing has room for a job: it waits for room
 /// ([`Admission::Wait`]'s `for_room`), which lets the core leave a backlog alone at each
 /// submission. With no worker, and with a worker too small for the job.
@@ -1326,6 +1438,82 @@ fn every_policy_says_a_job_nothing_has_room_for_waits_for_room() {
         if !name.starts_with("value") {
             wait_for_room(&mut asked, &core, "valued");
         }
+    }
+}
+
+/// The other promise about waiting for room ([`ClusterPolicy::waits_alike`]): jobs a policy
+/// says wait alike get the same wait, reason and all, so that the core can ask about one of
+/// them in a pass. Every policy, with no worker and with a worker too small for any job.
+#[test]
+fn jobs_a_policy_says_wait_alike_get_the_same_wait_for_room() {
+    let settings = PolicyConfig {
+        value: Some(converge_policy::value::ValueConfig::default()),
+        ..PolicyConfig::default()
+    };
+    let valued = |cpus| JobSpec {
+        cpus,
+        ..value_job(100.0, 10.0, 200.0, 400.0)
+    };
+    let jobs = [
+        ("two", spec(2.0)),
+        ("two-more", spec(2.0)),
+        ("three", spec(3.0)),
+        ("valued-two", valued(2.0)),
+        ("valued-three", valued(3.0)),
+    ];
+    for &name in policy::POLICIES {
+        let mut core = Core::new(config(), policy::by_name(name, &settings).unwrap());
+        let mut asked = policy::by_name(name, &settings).unwrap();
+        for (id, spec) in jobs.clone() {
+            core.step(
+                0.0,
+                Input::Submit {
+                    id: id.into(),
+                    spec,
+                },
+            );
+        }
+        let alike =
+            |a: &str, b: &str| asked.waits_alike(core.job(a).unwrap(), core.job(b).unwrap());
+        // Not a promise kept by saying nothing: jobs that ask for the same are alike, and
+        // jobs that ask for different sizes are not (their reasons name the size).
+        assert!(
+            alike("two", "two-more"),
+            "{name}: two jobs of one spec wait alike"
+        );
+        assert!(
+            !alike("two", "three"),
+            "{name}: jobs of two sizes wait alike"
+        );
+        let mut pairs = 0;
+        for worker in [None, Some(1.0)] {
+            if let Some(cpu_capacity) = worker {
+                let register = Register {
+                    worker: "w1".into(),
+                    cpu_capacity,
+                    instance_id: "w1-a".into(),
+                    ..Register::default()
+                };
+                core.step(0.0, Input::Connected { conn: 1, register });
+            }
+            for (a, _) in &jobs {
+                let answer = asked.place(0.0, core.job(a).unwrap(), core.view());
+                if !matches!(answer, Admission::Wait { for_room: true, .. }) {
+                    continue;
+                }
+                for (b, _) in jobs.iter().filter(|(b, _)| b != a) {
+                    if asked.waits_alike(core.job(a).unwrap(), core.job(b).unwrap()) {
+                        pairs += 1;
+                        let other = asked.place(0.0, core.job(b).unwrap(), core.view());
+                        assert_eq!(other, answer, "{name}: {b} waits unlike {a}");
+                    }
+                }
+            }
+        }
+        assert!(
+            pairs >= 2,
+            "{name}: only {pairs} pairs of alike waits were compared"
+        );
     }
 }
 
@@ -1709,21 +1897,7 @@ fn specon_rebalances_on_its_timer() {
     f.run_all(&["a", "b", "c", "d"], 1.0);
     f.register(2, "w2", 8.0);
     // a and b report converged.
-    let status = |j: &str| JobStatus {
-        job: j.into(),
-        epoch: 1,
-        category: Some(converge_policy::Category::Completing),
-        growth_efficiency: None,
-        cpu_limit: None,
-        cpu_usage: 1.0,
-    };
-    f.msg(
-        1,
-        AgentMessage::Heartbeat(Heartbeat {
-            jobs: vec![status("a"), status("b")],
-            ..Heartbeat::default()
-        }),
-    );
+    f.heartbeat_in(1, &["a", "b"], converge_policy::Category::Completing);
     assert_eq!(
         f.core.next_due(),
         None,
@@ -1848,9 +2022,9 @@ mod model {
         );
         // A core that notes no changes (a manager without a store, the simulator), fed the
         // same inputs and archiving when `core` does: it must decide the same, step by step.
-        // It also asks the policy about every pending job at every step (`full_pass`), where
-        // `core` skips those told to wait for room while no snapshot changed: the skip must
-        // change no decision.
+        // It also asks the policy about every pending job at every pass (`every_pass_full`),
+        // where `core` skips those told to wait for room while no snapshot changed, and gives
+        // jobs that wait alike one answer: neither shortcut may change a decision.
         let untracked = || Config {
             record_changes: false,
             ..config()
@@ -1859,6 +2033,7 @@ mod model {
             untracked(),
             policy::by_name(policy_name, &PolicyConfig::default()).unwrap(),
         );
+        twin.every_pass_full = true;
         let mut agents: Vec<Agent> = (0..WORKERS).map(|_| Agent::default()).collect();
         let mut now = 0.0;
         let mut next_conn = 0;
@@ -1875,7 +2050,7 @@ mod model {
                 conn: next_conn,
                 register: register(w, agent),
             };
-            let twin_out = full_pass(&mut twin).step(now, input.clone());
+            let twin_out = twin.step(now, input.clone());
             let out = core.step(now, input);
             prop_assert_eq!(
                 &twin_out,
@@ -1975,6 +2150,7 @@ mod model {
                     };
                     core = restart(config())?;
                     twin = restart(untracked())?;
+                    twin.every_pass_full = true;
                     store.unsaved = Default::default();
                     for id in &acknowledged {
                         let archived = store.jobs.get(id).is_some_and(Job::is_terminal);
@@ -2045,7 +2221,7 @@ mod model {
                     Input::Submit { id, .. } => Some(id.clone()),
                     _ => None,
                 };
-                let twin_out = full_pass(&mut twin).step(now, input.clone());
+                let twin_out = twin.step(now, input.clone());
                 let out = core.step(now, input);
                 store.after_step(&mut core, &out);
                 if out.iter().any(Effect::is_observable) {
@@ -2057,6 +2233,20 @@ mod model {
                     "a core that notes no changes and asks about every pending job decides otherwise"
                 );
                 prop_assert_eq!(twin.take_changes(), saved::Changes::default());
+                // What a waiting job shows its user is the answer of its last question.
+                for (id, j) in core
+                    .jobs()
+                    .iter()
+                    .filter(|(_, j)| j.state() == JobState::Pending)
+                {
+                    let twins = twin.job(id).map(|t| t.reason.as_str());
+                    prop_assert_eq!(
+                        twins,
+                        Some(j.reason.as_str()),
+                        "job {} waits for another reason",
+                        id
+                    );
+                }
                 prop_assert!(
                     core.derived_state_is_fresh(),
                     "a placement snapshot, the Lost count or the valued count is out of date"
@@ -2120,13 +2310,6 @@ mod model {
             );
         }
         Ok(())
-    }
-
-    /// `core` with its record of jobs waiting for room forgotten, so that its next step asks
-    /// the policy about every pending job, as it did before `Core::schedule` skipped any.
-    fn full_pass(core: &mut Core) -> &mut Core {
-        core.waiting_for_room = None;
-        core
     }
 
     fn register(w: usize, a: &Agent) -> Register {

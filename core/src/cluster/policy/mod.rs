@@ -512,6 +512,17 @@ pub trait ClusterPolicy: Send {
     /// Where pending job `job` goes now.
     fn place(&mut self, now: Time, job: &Job, view: ClusterView<'_>) -> Admission;
 
+    /// Whether jobs `a` and `b` get the same answer whenever [`ClusterPolicy::place`] tells
+    /// either to wait for room ([`Admission::Wait`]'s `for_room`): the same reason, word for
+    /// word, at the same placement snapshots and whatever the time. The core then asks about
+    /// one job of a kind in a pass while no snapshot changes, and gives the others its answer
+    /// (`Core::schedule`): once a worker had changed, a backlog of n jobs waiting for room
+    /// cost n answers (`docs/performance.md`, "A backlog of waiting jobs"). `false`, the
+    /// default, promises nothing.
+    fn waits_alike(&self, _a: &Job, _b: &Job) -> bool {
+        false
+    }
+
     /// Where a running job that must leave its worker goes (drain, restore retry); `None`
     /// when no worker can take it now.
     fn place_move(&mut self, now: Time, job: &Job, view: ClusterView<'_>) -> Option<WorkerId>;

@@ -33,6 +33,13 @@ impl Placing {
         }
     }
 
+    /// Whether two jobs get the same wait for room from [`Placing::admit`]: its only one is
+    /// the placer's `Unschedulable`, whose reason reads the request and the snapshots
+    /// ([`converge_policy::cluster::unschedulable_reason`]).
+    pub fn waits_alike(a: &Job, b: &Job) -> bool {
+        request(&a.spec) == request(&b.spec)
+    }
+
     /// The placer's answer for `job` as an admission (shared by every policy that places).
     pub fn admit(&mut self, job: &Job, view: ClusterView<'_>) -> Admission {
         let (ids, snaps) = view.snapshots();
@@ -159,6 +166,10 @@ impl ClusterPolicy for Placing {
 
     fn place(&mut self, _now: Time, job: &Job, view: ClusterView<'_>) -> Admission {
         self.admit(job, view)
+    }
+
+    fn waits_alike(&self, a: &Job, b: &Job) -> bool {
+        Placing::waits_alike(a, b)
     }
 
     fn place_move(&mut self, _now: Time, job: &Job, view: ClusterView<'_>) -> Option<WorkerId> {

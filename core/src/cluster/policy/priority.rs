@@ -938,6 +938,12 @@ impl ClusterPolicy for PriorityPolicy {
         self.place_scanning(now, job, view)
     }
 
+    /// `las` waits as Spread does; `converge` waits for room only when no schedulable worker
+    /// fits the request, and says so in the words of the placers (`place_scanning`).
+    fn waits_alike(&self, a: &Job, b: &Job) -> bool {
+        Placing::waits_alike(a, b)
+    }
+
     fn place_move(&mut self, now: Time, job: &Job, view: ClusterView<'_>) -> Option<WorkerId> {
         match self.place(now, job, view) {
             Admission::Place { worker, .. } => Some(worker),

@@ -292,6 +292,10 @@ impl ClusterPolicy for SpeConPolicy {
         self.placing.admit(job, view)
     }
 
+    fn waits_alike(&self, a: &Job, b: &Job) -> bool {
+        Placing::waits_alike(a, b)
+    }
+
     fn place_move(&mut self, _now: Time, job: &Job, view: ClusterView<'_>) -> Option<WorkerId> {
         self.placing.target(job, view)
     }

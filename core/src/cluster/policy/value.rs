@@ -198,6 +198,16 @@ impl ClusterPolicy for ValuePolicy {
         }
     }
 
+    /// Jobs with a value curve wait for room alike (for a schedulable worker, whatever they
+    /// ask); the others as the fallback placer has them wait.
+    fn waits_alike(&self, a: &Job, b: &Job) -> bool {
+        match (value_job(a).is_some(), value_job(b).is_some()) {
+            (true, true) => true,
+            (false, false) => Placing::waits_alike(a, b),
+            _ => false,
+        }
+    }
+
     fn place_move(&mut self, _now: Time, job: &Job, view: ClusterView<'_>) -> Option<WorkerId> {
         self.fallback.target(job, view)
     }
