@@ -22,9 +22,10 @@
 //!   random; RSS, tokio tasks, threads and open files every 10 s, drawn as an SVG; at the end,
 //!   every job's final state is checked.
 //! - `backup`: what a `Backup` costs at each number of stored jobs; `backlog`: SubmitJob/s at
-//!   each number of jobs waiting for room.
+//!   each number of jobs waiting for room; `workoff`: jobs completed/s by a full cluster
+//!   working off a backlog.
 //!
-//! `throughput` and `backlog` take `--against PATH`: another build's `converge-manager`,
+//! `throughput`, `backlog` and `workoff` take `--against PATH`: another build's `converge-manager`,
 //! measured after this one in the same run, so that a change is a ratio within one run.
 
 mod fleet;
@@ -135,6 +136,21 @@ enum Cmd {
         #[arg(long = "manager-arg", allow_hyphen_values = true)]
         manager_args: Vec<String>,
     },
+    /// What a backlog of waiting jobs costs a full cluster working it off: jobs completed per
+    /// second, once the agents (one core each, each job done in a tenth of a second) are busy,
+    /// while the backlog is still at least half what it was. Every job that ends frees a core,
+    /// which makes the manager ask again about the jobs waiting for one. With `--against`, the
+    /// same against another manager build in the same run.
+    Workoff {
+        #[arg(long, value_delimiter = ',', default_values_t = [1_000usize, 4_000, 16_000])]
+        levels: Vec<usize>,
+        #[arg(long, default_value_t = 100)]
+        agents: usize,
+        #[arg(long)]
+        against: Option<std::path::PathBuf>,
+        #[arg(long = "manager-arg", allow_hyphen_values = true)]
+        manager_args: Vec<String>,
+    },
     /// (Internal) the bare server.
     #[command(hide = true)]
     BareServer {
@@ -199,6 +215,12 @@ fn main() -> anyhow::Result<()> {
                 against,
                 manager_args,
             } => backlog(&levels, agents, against.as_deref(), &manager_args).await?,
+            Cmd::Workoff {
+                levels,
+                agents,
+                against,
+                manager_args,
+            } => workoff(&levels, agents, against.as_deref(), &manager_args).await?,
             Cmd::Soak {
                 agents,
                 minutes,
@@ -334,18 +356,19 @@ async fn submit(client: &ControlServiceClient<Channel>, n: usize) -> anyhow::Res
     Ok(ids)
 }
 
-/// Waits until the manager shows `n` jobs running.
-async fn running(target: &Target, n: u64, within: Duration) -> anyhow::Result<()> {
+/// Waits until the manager's gauge of jobs in `state` reaches `n` (`completed` counts every
+/// job that ever completed).
+async fn jobs_in(target: &Target, state: &str, n: u64, within: Duration) -> anyhow::Result<()> {
     let began = Instant::now();
     loop {
-        let r = target.jobs_in("running").await?;
+        let r = target.jobs_in(state).await?;
         if r >= n {
             return Ok(());
         }
         if began.elapsed() > within {
-            bail!("{r} of {n} jobs running after {within:?}");
+            bail!("{r} of {n} jobs {state} after {within:?}");
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -390,7 +413,7 @@ async fn measure(
     if let Some(c) = &client {
         let n = shape.agents * shape.containers;
         submit(c, n).await?;
-        running(&target, n as u64 + 1, Duration::from_secs(300)).await?;
+        jobs_in(&target, "running", n as u64 + 1, Duration::from_secs(300)).await?;
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (h0, p0) = (target.handled().await?, target.sample()?);
@@ -448,7 +471,7 @@ async fn memory(levels: &[usize], points: u64, extra: &[String]) -> anyhow::Resu
     for &level in levels {
         submit(&client, level - live).await?;
         live = level;
-        running(&target, live as u64, Duration::from_secs(900)).await?;
+        jobs_in(&target, "running", live as u64, Duration::from_secs(900)).await?;
         // Settled: the manager took every job's points (heartbeats go on; they add nothing).
         while target.progress_handled().await? < live as u64 * points {
             tokio::time::sleep(Duration::from_millis(500)).await;
@@ -565,7 +588,13 @@ async fn backlog(
                 .await?;
                 // One job per agent fills the cluster; the backlog comes after.
                 submit(&client, shape_agents).await?;
-                running(&target, shape_agents as u64, Duration::from_secs(120)).await?;
+                jobs_in(
+                    &target,
+                    "running",
+                    shape_agents as u64,
+                    Duration::from_secs(120),
+                )
+                .await?;
                 Some(fleet)
             } else {
                 None
@@ -585,22 +614,14 @@ async fn backlog(
         }
         rates.push(per_build);
     }
-    println!(
-        "SubmitJob/s from 32 callers, at each number of jobs already waiting for a core{}",
-        if against.is_some() {
-            "; `against`: the other build, in the same run"
-        } else {
-            ""
-        }
-    );
-    print!("| cluster | jobs waiting | SubmitJob/s to get there |");
-    if against.is_some() {
-        print!(" against | ratio |");
-    }
-    println!();
-    println!(
-        "|---|---:|---:|{}",
-        if against.is_some() { "---:|---:|" } else { "" }
+    print_head(
+        "SubmitJob/s from 32 callers, at each number of jobs already waiting for a core",
+        &[
+            ("cluster", "---"),
+            ("jobs waiting", "---:"),
+            ("SubmitJob/s to get there", "---:"),
+        ],
+        against.is_some(),
     );
     for (shape, per_build) in [0, agents].iter().zip(&rates) {
         let cluster = if *shape == 0 {
@@ -617,6 +638,93 @@ async fn backlog(
         }
     }
     Ok(())
+}
+
+/// Jobs completed per second by `agents` full agents working off each backlog level, for this
+/// build and, if given, `against` ("A backlog of waiting jobs").
+async fn workoff(
+    levels: &[usize],
+    agents: usize,
+    against: Option<&std::path::Path>,
+    manager_args: &[String],
+) -> anyhow::Result<()> {
+    let extra: Vec<&str> = manager_args.iter().map(String::as_str).collect();
+    // Rates per level, one per build.
+    let mut rates: Vec<Vec<f64>> = Vec::new();
+    for &level in levels {
+        let mut row = Vec::new();
+        for bin in std::iter::once(None).chain(against.map(Some)) {
+            let target = Target::start_at(Kind::Manager, bin, &extra).await?;
+            let client = control(&target).await?;
+            submit(&client, level).await?;
+            let fleet = Fleet::start(
+                &target.endpoint(),
+                &FleetConfig {
+                    agents,
+                    cpus: 1.0,
+                    // A step each tenth of a second, and done after one.
+                    rate: 10.0,
+                    fake_containers: 0,
+                    quiet_after: None,
+                    finish_after: Some((1, 1)),
+                    prefix: "work-".into(),
+                },
+            )
+            .await?;
+            // From when every agent has finished a job to when half the backlog is done.
+            let done = |n| jobs_in(&target, "completed", n as u64, Duration::from_secs(600));
+            done(agents).await?;
+            let (from, t) = (target.jobs_in("completed").await?, Instant::now());
+            done(level / 2).await?;
+            let to = target.jobs_in("completed").await?;
+            row.push((to - from) as f64 / t.elapsed().as_secs_f64());
+            fleet.stop().await;
+        }
+        rates.push(row);
+    }
+    print_head(
+        &format!(
+            "Jobs completed/s by {agents} agents of 1 core (each job done in 0.1 s) working off a backlog, until half of it is done"
+        ),
+        &[
+            ("jobs waiting at the start", "---:"),
+            ("completed/s", "---:"),
+        ],
+        against.is_some(),
+    );
+    for (level, row) in levels.iter().zip(&rates) {
+        print!("| {level} | {:.0} |", row[0]);
+        if let Some(other) = row.get(1) {
+            print!(" {other:.0} | {:.1}x |", row[0] / other);
+        }
+        println!();
+    }
+    Ok(())
+}
+
+/// The title and head of a Markdown table of `columns` (name, alignment), with a column for
+/// the other build and the ratio to it when there is one (`--against`).
+fn print_head(title: &str, columns: &[(&str, &str)], against: bool) {
+    let against_columns: &[(&str, &str)] = if against {
+        println!("{title}; `against`: the other build, in the same run");
+        &[("against", "---:"), ("ratio", "---:")]
+    } else {
+        println!("{title}");
+        &[]
+    };
+    let all = || columns.iter().chain(against_columns);
+    println!(
+        "|{}",
+        all()
+            .map(|(name, _)| format!(" {name} |"))
+            .collect::<String>()
+    );
+    println!(
+        "|{}",
+        all()
+            .map(|(_, align)| format!("{align}|"))
+            .collect::<String>()
+    );
 }
 
 /// Peak heap bytes by the innermost frame of our own crates (and what it called), from
