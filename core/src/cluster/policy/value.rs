@@ -80,12 +80,14 @@ impl ValuePolicy {
     }
 }
 
+/// Whether the allocator weighs `job`: it has a value curve and an estimated runtime.
+fn valued(job: &Job) -> bool {
+    job.spec.value_curve.is_some() && job.spec.estimated_runtime_s > 0.0
+}
+
 /// The job as the allocator sees it, when it has a value curve and an estimated runtime.
 pub fn value_job(job: &Job) -> Option<ValueJob> {
-    let curve = job.spec.value_curve?;
-    if job.spec.estimated_runtime_s <= 0.0 {
-        return None;
-    }
+    let curve = job.spec.value_curve.filter(|_| valued(job))?;
     Some(ValueJob {
         id: job.id.to_string(),
         // AT_j: the curve's origin is the job's release (:65), its submission here.
@@ -201,7 +203,8 @@ impl ClusterPolicy for ValuePolicy {
     /// Jobs with a value curve wait for room alike (for a schedulable worker, whatever they
     /// ask); the others as the fallback placer has them wait.
     fn waits_alike(&self, a: &Job, b: &Job) -> bool {
-        match (value_job(a).is_some(), value_job(b).is_some()) {
+        // Without making a `ValueJob`: this is asked for every job of a backlog.
+        match (valued(a), valued(b)) {
             (true, true) => true,
             (false, false) => Placing::waits_alike(a, b),
             _ => false,
