@@ -1204,6 +1204,8 @@ struct Scripted {
     asked: Shared<Vec<JobId>>,
     answer: Shared<Answer>,
     alike: bool,
+    /// Waits answered so far.
+    answered: std::sync::atomic::AtomicUsize,
 }
 
 impl Scripted {
@@ -1215,6 +1217,7 @@ impl Scripted {
             asked: asked.clone(),
             answer: answer.clone(),
             alike,
+            answered: Default::default(),
         };
         (policy, asked, answer)
     }
@@ -1235,8 +1238,13 @@ impl ClusterPolicy for Scripted {
                 reason: "as scripted".into(),
                 attributes: BTreeMap::new(),
             },
+            // Each answer in words of its own, so that a test can tell which one a job got.
             _ => Admission::Wait {
-                reason: "as scripted".into(),
+                reason: format!(
+                    "as scripted, answer {}",
+                    self.answered
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                ),
                 for_room: *self.answer.lock().unwrap() == Answer::WaitForRoom,
             },
         }
@@ -1348,7 +1356,14 @@ fn a_pass_asks_about_one_job_of_each_kind_that_waits_alike() {
     assert_eq!(f.state("r1"), JobState::Starting);
     for id in ["a1", "b2", "c1", "d2", "e1", "f2", "g1"] {
         assert_eq!((id, f.state(id)), (id, JobState::Pending));
-        assert_eq!(f.core.job(id).unwrap().reason, "as scripted");
+    }
+    // Each job shows the answer of the job it was answered as, or its own.
+    let reason = |id: &str| f.core.job(id).unwrap().reason.clone();
+    for (answered, asked) in [("c1", "a1"), ("d2", "b2"), ("g1", "e1")] {
+        assert_eq!(reason(answered), reason(asked), "{answered} as {asked}");
+    }
+    for (after, before) in [("e1", "a1"), ("f2", "b2")] {
+        assert_ne!(reason(after), reason(before), "{after} asked again");
     }
     // Another change: one question per size.
     f.register(2, "w2", 8.0);
@@ -1443,7 +1458,7 @@ fn every_policy_says_a_job_nothing_has_room_for_waits_for_room() {
 
 /// The other promise about waiting for room ([`ClusterPolicy::waits_alike`]): jobs a policy
 /// says wait alike get the same wait, reason and all, so that the core can ask about one of
-/// them in a pass. Every policy, with no worker and with a worker too small for any job.
+/// them in a pass. Every policy, with no worker, with a drained one, and with one too small.
 #[test]
 fn jobs_a_policy_says_wait_alike_get_the_same_wait_for_room() {
     let settings = PolicyConfig {
@@ -1461,41 +1476,56 @@ fn jobs_a_policy_says_wait_alike_get_the_same_wait_for_room() {
         ("valued-two", valued(2.0)),
         ("valued-three", valued(3.0)),
     ];
-    for &name in policy::POLICIES {
-        let mut core = Core::new(config(), policy::by_name(name, &settings).unwrap());
-        let mut asked = policy::by_name(name, &settings).unwrap();
-        for (id, spec) in jobs.clone() {
-            core.step(
-                0.0,
-                Input::Submit {
-                    id: id.into(),
-                    spec,
+    let worker = |id: &str, cpu_capacity| Input::Connected {
+        conn: 1,
+        register: Register {
+            worker: id.into(),
+            cpu_capacity,
+            instance_id: format!("{id}-a"),
+            ..Register::default()
+        },
+    };
+    // No worker; a worker big enough for every job, drained; a worker too small for any.
+    let clusters = [
+        ("no worker", vec![]),
+        (
+            "a drained worker",
+            vec![
+                worker("w0", 8.0),
+                Input::Drain {
+                    worker: "w0".into(),
                 },
-            );
-        }
-        let alike =
-            |a: &str, b: &str| asked.waits_alike(core.job(a).unwrap(), core.job(b).unwrap());
-        // Not a promise kept by saying nothing: jobs that ask for the same are alike, and
-        // jobs that ask for different sizes are not (their reasons name the size).
-        assert!(
-            alike("two", "two-more"),
-            "{name}: two jobs of one spec wait alike"
-        );
-        assert!(
-            !alike("two", "three"),
-            "{name}: jobs of two sizes wait alike"
-        );
-        let mut pairs = 0;
-        for worker in [None, Some(1.0)] {
-            if let Some(cpu_capacity) = worker {
-                let register = Register {
-                    worker: "w1".into(),
-                    cpu_capacity,
-                    instance_id: "w1-a".into(),
-                    ..Register::default()
-                };
-                core.step(0.0, Input::Connected { conn: 1, register });
+            ],
+        ),
+        ("a worker too small", vec![worker("w1", 1.0)]),
+    ];
+    for &name in policy::POLICIES {
+        let mut asked = policy::by_name(name, &settings).unwrap();
+        for (cluster, inputs) in &clusters {
+            let mut core = Core::new(config(), policy::by_name(name, &settings).unwrap());
+            for input in inputs
+                .iter()
+                .cloned()
+                .chain(jobs.iter().map(|(id, spec)| Input::Submit {
+                    id: (*id).into(),
+                    spec: spec.clone(),
+                }))
+            {
+                core.step(0.0, input);
             }
+            let alike =
+                |a: &str, b: &str| asked.waits_alike(core.job(a).unwrap(), core.job(b).unwrap());
+            // Not a promise kept by saying nothing: jobs that ask for the same are alike, and
+            // jobs that ask for different sizes are not (their reasons name the size).
+            assert!(
+                alike("two", "two-more"),
+                "{name}: two jobs of one spec wait alike"
+            );
+            assert!(
+                !alike("two", "three"),
+                "{name}: jobs of two sizes wait alike"
+            );
+            let mut pairs = 0;
             for (a, _) in &jobs {
                 let answer = asked.place(0.0, core.job(a).unwrap(), core.view());
                 if !matches!(answer, Admission::Wait { for_room: true, .. }) {
@@ -1505,15 +1535,15 @@ fn jobs_a_policy_says_wait_alike_get_the_same_wait_for_room() {
                     if asked.waits_alike(core.job(a).unwrap(), core.job(b).unwrap()) {
                         pairs += 1;
                         let other = asked.place(0.0, core.job(b).unwrap(), core.view());
-                        assert_eq!(other, answer, "{name}: {b} waits unlike {a}");
+                        assert_eq!(other, answer, "{name}, {cluster}: {b} waits unlike {a}");
                     }
                 }
             }
+            assert!(
+                pairs >= 2,
+                "{name}, {cluster}: only {pairs} pairs of alike waits were compared"
+            );
         }
-        assert!(
-            pairs >= 2,
-            "{name}: only {pairs} pairs of alike waits were compared"
-        );
     }
 }
 

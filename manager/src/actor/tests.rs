@@ -28,6 +28,8 @@ use crate::metrics::ManagerMetrics;
 enum Sent {
     /// A submission was answered with this job.
     Answer(String),
+    /// A submission was refused, for this (the test then fails, saying so).
+    Refused(String),
     /// A Start for this job and epoch (with its command id, to answer it).
     Start(String, u64, String),
     /// A heartbeat was acknowledged.
@@ -58,7 +60,10 @@ impl Watch {
                 sent.push(Sent::Answer(job.id));
                 false
             }
-            Ok(Err(e)) => panic!("the submission was refused: {e}"),
+            Ok(Err(e)) => {
+                sent.push(Sent::Refused(e.to_string()));
+                false
+            }
             Err(oneshot::error::TryRecvError::Empty) => true,
             Err(oneshot::error::TryRecvError::Closed) => false,
         });
@@ -76,6 +81,7 @@ impl Watch {
         for s in sent {
             let kept = match &s {
                 Sent::Answer(job) => self.written.contains_key(job),
+                Sent::Refused(_) => true,
                 Sent::Start(job, epoch, _) => {
                     self.written.get(job) == Some(&(CoreState::Starting, *epoch))
                 }
@@ -155,7 +161,10 @@ async fn until(
 ) {
     let wait = async {
         while !done(seen) {
-            seen.push(rx.recv().await.expect("the actor stopped"));
+            match rx.recv().await.expect("the actor stopped") {
+                Sent::Refused(why) => panic!("the submission was refused: {why}"),
+                sent => seen.push(sent),
+            }
         }
     };
     tokio::time::timeout(Duration::from_secs(30), wait)

@@ -80,9 +80,12 @@ impl ValuePolicy {
     }
 }
 
-/// Whether the allocator weighs `job`: it has a value curve and an estimated runtime.
+/// Whether the allocator weighs `job`: it has a value curve and an estimated runtime. An
+/// estimate that is not a number counts, as it always has here (the manager refuses one at
+/// submission; the simulator and tests drive the core directly).
 fn valued(job: &Job) -> bool {
-    job.spec.value_curve.is_some() && job.spec.estimated_runtime_s > 0.0
+    let no_estimate = job.spec.estimated_runtime_s <= 0.0;
+    job.spec.value_curve.is_some() && !no_estimate
 }
 
 /// The job as the allocator sees it, when it has a value curve and an estimated runtime.
