@@ -80,9 +80,7 @@ impl Core {
             }
             let same = (alike.iter()).find(|(asked, _)| self.policy.waits_alike(asked, job));
             if let Some((_, reason)) = same {
-                if job.reason != *reason {
-                    self.wait(&id, reason.clone());
-                }
+                self.wait(&id, reason);
                 continue;
             }
             let view = policy_view!(self);
@@ -109,7 +107,7 @@ impl Core {
                         }
                         alike.push_back((self.jobs[&id].clone(), reason.clone()));
                     }
-                    self.wait(&id, reason);
+                    self.wait(&id, &reason);
                 }
                 Admission::Reject { reason } => {
                     for_room_only = false;
@@ -127,11 +125,13 @@ impl Core {
     }
 
     /// Pending job `id` waits, for `reason`. Its record changes only when the reason does: a
-    /// pass that found a backlog waiting as before had the store write all of it again.
-    fn wait(&mut self, id: &str, reason: String) {
+    /// pass that found a backlog waiting as before had the store write all of it again. Taken
+    /// by reference: most jobs of a backlog already hold it, and copying it for each was a
+    /// copy per job per pass.
+    fn wait(&mut self, id: &str, reason: &str) {
         if self.jobs[id].reason != reason {
             debug!(job = %id, %reason, "job waits");
-            self.job_mut(id).expect("exists").reason = reason;
+            self.job_mut(id).expect("exists").reason = reason.to_owned();
         }
     }
 

@@ -1205,19 +1205,19 @@ struct Scripted {
     answer: Shared<Answer>,
     alike: bool,
     /// Waits answered so far.
-    answered: std::sync::atomic::AtomicUsize,
+    answered: usize,
 }
 
 impl Scripted {
     /// The policy, whom it was asked about, and what it answers.
     fn new(alike: bool) -> (Self, Shared<Vec<JobId>>, Shared<Answer>) {
-        let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let answer = std::sync::Arc::new(std::sync::Mutex::new(Answer::WaitForRoom));
+        let asked = Shared::default();
+        let answer = Shared::new(std::sync::Mutex::new(Answer::WaitForRoom));
         let policy = Scripted {
             asked: asked.clone(),
             answer: answer.clone(),
             alike,
-            answered: Default::default(),
+            answered: 0,
         };
         (policy, asked, answer)
     }
@@ -1239,14 +1239,13 @@ impl ClusterPolicy for Scripted {
                 attributes: BTreeMap::new(),
             },
             // Each answer in words of its own, so that a test can tell which one a job got.
-            _ => Admission::Wait {
-                reason: format!(
-                    "as scripted, answer {}",
-                    self.answered
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-                ),
-                for_room: *self.answer.lock().unwrap() == Answer::WaitForRoom,
-            },
+            _ => {
+                self.answered += 1;
+                Admission::Wait {
+                    reason: format!("as scripted, answer {}", self.answered),
+                    for_room: *self.answer.lock().unwrap() == Answer::WaitForRoom,
+                }
+            }
         }
     }
 
@@ -1400,15 +1399,20 @@ fn a_job_that_waits_as_before_is_not_stored_again() {
     }
 }
 
+/// Policy settings under which the value policies can be built (the others ignore them).
+fn value_settings() -> PolicyConfig {
+    PolicyConfig {
+        value: Some(converge_policy::value::ValueConfig::default()),
+        ..PolicyConfig::default()
+    }
+}
+
 /// The promise each policy makes when nothing has room for a job: it waits for room
 /// ([`Admission::Wait`]'s `for_room`), which lets the core leave a backlog alone at each
 /// submission. With no worker, and with a worker too small for the job.
 #[test]
 fn every_policy_says_a_job_nothing_has_room_for_waits_for_room() {
-    let settings = PolicyConfig {
-        value: Some(converge_policy::value::ValueConfig::default()),
-        ..PolicyConfig::default()
-    };
+    let settings = value_settings();
     let valued = JobSpec {
         cpus: 2.0,
         ..value_job(100.0, 10.0, 200.0, 400.0)
@@ -1461,10 +1465,7 @@ fn every_policy_says_a_job_nothing_has_room_for_waits_for_room() {
 /// them in a pass. Every policy, with no worker, with a drained one, and with one too small.
 #[test]
 fn jobs_a_policy_says_wait_alike_get_the_same_wait_for_room() {
-    let settings = PolicyConfig {
-        value: Some(converge_policy::value::ValueConfig::default()),
-        ..PolicyConfig::default()
-    };
+    let settings = value_settings();
     let valued = |cpus| JobSpec {
         cpus,
         ..value_job(100.0, 10.0, 200.0, 400.0)
@@ -1549,14 +1550,7 @@ fn jobs_a_policy_says_wait_alike_get_the_same_wait_for_room() {
 
 #[test]
 fn value_policy_refuses_a_curve_without_runtime_naming_the_field() {
-    let p = policy::by_name(
-        "value",
-        &PolicyConfig {
-            value: Some(converge_policy::value::ValueConfig::default()),
-            ..PolicyConfig::default()
-        },
-    )
-    .unwrap();
+    let p = policy::by_name("value", &value_settings()).unwrap();
     let mut core = Core::new(config(), p);
     let out = core.step(
         0.0,

@@ -356,6 +356,18 @@ async fn submit(client: &ControlServiceClient<Channel>, n: usize) -> anyhow::Res
     Ok(ids)
 }
 
+/// A row of a table [`print_head`] began: the `first` cells, this build's rate, and the other
+/// build's with the ratio to it when there is one.
+fn print_rates(first: &str, this: f64, other: Option<f64>) {
+    match other {
+        Some(other) => println!(
+            "| {first} | {this:.0} | {other:.0} | {:.1}x |",
+            this / other
+        ),
+        None => println!("| {first} | {this:.0} |"),
+    }
+}
+
 /// Waits until the manager's gauge of jobs in `state` reaches `n` (`completed` counts every
 /// job that ever completed).
 async fn jobs_in(target: &Target, state: &str, n: u64, within: Duration) -> anyhow::Result<()> {
@@ -630,11 +642,8 @@ async fn backlog(
             format!("{shape} agents of 1 core, full")
         };
         for (k, level) in levels.iter().enumerate() {
-            print!("| {cluster} | {level} | {:.0} |", per_build[0][k]);
-            if let Some(other) = per_build.get(1) {
-                print!(" {:.0} | {:.1}x |", other[k], per_build[0][k] / other[k]);
-            }
-            println!();
+            let other = per_build.get(1).map(|o| o[k]);
+            print_rates(&format!("{cluster} | {level}"), per_build[0][k], other);
         }
     }
     Ok(())
@@ -693,11 +702,7 @@ async fn workoff(
         against.is_some(),
     );
     for (level, row) in levels.iter().zip(&rates) {
-        print!("| {level} | {:.0} |", row[0]);
-        if let Some(other) = row.get(1) {
-            print!(" {other:.0} | {:.1}x |", row[0] / other);
-        }
-        println!();
+        print_rates(&level.to_string(), row[0], row.get(1).copied());
     }
     Ok(())
 }
