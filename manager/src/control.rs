@@ -267,7 +267,12 @@ impl ControlService for ManagerHandle {
     ) -> Result<Response<Self::BackupStream>, Status> {
         self.admit(&request)?;
         let permit = self.stream_slot()?;
-        let copy = self.ask(|reply| ActorRequest::Backup { reply }).await??;
+        let pending = self.ask(|reply| ActorRequest::Backup { reply }).await??;
+        // Blocking: it reads the whole store.
+        let copy = tokio::task::spawn_blocking(move || pending.write())
+            .await
+            .map_err(|e| Status::internal(format!("writing the backup copy: {e}")))?
+            .map_err(Error::Store)?;
         let file = tokio::fs::File::open(copy.path()).await.map_err(|e| {
             Status::internal(format!(
                 "the backup copy {} cannot be read: {e}",

@@ -9,9 +9,10 @@
 //! Start at [`Store`], the interface a backend implements (a replicated one, such as etcd for a
 //! standby manager, would be a second implementation), then [`Sqlite`], the one there is: an
 //! embedded SQLite database (compiled in through `rusqlite`'s `bundled` feature) in WAL mode.
-//! SQLite rather than `redb`: a file every operator can open, check and back up with the
-//! `sqlite3` tool while the manager runs (`.backup`, `PRAGMA integrity_check`), row-level
-//! upserts for records that change often, and two decades of recovery from torn writes.
+//! SQLite rather than `redb`: a file every operator can open and check with the `sqlite3`
+//! tool (`PRAGMA integrity_check`; while the manager runs it holds the file, and
+//! `convergectl backup` copies it), row-level upserts for records that change often, and two
+//! decades of recovery from torn writes.
 //!
 //! What is kept: every job (spec as the decisions see it, phase with its worker, epoch, move
 //! and command in flight, reasons, the last [`converge_core::cluster::progress::STORED_PROGRESS`]
@@ -133,11 +134,37 @@ pub trait Store: Send {
     /// bounds how long one call holds the writer.
     fn prune_finished(&mut self, before: f64, limit: usize) -> Result<usize>;
 
-    /// Writes a consistent copy of the whole store (what the last commit left) to a new file
-    /// beside it: how a running manager is backed up, since it holds its file exclusively. The
+    /// Begins a consistent copy of the whole store (what the last commit left) in a new file
+    /// beside it: how a running manager is backed up, since it holds its file exclusively.
+    /// What this call does holds the writer; the bulk of the copy is
+    /// [`PendingBackup::write`], for another thread, while the writer goes on committing. The
     /// file goes when the [`BackupCopy`] is dropped; one left by a manager that stopped
     /// meanwhile is removed when the store is next opened.
-    fn backup(&mut self) -> Result<BackupCopy>;
+    fn backup(&mut self) -> Result<PendingBackup>;
+}
+
+/// A backup [`Store::backup`] began: the part of the copy that runs off the writer's thread.
+/// Dropped unwritten, it writes nothing and holds nothing.
+#[must_use = "a backup is written by `write`"]
+pub struct PendingBackup(Box<dyn FnOnce() -> Result<BackupCopy> + Send>);
+
+impl PendingBackup {
+    /// A backup whose copy `write` makes; for backends.
+    pub fn new(write: impl FnOnce() -> Result<BackupCopy> + Send + 'static) -> Self {
+        Self(Box::new(write))
+    }
+
+    /// Writes the copy; blocking (the whole store is read), so not on an async runtime's
+    /// threads.
+    pub fn write(self) -> Result<BackupCopy> {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for PendingBackup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PendingBackup")
+    }
 }
 
 /// A copy written by [`Store::backup`], removed when dropped: whoever holds it last (the reader,
@@ -226,6 +253,14 @@ pub enum Error {
         what: String,
         /// Why.
         why: String,
+    },
+    /// A backup's copy could not be written.
+    #[error("the backup copy {path} could not be written: {source}")]
+    Copy {
+        /// The copy.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
     },
     /// A read or write failed while running.
     #[error("the state store {path} failed: {source}")]

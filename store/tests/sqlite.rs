@@ -549,7 +549,7 @@ fn a_backup_taken_while_the_store_is_held_opens_as_the_same_store() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = Sqlite::open(dir.path()).unwrap();
     four_finished_one_pending(&mut store);
-    let copy = store.backup().unwrap();
+    let copy = store.backup().unwrap().write().unwrap();
     assert_eq!(
         copy.path().parent(),
         Some(dir.path()),
@@ -578,7 +578,7 @@ fn a_backup_left_behind_is_removed_by_the_next_manager_only() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = Sqlite::open(dir.path()).unwrap();
     // Kept, as by a manager killed while it sent the copy.
-    let copy = store.backup().unwrap().keep();
+    let copy = store.backup().unwrap().write().unwrap().keep();
     let why = refusal(dir.path());
     assert!(why.contains("another manager holds it"), "{why}");
     assert!(
@@ -588,4 +588,101 @@ fn a_backup_left_behind_is_removed_by_the_next_manager_only() {
     drop(store);
     let _next = Sqlite::open(dir.path()).unwrap();
     assert!(!copy.exists(), "the copy outlived its manager: {copy:?}");
+}
+
+/// `n` events of 4 KiB from `from` on, committed 100 to a transaction: 1,000 of them are more
+/// than the WAL's 1,000 pages after which SQLite checkpoints into the database file.
+fn commit_events(store: &mut Sqlite, from: u64, n: u64) {
+    let events: Vec<StoredEvent> = (from..from + n)
+        .map(|seq| StoredEvent {
+            seq,
+            job: None,
+            bytes: vec![seq as u8; 4096],
+        })
+        .collect();
+    for chunk in events.chunks(100) {
+        let batch = Batch {
+            events: chunk,
+            ..Batch::default()
+        };
+        store.commit(&batch).unwrap();
+    }
+}
+
+/// The ids of the jobs and the number of events in a backup copy, opened as a store of its own.
+fn in_copy(copy: converge_store::BackupCopy) -> (Vec<String>, usize) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::rename(copy.keep(), dir.path().join(FILE_NAME)).unwrap();
+    let got = Sqlite::open(dir.path())
+        .unwrap()
+        .load(usize::MAX, usize::MAX)
+        .unwrap();
+    let ids = got.saved.jobs.iter().map(|j| j.id.to_string()).collect();
+    (ids, got.events.len())
+}
+
+/// The copy is written off the writer's thread, from the database file, while the writer goes
+/// on: it holds what the last commit before `backup` left and nothing committed after, even
+/// when more is committed meanwhile than the WAL holds before SQLite checkpoints into the file.
+/// Once the copy is written, the next commits checkpoint into the file again.
+#[test]
+fn a_backup_is_what_the_last_commit_left_while_the_writer_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Sqlite::open(dir.path()).unwrap();
+    let (mut core, ids) = four_finished_one_pending(&mut store);
+    let pending = store.backup().unwrap();
+    step_stored(&mut store, &mut core, 20.0, submit("late"));
+    commit_events(&mut store, 1, 1_500);
+    let copy = pending.write().unwrap();
+    assert_eq!(
+        in_copy(copy),
+        (ids.map(String::from).to_vec(), 0),
+        "the copy as the backup began"
+    );
+    let now = store.load(usize::MAX, usize::MAX).unwrap();
+    assert_eq!((now.saved.jobs.len(), now.events.len()), (6, 1_500));
+
+    let file = dir.path().join(FILE_NAME);
+    let size = std::fs::metadata(&file).unwrap().len();
+    commit_events(&mut store, 1_501, 1_500);
+    assert!(
+        std::fs::metadata(&file).unwrap().len() > size,
+        "nothing was checkpointed into the file after the copy was written"
+    );
+}
+
+/// A backup begun while another's copy is still being written holds what the second began
+/// with; the first still holds what it began with.
+#[test]
+fn a_second_backup_while_the_first_is_written_has_the_newest_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Sqlite::open(dir.path()).unwrap();
+    let (mut core, _) = four_finished_one_pending(&mut store);
+    let first = store.backup().unwrap();
+    step_stored(&mut store, &mut core, 20.0, submit("late"));
+    let second = store.backup().unwrap().write().unwrap();
+    let (jobs, _) = in_copy(first.write().unwrap());
+    assert_eq!(jobs, ["j0", "j1", "j2", "j3", "j4"]);
+    let (jobs, _) = in_copy(second);
+    assert_eq!(jobs, ["j0", "j1", "j2", "j3", "j4", "late"]);
+}
+
+/// A manager that stops while a copy is being written (closing its store would checkpoint
+/// into the file being read) leaves the copy whole, and the next open has every commit.
+#[test]
+fn a_store_closed_while_a_copy_is_written_leaves_both_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Sqlite::open(dir.path()).unwrap();
+    let (mut core, ids) = four_finished_one_pending(&mut store);
+    let pending = store.backup().unwrap();
+    step_stored(&mut store, &mut core, 20.0, submit("late"));
+    commit_events(&mut store, 1, 200);
+    drop(store);
+    let (jobs, events) = in_copy(pending.write().unwrap());
+    assert_eq!((jobs, events), (ids.map(String::from).to_vec(), 0));
+    let again = Sqlite::open(dir.path())
+        .unwrap()
+        .load(usize::MAX, usize::MAX)
+        .unwrap();
+    assert_eq!((again.saved.jobs.len(), again.events.len()), (6, 200));
 }

@@ -112,11 +112,14 @@ enum Cmd {
         svg: Option<std::path::PathBuf>,
     },
     /// What `Backup` costs at each number of stored jobs: the copy's size and time, and the
-    /// longest a GetJob waited while it ran (the manager's actor makes the copy, and answers
-    /// nothing meanwhile), against the median GetJob at rest. The jobs wait with no worker.
+    /// longest a GetJob waited while it ran (whatever of the copy the manager's actor does, it
+    /// answers nothing meanwhile), against the median GetJob at rest. The jobs wait with no
+    /// worker. With `--against`, the same against another manager build in the same run.
     Backup {
         #[arg(long, value_delimiter = ',', default_values_t = [1_000usize, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 100_000])]
         levels: Vec<usize>,
+        #[arg(long)]
+        against: Option<std::path::PathBuf>,
     },
     /// What a backlog of waiting jobs costs a submission: SubmitJob/s at each number of jobs
     /// waiting, with no worker, and with a full cluster (agents of one core each running one
@@ -208,7 +211,7 @@ fn main() -> anyhow::Result<()> {
                 manager_args,
             } => memory(&levels, points, &manager_args).await?,
             Cmd::Heap { stacks, top } => heap(&stacks, top)?,
-            Cmd::Backup { levels } => backup(&levels).await?,
+            Cmd::Backup { levels, against } => backup(&levels, against.as_deref()).await?,
             Cmd::Backlog {
                 levels,
                 agents,
@@ -502,8 +505,28 @@ async fn memory(levels: &[usize], points: u64, extra: &[String]) -> anyhow::Resu
     Ok(())
 }
 
-async fn backup(levels: &[usize]) -> anyhow::Result<()> {
-    let target = Target::start(Kind::Manager, &[]).await?;
+async fn backup(levels: &[usize], against: Option<&std::path::Path>) -> anyhow::Result<()> {
+    println!(
+        "jobs are submitted from 32 callers with no worker (Pending): each one stored, none running"
+    );
+    println!(
+        "| build | stored jobs | SubmitJob/s to get there | copy | Backup (whole stream) | GetJob at rest (median) | longest GetJob during the Backup | ratio |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    for bin in std::iter::once(None).chain(against.map(Some)) {
+        let build = if bin.is_some() { "against" } else { "this" };
+        backup_levels(levels, bin, build).await?;
+    }
+    Ok(())
+}
+
+/// The rows of [`backup`] for one manager build.
+async fn backup_levels(
+    levels: &[usize],
+    bin: Option<&std::path::Path>,
+    build: &str,
+) -> anyhow::Result<()> {
+    let target = Target::start_at(Kind::Manager, bin, &[]).await?;
     let client = control(&target).await?;
     // One GetJob's round trip, the median of `n`, of job `id`.
     let get = |id: String, n: usize| {
@@ -523,13 +546,6 @@ async fn backup(levels: &[usize]) -> anyhow::Result<()> {
             anyhow::Ok(took[n / 2])
         }
     };
-    println!(
-        "jobs are submitted from 32 callers with no worker (Pending): each one stored, none running"
-    );
-    println!(
-        "| stored jobs | SubmitJob/s to get there | copy | Backup (whole stream) | GetJob at rest (median) | longest GetJob during the Backup | ratio |"
-    );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
     let mut stored = 0;
     let mut last = String::new();
     for &level in levels {
@@ -556,7 +572,7 @@ async fn backup(levels: &[usize]) -> anyhow::Result<()> {
         }
         let (bytes, took) = copy.await??;
         println!(
-            "| {stored} | {submit_rate:.0} | {:.1} MiB | {:.0} ms | {:.2} ms | {:.1} ms | {:.0}x |",
+            "| {build} | {stored} | {submit_rate:.0} | {:.1} MiB | {:.0} ms | {:.2} ms | {:.1} ms | {:.0}x |",
             bytes as f64 / (1 << 20) as f64,
             took.as_secs_f64() * 1e3,
             rest.as_secs_f64() * 1e3,

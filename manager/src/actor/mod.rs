@@ -147,8 +147,8 @@ pub enum Request {
     },
     /// A copy of the state store, in a new file beside it.
     Backup {
-        /// The copy, removed when dropped.
-        reply: oneshot::Sender<Result<converge_store::BackupCopy>>,
+        /// The copy begun, for the caller to write.
+        reply: oneshot::Sender<Result<converge_store::PendingBackup>>,
     },
 }
 
@@ -901,7 +901,7 @@ impl Actor {
             Request::Backup { reply } => {
                 // The copy is what the last commit left, and every answer given so far waited
                 // for its commit: nothing a client has seen is missing from it. The actor
-                // waits for the copy (SQLite reads the store through the actor's connection).
+                // waits only for the copy to begin; the caller writes it, off the actor.
                 let r = match self.store.as_mut() {
                     None => Err(Error::FailedPrecondition(
                         "this manager keeps no state (--state-dir none): there is nothing to back \

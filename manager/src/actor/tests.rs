@@ -16,7 +16,7 @@ use converge_core::cluster::types::JobState as CoreState;
 use converge_messenger::manager::{AgentLink, StreamEvent};
 use converge_messenger::pb::{self, agent_message::Kind as AgentKind};
 use converge_store::Sqlite;
-use converge_store::{BackupCopy, Batch, Recovered, Store, StoredEvent, StoredJob};
+use converge_store::{Batch, PendingBackup, Recovered, Store, StoredEvent, StoredJob};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -146,7 +146,7 @@ impl Store for Watched {
         self.store.prune_finished(before, limit)
     }
 
-    fn backup(&mut self) -> converge_store::Result<BackupCopy> {
+    fn backup(&mut self) -> converge_store::Result<PendingBackup> {
         self.store.backup()
     }
 }
