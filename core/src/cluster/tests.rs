@@ -1957,11 +1957,17 @@ mod model {
 
     use super::super::*;
     use super::{config, spec};
-    use crate::cluster::policy::{self, PolicyConfig};
+    use crate::cluster::policy;
 
     const WORKERS: usize = 3;
     /// The CPUs a submitted job asks for (each worker has 2).
     const SIZES: [f64; 3] = [0.5, 1.0, 1.5];
+    /// Each worker's memory.
+    const MEMORY: u64 = 4 << 30;
+    /// The shapes of a submitted job besides its CPUs ([`shaped`]): plain; asking for 3 GiB,
+    /// so that two fit a worker's CPUs but not its memory; with a value curve, which the value
+    /// policies place, preempt and drop by, and treat apart from plain jobs.
+    const SHAPES: usize = 3;
     /// Shorter than the core's `recover_lost_after` (10 s): the agent's promise.
     const FENCE_AFTER: Time = 4.0;
     /// How long a restarted manager waits for agents before declaring any lost.
@@ -1969,9 +1975,9 @@ mod model {
 
     #[derive(Debug, Clone)]
     pub enum Op {
-        /// A job asking for `SIZES[i]` CPUs: sizes differ, so a small job may fit where a
-        /// large one waits for room.
-        Submit(usize),
+        /// A job asking for `SIZES[i]` CPUs, of shape `j` ([`SHAPES`]): requests differ, so
+        /// a small job may fit where a large one waits for room.
+        Submit(usize, usize),
         Cancel(usize),
         Drain(usize),
         Deliver(usize),
@@ -1993,7 +1999,7 @@ mod model {
 
     pub fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            2 => (0..SIZES.len()).prop_map(Op::Submit),
+            2 => (0..SIZES.len(), 0..SHAPES).prop_map(|(size, shape)| Op::Submit(size, shape)),
             1 => (0..6usize).prop_map(Op::Cancel),
             1 => (0..WORKERS).prop_map(Op::Drain),
             8 => (0..WORKERS).prop_map(Op::Deliver),
@@ -2040,10 +2046,9 @@ mod model {
                 ops.extend([Op::Deliver(w), Op::Deliver(w), Op::Deliver(w)]);
             }
         }
-        let mut core = Core::new(
-            config(),
-            policy::by_name(policy_name, &PolicyConfig::default()).unwrap(),
-        );
+        // The value policies read their settings; the others ignore them.
+        let settings = super::value_settings();
+        let mut core = Core::new(config(), policy::by_name(policy_name, &settings).unwrap());
         // A core that notes no changes (a manager without a store, the simulator), fed the
         // same inputs and archiving when `core` does: it must decide the same, step by step.
         // It also asks the policy about every pending job at every pass (`every_pass_full`),
@@ -2055,7 +2060,7 @@ mod model {
         };
         let mut twin = Core::new(
             untracked(),
-            policy::by_name(policy_name, &PolicyConfig::default()).unwrap(),
+            policy::by_name(policy_name, &settings).unwrap(),
         );
         twin.every_pass_full = true;
         let mut agents: Vec<Agent> = (0..WORKERS).map(|_| Agent::default()).collect();
@@ -2092,11 +2097,11 @@ mod model {
             }
             let mut inputs = Vec::new();
             match op {
-                Op::Submit(size) => {
+                Op::Submit(size, shape) => {
                     jobs += 1;
                     inputs.push(Input::Submit {
                         id: format!("j{jobs}").into(),
-                        spec: spec(SIZES[size]),
+                        spec: shaped(SIZES[size], shape),
                     });
                 }
                 Op::Cancel(j) => inputs.push(Input::Cancel {
@@ -2165,7 +2170,7 @@ mod model {
                     let restart = |config| {
                         Core::from_saved(
                             config,
-                            policy::by_name(policy_name, &PolicyConfig::default()).unwrap(),
+                            policy::by_name(policy_name, &settings).unwrap(),
                             store.saved(),
                             now,
                             RESTART_GRACE,
@@ -2336,10 +2341,28 @@ mod model {
         Ok(())
     }
 
+    /// A job of `cpus` and shape `shape` ([`SHAPES`]).
+    fn shaped(cpus: f64, shape: usize) -> JobSpec {
+        match shape {
+            0 => spec(cpus),
+            1 => JobSpec {
+                memory_bytes: 3 << 30,
+                ..spec(cpus)
+            },
+            _ => JobSpec {
+                cpus,
+                // Worth its most for 20 s of the model's time and nothing after 60: some
+                // finish in time, some are dropped.
+                ..super::value_job(10.0, 10.0, 20.0, 60.0)
+            },
+        }
+    }
+
     fn register(w: usize, a: &Agent) -> Register {
         Register {
             worker: format!("w{w}").into(),
             cpu_capacity: 2.0,
+            memory_bytes: MEMORY,
             containers: a
                 .running
                 .iter()
@@ -2433,6 +2456,16 @@ proptest::proptest! {
     #[test]
     fn no_interleaving_breaks_the_lifecycle_under_the_other_policies(
         policy in proptest::sample::select(&["least-allocated", "round-robin", "flowcon", "flowcon-specon", "las"][..]),
+        ops in proptest::collection::vec(model::op(), 1..200),
+    ) {
+        model::run(ops, policy)?;
+    }
+
+    /// The same under the value policies, which preempt and drop jobs by their value curves,
+    /// with plain jobs among the valued ones.
+    #[test]
+    fn no_interleaving_breaks_the_lifecycle_under_the_value_policies(
+        policy in proptest::sample::select(&["value", "value-dwop"][..]),
         ops in proptest::collection::vec(model::op(), 1..200),
     ) {
         model::run(ops, policy)?;
