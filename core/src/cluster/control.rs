@@ -53,6 +53,8 @@ impl Core {
             exit_code: None,
         }));
         self.pending.insert(seq, id.clone());
+        let job = &self.jobs[&id];
+        self.kinds.joined(self.policy.wait_kind(job), &job.reason);
         self.dirty = true;
         let mut e = Event::new(EventKind::JobState, "submitted");
         e.job = Some(id.clone());

@@ -1,11 +1,29 @@
 //! Asking the policy and carrying out its answers: settling after every step (departures,
 //! drains, pending jobs), placement, preemption, limits, resumptions and drops.
 
+use super::policy::WaitKind;
 use super::*;
 
-/// Kinds of wait for room a pass keeps to give again ([`Core::schedule`]): a backlog of jobs
-/// asking for a few sizes is answered by one question per size.
-const ALIKE_KINDS: usize = 8;
+/// Each kind's wait in a pass, while every job of it got the same one ([`Core::schedule`]).
+type Given = HashMap<WaitKind, Option<String>, foldhash::fast::RandomState>;
+
+/// Notes that a pending job of `kind` was told to wait for `reason` in this pass ([`Core::schedule`]'s
+/// `given`).
+fn note_given(given: &mut Given, kind: Option<WaitKind>, reason: &str) {
+    let Some(kind) = kind else {
+        return;
+    };
+    match given.get_mut(&kind) {
+        Some(seen) => {
+            if seen.as_deref() != Some(reason) {
+                *seen = None;
+            }
+        }
+        None => {
+            given.insert(kind, Some(reason.to_owned()));
+        }
+    }
+}
 
 impl Core {
     /// Offers departures to the policy, continues drains, places pending jobs; until nothing
@@ -33,86 +51,124 @@ impl Core {
     /// changes (`waiting_for_room`): the policy promised the same answer until one does, and
     /// asking every pending job whenever one became pending made a backlog of n jobs cost n
     /// answers a submission (`docs/performance.md`, "A backlog of waiting jobs"). Once one
-    /// has changed, a job that waits alike with one already told to wait for room in the
-    /// same pass, at the same snapshots, gets its answer without a question
-    /// ([`ClusterPolicy::waits_alike`]): in a full cluster, every job that ended had the
-    /// policy asked about the whole backlog. The answers are the ones a full pass would give,
-    /// so the decisions are too.
+    /// has changed, a job of a kind ([`ClusterPolicy::wait_kind`]) already told to wait for
+    /// room in the same pass, at the same snapshots, gets that answer without a question; and
+    /// once every kind has had its answer and every job of each holds it already
+    /// ([`kinds::Kinds`]), the pass ends: in a full cluster, every job that ended had the
+    /// policy asked about the whole backlog, then every waiting job visited. The answers are
+    /// the ones a full pass would give, so the decisions are too.
     pub(super) fn schedule(&mut self) {
         if self.pending.is_empty() {
             return;
         }
         #[cfg(test)]
-        if self.every_pass_full {
+        let full = self.every_pass_full;
+        #[cfg(not(test))]
+        let full = false;
+        if full {
             self.waiting_for_room = None;
         }
         let after = match self.waiting_for_room {
             Some((seq, touches)) if touches == self.index.touches() => seq + 1,
             _ => 0,
         };
-        let pending: Vec<JobId> = self
-            .pending
-            .range(after..)
-            .map(|(_, id)| id.clone())
-            .collect();
+        // The jobs pending now; one that comes while the pass runs waits for the next.
+        let Some(last) = self.pending.last_key_value().map(|(&seq, _)| seq) else {
+            return;
+        };
+        let joins = self.kinds.joins();
+        // Whether the pass visits every pending job (unless it ends early).
+        let whole = after == 0;
         // Whether every answer of this pass was a wait for room (then it changed nothing).
         let mut for_room_only = true;
-        // The waits for room given in this pass, with a job each was given to, at the touch
-        // count then: a job the policy says waits alike gets the same answer without asking
-        // while the count stays ([`ClusterPolicy::waits_alike`]). A few kinds of request make
-        // most backlogs; past `ALIKE_KINDS` the newest answer replaces the oldest.
-        // Each asked job is kept as a copy: looking it up by id for every job of the backlog
-        // was a third of a full cluster's pass.
-        let mut alike: VecDeque<(Job, String)> = VecDeque::new();
+        // The waits for room given in this pass, by kind, at the touch count then: a job of
+        // the kind gets the same answer without asking while the count stays.
+        let mut alike: HashMap<WaitKind, String, foldhash::fast::RandomState> = HashMap::default();
         let mut alike_at = self.index.touches();
-        for id in pending {
-            if alike_at != self.index.touches() {
-                alike.clear();
-                alike_at = self.index.touches();
-            }
-            #[cfg(test)]
-            if self.every_pass_full {
-                alike.clear();
-            }
-            let job = &self.jobs[&id];
-            if !matches!(job.phase, JobPhase::Pending) {
-                continue;
-            }
-            let same = (alike.iter()).find(|(asked, _)| self.policy.waits_alike(asked, job));
-            if let Some((_, reason)) = same {
-                self.wait(&id, reason);
-                continue;
-            }
-            let view = policy_view!(self);
-            match self.policy.place(self.now, &self.jobs[&id], view) {
-                Admission::Place {
-                    worker,
-                    cpu_shares,
-                    victims,
-                    reason,
-                    attributes,
-                } => {
-                    for_room_only = false;
-                    // Victims first: their CPU is what the new job was promised.
-                    for v in victims {
-                        self.preempt(v);
-                    }
-                    self.start(&id, &worker, cpu_shares, reason, attributes);
+        // How many kinds in `alike` have every pending job holding its answer.
+        let mut settled = 0;
+        // Each kind's wait, while every job of it visited in this pass got the same one: a
+        // pass over every pending job then knows each holds it ([`kinds::Kinds::settled`]).
+        let mut given: Given = HashMap::default();
+        let mut ended_early = false;
+        let mut from = after;
+        // In chunks: the queue changes as jobs are placed, and a pass may end long before the
+        // end of it.
+        'pass: while from <= last {
+            let chunk: Vec<(u64, JobId)> = (self.pending.range(from..=last))
+                .take(256)
+                .map(|(&seq, id)| (seq, id.clone()))
+                .collect();
+            let Some(&(seq, _)) = chunk.last() else {
+                break;
+            };
+            from = seq + 1;
+            for (_, id) in chunk {
+                if alike_at != self.index.touches() || full {
+                    alike.clear();
+                    settled = 0;
+                    alike_at = self.index.touches();
                 }
-                Admission::Wait { reason, for_room } => {
-                    for_room_only &= for_room;
-                    if for_room {
-                        if alike.len() == ALIKE_KINDS {
-                            alike.pop_front();
+                let job = &self.jobs[&id];
+                if !matches!(job.phase, JobPhase::Pending) {
+                    continue;
+                }
+                let kind = self.policy.wait_kind(job);
+                if let Some(reason) = kind.and_then(|k| alike.get(&k)) {
+                    self.wait(&id, kind, reason);
+                    if whole {
+                        note_given(&mut given, kind, reason);
+                    }
+                    continue;
+                }
+                let view = policy_view!(self);
+                match self.policy.place(self.now, &self.jobs[&id], view) {
+                    Admission::Place {
+                        worker,
+                        cpu_shares,
+                        victims,
+                        reason,
+                        attributes,
+                    } => {
+                        for_room_only = false;
+                        // Victims first: their CPU is what the new job was promised.
+                        for v in victims {
+                            self.preempt(v);
                         }
-                        alike.push_back((self.jobs[&id].clone(), reason.clone()));
+                        self.start(&id, &worker, cpu_shares, reason, attributes);
                     }
-                    self.wait(&id, &reason);
+                    Admission::Wait { reason, for_room } => {
+                        for_room_only &= for_room;
+                        self.wait(&id, kind, &reason);
+                        if whole {
+                            note_given(&mut given, kind, &reason);
+                        }
+                        if let Some(k) = kind.filter(|_| for_room) {
+                            settled += usize::from(self.kinds.all_hold(k, &reason));
+                            alike.insert(k, reason);
+                            // Every job left is of a kind in `alike` and holds its answer.
+                            if settled == self.kinds.len()
+                                && self.kinds.unkinded() == 0
+                                && self.kinds.joins() == joins
+                                && !full
+                            {
+                                ended_early = true;
+                                break 'pass;
+                            }
+                        }
+                    }
+                    Admission::Reject { reason } => {
+                        for_room_only = false;
+                        info!(job = %id, %reason, "job rejected");
+                        self.transition(&id, JobPhase::Rejected, reason);
+                    }
                 }
-                Admission::Reject { reason } => {
-                    for_room_only = false;
-                    info!(job = %id, %reason, "job rejected");
-                    self.transition(&id, JobPhase::Rejected, reason);
+            }
+        }
+        if whole && !ended_early && self.kinds.joins() == joins {
+            for (kind, reason) in given {
+                if let Some(reason) = reason {
+                    self.kinds.settled(kind, &reason);
                 }
             }
         }
@@ -124,13 +180,15 @@ impl Core {
         };
     }
 
-    /// Pending job `id` waits, for `reason`. Its record changes only when the reason does: a
-    /// pass that found a backlog waiting as before had the store write all of it again. Taken
-    /// by reference: most jobs of a backlog already hold it, and copying it for each was a
-    /// copy per job per pass.
-    fn wait(&mut self, id: &str, reason: &str) {
-        if self.jobs[id].reason != reason {
+    /// Pending job `id`, of `kind`, waits, for `reason`. Its record changes only when the
+    /// reason does: a pass that found a backlog waiting as before had the store write all of
+    /// it again. Taken by reference: most jobs of a backlog already hold it, and copying it
+    /// for each was a copy per job per pass.
+    fn wait(&mut self, id: &str, kind: Option<WaitKind>, reason: &str) {
+        let held = &self.jobs[id].reason;
+        if held != reason {
             debug!(job = %id, %reason, "job waits");
+            self.kinds.reasoned(kind, held, reason);
             self.job_mut(id).expect("exists").reason = reason.to_owned();
         }
     }

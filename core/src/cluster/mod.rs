@@ -38,6 +38,7 @@ pub mod types;
 mod agents;
 mod control;
 mod decide;
+mod kinds;
 mod moves;
 mod time;
 
@@ -297,6 +298,9 @@ pub struct Core {
     jobs: Jobs,
     /// Pending jobs by submission order.
     pending: BTreeMap<u64, JobId>,
+    /// The pending jobs counted by kind, with the reason each kind's jobs hold
+    /// ([`kinds::Kinds`]).
+    kinds: kinds::Kinds,
     /// `(seq, touches)`: every pending job up to submission number `seq` was told to wait for
     /// room ([`Admission::Wait`]'s `for_room`) in a pass that changed nothing, when the
     /// placement index had been touched `touches` times. While that count stays, no worker's
@@ -398,6 +402,7 @@ impl Core {
             workers: Workers::new(),
             jobs: Jobs::new(),
             pending: BTreeMap::new(),
+            kinds: kinds::Kinds::default(),
             conns: HashMap::default(),
             next_seq: 0,
             next_command: 0,
@@ -498,7 +503,12 @@ impl Core {
             (self.jobs.values()).filter(|j| !j.is_terminal() && j.spec.value_curve.is_some());
         let current_recorded =
             (self.jobs.values()).all(|j| j.worker().is_none_or(|w| j.ran_on(w, j.epoch)));
+        let pending = (self.pending.values()).map(|id| {
+            let job = &self.jobs[id];
+            (self.policy.wait_kind(job), job.reason.as_str())
+        });
         self.index.is_fresh(&self.workers, &self.jobs)
+            && self.kinds.counts(pending)
             && lost.count() == self.lost
             && valued.count() == self.valued
             && current_recorded
@@ -642,9 +652,11 @@ impl Core {
         }
         if from_state == JobState::Pending {
             self.pending.remove(&job.seq);
+            self.kinds.left(self.policy.wait_kind(job), &job.reason);
         }
         if to.state() == JobState::Pending {
             self.pending.insert(job.seq, id.clone());
+            self.kinds.joined(self.policy.wait_kind(job), &reason);
             self.dirty = true;
         }
         if to.state() == JobState::Running {

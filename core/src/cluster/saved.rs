@@ -182,9 +182,11 @@ impl Core {
                 };
                 worker.jobs.insert(j.id.clone());
             }
-            if j.state() == JobState::Pending && core.pending.insert(j.seq, j.id.clone()).is_some()
-            {
-                return Err(RestoreError::Duplicate(j.id));
+            if j.state() == JobState::Pending {
+                if core.pending.insert(j.seq, j.id.clone()).is_some() {
+                    return Err(RestoreError::Duplicate(j.id));
+                }
+                core.kinds.joined(core.policy.wait_kind(&j), &j.reason);
             }
             core.lost += usize::from(matches!(j.phase, JobPhase::Lost { .. }));
             core.valued += usize::from(!j.is_terminal() && j.spec.value_curve.is_some());

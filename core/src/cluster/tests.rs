@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::policy::{self, PolicyConfig};
+use super::policy::{self, PolicyConfig, WaitKind};
 use super::*;
 
 /// A core and the effects it produced, with helpers that play the agents' part.
@@ -1191,9 +1191,12 @@ type Shared<T> = std::sync::Arc<std::sync::Mutex<T>>;
 /// What [`Scripted`] answers, set by the test between steps.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Answer {
-    WaitForRoom,
+    /// A wait for room in words of its own each time.
+    Room,
+    /// A wait for room in the same words each time.
+    RoomAsBefore,
     /// A wait the policy does not promise to repeat (its reason may read the time).
-    WaitForOther,
+    Other,
 }
 
 /// A policy that answers what the test says and records which jobs it was asked about: for
@@ -1206,18 +1209,21 @@ struct Scripted {
     alike: bool,
     /// Waits answered so far.
     answered: usize,
+    /// How many times the core read a job's kind: once for each job a pass visits.
+    visited: Shared<usize>,
 }
 
 impl Scripted {
     /// The policy, whom it was asked about, and what it answers.
     fn new(alike: bool) -> (Self, Shared<Vec<JobId>>, Shared<Answer>) {
         let asked = Shared::default();
-        let answer = Shared::new(std::sync::Mutex::new(Answer::WaitForRoom));
+        let answer = Shared::new(std::sync::Mutex::new(Answer::Room));
         let policy = Scripted {
             asked: asked.clone(),
             answer: answer.clone(),
             alike,
             answered: 0,
+            visited: Shared::default(),
         };
         (policy, asked, answer)
     }
@@ -1241,18 +1247,26 @@ impl ClusterPolicy for Scripted {
             // Each answer in words of its own, so that a test can tell which one a job got.
             _ => {
                 self.answered += 1;
+                let answer = *self.answer.lock().unwrap();
                 Admission::Wait {
-                    reason: format!("as scripted, answer {}", self.answered),
-                    for_room: *self.answer.lock().unwrap() == Answer::WaitForRoom,
+                    reason: match answer {
+                        Answer::RoomAsBefore => "as scripted, no room".into(),
+                        _ => format!("as scripted, answer {}", self.answered),
+                    },
+                    for_room: answer != Answer::Other,
                 }
             }
         }
     }
 
-    fn waits_alike(&self, a: &Job, b: &Job) -> bool {
+    fn wait_kind(&self, job: &Job) -> Option<WaitKind> {
+        *self.visited.lock().unwrap() += 1;
         // Jobs it places wait unlike the others (once there is a worker, they are placed).
-        let placed = |j: &Job| j.id.starts_with('r');
-        self.alike && a.spec.cpus == b.spec.cpus && placed(a) == placed(b)
+        match self.alike {
+            false => None,
+            true if job.id.starts_with('r') => Some(WaitKind::class(1)),
+            true => WaitKind::request(&job.spec),
+        }
     }
 
     fn place_move(&mut self, _now: Time, _job: &Job, _view: ClusterView<'_>) -> Option<WorkerId> {
@@ -1279,12 +1293,12 @@ fn a_backlog_waiting_for_room_is_asked_again_only_when_a_workers_snapshot_change
         assert_eq!(take(), jobs(k..=k), "submission {k}");
     }
     // A wait that is not for room is asked again at the next submission, with the rest.
-    *answer.lock().unwrap() = Answer::WaitForOther;
+    *answer.lock().unwrap() = Answer::Other;
     f.submit("j10", 1.0);
     assert_eq!(take(), jobs(10..=10));
     f.submit("j11", 1.0);
     assert_eq!(take(), jobs(0..=11));
-    *answer.lock().unwrap() = Answer::WaitForRoom;
+    *answer.lock().unwrap() = Answer::Room;
     f.submit("j12", 1.0);
     assert_eq!(take(), jobs(0..=12));
     f.submit("j13", 1.0);
@@ -1367,6 +1381,105 @@ fn a_pass_asks_about_one_job_of_each_kind_that_waits_alike() {
     // Another change: one question per size.
     f.register(2, "w2", 8.0);
     assert_eq!(take(), ids(&["a1", "b2"]));
+}
+
+/// A pass ends once every kind has had its answer and every job of each holds it already:
+/// in a full cluster, a job that ends has the next one placed and one more asked, not every
+/// waiting job visited to find it holds the answer it held.
+#[test]
+fn a_pass_ends_once_every_kind_has_an_answer_all_its_jobs_hold() {
+    let (policy, asked, answer) = Scripted::new(true);
+    let visited = policy.visited.clone();
+    *answer.lock().unwrap() = Answer::RoomAsBefore;
+    let mut f = Fixture::with(Box::new(policy));
+    // No worker: j0..j99 wait for room, and r1 among them (it is placed once there is one).
+    let ids: Vec<String> = (0..100).map(|k| format!("j{k}")).collect();
+    for id in &ids[..50] {
+        f.submit(id, 1.0);
+    }
+    f.submit("r1", 1.0);
+    for id in &ids[50..] {
+        f.submit(id, 1.0);
+    }
+    let step = |f: &mut Fixture, input| counted_step(f, input, &visited, &asked);
+    // j0 is asked, j1..j49 answered as j0, r1 placed, which changes w1's snapshot: j50 is
+    // asked, and its answer is the one every job of its kind holds. 52 visits, and r1's kind
+    // read once more as it leaves the queue; a pass to the end makes 101.
+    let (out, n, was_asked) = step(&mut f, bare_worker(1, "w1"));
+    let ids_of = |ks: &[&str]| -> Vec<JobId> { ks.iter().map(|&k| k.into()).collect() };
+    assert_eq!(was_asked, ids_of(&["j0", "r1", "j50"]));
+    assert_eq!(n, 53, "kinds read");
+    let (conn, start) = Fixture::sent(&out, "r1", "start").expect("r1 placed");
+    f.ok(conn, &start, Fixture::started(conn));
+    // r1 ends: j0 is asked, and that is the pass (a pass to the end visits all 100).
+    let exit = Input::Agent {
+        conn,
+        message: AgentMessage::Exited(ContainerExited {
+            job: "r1".into(),
+            epoch: start.epoch,
+            exit_code: 0,
+            done: true,
+            ..ContainerExited::default()
+        }),
+    };
+    let (_, n, was_asked) = step(&mut f, exit);
+    assert_eq!((was_asked, n), (ids_of(&["j0"]), 1));
+    // Nothing was skipped that a full pass would have changed.
+    for id in &ids {
+        let j = f.core.job(id).unwrap();
+        assert_eq!(
+            (id, j.state(), j.reason.as_str()),
+            (id, JobState::Pending, "as scripted, no room")
+        );
+    }
+    assert!(f.core.derived_state_is_fresh());
+}
+
+/// Worker `w` registers on stream `conn` with one core.
+fn bare_worker(conn: ConnId, w: &str) -> Input {
+    Input::Connected {
+        conn,
+        register: Register {
+            worker: w.into(),
+            cpu_capacity: 1.0,
+            ..Register::default()
+        },
+    }
+}
+
+/// `input` stepped by hand (the fixture's own checks after a step read every job's kind
+/// too): what it put out, how many kinds the core read, whom the policy was asked about.
+fn counted_step(
+    f: &mut Fixture,
+    input: Input,
+    visited: &Shared<usize>,
+    asked: &Shared<Vec<JobId>>,
+) -> (Vec<Effect>, usize, Vec<JobId>) {
+    *visited.lock().unwrap() = 0;
+    asked.lock().unwrap().clear();
+    let out = f.core.step(f.now, input);
+    let n = *visited.lock().unwrap();
+    (out, n, std::mem::take(&mut *asked.lock().unwrap()))
+}
+
+/// A pass that visits every waiting job and gives every job of a kind one answer leaves the
+/// kind known to hold it, though each job held another before: the next pass ends at its
+/// first question.
+#[test]
+fn a_pass_that_gives_a_whole_kind_one_answer_lets_the_next_end_at_once() {
+    let (policy, asked, answer) = Scripted::new(true);
+    let visited = policy.visited.clone();
+    let mut f = Fixture::with(Box::new(policy));
+    // Each job waits for an answer of its own.
+    for k in 0..100 {
+        f.submit(&format!("j{k}"), 1.0);
+    }
+    *answer.lock().unwrap() = Answer::RoomAsBefore;
+    let (_, n, _) = counted_step(&mut f, bare_worker(1, "w1"), &visited, &asked);
+    assert_eq!(n, 100, "every job visited to be given the new answer");
+    let (_, n, was_asked) = counted_step(&mut f, bare_worker(2, "w2"), &visited, &asked);
+    assert_eq!((was_asked, n), (vec![JobId::from("j0")], 1));
+    assert!(f.core.derived_state_is_fresh());
 }
 
 /// A pass that finds a backlog waiting for the reasons it waited for changes no record: the
@@ -1460,8 +1573,8 @@ fn every_policy_says_a_job_nothing_has_room_for_waits_for_room() {
     }
 }
 
-/// The other promise about waiting for room ([`ClusterPolicy::waits_alike`]): jobs a policy
-/// says wait alike get the same wait, reason and all, so that the core can ask about one of
+/// The other promise about waiting for room ([`ClusterPolicy::wait_kind`]): jobs a policy
+/// says are of one kind get the same wait, reason and all, so that the core can ask about one of
 /// them in a pass. Every policy, with no worker, with a drained one, and with one too small.
 #[test]
 fn jobs_a_policy_says_wait_alike_get_the_same_wait_for_room() {
@@ -1514,8 +1627,10 @@ fn jobs_a_policy_says_wait_alike_get_the_same_wait_for_room() {
             {
                 core.step(0.0, input);
             }
-            let alike =
-                |a: &str, b: &str| asked.waits_alike(core.job(a).unwrap(), core.job(b).unwrap());
+            let kinds: BTreeMap<&str, Option<WaitKind>> = (jobs.iter())
+                .map(|(id, _)| (*id, asked.wait_kind(core.job(id).unwrap())))
+                .collect();
+            let alike = |a: &str, b: &str| kinds[a].is_some() && kinds[a] == kinds[b];
             // Not a promise kept by saying nothing: jobs that ask for the same are alike, and
             // jobs that ask for different sizes are not (their reasons name the size).
             assert!(
@@ -1533,7 +1648,7 @@ fn jobs_a_policy_says_wait_alike_get_the_same_wait_for_room() {
                     continue;
                 }
                 for (b, _) in jobs.iter().filter(|(b, _)| b != a) {
-                    if asked.waits_alike(core.job(a).unwrap(), core.job(b).unwrap()) {
+                    if alike(a, b) {
                         pairs += 1;
                         let other = asked.place(0.0, core.job(b).unwrap(), core.view());
                         assert_eq!(other, answer, "{name}, {cluster}: {b} waits unlike {a}");

@@ -222,6 +222,41 @@ pub fn request(spec: &JobSpec) -> JobRequest {
     }
 }
 
+/// Jobs a policy tells to wait for room alike ([`ClusterPolicy::wait_kind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WaitKind {
+    /// 0 for a request; a policy's own kinds from 1.
+    class: u8,
+    /// The request's CPUs, as bits (`+0.0` for `-0.0`, which `==` takes as equal).
+    cpus: u64,
+    memory_bytes: u64,
+}
+
+impl WaitKind {
+    /// Jobs that ask for the same resources ([`request`]); `None` for a request of CPUs that
+    /// are not a number, which `==` finds equal to none (the manager refuses one; the
+    /// simulator and tests drive the core directly).
+    pub fn request(spec: &JobSpec) -> Option<Self> {
+        let r = request(spec);
+        (!r.cpus.is_nan()).then(|| WaitKind {
+            class: 0,
+            cpus: (r.cpus + 0.0).to_bits(),
+            memory_bytes: r.memory_bytes,
+        })
+    }
+
+    /// A kind of a policy's own, whatever the jobs ask for; `class` tells its kinds apart
+    /// (from 1: 0 is a request's).
+    pub fn class(class: u8) -> Self {
+        assert!(class > 0, "class 0 is a request's kind");
+        WaitKind {
+            class,
+            cpus: 0,
+            memory_bytes: 0,
+        }
+    }
+}
+
 /// Scores an event lists at most: a placement over 10,000 workers would otherwise write
 /// 10,000 scores into every event (and the store, and the trace), which no one reads.
 pub const SCORES_SHOWN: usize = 16;
@@ -512,15 +547,17 @@ pub trait ClusterPolicy: Send {
     /// Where pending job `job` goes now.
     fn place(&mut self, now: Time, job: &Job, view: ClusterView<'_>) -> Admission;
 
-    /// Whether jobs `a` and `b` get the same answer whenever [`ClusterPolicy::place`] tells
-    /// either to wait for room ([`Admission::Wait`]'s `for_room`): the same reason, word for
-    /// word, at the same placement snapshots and whatever the time. The core then asks about
-    /// one job of a kind in a pass while no snapshot changes, and gives the others its answer
-    /// (`Core::schedule`): once a worker had changed, a backlog of n jobs waiting for room
-    /// cost n answers (`docs/performance.md`, "A backlog of waiting jobs"). `false`, the
-    /// default, promises nothing.
-    fn waits_alike(&self, _a: &Job, _b: &Job) -> bool {
-        false
+    /// The kind of pending job `job`: jobs of one kind get the same answer whenever
+    /// [`ClusterPolicy::place`] tells one to wait for room ([`Admission::Wait`]'s
+    /// `for_room`): the same reason, word for word, at the same placement snapshots and
+    /// whatever the time. It reads only what a job keeps while it waits (its spec, its id).
+    /// The core then asks about one job of a kind in a pass while no snapshot changes, gives
+    /// the others its answer, and ends the pass once every kind has had its answer and every
+    /// job of it holds that answer already (`Core::schedule`): once a worker had changed, a
+    /// backlog of n jobs waiting for room cost n answers (`docs/performance.md`, "A backlog
+    /// of waiting jobs"). `None`, the default, promises nothing: the job is asked each pass.
+    fn wait_kind(&self, _job: &Job) -> Option<WaitKind> {
+        None
     }
 
     /// Where a running job that must leave its worker goes (drain, restore retry); `None`

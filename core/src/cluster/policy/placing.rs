@@ -8,7 +8,8 @@ use converge_policy::cluster::{JobRequest, Placement, Placer, PlacerIndex};
 #[cfg(any(test, debug_assertions))]
 use super::shown_places;
 use super::{
-    Admission, ClusterPolicy, ClusterView, SCORES_SHOWN, placement_text, request, shown_text,
+    Admission, ClusterPolicy, ClusterView, SCORES_SHOWN, WaitKind, placement_text, request,
+    shown_text,
 };
 use crate::cluster::lifecycle::Job;
 use crate::cluster::types::{Time, WorkerId, WorkerMode};
@@ -33,11 +34,11 @@ impl Placing {
         }
     }
 
-    /// Whether two jobs get the same wait for room from [`Placing::admit`]: its only one is
-    /// the placer's `Unschedulable`, whose reason reads the request and the snapshots
+    /// Which jobs get the same wait for room from [`Placing::admit`]: its only one is the
+    /// placer's `Unschedulable`, whose reason reads the request and the snapshots
     /// ([`converge_policy::cluster::unschedulable_reason`]).
-    pub fn waits_alike(a: &Job, b: &Job) -> bool {
-        request(&a.spec) == request(&b.spec)
+    pub fn wait_kind(job: &Job) -> Option<WaitKind> {
+        WaitKind::request(&job.spec)
     }
 
     /// The placer's answer for `job` as an admission (shared by every policy that places).
@@ -168,8 +169,8 @@ impl ClusterPolicy for Placing {
         self.admit(job, view)
     }
 
-    fn waits_alike(&self, a: &Job, b: &Job) -> bool {
-        Placing::waits_alike(a, b)
+    fn wait_kind(&self, job: &Job) -> Option<WaitKind> {
+        Placing::wait_kind(job)
     }
 
     fn place_move(&mut self, _now: Time, job: &Job, view: ClusterView<'_>) -> Option<WorkerId> {

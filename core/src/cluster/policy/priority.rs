@@ -26,7 +26,9 @@ use std::collections::{BTreeMap, HashMap};
 use converge_policy::baseline::Spread;
 
 use super::placing::Placing;
-use super::{Admission, ClusterPolicy, ClusterView, Decision, Report, request, scores_text};
+use super::{
+    Admission, ClusterPolicy, ClusterView, Decision, Report, WaitKind, request, scores_text,
+};
 use crate::cluster::forecast::Load;
 use crate::cluster::lifecycle::{Job, JobPhase, Worker};
 use crate::cluster::types::{JobId, Time, WorkerId, WorkerMode};
@@ -940,8 +942,8 @@ impl ClusterPolicy for PriorityPolicy {
 
     /// `las` waits as Spread does; `converge` waits for room only when no schedulable worker
     /// fits the request, and says so in the words of the placers (`place_scanning`).
-    fn waits_alike(&self, a: &Job, b: &Job) -> bool {
-        Placing::waits_alike(a, b)
+    fn wait_kind(&self, job: &Job) -> Option<WaitKind> {
+        Placing::wait_kind(job)
     }
 
     fn place_move(&mut self, now: Time, job: &Job, view: ClusterView<'_>) -> Option<WorkerId> {

@@ -17,7 +17,7 @@ use converge_policy::cluster::Placer;
 use converge_policy::specon::{SpeCon, SpeConConfig, WorkerLoad};
 
 use super::placing::Placing;
-use super::{Admission, ClusterPolicy, ClusterView, Decision, Report, request};
+use super::{Admission, ClusterPolicy, ClusterView, Decision, Report, WaitKind, request};
 use crate::cluster::lifecycle::{Job, JobPhase};
 use crate::cluster::types::{JobId, MoveReason, Time, WorkerId, WorkerMode};
 
@@ -292,8 +292,8 @@ impl ClusterPolicy for SpeConPolicy {
         self.placing.admit(job, view)
     }
 
-    fn waits_alike(&self, a: &Job, b: &Job) -> bool {
-        Placing::waits_alike(a, b)
+    fn wait_kind(&self, job: &Job) -> Option<WaitKind> {
+        Placing::wait_kind(job)
     }
 
     fn place_move(&mut self, _now: Time, job: &Job, view: ClusterView<'_>) -> Option<WorkerId> {

@@ -24,7 +24,7 @@ use converge_policy::value::{
 };
 
 use super::placing::Placing;
-use super::{Admission, ClusterPolicy, ClusterView, Decision, Invalid, Preempt, Victim};
+use super::{Admission, ClusterPolicy, ClusterView, Decision, Invalid, Preempt, Victim, WaitKind};
 use crate::cluster::forecast::Load;
 use crate::cluster::lifecycle::{Job, JobPhase};
 use crate::cluster::types::{JobId, JobSpec, Time, WorkerId, WorkerMode};
@@ -205,12 +205,12 @@ impl ClusterPolicy for ValuePolicy {
 
     /// Jobs with a value curve wait for room alike (for a schedulable worker, whatever they
     /// ask); the others as the fallback placer has them wait.
-    fn waits_alike(&self, a: &Job, b: &Job) -> bool {
+    fn wait_kind(&self, job: &Job) -> Option<WaitKind> {
         // Without making a `ValueJob`: this is asked for every job of a backlog.
-        match (valued(a), valued(b)) {
-            (true, true) => true,
-            (false, false) => Placing::waits_alike(a, b),
-            _ => false,
+        if valued(job) {
+            Some(WaitKind::class(1))
+        } else {
+            Placing::wait_kind(job)
         }
     }
 

@@ -1,0 +1,151 @@
+//! The pending jobs counted by the kind their policy gives them
+//! ([`ClusterPolicy::wait_kind`]), with the reason every job of a kind holds, when they all
+//! hold one: what lets a pass over a backlog end once each kind has had its answer
+//! (`Core::schedule`), rather than visit every waiting job to find it holds that answer
+//! already.
+
+use std::collections::HashMap;
+
+use super::policy::WaitKind;
+
+#[cfg(doc)]
+use super::policy::ClusterPolicy;
+
+/// The pending jobs by kind (module doc). The core tells it of every job that becomes
+/// pending, leaves, or is given another reason while it waits.
+#[derive(Debug, Default)]
+pub(super) struct Kinds {
+    of: HashMap<WaitKind, Kind, foldhash::fast::RandomState>,
+    /// Pending jobs of no kind: each is asked at every pass.
+    unkinded: usize,
+    /// Jobs that became pending, ever: a pass sees whether one came while it ran.
+    joins: u64,
+}
+
+#[derive(Debug)]
+struct Kind {
+    /// Its pending jobs.
+    jobs: usize,
+    /// A reason some of them may hold, and how many do: every one when `holding == jobs`.
+    reason: String,
+    holding: usize,
+}
+
+impl Kind {
+    /// One more of its jobs holds `reason`.
+    fn holds(&mut self, reason: &str) {
+        // Counted for one reason at a time, exactly. Another takes its place only where its
+        // count is known: the kind's only job holds it (or a pass gave it to every job,
+        // `Kinds::settled`).
+        if self.jobs == 1 && self.reason != reason {
+            reason.clone_into(&mut self.reason);
+            self.holding = 0;
+        }
+        if self.reason == reason {
+            self.holding += 1;
+        }
+    }
+
+    /// One of its jobs no longer holds `reason`.
+    fn dropped(&mut self, reason: &str) {
+        if self.reason == reason {
+            self.holding -= 1;
+        }
+    }
+}
+
+impl Kinds {
+    /// A job of `kind` became pending, holding `reason`.
+    pub fn joined(&mut self, kind: Option<WaitKind>, reason: &str) {
+        self.joins += 1;
+        let Some(kind) = kind else {
+            self.unkinded += 1;
+            return;
+        };
+        let k = self.of.entry(kind).or_insert_with(|| Kind {
+            jobs: 0,
+            reason: String::new(),
+            holding: 0,
+        });
+        k.jobs += 1;
+        k.holds(reason);
+    }
+
+    /// A pending job of `kind`, holding `reason`, left the queue.
+    pub fn left(&mut self, kind: Option<WaitKind>, reason: &str) {
+        let Some(kind) = kind else {
+            self.unkinded -= 1;
+            return;
+        };
+        let k = self
+            .of
+            .get_mut(&kind)
+            .expect("a pending job's kind is counted");
+        k.jobs -= 1;
+        k.dropped(reason);
+        if k.jobs == 0 {
+            self.of.remove(&kind);
+        }
+    }
+
+    /// A pending job of `kind` was given `to` in place of `from`.
+    pub fn reasoned(&mut self, kind: Option<WaitKind>, from: &str, to: &str) {
+        if let Some(k) = kind.and_then(|kind| self.of.get_mut(&kind)) {
+            k.dropped(from);
+            k.holds(to);
+        }
+    }
+
+    /// Every pending job of `kind` was just given `reason` (a pass visited each).
+    pub fn settled(&mut self, kind: WaitKind, reason: &str) {
+        if let Some(k) = self.of.get_mut(&kind) {
+            if k.reason != reason {
+                reason.clone_into(&mut k.reason);
+            }
+            k.holding = k.jobs;
+        }
+    }
+
+    /// Whether every pending job of `kind` holds `reason`.
+    pub fn all_hold(&self, kind: WaitKind, reason: &str) -> bool {
+        self.of
+            .get(&kind)
+            .is_some_and(|k| k.holding == k.jobs && k.reason == reason)
+    }
+
+    /// How many kinds have pending jobs.
+    pub fn len(&self) -> usize {
+        self.of.len()
+    }
+
+    /// Pending jobs of no kind.
+    pub fn unkinded(&self) -> usize {
+        self.unkinded
+    }
+
+    /// Jobs that became pending, ever.
+    pub fn joins(&self) -> u64 {
+        self.joins
+    }
+
+    /// Whether the counts are those of `pending` (each pending job's kind and reason).
+    #[cfg(test)]
+    pub fn counts<'a>(&self, pending: impl Iterator<Item = (Option<WaitKind>, &'a str)>) -> bool {
+        let mut fresh = Kinds::default();
+        let mut holding: HashMap<WaitKind, usize> = HashMap::new();
+        for (kind, reason) in pending {
+            fresh.joined(kind, reason);
+            if let Some(kind) = kind
+                && self.of.get(&kind).is_some_and(|k| k.reason == reason)
+            {
+                *holding.entry(kind).or_default() += 1;
+            }
+        }
+        fresh.unkinded == self.unkinded
+            && fresh.of.len() == self.of.len()
+            && (self.of.iter()).all(|(kind, k)| {
+                fresh.of.get(kind).is_some_and(|f| f.jobs == k.jobs)
+                    && holding.get(kind).copied().unwrap_or(0) == k.holding
+            })
+    }
+}
