@@ -141,9 +141,9 @@ enum Cmd {
     },
     /// What a backlog of waiting jobs costs a full cluster working it off: jobs completed per
     /// second, once the agents (one core each, each job done in a tenth of a second) are busy,
-    /// while the backlog is still at least half what it was. Every job that ends frees a core,
-    /// which makes the manager ask again about the jobs waiting for one. With `--against`, the
-    /// same against another manager build in the same run.
+    /// while the backlog is still at least half what it was, for two minutes at most. Every job
+    /// that ends frees a core, which makes the manager ask again about the jobs waiting for
+    /// one. With `--against`, the same against another manager build in the same run.
     Workoff {
         #[arg(long, value_delimiter = ',', default_values_t = [1_000usize, 4_000, 16_000])]
         levels: Vec<usize>,
@@ -696,11 +696,18 @@ async fn workoff(
                 },
             )
             .await?;
-            // From when every agent has finished a job to when half the backlog is done.
-            let done = |n| jobs_in(&target, "completed", n as u64, Duration::from_secs(600));
-            done(agents).await?;
+            // From when every agent has finished a job to when half the backlog is done, or
+            // for two minutes (a slow build would take most of an hour).
+            jobs_in(
+                &target,
+                "completed",
+                agents as u64,
+                Duration::from_secs(600),
+            )
+            .await?;
             let (from, t) = (target.jobs_in("completed").await?, Instant::now());
-            done(level / 2).await?;
+            let window = Duration::from_secs(120);
+            let _ = jobs_in(&target, "completed", level as u64 / 2, window).await;
             let to = target.jobs_in("completed").await?;
             row.push((to - from) as f64 / t.elapsed().as_secs_f64());
             fleet.stop().await;
@@ -709,7 +716,7 @@ async fn workoff(
     }
     print_head(
         &format!(
-            "Jobs completed/s by {agents} agents of 1 core (each job done in 0.1 s) working off a backlog, until half of it is done"
+            "Jobs completed/s by {agents} agents of 1 core (each job done in 0.1 s) working off a backlog, until half of it is done or for 120 s"
         ),
         &[
             ("jobs waiting at the start", "---:"),
