@@ -60,9 +60,13 @@ pub struct Sqlite {
     conn: Connection,
     path: PathBuf,
     unpruned: u64,
-    /// One clone in each backup whose copy is being written from the database file
-    /// ([`Store::backup`]): while any is out, nothing is checkpointed into the file.
-    copying: Arc<()>,
+    /// The database file, open for the store's life, for [`Store::backup`] to copy from;
+    /// one clone in each backup whose copy is being written (while any is out, nothing is
+    /// checkpointed into the file). Declared after `conn`, so closed after it: SQLite's locks
+    /// are POSIX locks, which belong to the process and the file, and closing any descriptor
+    /// of the file drops them all (SQLite's "How To Corrupt", 2.2). A copy that opened the
+    /// file afresh and closed it let another manager write beside this one.
+    file: Arc<std::fs::File>,
     /// The `wal_autocheckpoint` to go back to once no copy is being written; `None` while
     /// checkpoints run as usual.
     checkpoints_held: Option<i64>,
@@ -73,7 +77,7 @@ impl Drop for Sqlite {
         // Closing the last connection checkpoints the WAL into the file, under a copy still
         // being read from it. Left in the WAL, the newest commits are checkpointed by the next
         // open instead, as after a crash.
-        if Arc::strong_count(&self.copying) > 1 {
+        if Arc::strong_count(&self.file) > 1 {
             let _ = self
                 .conn
                 .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true);
@@ -141,11 +145,14 @@ impl Sqlite {
                 supported: SCHEMA_VERSION,
             });
         }
+        // Only now that the file is this process's: closing a descriptor of a file another
+        // connection of this process holds would drop that one's locks.
+        let file = std::fs::File::open(&path).map_err(|e| unreadable(e.to_string()))?;
         let mut store = Sqlite {
             conn,
             path,
             unpruned: 0,
-            copying: Arc::new(()),
+            file: Arc::new(file),
             checkpoints_held: None,
         };
         store.migrate(version)?;
@@ -160,7 +167,7 @@ impl Sqlite {
     /// dropped unwritten). Until then the WAL grows by what is committed meanwhile.
     fn resume_checkpoints(&mut self) -> Result<()> {
         if let Some(every) = self.checkpoints_held
-            && Arc::strong_count(&self.copying) == 1
+            && Arc::strong_count(&self.file) == 1
         {
             self.conn
                 .pragma_update(None, "wal_autocheckpoint", every)
@@ -541,7 +548,7 @@ impl Store for Sqlite {
             self.path
                 .with_file_name(format!("{BACKUP_PREFIX}{}-{n}", std::process::id())),
         );
-        if Arc::strong_count(&self.copying) > 1 {
+        if Arc::strong_count(&self.file) > 1 {
             // The file is held for a copy begun earlier and lacks the newest commits; the
             // snapshot this connection reads has them. VACUUM INTO writes it whole, holding
             // the writer meanwhile: two backups at once are rare.
@@ -578,12 +585,13 @@ impl Store for Sqlite {
                 )),
             });
         }
-        let (from, hold) = (self.path.clone(), Arc::clone(&self.copying));
+        let from = Arc::clone(&self.file);
         Ok(PendingBackup::new(move || {
-            // In the kernel where the filesystem can (copy_file_range). The file header says
-            // WAL mode and no WAL goes with it: SQLite opens it as a whole database.
-            let copied = std::fs::copy(&from, to.path());
-            drop(hold);
+            // From the store's own descriptor, never one opened here (`Sqlite::file`). The
+            // file header says WAL mode and no WAL goes with it: SQLite opens the copy as a
+            // whole database.
+            let copied = copy_whole(&from, to.path());
+            drop(from);
             copied.map_err(|source| Error::Copy {
                 path: to.path().to_path_buf(),
                 source,
@@ -671,6 +679,24 @@ fn terminal_labels() -> String {
         .map(|s| format!("'{}'", s.label()))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// Copies all of `from` into a new file `to`, by offset: `from`'s own position is shared
+/// with every clone of it.
+fn copy_whole(from: &std::fs::File, to: &Path) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::FileExt;
+    let mut out = std::fs::File::create_new(to)?;
+    let mut buf = vec![0; 1 << 20];
+    let mut at = 0;
+    loop {
+        let n = from.read_at(&mut buf, at)?;
+        if n == 0 {
+            return out.flush();
+        }
+        out.write_all(&buf[..n])?;
+        at += n as u64;
+    }
 }
 
 /// Removes the copies [`Store::backup`] wrote into `dir` and that nobody removed (their manager

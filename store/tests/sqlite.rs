@@ -686,3 +686,58 @@ fn a_store_closed_while_a_copy_is_written_leaves_both_whole() {
         .unwrap();
     assert_eq!((again.saved.jobs.len(), again.events.len()), (6, 200));
 }
+
+/// Set for [`another_process_opens_the_store`], run as a child process: the directory whose
+/// store it opens.
+const CHILD_DIR: &str = "CONVERGE_STORE_TEST_CHILD_DIR";
+
+/// Not a test of its own: the other process of
+/// `a_backup_leaves_the_store_locked_against_another_process`, which runs this binary again
+/// with only this test. Says whether it could open the store.
+#[test]
+#[ignore = "run as a child process by another test"]
+fn another_process_opens_the_store() {
+    if let Ok(dir) = std::env::var(CHILD_DIR) {
+        match Sqlite::open(std::path::Path::new(&dir)) {
+            Ok(_) => println!("CHILD: opened"),
+            Err(e) => println!("CHILD: refused: {e}"),
+        }
+    }
+}
+
+/// SQLite's locks belong to the process: closing any descriptor of the file drops them all, so
+/// a copy that opened the file afresh let another process (a second manager, an operator's
+/// `sqlite3`) write beside the manager, and corrupt the store. After a backup the store is
+/// still refused to another process, as before it. (Within one process SQLite answers from
+/// its own table of locks, which is why this needs another process.)
+#[test]
+fn a_backup_leaves_the_store_locked_against_another_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Sqlite::open(dir.path()).unwrap();
+    four_finished_one_pending(&mut store);
+    let other_opens = || {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "another_process_opens_the_store",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env(CHILD_DIR, dir.path())
+            .output()
+            .expect("this test binary runs again");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        match text.lines().find(|l| l.starts_with("CHILD: ")) {
+            Some(line) => line.to_owned(),
+            None => panic!("the child said nothing of the store: {text}"),
+        }
+    };
+    let before = other_opens();
+    assert!(before.contains("another manager holds it"), "{before}");
+    drop(store.backup().unwrap().write().unwrap());
+    let after = other_opens();
+    assert!(
+        after.contains("another manager holds it"),
+        "after a backup: {after}"
+    );
+}

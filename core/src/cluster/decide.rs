@@ -4,7 +4,8 @@
 use super::policy::WaitKind;
 use super::*;
 
-/// Each kind's wait in a pass, while every job of it got the same one ([`Core::schedule`]).
+/// Each kind's wait in a pass, while every job of it got the same one; `None` once two of its
+/// jobs got different ones ([`Core::schedule`]).
 type Given = HashMap<WaitKind, Option<String>, foldhash::fast::RandomState>;
 
 /// Notes that a pending job of `kind` was told to wait for `reason` in this pass ([`Core::schedule`]'s
@@ -86,7 +87,7 @@ impl Core {
         let mut alike: HashMap<WaitKind, String, foldhash::fast::RandomState> = HashMap::default();
         let mut alike_at = self.index.touches();
         // How many kinds in `alike` have every pending job holding its answer.
-        let mut settled = 0;
+        let mut kinds_done = 0;
         // Each kind's wait, while every job of it visited in this pass got the same one: a
         // pass over every pending job then knows each holds it ([`kinds::Kinds::settled`]).
         let mut given: Given = HashMap::default();
@@ -106,7 +107,7 @@ impl Core {
             for (_, id) in chunk {
                 if alike_at != self.index.touches() || full {
                     alike.clear();
-                    settled = 0;
+                    kinds_done = 0;
                     alike_at = self.index.touches();
                 }
                 let job = &self.jobs[&id];
@@ -144,10 +145,10 @@ impl Core {
                             note_given(&mut given, kind, &reason);
                         }
                         if let Some(k) = kind.filter(|_| for_room) {
-                            settled += usize::from(self.kinds.all_hold(k, &reason));
+                            kinds_done += usize::from(self.kinds.all_hold(k, &reason));
                             alike.insert(k, reason);
                             // Every job left is of a kind in `alike` and holds its answer.
-                            if settled == self.kinds.len()
+                            if kinds_done == self.kinds.len()
                                 && self.kinds.unkinded() == 0
                                 && self.kinds.joins() == joins
                                 && !full

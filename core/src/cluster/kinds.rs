@@ -34,9 +34,9 @@ struct Kind {
 impl Kind {
     /// One more of its jobs holds `reason`.
     fn holds(&mut self, reason: &str) {
-        // Counted for one reason at a time, exactly. Another takes its place only where its
-        // count is known: the kind's only job holds it (or a pass gave it to every job,
-        // `Kinds::settled`).
+        // The count is exact for `reason` only. With one job, the count of any reason is
+        // known, so `reason` may be re-pointed (as `Kinds::settled` does after a pass gave
+        // every job one).
         if self.jobs == 1 && self.reason != reason {
             reason.clone_into(&mut self.reason);
             self.holding = 0;
@@ -77,10 +77,16 @@ impl Kinds {
             self.unkinded -= 1;
             return;
         };
-        let k = self
-            .of
-            .get_mut(&kind)
-            .expect("a pending job's kind is counted");
+        // Counted when it joined, unless a policy's kind for a job changed while it waited
+        // (which `wait_kind` promises not to do): then this kind keeps a job too many, and
+        // never counts as all holding one reason, which only costs passes their early end.
+        debug_assert!(
+            self.of.contains_key(&kind),
+            "a pending job's kind is counted"
+        );
+        let Some(k) = self.of.get_mut(&kind) else {
+            return;
+        };
         k.jobs -= 1;
         k.dropped(reason);
         if k.jobs == 0 {
