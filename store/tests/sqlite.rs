@@ -5,7 +5,9 @@ use converge_core::cluster::policy::{PolicyConfig, by_name};
 use converge_core::cluster::saved::Saved;
 use converge_core::cluster::types::*;
 use converge_core::cluster::{Config, Core, Effect, Input};
-use converge_store::{Batch, Error, FILE_NAME, SCHEMA_VERSION, Sqlite, Store, StoredEvent};
+use converge_store::{
+    Batch, Error, FILE_NAME, PendingBackup, SCHEMA_VERSION, Sqlite, Store, StoredEvent,
+};
 
 fn core() -> Core {
     Core::new(
@@ -335,11 +337,14 @@ fn a_second_manager_on_the_same_directory_is_refused() {
     assert!(why.contains("another manager holds it"), "{why}");
 }
 
+/// The jobs of [`four_finished_one_pending`].
+const FIRST_FIVE: [&str; 5] = ["j0", "j1", "j2", "j3", "j4"];
+
 /// Jobs j0..j4 submitted at 1..5 into `store`; j0..j3 finish (cancelled) at 10, 11, 12, 13 in
 /// that order, j4 stays pending (no worker). The core, and the ids.
 fn four_finished_one_pending(store: &mut Sqlite) -> (Core, [&'static str; 5]) {
     let mut core = core();
-    let ids = ["j0", "j1", "j2", "j3", "j4"];
+    let ids = FIRST_FIVE;
     for (i, id) in ids.iter().enumerate() {
         step_stored(store, &mut core, 1.0 + i as f64, submit(id));
     }
@@ -621,22 +626,29 @@ fn in_copy(copy: converge_store::BackupCopy) -> (Vec<String>, usize) {
     (ids, got.events.len())
 }
 
+/// A store holding j0..j4 ([`four_finished_one_pending`]), a backup begun, and then job
+/// `late` submitted: what the copy must not hold.
+fn a_backup_begun_before_a_late_job() -> (tempfile::TempDir, Sqlite, PendingBackup) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Sqlite::open(dir.path()).unwrap();
+    let (mut core, _) = four_finished_one_pending(&mut store);
+    let pending = store.backup().unwrap();
+    step_stored(&mut store, &mut core, 20.0, submit("late"));
+    (dir, store, pending)
+}
+
 /// The copy is written off the writer's thread, from the database file, while the writer goes
 /// on: it holds what the last commit before `backup` left and nothing committed after, even
 /// when more is committed meanwhile than the WAL holds before SQLite checkpoints into the file.
 /// Once the copy is written, the next commits checkpoint into the file again.
 #[test]
 fn a_backup_is_what_the_last_commit_left_while_the_writer_goes_on() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = Sqlite::open(dir.path()).unwrap();
-    let (mut core, ids) = four_finished_one_pending(&mut store);
-    let pending = store.backup().unwrap();
-    step_stored(&mut store, &mut core, 20.0, submit("late"));
+    let (dir, mut store, pending) = a_backup_begun_before_a_late_job();
     commit_events(&mut store, 1, 1_500);
     let copy = pending.write().unwrap();
     assert_eq!(
         in_copy(copy),
-        (ids.map(String::from).to_vec(), 0),
+        (FIRST_FIVE.map(String::from).to_vec(), 0),
         "the copy as the backup began"
     );
     let now = store.load(usize::MAX, usize::MAX).unwrap();
@@ -655,14 +667,10 @@ fn a_backup_is_what_the_last_commit_left_while_the_writer_goes_on() {
 /// with; the first still holds what it began with.
 #[test]
 fn a_second_backup_while_the_first_is_written_has_the_newest_commits() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = Sqlite::open(dir.path()).unwrap();
-    let (mut core, _) = four_finished_one_pending(&mut store);
-    let first = store.backup().unwrap();
-    step_stored(&mut store, &mut core, 20.0, submit("late"));
+    let (_dir, mut store, first) = a_backup_begun_before_a_late_job();
     let second = store.backup().unwrap().write().unwrap();
     let (jobs, _) = in_copy(first.write().unwrap());
-    assert_eq!(jobs, ["j0", "j1", "j2", "j3", "j4"]);
+    assert_eq!(jobs, FIRST_FIVE);
     let (jobs, _) = in_copy(second);
     assert_eq!(jobs, ["j0", "j1", "j2", "j3", "j4", "late"]);
 }
@@ -671,15 +679,11 @@ fn a_second_backup_while_the_first_is_written_has_the_newest_commits() {
 /// into the file being read) leaves the copy whole, and the next open has every commit.
 #[test]
 fn a_store_closed_while_a_copy_is_written_leaves_both_whole() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = Sqlite::open(dir.path()).unwrap();
-    let (mut core, ids) = four_finished_one_pending(&mut store);
-    let pending = store.backup().unwrap();
-    step_stored(&mut store, &mut core, 20.0, submit("late"));
+    let (dir, mut store, pending) = a_backup_begun_before_a_late_job();
     commit_events(&mut store, 1, 200);
     drop(store);
     let (jobs, events) = in_copy(pending.write().unwrap());
-    assert_eq!((jobs, events), (ids.map(String::from).to_vec(), 0));
+    assert_eq!((jobs, events), (FIRST_FIVE.map(String::from).to_vec(), 0));
     let again = Sqlite::open(dir.path())
         .unwrap()
         .load(usize::MAX, usize::MAX)

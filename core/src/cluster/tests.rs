@@ -156,6 +156,20 @@ fn lcg(mut state: u64) -> impl FnMut() -> u64 {
     }
 }
 
+/// Worker `w` registers on stream `conn` with `cpus` cores at `speed` (its calibration).
+fn connected(conn: ConnId, w: &str, cpus: f64, speed: f64) -> Input {
+    Input::Connected {
+        conn,
+        register: Register {
+            worker: w.into(),
+            cpu_capacity: cpus,
+            calibration: speed,
+            instance_id: format!("{w}-a"),
+            ..Register::default()
+        },
+    }
+}
+
 fn spec(cpus: f64) -> JobSpec {
     JobSpec {
         cpus,
@@ -211,16 +225,7 @@ impl Fixture {
 
     /// Worker `w` registers with `cpus` cores at `speed` (its calibration).
     fn register_at(&mut self, conn: ConnId, w: &str, cpus: f64, speed: f64) -> Vec<Effect> {
-        self.step(Input::Connected {
-            conn,
-            register: Register {
-                worker: w.into(),
-                cpu_capacity: cpus,
-                calibration: speed,
-                instance_id: format!("{w}-a"),
-                ..Register::default()
-            },
-        })
+        self.step(connected(conn, w, cpus, speed))
     }
 
     /// Worker `w` registers again on stream `conn`, reporting running containers as
@@ -1405,7 +1410,10 @@ fn a_pass_ends_once_every_kind_has_an_answer_all_its_jobs_hold() {
     // j0 is asked, j1..j49 answered as j0, r1 placed, which changes w1's snapshot: j50 is
     // asked, and its answer is the one every job of its kind holds. 52 visits, and r1's kind
     // read once more as it leaves the queue; a pass to the end makes 101.
-    let (out, n, was_asked) = step(&mut f, bare_worker(1, "w1"));
+    let (out, n, was_asked) = step(
+        &mut f,
+        connected(1, "w1", 1.0, Register::default().calibration),
+    );
     let ids_of = |ks: &[&str]| -> Vec<JobId> { ks.iter().map(|&k| k.into()).collect() };
     assert_eq!(was_asked, ids_of(&["j0", "r1", "j50"]));
     assert_eq!(n, 53, "kinds read");
@@ -1433,18 +1441,6 @@ fn a_pass_ends_once_every_kind_has_an_answer_all_its_jobs_hold() {
         );
     }
     assert!(f.core.derived_state_is_fresh());
-}
-
-/// Worker `w` registers on stream `conn` with one core.
-fn bare_worker(conn: ConnId, w: &str) -> Input {
-    Input::Connected {
-        conn,
-        register: Register {
-            worker: w.into(),
-            cpu_capacity: 1.0,
-            ..Register::default()
-        },
-    }
 }
 
 /// `input` stepped by hand (the fixture's own checks after a step read every job's kind
@@ -1475,9 +1471,19 @@ fn a_pass_that_gives_a_whole_kind_one_answer_lets_the_next_end_at_once() {
         f.submit(&format!("j{k}"), 1.0);
     }
     *answer.lock().unwrap() = Answer::RoomAsBefore;
-    let (_, n, _) = counted_step(&mut f, bare_worker(1, "w1"), &visited, &asked);
+    let (_, n, _) = counted_step(
+        &mut f,
+        connected(1, "w1", 1.0, Register::default().calibration),
+        &visited,
+        &asked,
+    );
     assert_eq!(n, 100, "every job visited to be given the new answer");
-    let (_, n, was_asked) = counted_step(&mut f, bare_worker(2, "w2"), &visited, &asked);
+    let (_, n, was_asked) = counted_step(
+        &mut f,
+        connected(2, "w2", 1.0, Register::default().calibration),
+        &visited,
+        &asked,
+    );
     assert_eq!((was_asked, n), (vec![JobId::from("j0")], 1));
     assert!(f.core.derived_state_is_fresh());
 }

@@ -374,14 +374,27 @@ fn print_rates(first: &str, this: f64, other: Option<f64>) {
 /// Waits until the manager's gauge of jobs in `state` reaches `n` (`completed` counts every
 /// job that ever completed).
 async fn jobs_in(target: &Target, state: &str, n: u64, within: Duration) -> anyhow::Result<()> {
+    if let Err(r) = jobs_in_by(target, state, n, within).await? {
+        bail!("{r} of {n} jobs {state} after {within:?}");
+    }
+    Ok(())
+}
+
+/// Waits until `n` jobs are in `state`, or `within` has passed: `Err` with how many were.
+async fn jobs_in_by(
+    target: &Target,
+    state: &str,
+    n: u64,
+    within: Duration,
+) -> anyhow::Result<Result<(), u64>> {
     let began = Instant::now();
     loop {
         let r = target.jobs_in(state).await?;
         if r >= n {
-            return Ok(());
+            return Ok(Ok(()));
         }
         if began.elapsed() > within {
-            bail!("{r} of {n} jobs {state} after {within:?}");
+            return Ok(Err(r));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -707,7 +720,8 @@ async fn workoff(
             .await?;
             let (from, t) = (target.jobs_in("completed").await?, Instant::now());
             let window = Duration::from_secs(120);
-            let _ = jobs_in(&target, "completed", level as u64 / 2, window).await;
+            // Past the window, what was done by then is the rate's.
+            let _unfinished = jobs_in_by(&target, "completed", level as u64 / 2, window).await?;
             let to = target.jobs_in("completed").await?;
             row.push((to - from) as f64 / t.elapsed().as_secs_f64());
             fleet.stop().await;
