@@ -1,30 +1,9 @@
 //! Asking the policy and carrying out its answers: settling after every step (departures,
 //! drains, pending jobs), placement, preemption, limits, resumptions and drops.
 
+use super::pass::Pass;
 use super::policy::WaitKind;
 use super::*;
-
-/// Each kind's wait in a pass, while every job of it got the same one; `None` once two of its
-/// jobs got different ones ([`Core::schedule`]).
-type Given = HashMap<WaitKind, Option<String>, foldhash::fast::RandomState>;
-
-/// Notes that a pending job of `kind` was told to wait for `reason` in this pass ([`Core::schedule`]'s
-/// `given`).
-fn note_given(given: &mut Given, kind: Option<WaitKind>, reason: &str) {
-    let Some(kind) = kind else {
-        return;
-    };
-    match given.get_mut(&kind) {
-        Some(seen) => {
-            if seen.as_deref() != Some(reason) {
-                *seen = None;
-            }
-        }
-        None => {
-            given.insert(kind, Some(reason.to_owned()));
-        }
-    }
-}
 
 impl Core {
     /// Offers departures to the policy, continues drains, places pending jobs; until nothing
@@ -77,21 +56,7 @@ impl Core {
         let Some(last) = self.pending.last_key_value().map(|(&seq, _)| seq) else {
             return;
         };
-        let joins = self.kinds.joins();
-        // Whether the pass visits every pending job (unless it ends early).
-        let whole = after == 0;
-        // Whether every answer of this pass was a wait for room (then it changed nothing).
-        let mut for_room_only = true;
-        // The waits for room given in this pass, by kind, at the touch count then: a job of
-        // the kind gets the same answer without asking while the count stays.
-        let mut alike: HashMap<WaitKind, String, foldhash::fast::RandomState> = HashMap::default();
-        let mut alike_at = self.index.touches();
-        // How many kinds in `alike` have every pending job holding its answer.
-        let mut kinds_done = 0;
-        // Each kind's wait, while every job of it visited in this pass got the same one: a
-        // pass over every pending job then knows each holds it ([`kinds::Kinds::settled`]).
-        let mut given: Given = HashMap::default();
-        let mut ended_early = false;
+        let mut pass = Pass::new(after == 0, full, &self.kinds, self.index.touches());
         let mut from = after;
         // In chunks: the queue changes as jobs are placed, and a pass may end long before the
         // end of it.
@@ -105,21 +70,13 @@ impl Core {
             };
             from = seq + 1;
             for (_, id) in chunk {
-                if alike_at != self.index.touches() || full {
-                    alike.clear();
-                    kinds_done = 0;
-                    alike_at = self.index.touches();
-                }
                 let job = &self.jobs[&id];
                 if !matches!(job.phase, JobPhase::Pending) {
                     continue;
                 }
                 let kind = self.policy.wait_kind(job);
-                if let Some(reason) = kind.and_then(|k| alike.get(&k)) {
+                if let Some(reason) = pass.known(kind, self.index.touches()) {
                     self.wait(&id, kind, reason);
-                    if whole {
-                        note_given(&mut given, kind, reason);
-                    }
                     continue;
                 }
                 let view = policy_view!(self);
@@ -131,7 +88,7 @@ impl Core {
                         reason,
                         attributes,
                     } => {
-                        for_room_only = false;
+                        pass.acted();
                         // Victims first: their CPU is what the new job was promised.
                         for v in victims {
                             self.preempt(v);
@@ -139,46 +96,33 @@ impl Core {
                         self.start(&id, &worker, cpu_shares, reason, attributes);
                     }
                     Admission::Wait { reason, for_room } => {
-                        for_room_only &= for_room;
                         self.wait(&id, kind, &reason);
-                        if whole {
-                            note_given(&mut given, kind, &reason);
-                        }
-                        if let Some(k) = kind.filter(|_| for_room) {
-                            kinds_done += usize::from(self.kinds.all_hold(k, &reason));
-                            alike.insert(k, reason);
-                            // Every job left is of a kind in `alike` and holds its answer.
-                            if kinds_done == self.kinds.len()
-                                && self.kinds.unkinded() == 0
-                                && self.kinds.joins() == joins
-                                && !full
-                            {
-                                ended_early = true;
-                                break 'pass;
+                        pass.waits(kind, &reason);
+                        match kind.filter(|_| for_room) {
+                            Some(k) => {
+                                if pass.waits_for_room(k, reason, &self.kinds) {
+                                    break 'pass;
+                                }
                             }
+                            None if for_room => {}
+                            None => pass.acted(),
                         }
                     }
                     Admission::Reject { reason } => {
-                        for_room_only = false;
+                        pass.acted();
                         info!(job = %id, %reason, "job rejected");
                         self.transition(&id, JobPhase::Rejected, reason);
                     }
                 }
             }
         }
-        if whole && !ended_early && self.kinds.joins() == joins {
-            for (kind, reason) in given {
-                if let Some(reason) = reason {
-                    self.kinds.settled(kind, &reason);
-                }
-            }
-        }
         // A pass of waits only touched nothing: the count is the one the answers were given at.
-        self.waiting_for_room = if for_room_only {
+        self.waiting_for_room = if pass.for_room_only() {
             (self.pending.last_key_value()).map(|(&seq, _)| (seq, self.index.touches()))
         } else {
             None
         };
+        pass.end(&mut self.kinds);
     }
 
     /// Pending job `id`, of `kind`, waits, for `reason`. Its record changes only when the

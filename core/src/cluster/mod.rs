@@ -40,6 +40,7 @@ mod control;
 mod decide;
 mod kinds;
 mod moves;
+mod pass;
 mod time;
 
 #[cfg(test)]
