@@ -254,6 +254,15 @@ pub enum Error {
         /// Why.
         why: String,
     },
+    /// A backup could not begin: the WAL could not be checkpointed into the file whole, so the
+    /// file lacks commits.
+    #[error(
+        "the state store {path} could not be checkpointed whole for a backup (something else reads it); nothing was copied: retry the backup"
+    )]
+    Checkpoint {
+        /// The file.
+        path: PathBuf,
+    },
     /// A backup's copy could not be written.
     #[error("the backup copy {path} could not be written: {source}")]
     Copy {

@@ -55,6 +55,12 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 /// Events inserted between two deletions of the oldest.
 const PRUNE_EVERY: u64 = 10_000;
 
+/// The size the WAL file is cut back to when the log restarts (`journal_size_limit`): about
+/// what it reaches between two of SQLite's automatic checkpoints (1,000 pages of 4 KiB). A log
+/// grows past it only while a backup's copy is written, when checkpoints are held; SQLite
+/// reuses a log file rather than shrink it, so without the limit the file kept that size.
+const WAL_KEPT_BYTES: i64 = 4 << 20;
+
 /// The SQLite store (module doc).
 pub struct Sqlite {
     conn: Connection,
@@ -137,6 +143,8 @@ impl Sqlite {
             return Err(unreadable(format!("journal mode {mode}, not WAL")));
         }
         conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(sql)?;
+        conn.pragma_update(None, "journal_size_limit", WAL_KEPT_BYTES)
             .map_err(sql)?;
         if version > SCHEMA_VERSION {
             return Err(Error::Newer {
@@ -576,11 +584,8 @@ impl Store for Sqlite {
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))
             .map_err(self.sql())?;
         if busy != 0 {
-            return Err(Error::Copy {
-                path: to.path().to_path_buf(),
-                source: std::io::Error::other(
-                    "the store's WAL could not be checkpointed whole; nothing was copied",
-                ),
+            return Err(Error::Checkpoint {
+                path: self.path.clone(),
             });
         }
         let from = Arc::clone(&self.file);

@@ -640,11 +640,14 @@ fn a_backup_begun_before_a_late_job() -> (tempfile::TempDir, Sqlite, PendingBack
 /// The copy is written off the writer's thread, from the database file, while the writer goes
 /// on: it holds what the last commit before `backup` left and nothing committed after, even
 /// when more is committed meanwhile than the WAL holds before SQLite checkpoints into the file.
-/// Once the copy is written, the next commits checkpoint into the file again.
+/// Once the copy is written, the next commits checkpoint into the file again, and the WAL,
+/// grown meanwhile, is cut back.
 #[test]
 fn a_backup_is_what_the_last_commit_left_while_the_writer_goes_on() {
     let (dir, mut store, pending) = a_backup_begun_before_a_late_job();
     commit_events(&mut store, 1, 1_500);
+    let wal = dir.path().join(format!("{FILE_NAME}-wal"));
+    let grown = std::fs::metadata(&wal).unwrap().len();
     let copy = pending.write().unwrap();
     assert_eq!(
         in_copy(copy),
@@ -660,6 +663,11 @@ fn a_backup_is_what_the_last_commit_left_while_the_writer_goes_on() {
     assert!(
         std::fs::metadata(&file).unwrap().len() > size,
         "nothing was checkpointed into the file after the copy was written"
+    );
+    let now = std::fs::metadata(&wal).unwrap().len();
+    assert!(
+        now < grown,
+        "the WAL kept the {grown} bytes it grew to during the copy (now {now})"
     );
 }
 
