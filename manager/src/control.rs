@@ -42,6 +42,11 @@ pub struct ManagerHandle {
     rate: Option<Arc<PerCaller>>,
     watchers: Arc<Semaphore>,
     max_watchers: usize,
+    /// Held by a Backup from its question to the actor until its copy is written. One asked
+    /// while another's copy is still being written would find the file held, lacking the
+    /// newest commits, and the store would make it by `VACUUM INTO`, on the actor, holding it
+    /// for the whole copy; waiting for the first copy lets it copy the file as the first did.
+    backups: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl ManagerHandle {
@@ -63,6 +68,7 @@ impl ManagerHandle {
             rate,
             watchers: Arc::new(Semaphore::new(max_watchers)),
             max_watchers,
+            backups: Arc::default(),
         }
     }
 
@@ -267,12 +273,18 @@ impl ControlService for ManagerHandle {
     ) -> Result<Response<Self::BackupStream>, Status> {
         self.admit(&request)?;
         let permit = self.stream_slot()?;
+        let one_at_a_time = Arc::clone(&self.backups).lock_owned().await;
         let pending = self.ask(|reply| ActorRequest::Backup { reply }).await??;
-        // Blocking: it reads the whole store.
-        let copy = tokio::task::spawn_blocking(move || pending.write())
-            .await
-            .map_err(|e| Status::internal(format!("writing the backup copy: {e}")))?
-            .map_err(Error::Store)?;
+        // Blocking: it reads the whole store. The lock goes when the copy is written, even if
+        // the caller has gone by then.
+        let copy = tokio::task::spawn_blocking(move || {
+            let copy = pending.write();
+            drop(one_at_a_time);
+            copy
+        })
+        .await
+        .map_err(|e| Status::internal(format!("writing the backup copy: {e}")))?
+        .map_err(Error::Store)?;
         let file = tokio::fs::File::open(copy.path()).await.map_err(|e| {
             Status::internal(format!(
                 "the backup copy {} cannot be read: {e}",
@@ -326,5 +338,84 @@ impl ControlService for ManagerHandle {
             item
         });
         Ok(Response::new(Box::pin(output)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use converge_store::{PendingBackup, Sqlite, Store};
+
+    /// Answers the next Backup the handle asks the actor with `store`'s, wrapped by `wrap`.
+    async fn answer_backup(
+        rx: &mut mpsc::Receiver<ActorRequest>,
+        store: &mut Sqlite,
+        wrap: impl FnOnce(PendingBackup) -> PendingBackup,
+    ) {
+        match rx.recv().await.expect("a request") {
+            ActorRequest::Backup { reply } => {
+                let _ = reply.send(Ok(wrap(store.backup().expect("a backup begins"))));
+            }
+            _ => panic!("not a Backup"),
+        }
+    }
+
+    /// The bytes of a Backup's stream.
+    async fn copied(
+        response: Result<Response<<ManagerHandle as ControlService>::BackupStream>, Status>,
+    ) -> Vec<u8> {
+        let mut chunks = response.expect("a backup").into_inner();
+        let mut bytes = Vec::new();
+        while let Some(chunk) = chunks.next().await {
+            bytes.extend(chunk.expect("a chunk").data);
+        }
+        bytes
+    }
+
+    /// A Backup asked for while another's copy is still being written waits for it before it
+    /// asks the actor. Asked at once, it found the file held for the first copy, and the store
+    /// made it by `VACUUM INTO` on the actor, which then answered nothing for the whole copy.
+    /// Both copies are the file's (its header says WAL mode; `VACUUM INTO` writes a rollback
+    /// journal's header).
+    #[tokio::test]
+    async fn a_backup_waits_for_the_copy_of_the_one_before() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut store = Sqlite::open(dir.path()).expect("store");
+        let (tx, mut rx) = mpsc::channel(8);
+        let handle = ManagerHandle::new(tx, None, 8);
+        let backup = |h: ManagerHandle| async move {
+            ControlService::backup(&h, Request::new(pb::BackupRequest {})).await
+        };
+
+        let first = tokio::spawn(backup(handle.clone()));
+        let (writing, written) = (oneshot::channel(), std::sync::mpsc::channel::<()>());
+        let (started, is_writing) = writing;
+        let (release, wait_for_release) = written;
+        answer_backup(&mut rx, &mut store, |pending| {
+            PendingBackup::new(move || {
+                let _ = started.send(());
+                let _ = wait_for_release.recv();
+                pending.write()
+            })
+        })
+        .await;
+        is_writing.await.expect("the first copy is being written");
+
+        let second = backup(handle.clone());
+        tokio::pin!(second);
+        assert!(futures::poll!(&mut second).is_pending());
+        assert!(
+            rx.try_recv().is_err(),
+            "the second Backup asked the actor while the first copy was being written"
+        );
+        release.send(()).expect("the first copy waits");
+        let first = copied(first.await.expect("the first Backup")).await;
+        let (second, ()) = tokio::join!(
+            async { copied(second.await).await },
+            answer_backup(&mut rx, &mut store, |p| p)
+        );
+        for copy in [first, second] {
+            assert_eq!(copy[18..20], [2, 2], "not a copy of the file (WAL mode)");
+        }
     }
 }

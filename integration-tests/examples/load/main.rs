@@ -120,6 +120,10 @@ enum Cmd {
         levels: Vec<usize>,
         #[arg(long)]
         against: Option<std::path::PathBuf>,
+        /// Backups asked for at once at each level (the table shows the longest stream and the
+        /// largest copy).
+        #[arg(long, default_value_t = 1)]
+        at_once: usize,
     },
     /// What a backlog of waiting jobs costs a submission: SubmitJob/s at each number of jobs
     /// waiting, with no worker, and with a full cluster (agents of one core each running one
@@ -211,7 +215,11 @@ fn main() -> anyhow::Result<()> {
                 manager_args,
             } => memory(&levels, points, &manager_args).await?,
             Cmd::Heap { stacks, top } => heap(&stacks, top)?,
-            Cmd::Backup { levels, against } => backup(&levels, against.as_deref()).await?,
+            Cmd::Backup {
+                levels,
+                against,
+                at_once,
+            } => backup(&levels, against.as_deref(), at_once).await?,
             Cmd::Backlog {
                 levels,
                 agents,
@@ -518,9 +526,13 @@ async fn memory(levels: &[usize], points: u64, extra: &[String]) -> anyhow::Resu
     Ok(())
 }
 
-async fn backup(levels: &[usize], against: Option<&std::path::Path>) -> anyhow::Result<()> {
+async fn backup(
+    levels: &[usize],
+    against: Option<&std::path::Path>,
+    at_once: usize,
+) -> anyhow::Result<()> {
     println!(
-        "jobs are submitted from 32 callers with no worker (Pending): each one stored, none running"
+        "jobs are submitted from 32 callers with no worker (Pending): each one stored, none running; {at_once} Backup(s) at once"
     );
     println!(
         "| build | stored jobs | SubmitJob/s to get there | copy | Backup (whole stream) | GetJob at rest (median) | longest GetJob during the Backup | ratio |"
@@ -528,7 +540,7 @@ async fn backup(levels: &[usize], against: Option<&std::path::Path>) -> anyhow::
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for bin in std::iter::once(None).chain(against.map(Some)) {
         let build = if bin.is_some() { "against" } else { "this" };
-        backup_levels(levels, bin, build).await?;
+        backup_levels(levels, bin, build, at_once).await?;
     }
     Ok(())
 }
@@ -538,6 +550,7 @@ async fn backup_levels(
     levels: &[usize],
     bin: Option<&std::path::Path>,
     build: &str,
+    at_once: usize,
 ) -> anyhow::Result<()> {
     let target = Target::start_at(Kind::Manager, bin, &[]).await?;
     let client = control(&target).await?;
@@ -569,21 +582,29 @@ async fn backup_levels(
         last = ids.last().cloned().unwrap_or(last);
         let rest = get(last.clone(), 21).await?;
         let began = Instant::now();
-        let mut c = client.clone();
-        let copy = tokio::spawn(async move {
-            let mut chunks = c.backup(pb::BackupRequest {}).await?.into_inner();
-            let mut bytes = 0;
-            while let Some(chunk) = chunks.message().await? {
-                bytes += chunk.data.len();
-            }
-            anyhow::Ok((bytes, began.elapsed()))
-        });
-        // GetJobs one after another until the Backup is done: the longest waited for the copy.
+        let copies: Vec<_> = (0..at_once.max(1))
+            .map(|_| {
+                let mut c = client.clone();
+                tokio::spawn(async move {
+                    let mut chunks = c.backup(pb::BackupRequest {}).await?.into_inner();
+                    let mut bytes = 0;
+                    while let Some(chunk) = chunks.message().await? {
+                        bytes += chunk.data.len();
+                    }
+                    anyhow::Ok((bytes, began.elapsed()))
+                })
+            })
+            .collect();
+        // GetJobs one after another until the Backups are done: the longest waited for a copy.
         let mut during = Duration::ZERO;
-        while !copy.is_finished() {
+        while copies.iter().any(|c| !c.is_finished()) {
             during = during.max(get(last.clone(), 1).await?);
         }
-        let (bytes, took) = copy.await??;
+        let (mut bytes, mut took) = (0, Duration::ZERO);
+        for copy in copies {
+            let (b, t) = copy.await??;
+            (bytes, took) = (bytes.max(b), took.max(t));
+        }
         println!(
             "| {build} | {stored} | {submit_rate:.0} | {:.1} MiB | {:.0} ms | {:.2} ms | {:.1} ms | {:.0}x |",
             bytes as f64 / (1 << 20) as f64,
