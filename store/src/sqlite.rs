@@ -559,7 +559,7 @@ impl Store for Sqlite {
         if Arc::strong_count(&self.file) > 1 {
             // The file is held for a copy begun earlier and lacks the newest commits; the
             // snapshot this connection reads has them. VACUUM INTO writes it whole, holding
-            // the writer meanwhile: two backups at once are rare.
+            // the writer meanwhile (the manager asks for one backup at a time, so as not to).
             self.conn
                 .execute("VACUUM INTO ?1", [to.path().to_string_lossy()])
                 .map_err(self.sql())?;
