@@ -42,10 +42,12 @@ pub struct ManagerHandle {
     rate: Option<Arc<PerCaller>>,
     watchers: Arc<Semaphore>,
     max_watchers: usize,
-    /// Held by a Backup from its question to the actor until its copy is written. One asked
-    /// while another's copy is still being written would find the file held, lacking the
-    /// newest commits, and the store would make it by `VACUUM INTO`, on the actor, holding it
-    /// for the whole copy; waiting for the first copy lets it copy the file as the first did.
+    /// Held by a Backup from its question to the actor until its copy is written or dropped
+    /// (the actor keeps it with the copy: [`ActorRequest::Backup`]'s `turn`). One asked while
+    /// another's copy is still being written would find the file held, lacking the newest
+    /// commits, and the store would make it by `VACUUM INTO`, on the actor, holding it for
+    /// the whole copy; waiting for the first copy lets it copy the file as the first did.
+    /// Backups waiting their turn hold their stream slots (`--max-watchers`) meanwhile.
     backups: Arc<tokio::sync::Mutex<()>>,
 }
 
@@ -273,18 +275,13 @@ impl ControlService for ManagerHandle {
     ) -> Result<Response<Self::BackupStream>, Status> {
         self.admit(&request)?;
         let permit = self.stream_slot()?;
-        let one_at_a_time = Arc::clone(&self.backups).lock_owned().await;
-        let pending = self.ask(|reply| ActorRequest::Backup { reply }).await??;
-        // Blocking: it reads the whole store. The lock goes when the copy is written, even if
-        // the caller has gone by then.
-        let copy = tokio::task::spawn_blocking(move || {
-            let copy = pending.write();
-            drop(one_at_a_time);
-            copy
-        })
-        .await
-        .map_err(|e| Status::internal(format!("writing the backup copy: {e}")))?
-        .map_err(Error::Store)?;
+        let turn = Arc::clone(&self.backups).lock_owned().await;
+        let pending = (self.ask(|reply| ActorRequest::Backup { turn, reply }).await)??;
+        // Blocking: it reads the whole store.
+        let copy = tokio::task::spawn_blocking(move || pending.write())
+            .await
+            .map_err(|e| Status::internal(format!("writing the backup copy: {e}")))?
+            .map_err(Error::Store)?;
         let file = tokio::fs::File::open(copy.path()).await.map_err(|e| {
             Status::internal(format!(
                 "the backup copy {} cannot be read: {e}",
@@ -344,20 +341,50 @@ impl ControlService for ManagerHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::actor::in_turn;
     use converge_store::{PendingBackup, Sqlite, Store};
 
-    /// Answers the next Backup the handle asks the actor with `store`'s, wrapped by `wrap`.
-    async fn answer_backup(
+    /// A handle on a fake actor, `rx`, and a store for it to back up.
+    fn handle() -> (
+        ManagerHandle,
+        mpsc::Receiver<ActorRequest>,
+        Sqlite,
+        tempfile::TempDir,
+    ) {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = Sqlite::open(dir.path()).expect("store");
+        let (tx, rx) = mpsc::channel(8);
+        (ManagerHandle::new(tx, None, 8), rx, store, dir)
+    }
+
+    async fn backup(
+        h: ManagerHandle,
+    ) -> Result<Response<<ManagerHandle as ControlService>::BackupStream>, Status> {
+        ControlService::backup(&h, Request::new(pb::BackupRequest {})).await
+    }
+
+    /// The next Backup the handle asks the actor, with its turn.
+    async fn asked(
+        rx: &mut mpsc::Receiver<ActorRequest>,
+    ) -> (
+        tokio::sync::OwnedMutexGuard<()>,
+        oneshot::Sender<crate::Result<PendingBackup>>,
+    ) {
+        match rx.recv().await.expect("a request") {
+            ActorRequest::Backup { turn, reply } => (turn, reply),
+            _ => panic!("not a Backup"),
+        }
+    }
+
+    /// Answers as the actor does: `store`'s backup, in the caller's turn, wrapped by `wrap`.
+    async fn answer(
         rx: &mut mpsc::Receiver<ActorRequest>,
         store: &mut Sqlite,
         wrap: impl FnOnce(PendingBackup) -> PendingBackup,
     ) {
-        match rx.recv().await.expect("a request") {
-            ActorRequest::Backup { reply } => {
-                let _ = reply.send(Ok(wrap(store.backup().expect("a backup begins"))));
-            }
-            _ => panic!("not a Backup"),
-        }
+        let (turn, reply) = asked(rx).await;
+        let pending = in_turn(store.backup().expect("a backup begins"), turn);
+        let _ = reply.send(Ok(wrap(pending)));
     }
 
     /// The bytes of a Backup's stream.
@@ -372,6 +399,15 @@ mod tests {
         bytes
     }
 
+    /// Polls the Backup `second` once, and says whether it asked the actor.
+    async fn asks_at_once(
+        second: std::pin::Pin<&mut impl std::future::Future>,
+        rx: &mut mpsc::Receiver<ActorRequest>,
+    ) -> bool {
+        assert!(futures::poll!(second).is_pending());
+        rx.try_recv().is_ok()
+    }
+
     /// A Backup asked for while another's copy is still being written waits for it before it
     /// asks the actor. Asked at once, it found the file held for the first copy, and the store
     /// made it by `VACUUM INTO` on the actor, which then answered nothing for the whole copy.
@@ -379,19 +415,11 @@ mod tests {
     /// journal's header).
     #[tokio::test]
     async fn a_backup_waits_for_the_copy_of_the_one_before() {
-        let dir = tempfile::tempdir().expect("dir");
-        let mut store = Sqlite::open(dir.path()).expect("store");
-        let (tx, mut rx) = mpsc::channel(8);
-        let handle = ManagerHandle::new(tx, None, 8);
-        let backup = |h: ManagerHandle| async move {
-            ControlService::backup(&h, Request::new(pb::BackupRequest {})).await
-        };
-
+        let (handle, mut rx, mut store, _dir) = handle();
         let first = tokio::spawn(backup(handle.clone()));
-        let (writing, written) = (oneshot::channel(), std::sync::mpsc::channel::<()>());
-        let (started, is_writing) = writing;
-        let (release, wait_for_release) = written;
-        answer_backup(&mut rx, &mut store, |pending| {
+        let (started, is_writing) = oneshot::channel();
+        let (release, wait_for_release) = std::sync::mpsc::channel::<()>();
+        answer(&mut rx, &mut store, |pending| {
             PendingBackup::new(move || {
                 let _ = started.send(());
                 let _ = wait_for_release.recv();
@@ -403,19 +431,45 @@ mod tests {
 
         let second = backup(handle.clone());
         tokio::pin!(second);
-        assert!(futures::poll!(&mut second).is_pending());
         assert!(
-            rx.try_recv().is_err(),
+            !asks_at_once(second.as_mut(), &mut rx).await,
             "the second Backup asked the actor while the first copy was being written"
         );
         release.send(()).expect("the first copy waits");
         let first = copied(first.await.expect("the first Backup")).await;
         let (second, ()) = tokio::join!(
             async { copied(second.await).await },
-            answer_backup(&mut rx, &mut store, |p| p)
+            answer(&mut rx, &mut store, |p| p)
         );
         for copy in [first, second] {
             assert_eq!(copy[18..20], [2, 2], "not a copy of the file (WAL mode)");
         }
+    }
+
+    /// A caller that goes away while the actor works on its Backup does not give up its turn:
+    /// the copy begun, which holds the file, is the actor's until it is dropped, and the turn
+    /// with it. A turn held by the caller alone let the next Backup in while the file was held.
+    #[tokio::test]
+    async fn a_backup_whose_caller_went_away_keeps_its_turn_until_its_copy_is_dropped() {
+        let (handle, mut rx, mut store, _dir) = handle();
+        let first = tokio::spawn(backup(handle.clone()));
+        let (turn, reply) = asked(&mut rx).await;
+        first.abort();
+        assert!(first.await.is_err_and(|e| e.is_cancelled()));
+
+        let second = backup(handle.clone());
+        tokio::pin!(second);
+        assert!(
+            !asks_at_once(second.as_mut(), &mut rx).await,
+            "the second Backup asked the actor while the first's copy could still begin"
+        );
+        // As the actor answers a caller gone: the copy begun is dropped unwritten.
+        let unsent = reply.send(Ok(in_turn(store.backup().expect("a backup"), turn)));
+        drop(unsent);
+        let (second, ()) = tokio::join!(
+            async { copied(second.await).await },
+            answer(&mut rx, &mut store, |p| p)
+        );
+        assert_eq!(second[18..20], [2, 2], "not a copy of the file (WAL mode)");
     }
 }

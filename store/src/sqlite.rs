@@ -55,11 +55,12 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 /// Events inserted between two deletions of the oldest.
 const PRUNE_EVERY: u64 = 10_000;
 
-/// The size the WAL file is cut back to when the log restarts (`journal_size_limit`): about
-/// what it reaches between two of SQLite's automatic checkpoints (1,000 pages of 4 KiB). A log
-/// grows past it only while a backup's copy is written, when checkpoints are held; SQLite
-/// reuses a log file rather than shrink it, so without the limit the file kept that size.
-const WAL_KEPT_BYTES: i64 = 4 << 20;
+/// The size the WAL file is cut back to when the log restarts (`journal_size_limit`): twice
+/// what it reaches between two of SQLite's automatic checkpoints (1,000 pages of 4 KiB, and
+/// the commit that crosses them), so that it is cut only after a log grew while a backup's copy
+/// was written, when checkpoints are held. SQLite reuses a log file rather than shrink it, so
+/// without the limit the file kept that size.
+const WAL_KEPT_BYTES: i64 = 8 << 20;
 
 /// The SQLite store (module doc).
 pub struct Sqlite {

@@ -645,7 +645,9 @@ fn a_backup_begun_before_a_late_job() -> (tempfile::TempDir, Sqlite, PendingBack
 #[test]
 fn a_backup_is_what_the_last_commit_left_while_the_writer_goes_on() {
     let (dir, mut store, pending) = a_backup_begun_before_a_late_job();
-    commit_events(&mut store, 1, 1_500);
+    // About 12 MB: more than the WAL holds before SQLite checkpoints, and than the store lets
+    // it keep.
+    commit_events(&mut store, 1, 2_500);
     let wal = dir.path().join(format!("{FILE_NAME}-wal"));
     let grown = std::fs::metadata(&wal).unwrap().len();
     let copy = pending.write().unwrap();
@@ -655,11 +657,11 @@ fn a_backup_is_what_the_last_commit_left_while_the_writer_goes_on() {
         "the copy as the backup began"
     );
     let now = store.load(usize::MAX, usize::MAX).unwrap();
-    assert_eq!((now.saved.jobs.len(), now.events.len()), (6, 1_500));
+    assert_eq!((now.saved.jobs.len(), now.events.len()), (6, 2_500));
 
     let file = dir.path().join(FILE_NAME);
     let size = std::fs::metadata(&file).unwrap().len();
-    commit_events(&mut store, 1_501, 1_500);
+    commit_events(&mut store, 2_501, 1_500);
     assert!(
         std::fs::metadata(&file).unwrap().len() > size,
         "nothing was checkpointed into the file after the copy was written"

@@ -531,6 +531,7 @@ async fn backup(
     against: Option<&std::path::Path>,
     at_once: usize,
 ) -> anyhow::Result<()> {
+    let at_once = at_once.max(1);
     println!(
         "jobs are submitted from 32 callers with no worker (Pending): each one stored, none running; {at_once} Backup(s) at once"
     );
@@ -582,7 +583,7 @@ async fn backup_levels(
         last = ids.last().cloned().unwrap_or(last);
         let rest = get(last.clone(), 21).await?;
         let began = Instant::now();
-        let copies: Vec<_> = (0..at_once.max(1))
+        let copies: Vec<_> = (0..at_once)
             .map(|_| {
                 let mut c = client.clone();
                 tokio::spawn(async move {

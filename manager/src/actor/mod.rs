@@ -45,7 +45,7 @@ use converge_messenger::manager::{AgentLink, ConnectionId, StreamEvent};
 use converge_messenger::pb::{
     self, Event, JobSpec, JobState, manager_message::Kind as ManagerKind,
 };
-use converge_store::{Batch, Store, StoredEvent};
+use converge_store::{Batch, PendingBackup, Store, StoredEvent};
 use prost::Message;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -147,9 +147,27 @@ pub enum Request {
     },
     /// A copy of the state store, in a new file beside it.
     Backup {
+        /// The caller's turn among backups: held until the copy begun is written, or dropped
+        /// unwritten (the caller gone), and not only until the caller stops waiting. While the
+        /// copy is out the store's file is held for it, and the next backup would be made by
+        /// `VACUUM INTO`, on this actor.
+        turn: tokio::sync::OwnedMutexGuard<()>,
         /// The copy begun, for the caller to write.
         reply: oneshot::Sender<Result<converge_store::PendingBackup>>,
     },
+}
+
+/// `pending`, holding the caller's `turn` among backups until it is written or dropped
+/// ([`Request::Backup`]).
+pub(crate) fn in_turn(
+    pending: PendingBackup,
+    turn: tokio::sync::OwnedMutexGuard<()>,
+) -> PendingBackup {
+    PendingBackup::new(move || {
+        let copy = pending.write();
+        drop(turn);
+        copy
+    })
 }
 
 /// The actor's state: the core and what only I/O needs.
@@ -898,7 +916,7 @@ impl Actor {
                 }
                 self.answer_later(reply, r.map(|()| (history, live)));
             }
-            Request::Backup { reply } => {
+            Request::Backup { turn, reply } => {
                 // The copy is what the last commit left, and every answer given so far waited
                 // for its commit: nothing a client has seen is missing from it. The actor
                 // waits only for the copy to begin; the caller writes it, off the actor.
@@ -908,7 +926,9 @@ impl Actor {
                          up"
                         .into(),
                     )),
-                    Some(store) => store.backup().map_err(Error::Store),
+                    Some(store) => {
+                        (store.backup().map_err(Error::Store)).map(|pending| in_turn(pending, turn))
+                    }
                 };
                 // A copy nobody will read (the batch's write failed, or the caller went away
                 // meanwhile) is dropped on the way, and its file with it.
