@@ -605,6 +605,8 @@ impl Store for Sqlite {
     }
 
     fn prune_finished(&mut self, before: f64, limit: usize) -> Result<usize> {
+        // A commit like `commit`'s: once a copy is written, it checkpoints again.
+        self.resume_checkpoints()?;
         let path = self.path.clone();
         let sql = |source| Error::Sql {
             path: path.clone(),

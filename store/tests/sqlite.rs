@@ -673,6 +673,27 @@ fn a_backup_is_what_the_last_commit_left_while_the_writer_goes_on() {
     );
 }
 
+/// Pruning finished jobs commits too: once a copy is written, it checkpoints into the file
+/// what was committed meanwhile, as any commit does, rather than leave checkpoints held until
+/// the next batch.
+#[test]
+fn a_prune_after_a_copy_is_written_checkpoints_again() {
+    let (dir, mut store, pending) = a_backup_begun_before_a_late_job();
+    commit_events(&mut store, 1, 1_500);
+    drop(pending.write().unwrap());
+    let file = dir.path().join(FILE_NAME);
+    let size = std::fs::metadata(&file).unwrap().len();
+    assert_eq!(
+        store.prune_finished(100.0, 10).unwrap(),
+        4,
+        "the four cancelled"
+    );
+    assert!(
+        std::fs::metadata(&file).unwrap().len() > size,
+        "the prune checkpointed nothing into the file"
+    );
+}
+
 /// A backup begun while another's copy is still being written holds what the second began
 /// with; the first still holds what it began with.
 #[test]
