@@ -54,7 +54,8 @@ impl Core {
         }));
         self.pending.insert(seq, id.clone());
         let job = &self.jobs[&id];
-        self.kinds.joined(self.policy.wait_kind(job), &job.reason);
+        self.kinds
+            .joined(self.policy.wait_kind(job), seq, &job.reason);
         self.dirty = true;
         let mut e = Event::new(EventKind::JobState, "submitted");
         e.job = Some(id.clone());

@@ -35,16 +35,19 @@ impl Core {
     /// room in the same pass, at the same snapshots, gets that answer without a question; and
     /// once every kind has had its answer and every job of each holds it already
     /// ([`kinds::Kinds`]), the pass ends: in a full cluster, every job that ended had the
-    /// policy asked about the whole backlog, then every waiting job visited. The answers are
-    /// the ones a full pass would give, so the decisions are too.
+    /// policy asked about the whole backlog, then every waiting job visited. Before that, a
+    /// run of jobs whose kinds hold their answers is skipped to the next job of another kind
+    /// ([`kinds::Kinds::next_unheld`]): a kind whose first job waits far back in the queue
+    /// had every job before it visited. The answers are the ones a full pass would give, so
+    /// the decisions are too.
     pub(super) fn schedule(&mut self) {
         if self.pending.is_empty() {
             return;
         }
         #[cfg(test)]
-        let full = self.every_pass_full;
+        let (full, run_of) = (self.every_pass_full, self.skip_after);
         #[cfg(not(test))]
-        let full = false;
+        let (full, run_of) = (false, super::pass::RUN);
         if full {
             self.waiting_for_room = None;
         }
@@ -56,7 +59,7 @@ impl Core {
         let Some(last) = self.pending.last_key_value().map(|(&seq, _)| seq) else {
             return;
         };
-        let mut pass = Pass::new(after == 0, full, &self.kinds, self.index.touches());
+        let mut pass = Pass::new(after == 0, full, run_of, &self.kinds, self.index.touches());
         let mut from = after;
         // In chunks: the queue changes as jobs are placed, and a pass may end long before the
         // end of it.
@@ -69,7 +72,7 @@ impl Core {
                 break;
             };
             from = seq + 1;
-            for (_, id) in chunk {
+            for (seq, id) in chunk {
                 let job = &self.jobs[&id];
                 if !matches!(job.phase, JobPhase::Pending) {
                     continue;
@@ -77,6 +80,22 @@ impl Core {
                 let kind = self.policy.wait_kind(job);
                 if let Some(reason) = pass.known(kind, self.index.touches()) {
                     self.wait(&id, kind, reason);
+                    if pass.in_a_run(kind, &self.kinds) {
+                        // Visiting the jobs of kinds that hold their answers changes nothing:
+                        // on to the next of another kind, far back in a backlog of two kinds.
+                        let holds = |k| pass.holds(k, &self.kinds);
+                        match self.kinds.next_unheld(seq + 1, last, holds) {
+                            Some(next) if next == seq + 1 => {}
+                            Some(next) => {
+                                from = next;
+                                continue 'pass;
+                            }
+                            None => {
+                                pass.cut();
+                                break 'pass;
+                            }
+                        }
+                    }
                     continue;
                 }
                 let view = policy_view!(self);

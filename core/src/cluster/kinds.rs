@@ -2,9 +2,9 @@
 //! ([`ClusterPolicy::wait_kind`]), with the reason every job of a kind holds, when they all
 //! hold one: what lets a pass over a backlog end once each kind has had its answer
 //! (`Core::schedule`), rather than visit every waiting job to find it holds that answer
-//! already.
+//! already, and skip the jobs of kinds that hold theirs to the next job of another.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use super::policy::WaitKind;
 
@@ -16,16 +16,16 @@ use super::policy::ClusterPolicy;
 #[derive(Debug, Default)]
 pub(super) struct Kinds {
     of: HashMap<WaitKind, Kind, foldhash::fast::RandomState>,
-    /// Pending jobs of no kind: each is asked at every pass.
-    unkinded: usize,
+    /// Pending jobs of no kind, by their place in the queue: each is asked at every pass.
+    unkinded: BTreeSet<u64>,
     /// Jobs that became pending, ever: a pass sees whether one came while it ran.
     joins: u64,
 }
 
 #[derive(Debug)]
 struct Kind {
-    /// Its pending jobs.
-    jobs: usize,
+    /// Its pending jobs, by their place in the queue.
+    seqs: BTreeSet<u64>,
     /// A reason some of them may hold, and how many do: every one when `holding == jobs`.
     reason: String,
     holding: usize,
@@ -37,7 +37,7 @@ impl Kind {
         // The count is exact for `reason` only. With one job, the count of any reason is
         // known, so `reason` may be re-pointed (as `Kinds::settled` does after a pass gave
         // every job one).
-        if self.jobs == 1 && self.reason != reason {
+        if self.seqs.len() == 1 && self.reason != reason {
             reason.clone_into(&mut self.reason);
             self.holding = 0;
         }
@@ -54,42 +54,49 @@ impl Kind {
     }
 }
 
+/// The most kinds [`Kinds::next_unheld`] searches among: beyond them, a search per skip would
+/// cost more than the visits it saves, and it answers "the next job".
+const SEARCHED_KINDS: usize = 64;
+
 impl Kinds {
-    /// A job of `kind` became pending, holding `reason`.
-    pub fn joined(&mut self, kind: Option<WaitKind>, reason: &str) {
+    /// Job `seq` of `kind` became pending, holding `reason`.
+    pub fn joined(&mut self, kind: Option<WaitKind>, seq: u64, reason: &str) {
         self.joins += 1;
         let Some(kind) = kind else {
-            self.unkinded += 1;
+            self.unkinded.insert(seq);
             return;
         };
         let k = self.of.entry(kind).or_insert_with(|| Kind {
-            jobs: 0,
+            seqs: BTreeSet::new(),
             reason: String::new(),
             holding: 0,
         });
-        k.jobs += 1;
+        k.seqs.insert(seq);
         k.holds(reason);
     }
 
-    /// A pending job of `kind`, holding `reason`, left the queue.
-    pub fn left(&mut self, kind: Option<WaitKind>, reason: &str) {
+    /// Pending job `seq` of `kind`, holding `reason`, left the queue.
+    pub fn left(&mut self, kind: Option<WaitKind>, seq: u64, reason: &str) {
         let Some(kind) = kind else {
-            self.unkinded -= 1;
+            self.unkinded.remove(&seq);
             return;
         };
         // Counted when it joined, unless a policy's kind for a job changed while it waited
-        // (which `wait_kind` promises not to do): then this kind keeps a job too many, and
-        // never counts as all holding one reason, which only costs passes their early end.
+        // (which `wait_kind` promises not to do): then another kind keeps a job too many, and
+        // never counts as all holding one reason, which only costs passes their early end;
+        // and the job is of no kind searched for its next job, so a pass never skips it.
         debug_assert!(
-            self.of.contains_key(&kind),
+            self.of.get(&kind).is_some_and(|k| k.seqs.contains(&seq)),
             "a pending job's kind is counted"
         );
         let Some(k) = self.of.get_mut(&kind) else {
             return;
         };
-        k.jobs -= 1;
+        if !k.seqs.remove(&seq) {
+            return;
+        }
         k.dropped(reason);
-        if k.jobs == 0 {
+        if k.seqs.is_empty() {
             self.of.remove(&kind);
         }
     }
@@ -108,7 +115,7 @@ impl Kinds {
             if k.reason != reason {
                 reason.clone_into(&mut k.reason);
             }
-            k.holding = k.jobs;
+            k.holding = k.seqs.len();
         }
     }
 
@@ -116,7 +123,31 @@ impl Kinds {
     pub fn all_hold(&self, kind: WaitKind, reason: &str) -> bool {
         self.of
             .get(&kind)
-            .is_some_and(|k| k.holding == k.jobs && k.reason == reason)
+            .is_some_and(|k| k.holding == k.seqs.len() && k.reason == reason)
+    }
+
+    /// The place of the first pending job in `from..=last` of no kind or of a kind for which
+    /// `holds` is false; `None` when there is none. Every job before it is of a kind `holds`
+    /// says has its answer: a pass may skip them. With more than [`SEARCHED_KINDS`] kinds,
+    /// `from` itself.
+    pub fn next_unheld(
+        &self,
+        from: u64,
+        last: u64,
+        holds: impl Fn(WaitKind) -> bool,
+    ) -> Option<u64> {
+        if from > last {
+            return None;
+        }
+        if self.of.len() > SEARCHED_KINDS {
+            return Some(from);
+        }
+        let first = |seqs: &BTreeSet<u64>| seqs.range(from..=last).next().copied();
+        (self.of.iter())
+            .filter(|(kind, _)| !holds(**kind))
+            .filter_map(|(_, k)| first(&k.seqs))
+            .chain(first(&self.unkinded))
+            .min()
     }
 
     /// How many kinds have pending jobs.
@@ -126,7 +157,7 @@ impl Kinds {
 
     /// Pending jobs of no kind.
     pub fn unkinded(&self) -> usize {
-        self.unkinded
+        self.unkinded.len()
     }
 
     /// Jobs that became pending, ever.
@@ -134,13 +165,16 @@ impl Kinds {
         self.joins
     }
 
-    /// Whether the counts are those of `pending` (each pending job's kind and reason).
+    /// Whether the counts are those of `pending` (each pending job's place, kind and reason).
     #[cfg(test)]
-    pub fn counts<'a>(&self, pending: impl Iterator<Item = (Option<WaitKind>, &'a str)>) -> bool {
+    pub fn counts<'a>(
+        &self,
+        pending: impl Iterator<Item = (u64, Option<WaitKind>, &'a str)>,
+    ) -> bool {
         let mut fresh = Kinds::default();
         let mut holding: HashMap<WaitKind, usize> = HashMap::new();
-        for (kind, reason) in pending {
-            fresh.joined(kind, reason);
+        for (seq, kind, reason) in pending {
+            fresh.joined(kind, seq, reason);
             if let Some(kind) = kind
                 && self.of.get(&kind).is_some_and(|k| k.reason == reason)
             {
@@ -150,7 +184,7 @@ impl Kinds {
         fresh.unkinded == self.unkinded
             && fresh.of.len() == self.of.len()
             && (self.of.iter()).all(|(kind, k)| {
-                fresh.of.get(kind).is_some_and(|f| f.jobs == k.jobs)
+                fresh.of.get(kind).is_some_and(|f| f.seqs == k.seqs)
                     && holding.get(kind).copied().unwrap_or(0) == k.holding
             })
     }

@@ -1,6 +1,6 @@
 //! What one pass of `Core::schedule` over the pending jobs knows as it goes: the answers it
-//! may give a job without asking the policy, whether it may end before the end of the queue,
-//! and what it learnt for the next pass.
+//! may give a job without asking the policy, which jobs it may skip, whether it may end before
+//! the end of the queue, and what it learnt for the next pass.
 
 use std::collections::HashMap;
 
@@ -8,6 +8,11 @@ use super::kinds::Kinds;
 use super::policy::WaitKind;
 
 type Hasher = foldhash::fast::RandomState;
+
+/// How many jobs of one kind in a row a pass visits before it looks for the next job that may
+/// not hold its answer ([`Pass::in_a_run`]): a search reads every kind, so a queue whose kinds
+/// are mixed closely would pay one at every job.
+pub(super) const RUN: usize = 32;
 
 /// One pass over the pending jobs (module doc).
 pub(super) struct Pass {
@@ -31,13 +36,18 @@ pub(super) struct Pass {
     /// once two got different ones): a pass over every pending job then knows that each
     /// holds it ([`Kinds::settled`]). Kept in whole passes only.
     given: HashMap<WaitKind, Option<String>, Hasher>,
-    /// The pass ended before the end of the queue ([`Pass::waits_for_room`]).
+    /// The pass ended before the end of the queue ([`Pass::waits_for_room`], [`Pass::cut`]).
     ended_early: bool,
+    /// The kind of the jobs visited last, how many in a row were given their answers by
+    /// [`Pass::known`] ([`Pass::in_a_run`]), and how many make a run ([`RUN`]).
+    run_kind: Option<WaitKind>,
+    run: usize,
+    run_of: usize,
 }
 
 impl Pass {
     /// A pass begun at touch count `touches`, with `kinds` as they are then.
-    pub fn new(whole: bool, full: bool, kinds: &Kinds, touches: u64) -> Self {
+    pub fn new(whole: bool, full: bool, run_of: usize, kinds: &Kinds, touches: u64) -> Self {
         Self {
             whole,
             full,
@@ -48,6 +58,9 @@ impl Pass {
             kinds_done: 0,
             given: HashMap::default(),
             ended_early: false,
+            run_kind: None,
+            run: 0,
+            run_of,
         }
     }
 
@@ -60,7 +73,11 @@ impl Pass {
             self.kinds_done = 0;
             self.answers_at = touches;
         }
-        let (kind, reason) = self.answers.get_key_value(&kind?)?;
+        let Some((kind, reason)) = kind.and_then(|k| self.answers.get_key_value(&k)) else {
+            // The policy is asked: a run of jobs given known answers ends.
+            self.run_kind = None;
+            return None;
+        };
         if self.whole {
             note(&mut self.given, *kind, reason);
         }
@@ -85,6 +102,35 @@ impl Pass {
             && kinds.joins() == self.joins
             && !self.full;
         self.ended_early
+    }
+
+    /// Whether every pending job of `kind` holds the answer it has in this pass, at the
+    /// touch count of the last [`Pass::known`]: then visiting any of them changes nothing.
+    pub fn holds(&self, kind: WaitKind, kinds: &Kinds) -> bool {
+        !self.full && (self.answers.get(&kind)).is_some_and(|a| kinds.all_hold(kind, a))
+    }
+
+    /// After a job of `kind` was given its answer by [`Pass::known`]: whether the pass should
+    /// look for the next job that may not hold its answer ([`Kinds::next_unheld`]) and skip
+    /// to it, having visited a run of jobs of `kind` in a row, which holds its answer. Counted
+    /// by kind alone until the run is long enough: the visits in between cost no lookup.
+    pub fn in_a_run(&mut self, kind: Option<WaitKind>, kinds: &Kinds) -> bool {
+        if kind.is_none() || kind != self.run_kind {
+            self.run_kind = kind;
+            self.run = 0;
+        }
+        self.run += 1;
+        if self.run < self.run_of {
+            return false;
+        }
+        self.run = 0;
+        kind.is_some_and(|k| self.holds(k, kinds))
+    }
+
+    /// Every job left in the pass is of a kind that holds its answer: the pass ends, as one
+    /// that ends early does.
+    pub fn cut(&mut self) {
+        self.ended_early = true;
     }
 
     /// The policy answered something other than a wait for room.

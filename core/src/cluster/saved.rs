@@ -186,7 +186,8 @@ impl Core {
                 if core.pending.insert(j.seq, j.id.clone()).is_some() {
                     return Err(RestoreError::Duplicate(j.id));
                 }
-                core.kinds.joined(core.policy.wait_kind(&j), &j.reason);
+                core.kinds
+                    .joined(core.policy.wait_kind(&j), j.seq, &j.reason);
             }
             core.lost += usize::from(matches!(j.phase, JobPhase::Lost { .. }));
             core.valued += usize::from(!j.is_terminal() && j.spec.value_curve.is_some());

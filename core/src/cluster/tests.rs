@@ -1207,7 +1207,7 @@ enum Answer {
 /// A policy that answers what the test says and records which jobs it was asked about: for
 /// the core's bookkeeping of whom to ask, which no real policy's answer shows. Jobs whose id
 /// starts with `r` it places on the first worker. With `alike`, other jobs of the same size
-/// wait alike.
+/// wait alike, but for those whose id starts with `u`, which are of no kind.
 struct Scripted {
     asked: Shared<Vec<JobId>>,
     answer: Shared<Answer>,
@@ -1270,6 +1270,7 @@ impl ClusterPolicy for Scripted {
         match self.alike {
             false => None,
             true if job.id.starts_with('r') => Some(WaitKind::class(1)),
+            true if job.id.starts_with('u') => None,
             true => WaitKind::request(&job.spec),
         }
     }
@@ -1393,32 +1394,26 @@ fn a_pass_asks_about_one_job_of_each_kind_that_waits_alike() {
 /// waiting job visited to find it holds the answer it held.
 #[test]
 fn a_pass_ends_once_every_kind_has_an_answer_all_its_jobs_hold() {
-    let (policy, asked, answer) = Scripted::new(true);
-    let visited = policy.visited.clone();
-    *answer.lock().unwrap() = Answer::RoomAsBefore;
-    let mut f = Fixture::with(Box::new(policy));
+    let mut c = Counted::new();
     // No worker: j0..j99 wait for room, and r1 among them (it is placed once there is one).
     let ids: Vec<String> = (0..100).map(|k| format!("j{k}")).collect();
     for id in &ids[..50] {
-        f.submit(id, 1.0);
+        c.f.submit(id, 1.0);
     }
-    f.submit("r1", 1.0);
+    c.f.submit("r1", 1.0);
     for id in &ids[50..] {
-        f.submit(id, 1.0);
+        c.f.submit(id, 1.0);
     }
-    let step = |f: &mut Fixture, input| counted_step(f, input, &visited, &asked);
-    // j0 is asked, j1..j49 answered as j0, r1 placed, which changes w1's snapshot: j50 is
-    // asked, and its answer is the one every job of its kind holds. 52 visits, and r1's kind
-    // read once more as it leaves the queue; a pass to the end makes 101.
-    let (out, n, was_asked) = step(
-        &mut f,
-        connected(1, "w1", 1.0, Register::default().calibration),
-    );
-    let ids_of = |ks: &[&str]| -> Vec<JobId> { ks.iter().map(|&k| k.into()).collect() };
+    // j0 is asked, j1..j32 answered as j0 (a run of 32 jobs of a kind that holds its answer,
+    // and the rest of it skipped to the next job of another kind), r1 placed, which changes
+    // w1's snapshot: j50 is asked, and its answer is the one every job of its kind holds. 35
+    // visits, and r1's kind read once more as it leaves the queue; without the skip 53, and
+    // a pass to the end makes 101.
+    let (out, n, was_asked) = c.step(connected(1, "w1", 1.0, Register::default().calibration));
     assert_eq!(was_asked, ids_of(&["j0", "r1", "j50"]));
-    assert_eq!(n, 53, "kinds read");
+    assert_eq!(n, 36, "kinds read");
     let (conn, start) = Fixture::sent(&out, "r1", "start").expect("r1 placed");
-    f.ok(conn, &start, Fixture::started(conn));
+    c.f.ok(conn, &start, Fixture::started(conn));
     // r1 ends: j0 is asked, and that is the pass (a pass to the end visits all 100).
     let exit = Input::Agent {
         conn,
@@ -1430,32 +1425,99 @@ fn a_pass_ends_once_every_kind_has_an_answer_all_its_jobs_hold() {
             ..ContainerExited::default()
         }),
     };
-    let (_, n, was_asked) = step(&mut f, exit);
+    let (_, n, was_asked) = c.step(exit);
     assert_eq!((was_asked, n), (ids_of(&["j0"]), 1));
-    // Nothing was skipped that a full pass would have changed.
-    for id in &ids {
-        let j = f.core.job(id).unwrap();
-        assert_eq!(
-            (id, j.state(), j.reason.as_str()),
-            (id, JobState::Pending, "as scripted, no room")
-        );
-    }
-    assert!(f.core.derived_state_is_fresh());
+    c.all_wait_for_room(ids.iter().map(String::as_str));
 }
 
-/// `input` stepped by hand (the fixture's own checks after a step read every job's kind
-/// too): what it put out, how many kinds the core read, whom the policy was asked about.
-fn counted_step(
-    f: &mut Fixture,
-    input: Input,
-    visited: &Shared<usize>,
-    asked: &Shared<Vec<JobId>>,
-) -> (Vec<Effect>, usize, Vec<JobId>) {
-    *visited.lock().unwrap() = 0;
-    asked.lock().unwrap().clear();
-    let out = f.core.step(f.now, input);
-    let n = *visited.lock().unwrap();
-    (out, n, std::mem::take(&mut *asked.lock().unwrap()))
+/// A pass skips a run of jobs whose kind holds its answer to the next job of another kind:
+/// a backlog of one kind with another kind's job far back in it had every job before that
+/// one visited at every pass.
+#[test]
+fn a_pass_skips_to_the_next_kind_far_back_in_the_queue() {
+    let mut c = Counted::new();
+    // No worker: a0..a499 (1 core) and then b0 (2 cores) wait for room.
+    let ids: Vec<String> = (0..500).map(|k| format!("a{k}")).collect();
+    for id in &ids {
+        c.f.submit(id, 1.0);
+    }
+    c.f.submit("b0", 2.0);
+    // A worker's snapshot changes: each kind is asked again. a0 is asked, a1..a32 answered as
+    // a0, then the pass skips to b0, asked, and ends: 34 visits, where a pass that visits
+    // every job before b0 makes 501.
+    let (_, n, was_asked) = c.step(connected(1, "w1", 0.5, 1.0));
+    assert_eq!((was_asked, n), (ids_of(&["a0", "b0"]), 34));
+    c.all_wait_for_room(ids.iter().map(String::as_str).chain(["b0"]));
+}
+
+/// A skip never passes over a job of no kind: the policy promised nothing for it, so it is
+/// asked at every pass.
+#[test]
+fn a_pass_never_skips_a_job_of_no_kind() {
+    let mut c = Counted::new();
+    for k in 0..100 {
+        c.f.submit(&format!("a{k}"), 1.0);
+    }
+    c.f.submit("u0", 1.0);
+    for k in 100..200 {
+        c.f.submit(&format!("a{k}"), 1.0);
+    }
+    let (_, n, was_asked) = c.step(connected(1, "w1", 0.5, 1.0));
+    // a0 asked, a run of 32 skipped to u0, asked, and the jobs after it skipped to the end.
+    assert_eq!(was_asked, ids_of(&["a0", "u0"]));
+    assert!(n < 100, "{n} kinds read");
+    c.all_wait_for_room(["u0"]);
+}
+
+/// A fixture under [`Scripted`] with jobs of one size alike, stepped by hand to count what a
+/// pass reads. Each wait is "as scripted, no room" until the test says otherwise (`answer`).
+struct Counted {
+    f: Fixture,
+    visited: Shared<usize>,
+    asked: Shared<Vec<JobId>>,
+    answer: Shared<Answer>,
+}
+
+impl Counted {
+    fn new() -> Self {
+        let (policy, asked, answer) = Scripted::new(true);
+        let visited = policy.visited.clone();
+        *answer.lock().unwrap() = Answer::RoomAsBefore;
+        let f = Fixture::with(Box::new(policy));
+        Counted {
+            f,
+            visited,
+            asked,
+            answer,
+        }
+    }
+
+    /// `input` stepped by hand (the fixture's own checks after a step read every job's kind
+    /// too): what it put out, how many kinds the core read, whom the policy was asked about.
+    fn step(&mut self, input: Input) -> (Vec<Effect>, usize, Vec<JobId>) {
+        *self.visited.lock().unwrap() = 0;
+        self.asked.lock().unwrap().clear();
+        let out = self.f.core.step(self.f.now, input);
+        let n = *self.visited.lock().unwrap();
+        (out, n, std::mem::take(&mut *self.asked.lock().unwrap()))
+    }
+
+    /// Every job of `ids` waits, told there is no room, as a full pass would have told it:
+    /// nothing was skipped that a full pass would have changed.
+    fn all_wait_for_room<'a>(&self, ids: impl IntoIterator<Item = &'a str>) {
+        for id in ids {
+            let j = self.f.core.job(id).unwrap();
+            assert_eq!(
+                (id, j.state(), j.reason.as_str()),
+                (id, JobState::Pending, "as scripted, no room")
+            );
+        }
+        assert!(self.f.core.derived_state_is_fresh());
+    }
+}
+
+fn ids_of(ks: &[&str]) -> Vec<JobId> {
+    ks.iter().map(|&k| k.into()).collect()
 }
 
 /// A pass that visits every waiting job and gives every job of a kind one answer leaves the
@@ -1463,29 +1525,18 @@ fn counted_step(
 /// first question.
 #[test]
 fn a_pass_that_gives_a_whole_kind_one_answer_lets_the_next_end_at_once() {
-    let (policy, asked, answer) = Scripted::new(true);
-    let visited = policy.visited.clone();
-    let mut f = Fixture::with(Box::new(policy));
+    let mut c = Counted::new();
     // Each job waits for an answer of its own.
+    *c.answer.lock().unwrap() = Answer::Room;
     for k in 0..100 {
-        f.submit(&format!("j{k}"), 1.0);
+        c.f.submit(&format!("j{k}"), 1.0);
     }
-    *answer.lock().unwrap() = Answer::RoomAsBefore;
-    let (_, n, _) = counted_step(
-        &mut f,
-        connected(1, "w1", 1.0, Register::default().calibration),
-        &visited,
-        &asked,
-    );
+    *c.answer.lock().unwrap() = Answer::RoomAsBefore;
+    let (_, n, _) = c.step(connected(1, "w1", 1.0, Register::default().calibration));
     assert_eq!(n, 100, "every job visited to be given the new answer");
-    let (_, n, was_asked) = counted_step(
-        &mut f,
-        connected(2, "w2", 1.0, Register::default().calibration),
-        &visited,
-        &asked,
-    );
-    assert_eq!((was_asked, n), (vec![JobId::from("j0")], 1));
-    assert!(f.core.derived_state_is_fresh());
+    let (_, n, was_asked) = c.step(connected(2, "w2", 1.0, Register::default().calibration));
+    assert_eq!((was_asked, n), (ids_of(&["j0"]), 1));
+    assert!(c.f.core.derived_state_is_fresh());
 }
 
 /// A pass that finds a backlog waiting for the reasons it waited for changes no record: the
@@ -2170,11 +2221,13 @@ mod model {
         // The value policies read their settings; the others ignore them.
         let settings = super::value_settings();
         let mut core = Core::new(config(), policy::by_name(policy_name, &settings).unwrap());
+        core.skip_after = 1;
         // A core that notes no changes (a manager without a store, the simulator), fed the
         // same inputs and archiving when `core` does: it must decide the same, step by step.
         // It also asks the policy about every pending job at every pass (`every_pass_full`),
-        // where `core` skips those told to wait for room while no snapshot changed, and gives
-        // jobs that wait alike one answer: neither shortcut may change a decision.
+        // where `core` skips those told to wait for room while no snapshot changed, gives jobs
+        // that wait alike one answer, and skips runs of jobs whose kinds hold their answers
+        // (here runs of one): no shortcut may change a decision.
         let untracked = || Config {
             record_changes: false,
             ..config()
@@ -2299,6 +2352,7 @@ mod model {
                         .map_err(|e| TestCaseError::fail(e.to_string()))
                     };
                     core = restart(config())?;
+                    core.skip_after = 1;
                     twin = restart(untracked())?;
                     twin.every_pass_full = true;
                     store.unsaved = Default::default();
