@@ -153,6 +153,10 @@ enum Cmd {
         levels: Vec<usize>,
         #[arg(long, default_value_t = 100)]
         agents: usize,
+        /// Jobs of 2 cores submitted after the backlog: another kind, last in the queue, that
+        /// no agent has room for.
+        #[arg(long, default_value_t = 0)]
+        big: usize,
         #[arg(long)]
         against: Option<std::path::PathBuf>,
         #[arg(long = "manager-arg", allow_hyphen_values = true)]
@@ -229,9 +233,10 @@ fn main() -> anyhow::Result<()> {
             Cmd::Workoff {
                 levels,
                 agents,
+                big,
                 against,
                 manager_args,
-            } => workoff(&levels, agents, against.as_deref(), &manager_args).await?,
+            } => workoff(&levels, agents, big, against.as_deref(), &manager_args).await?,
             Cmd::Soak {
                 agents,
                 minutes,
@@ -341,17 +346,27 @@ async fn control(target: &Target) -> anyhow::Result<ControlServiceClient<Channel
 
 /// Submits `n` one-core jobs from 32 concurrent callers.
 async fn submit(client: &ControlServiceClient<Channel>, n: usize) -> anyhow::Result<Vec<String>> {
+    submit_of(client, n, converge_integration_tests::one_core_spec()).await
+}
+
+/// Submits `n` jobs of `spec` from 32 callers at once; their ids.
+async fn submit_of(
+    client: &ControlServiceClient<Channel>,
+    n: usize,
+    spec: pb::JobSpec,
+) -> anyhow::Result<Vec<String>> {
     const CALLERS: usize = 32;
     let mut tasks = Vec::new();
     for k in 0..CALLERS {
         let mut c = client.clone();
         let count = n / CALLERS + usize::from(k < n % CALLERS);
+        let spec = spec.clone();
         tasks.push(tokio::spawn(async move {
             let mut ids = Vec::with_capacity(count);
             for _ in 0..count {
                 let r = c
                     .submit_job(pb::SubmitJobRequest {
-                        spec: Some(converge_integration_tests::one_core_spec()),
+                        spec: Some(spec.clone()),
                     })
                     .await?
                     .into_inner();
@@ -705,6 +720,7 @@ async fn backlog(
 async fn workoff(
     levels: &[usize],
     agents: usize,
+    big: usize,
     against: Option<&std::path::Path>,
     manager_args: &[String],
 ) -> anyhow::Result<()> {
@@ -717,6 +733,11 @@ async fn workoff(
             let target = Target::start_at(Kind::Manager, bin, &extra).await?;
             let client = control(&target).await?;
             submit(&client, level).await?;
+            let two_cores = pb::JobSpec {
+                cpus: 2.0,
+                ..converge_integration_tests::one_core_spec()
+            };
+            submit_of(&client, big, two_cores).await?;
             let fleet = Fleet::start(
                 &target.endpoint(),
                 &FleetConfig {
@@ -752,7 +773,12 @@ async fn workoff(
     }
     print_head(
         &format!(
-            "Jobs completed/s by {agents} agents of 1 core (each job done in 0.1 s) working off a backlog, until half of it is done or for 120 s"
+            "Jobs completed/s by {agents} agents of 1 core (each job done in 0.1 s) working off a backlog, until half of it is done or for 120 s{}",
+            if big > 0 {
+                format!("; {big} job(s) of 2 cores after the backlog")
+            } else {
+                String::new()
+            }
         ),
         &[
             ("jobs waiting at the start", "---:"),
