@@ -72,7 +72,12 @@ impl Core {
                 break;
             };
             from = seq + 1;
+            // Jobs of this chunk before it are skipped ([`Pass::in_a_run`]).
+            let mut skip_to = 0;
             for (seq, id) in chunk {
+                if seq < skip_to {
+                    continue;
+                }
                 let job = &self.jobs[&id];
                 if !matches!(job.phase, JobPhase::Pending) {
                     continue;
@@ -85,15 +90,14 @@ impl Core {
                         // on to the next of another kind, far back in a backlog of two kinds.
                         let holds = |k| pass.holds(k, &self.kinds);
                         match self.kinds.next_unheld(seq + 1, last, holds) {
-                            Some(next) if next == seq + 1 => {}
+                            Some(next) if next < from => skip_to = next,
                             Some(next) => {
                                 from = next;
                                 continue 'pass;
                             }
-                            None => {
-                                pass.cut();
-                                break 'pass;
-                            }
+                            // Every job left holds its kind's answer: the pass is over, and
+                            // gave every job its answer, as one that visits them all does.
+                            None => break 'pass,
                         }
                     }
                     continue;

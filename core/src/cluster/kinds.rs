@@ -82,9 +82,9 @@ impl Kinds {
             return;
         };
         // Counted when it joined, unless a policy's kind for a job changed while it waited
-        // (which `wait_kind` promises not to do): then another kind keeps a job too many, and
-        // never counts as all holding one reason, which only costs passes their early end;
-        // and the job is of no kind searched for its next job, so a pass never skips it.
+        // (which `wait_kind` promises not to do): then the kind it joined keeps its place and
+        // a job too many, which can only cost passes their early end and their skips over that
+        // kind (a skip to that place lands on the next pending job).
         debug_assert!(
             self.of.get(&kind).is_some_and(|k| k.seqs.contains(&seq)),
             "a pending job's kind is counted"

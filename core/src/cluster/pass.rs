@@ -36,7 +36,9 @@ pub(super) struct Pass {
     /// once two got different ones): a pass over every pending job then knows that each
     /// holds it ([`Kinds::settled`]). Kept in whole passes only.
     given: HashMap<WaitKind, Option<String>, Hasher>,
-    /// The pass ended before the end of the queue ([`Pass::waits_for_room`], [`Pass::cut`]).
+    /// The pass ended before the end of the queue ([`Pass::waits_for_room`]). One that skips
+    /// to the end ([`Pass::in_a_run`]) has not: every job it skipped holds the answer it
+    /// would have been given, so what it records ([`Pass::end`]) holds for them too.
     ended_early: bool,
     /// The kind of the jobs visited last, how many in a row were given their answers by
     /// [`Pass::known`] ([`Pass::in_a_run`]), and how many make a run ([`RUN`]).
@@ -125,12 +127,6 @@ impl Pass {
         }
         self.run = 0;
         kind.is_some_and(|k| self.holds(k, kinds))
-    }
-
-    /// Every job left in the pass is of a kind that holds its answer: the pass ends, as one
-    /// that ends early does.
-    pub fn cut(&mut self) {
-        self.ended_early = true;
     }
 
     /// The policy answered something other than a wait for room.

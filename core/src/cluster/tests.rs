@@ -1469,6 +1469,32 @@ fn a_pass_never_skips_a_job_of_no_kind() {
     c.all_wait_for_room(["u0"]);
 }
 
+/// A pass that skips to the end of the queue records, as one that visits every job does,
+/// that a kind it gave one answer holds it: a kind whose jobs each held a reason of their own,
+/// in front of a run that was skipped, was otherwise visited whole at every pass.
+#[test]
+fn a_pass_that_skips_to_the_end_records_the_kinds_it_gave_one_answer() {
+    let mut c = Counted::new();
+    // a0..a99 wait, each for a reason of its own; b0..b99 (2 cores) for one.
+    *c.answer.lock().unwrap() = Answer::Room;
+    for k in 0..100 {
+        c.f.submit(&format!("a{k}"), 1.0);
+    }
+    *c.answer.lock().unwrap() = Answer::RoomAsBefore;
+    for k in 0..100 {
+        c.f.submit(&format!("b{k}"), 2.0);
+    }
+    // a0 asked, a1..a99 given its answer; b0 asked, b1..b32 given its answer, and the rest
+    // of b skipped: 133 kinds read.
+    let (_, n, was_asked) = c.step(connected(1, "w1", 0.5, 1.0));
+    assert_eq!((was_asked, n), (ids_of(&["a0", "b0"]), 133));
+    // The a's now hold one answer: their run is skipped too.
+    let (_, n, was_asked) = c.step(connected(2, "w2", 0.5, 1.0));
+    assert_eq!((was_asked, n), (ids_of(&["a0", "b0"]), 34));
+    let all = (0..100).flat_map(|k| [format!("a{k}"), format!("b{k}")]);
+    c.all_wait_for_room(all.collect::<Vec<_>>().iter().map(String::as_str));
+}
+
 /// A fixture under [`Scripted`] with jobs of one size alike, stepped by hand to count what a
 /// pass reads. Each wait is "as scripted, no room" until the test says otherwise (`answer`).
 struct Counted {
