@@ -161,6 +161,9 @@ async fn a_newer_stream_of_a_worker_closes_the_older_one() -> anyhow::Result<()>
         "{}",
         ended.message()
     );
+    // What an agent's session takes for another agent registered with its worker id (and
+    // says so, at error level).
+    assert!(converge_messenger::agent::SessionError::Stream(ended).is_replaced());
     // Streams left open would hold the server's graceful stop.
     drop((old_tx, old, new_tx, new));
     manager.stop().await;

@@ -25,7 +25,7 @@ use rand::SeedableRng;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, info, warn};
+use tracing::{Instrument, debug, error, info, warn};
 
 use crate::backoff::Backoff;
 use crate::pb::agent_message::Kind as AgentKind;
@@ -66,6 +66,36 @@ pub enum SessionError {
     /// The TLS files changed: the session reconnects with the new ones.
     #[error("the TLS files changed; reconnecting with them")]
     Rotated,
+}
+
+/// The words the manager closes a worker's stream with when another stream of the same worker
+/// replaced it ([`SessionError::is_replaced`]).
+pub const REPLACED: &str = "replaced by a newer stream of the same worker";
+
+impl SessionError {
+    /// Whether the manager refused this agent as it is set up (its certificate's identity,
+    /// its registration): trying again changes nothing until someone changes its setup.
+    pub fn is_refusal(&self) -> bool {
+        use tonic::Code;
+        match self {
+            SessionError::Stream(s) => matches!(
+                s.code(),
+                Code::PermissionDenied
+                    | Code::Unauthenticated
+                    | Code::InvalidArgument
+                    | Code::FailedPrecondition
+            ),
+            SessionError::Endpoint { .. } | SessionError::Tls(_) => true,
+            _ => false,
+        }
+    }
+
+    /// Whether the manager closed this stream because another stream of the same worker
+    /// replaced it: on the stream the agent still uses, that is another agent process
+    /// registered with the same worker id.
+    pub fn is_replaced(&self) -> bool {
+        matches!(self, SessionError::Stream(s) if s.code() == tonic::Code::Aborted && s.message() == REPLACED)
+    }
 }
 
 /// What the session counts, for the agent's `/metrics` (see [`SessionMetrics::register`]).
@@ -361,6 +391,9 @@ async fn run<S: AgentState>(
     // Commands read from the manager that the executor has not taken yet: kept across
     // reconnects, handed over as the executor makes room (`connect_and_serve`).
     let mut waiting: VecDeque<Command> = VecDeque::new();
+    // The reason the last attempt failed, while none has succeeded since: the same failure
+    // again is logged at debug, a new one as a warning.
+    let mut failing: Option<String> = None;
     loop {
         let result = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -387,11 +420,23 @@ async fn run<S: AgentState>(
             s.last_error = Some(reason.clone());
         });
         let delay = config.backoff.next_delay(&mut rng);
-        if was_connected {
+        let error = result.as_ref().err();
+        if error.is_some_and(SessionError::is_replaced) {
+            // Each of two agents with one worker id takes the stream from the other when it
+            // reconnects: without this, the only sign was the manager's registrations.
+            error!(%reason, ?delay, "another agent process registered with this agent's --worker-id and took its stream; give each agent its own --worker-id");
+        } else if error.is_some_and(SessionError::is_refusal) {
+            // A wrong certificate or registration: logged at debug as "unreachable", every
+            // such refusal looked like a manager that was down.
+            error!(%reason, ?delay, "the manager refused this agent; retrying, but its setup must change first");
+        } else if was_connected {
             warn!(%reason, ?delay, "disconnected from manager; reconnecting");
+        } else if failing.as_ref() != Some(&reason) {
+            warn!(%reason, ?delay, "manager unreachable; retrying");
         } else {
             debug!(%reason, ?delay, "manager unreachable; retrying");
         }
+        failing = Some(reason);
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(delay) => {}
@@ -618,4 +663,30 @@ async fn write(
     }
     metrics.sent(kind);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Status;
+
+    /// A refusal of the agent's setup is told apart from a manager that cannot be reached,
+    /// which all failures were logged as (at debug), so that an agent with a wrong
+    /// certificate said nothing at its default level.
+    #[test]
+    fn a_refusal_is_told_apart_from_an_unreachable_manager() {
+        let stream = SessionError::Stream;
+        assert!(
+            stream(Status::permission_denied(
+                "this certificate is for worker w1"
+            ))
+            .is_refusal()
+        );
+        assert!(stream(Status::invalid_argument("worker_id: required")).is_refusal());
+        assert!(!stream(Status::unavailable("connection refused")).is_refusal());
+        assert!(!SessionError::Closed.is_refusal());
+        assert!(!stream(Status::aborted(REPLACED)).is_refusal());
+        assert!(stream(Status::aborted(REPLACED)).is_replaced());
+        assert!(!stream(Status::aborted("something else")).is_replaced());
+    }
 }

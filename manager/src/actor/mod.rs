@@ -1047,11 +1047,15 @@ impl Actor {
                 self.metrics
                     .registered(self.core.worker(&register.worker_id).is_some());
                 // The worker's stream until now, if it still has one: the new one replaces it.
-                let replaced = self
-                    .core
-                    .worker(&register.worker_id)
-                    .and_then(|w| w.conn)
-                    .filter(|old| *old != conn);
+                let worker = self.core.worker(&register.worker_id);
+                let replaced = worker.and_then(|w| w.conn).filter(|old| *old != conn);
+                if let Some(w) =
+                    worker.filter(|w| replaced.is_some() && w.instance_id != register.instance_id)
+                {
+                    // A process that restarted has its old stream end first, as a rule: two
+                    // agents run with one worker id, and each reconnect takes the other's.
+                    warn!(worker = %w.id, old = %w.instance_id, new = %register.instance_id, "a second agent process registered as this worker while the first was connected; its stream replaces the first's (two agents with one --worker-id take turns)");
+                }
                 self.links.insert(conn, link);
                 let _ = self.step(Input::Connected {
                     conn,
@@ -1060,9 +1064,7 @@ impl Actor {
                 // Close it rather than keep reading it (the core refuses what still comes on
                 // it): one stream, and one message budget, per worker.
                 if let Some(link) = replaced.and_then(|old| self.links.remove(&old)) {
-                    link.close_with(tonic::Status::aborted(
-                        "replaced by a newer stream of the same worker",
-                    ));
+                    link.close_with(tonic::Status::aborted(converge_messenger::agent::REPLACED));
                 }
             }
             StreamEvent::Message {
