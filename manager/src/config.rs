@@ -24,8 +24,10 @@ pub struct Cli {
     #[arg(long, env = "CONVERGE_LISTEN", default_value = "0.0.0.0:7070")]
     pub listen: SocketAddr,
     /// Policy: `spread` (Docker Swarm, the baseline), `least-allocated`, `round-robin`,
-    /// `flowcon`, `specon`, `converge` (FlowCon and SpeCon together), `value` (value-based
-    /// allocation with preemption, DwP) or `value-dwop` (without preemption).
+    /// `flowcon`, `specon`, `flowcon-specon` (the two together), `converge` (shortest
+    /// predicted remaining time first, with ETAs), `las` (least attained service first,
+    /// Tiresias), `value` (value-based allocation with preemption, DwP) or `value-dwop`
+    /// (without preemption). The README's table says what each does.
     #[arg(long, env = "CONVERGE_POLICY", default_value = "spread")]
     pub policy: String,
     /// Heartbeat period agents use; loss is counted in these.

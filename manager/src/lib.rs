@@ -144,17 +144,10 @@ pub async fn serve(
             .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
-    let addr = listener.local_addr()?;
-    info!(%addr, policy = %config.policy, "manager listening");
-    if config.tokens.is_some() && config.tls.is_none() {
-        tracing::warn!(
-            "--tokens without TLS: tokens travel in clear text, and agents are not authenticated \
-             (anyone who reaches the port can register as a worker); add --tls-cert, --tls-key and --tls-ca"
-        );
-    }
+    // Before "listening": a tokens file that cannot be used stops the manager first.
     let auth = match &config.tokens {
         Some(path) => {
-            let tokens = auth::Tokens::load(path).map_err(|e| Error::invalid("tokens", e))?;
+            let tokens = auth::Tokens::load(path).map_err(|e| Error::invalid("--tokens", e))?;
             info!(path = %path.display(), "control API requires bearer tokens");
             Some(auth::AuthLayer::new(tokens))
         }
@@ -165,6 +158,14 @@ pub async fn serve(
             None
         }
     };
+    let addr = listener.local_addr()?;
+    info!(%addr, policy = %config.policy, "manager listening");
+    if config.tokens.is_some() && config.tls.is_none() {
+        tracing::warn!(
+            "--tokens without TLS: tokens travel in clear text, and agents are not authenticated \
+             (anyone who reaches the port can register as a worker); add --tls-cert, --tls-key and --tls-ca"
+        );
+    }
     let builder = tonic::transport::Server::builder();
     let mut agents = AgentStreams::new(stream_tx);
     if let Some(rate) = config.agent_message_rate {

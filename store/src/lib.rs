@@ -216,6 +216,14 @@ pub enum Error {
         /// Why.
         source: std::io::Error,
     },
+    /// The state directory given is a file (the store's own, as a rule).
+    #[error(
+        "the state directory {dir} is a file: pass the directory that holds it (the store is the file converge.db in --state-dir)"
+    )]
+    DirIsFile {
+        /// The path given.
+        dir: PathBuf,
+    },
     /// The file is not a readable Converge store (not SQLite, truncated, damaged, another
     /// application's database).
     #[error(
@@ -227,6 +235,14 @@ pub enum Error {
         path: PathBuf,
         /// What is wrong.
         why: String,
+    },
+    /// Another process holds the file: a manager on the same state directory.
+    #[error(
+        "the state store {path} cannot be used: another manager holds it (one manager per state directory): stop that manager, or give this one another --state-dir"
+    )]
+    Held {
+        /// The file.
+        path: PathBuf,
     },
     /// The store was written by a newer manager.
     #[error(

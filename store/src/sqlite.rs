@@ -96,6 +96,12 @@ impl Sqlite {
     /// Opens (creating when absent) the store in `dir`. Refuses a file that is not a
     /// Converge store, is damaged, or has a newer schema, and one another manager holds.
     pub fn open(dir: &Path) -> Result<Self> {
+        if dir.is_file() {
+            // The store's file itself, most likely: "File exists" said nothing of that.
+            return Err(Error::DirIsFile {
+                dir: dir.to_path_buf(),
+            });
+        }
         std::fs::create_dir_all(dir).map_err(|source| Error::Dir {
             dir: dir.to_path_buf(),
             source,
@@ -105,7 +111,13 @@ impl Sqlite {
             path: path.clone(),
             why,
         };
-        let sql = |e: rusqlite::Error| unreadable(sqlite_why(&e));
+        let sql = |e: rusqlite::Error| match e.sqlite_error_code() {
+            // Not a store to restore or move away: one that is in use.
+            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+                Error::Held { path: path.clone() }
+            }
+            _ => unreadable(sqlite_why(&e)),
+        };
         let existed = path.exists();
         let conn = Connection::open(&path).map_err(sql)?;
         // A manager that was just killed may still be releasing the file.
@@ -262,9 +274,6 @@ fn sqlite_why(e: &rusqlite::Error) -> String {
             "it is not an SQLite database (wrong file, or its header is damaged)".into()
         }
         Some(C::DatabaseCorrupt) => format!("it is damaged or truncated ({e})"),
-        Some(C::DatabaseBusy | C::DatabaseLocked) => {
-            "another manager holds it (one manager per state directory)".into()
-        }
         Some(C::CannotOpen | C::PermissionDenied | C::ReadOnly) => {
             format!("it cannot be opened for writing ({e})")
         }

@@ -335,6 +335,22 @@ fn a_second_manager_on_the_same_directory_is_refused() {
     let _first = Sqlite::open(dir.path()).unwrap();
     let why = refusal(dir.path());
     assert!(why.contains("another manager holds it"), "{why}");
+    // What to do about it: not the advice for a damaged file (restore it, move it away).
+    assert!(why.contains("stop that manager"), "{why}");
+    assert!(!why.contains("restore"), "{why}");
+}
+
+/// `--state-dir` given the store's file rather than its directory is named as such (it said
+/// "File exists").
+#[test]
+fn a_state_dir_that_is_the_stores_file_is_refused_with_what_to_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(Sqlite::open(dir.path()).unwrap());
+    let why = refusal(&dir.path().join(FILE_NAME));
+    assert!(
+        why.contains("is a file: pass the directory that holds it"),
+        "{why}"
+    );
 }
 
 /// The jobs of [`four_finished_one_pending`].
