@@ -155,7 +155,8 @@ enum Cmd {
         /// Only this job's events.
         #[arg(long, default_value = "")]
         job: String,
-        /// Replay recorded events from this sequence number first.
+        /// Replay recorded events from this sequence number first; 0 replays nothing (only new
+        /// events), 1 everything still recorded.
         #[arg(long, default_value_t = 0)]
         from_seq: u64,
     },
