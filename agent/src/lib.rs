@@ -101,6 +101,25 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
         &config.cgroup_parent,
     )?);
     cgroup.create(config.cpus)?;
+    let served = serve(config, docker, cgroup.clone(), shutdown).await;
+    // Also when the agent failed to start (a checkpoint root it cannot make, no calibration
+    // image): a cgroup left by an agent that never ran was the operator's to find.
+    if cgroup.remove_if_empty() {
+        info!(cgroup = %cgroup.docker_parent(), "removed the worker cgroup");
+    } else {
+        warn!(cgroup = %cgroup.docker_parent(), "worker cgroup left in place: containers still run in it");
+    }
+    served
+}
+
+/// The agent from its worker cgroup on: it checks the rest of its setup, connects, and serves
+/// until `shutdown`.
+async fn serve(
+    config: Config,
+    docker: bollard::Docker,
+    cgroup: Arc<cgroup::WorkerCgroup>,
+    shutdown: CancellationToken,
+) -> Result<()> {
     if config.memory_bytes > 0
         && let Err(e) = cgroup.set_memory_limit(config.memory_bytes)
     {
@@ -227,10 +246,5 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
     .run(cmd_rx, ready_tx)
     .await?;
     let _ = session.await;
-    if cgroup.remove_if_empty() {
-        info!(cgroup = %cgroup.docker_parent(), "removed the worker cgroup");
-    } else {
-        warn!(cgroup = %cgroup.docker_parent(), "worker cgroup left in place: containers still run in it");
-    }
     Ok(())
 }

@@ -470,3 +470,24 @@ async fn a_save_past_its_deadline_kills_the_container() {
     token.cancel();
     agent.await.unwrap().unwrap();
 }
+
+/// An agent that fails to start after it made its worker cgroup (here, a checkpoint root it
+/// cannot create) removes the cgroup again: a new user found one left for every failed start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_fails_to_start_leaves_no_cgroup() {
+    require_docker_and_trainer().await;
+    let worker = TestWorker::new("failed-start");
+    let mut config = worker.config("http://127.0.0.1:9", 1.0);
+    config.checkpoint_root = "/proc/converge-cannot-be-made".into();
+    let failed = converge_agent::run(config, CancellationToken::new()).await;
+    let e = failed.expect_err("a checkpoint root under /proc cannot be made");
+    assert!(
+        e.to_string().contains("/proc/converge-cannot-be-made"),
+        "{e}"
+    );
+    assert!(
+        !worker.cpu_cgroup_dir().exists(),
+        "the worker cgroup {} was left behind",
+        worker.cpu_cgroup_dir().display()
+    );
+}
