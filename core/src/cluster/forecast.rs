@@ -159,6 +159,8 @@ pub struct Etas<'a> {
     ends: Option<Vec<Time>>,
     /// Each pending job's place in the queue.
     queue: Option<BTreeMap<&'a str, usize>>,
+    /// The schedulable workers' sizes (cores, memory), those no other is as big as in both.
+    shapes: Option<Vec<(f64, u64)>>,
 }
 
 impl<'a> Etas<'a> {
@@ -169,6 +171,7 @@ impl<'a> Etas<'a> {
             workers: BTreeMap::new(),
             ends: None,
             queue: None,
+            shapes: None,
         }
     }
 
@@ -184,17 +187,23 @@ impl<'a> Etas<'a> {
                     est.map(|e| e.work).or((job.spec.estimated_runtime_s > 0.0)
                         .then_some(job.spec.estimated_runtime_s))?;
                 // FIFO: the k-th pending job starts when the k-th running job ends, and then
-                // runs at the cores it asked for.
-                let k = *self
-                    .queue
-                    .get_or_insert_with(|| {
-                        core.pending
-                            .values()
-                            .enumerate()
-                            .map(|(k, id)| (id.as_str(), k))
-                            .collect()
-                    })
-                    .get(id)?;
+                // runs at the cores it asked for. Jobs no worker could hold even empty (accepted
+                // before any worker joined, bigger than every one that did) are not in that
+                // queue: they have no ETA, and hold no place before the others.
+                if self.queue.is_none() {
+                    let shapes = self.shapes().to_vec();
+                    let fits = |j: &Job| {
+                        let (cpus, memory) = (j.spec.cpus, j.spec.memory_bytes);
+                        shapes.iter().any(|&(c, m)| cpus <= c + 1e-9 && memory <= m)
+                    };
+                    let queue = (core.pending.values())
+                        .filter(|id| fits(&core.jobs[*id]))
+                        .enumerate()
+                        .map(|(k, id)| (id.as_str(), k))
+                        .collect();
+                    self.queue = Some(queue);
+                }
+                let k = *self.queue.as_ref()?.get(id)?;
                 let start = *self.ends().get(k)?;
                 let run = work / job.spec.cpus.max(0.01);
                 Some(Eta {
@@ -226,6 +235,34 @@ impl<'a> Etas<'a> {
                 })
             }
         }
+    }
+
+    /// The sizes of the schedulable workers (cores, and memory, unbounded where a worker
+    /// gives none) that no other worker matches in both: a job fits one of them empty if it
+    /// fits any worker empty.
+    fn shapes(&mut self) -> &[(f64, u64)] {
+        self.shapes.get_or_insert_with(|| {
+            let mut all: Vec<(f64, u64)> = (self.core.workers.values())
+                .filter(|w| w.schedulable())
+                .map(|w| {
+                    let memory = if w.memory_bytes == 0 {
+                        u64::MAX
+                    } else {
+                        w.memory_bytes
+                    };
+                    (w.cpu_capacity, memory)
+                })
+                .collect();
+            // Most cores first: each size kept has more memory than every one before it.
+            all.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)));
+            let mut most_memory = None;
+            all.retain(|&(_, m)| {
+                let kept = most_memory.is_none_or(|most| m > most);
+                most_memory = most_memory.max(Some(m));
+                kept
+            });
+            all
+        })
     }
 
     fn ends(&mut self) -> &[Time] {

@@ -3686,6 +3686,37 @@ fn a_jobs_kept_estimate_follows_its_newest_point() {
     assert!(last.is_some(), "the points gave an estimate");
 }
 
+/// A pending job no worker could hold even empty (accepted before any worker joined, bigger
+/// than every one that did) has no ETA, and holds no place in the queue of those that do: a
+/// new user was shown "55s left" for a job that would wait forever.
+#[test]
+fn a_pending_job_no_worker_can_hold_has_no_eta() {
+    let mut f = Fixture::new("spread");
+    let timed = |cpus| JobSpec {
+        cpus,
+        estimated_runtime_s: 10.0,
+        ..JobSpec::default()
+    };
+    f.step(Input::Submit {
+        id: "big".into(),
+        spec: timed(3.0),
+    });
+    f.register(1, "w1", 1.0);
+    f.start("a", timed(1.0));
+    f.step(Input::Submit {
+        id: "small".into(),
+        spec: timed(1.0),
+    });
+    assert_eq!(f.state("big"), JobState::Pending);
+    // First in the queue of what can start: at a's end, 10 s from now.
+    let small = f
+        .core
+        .eta("small", f.now)
+        .expect("small starts when a ends");
+    assert_eq!(small.start_at, Some(f.now + 10.0));
+    assert!(f.core.eta("big", f.now).is_none());
+}
+
 #[test]
 fn a_running_job_has_an_eta_from_its_steps_and_is_measured_against_its_finish() {
     let mut f = Fixture::running();
