@@ -110,6 +110,12 @@ enum Cmd {
     },
     /// List workers.
     Workers,
+    /// Drain a worker: nothing new is placed on it, and its running jobs move to other
+    /// workers through their checkpoints (operator role).
+    Drain {
+        /// Worker id.
+        worker: String,
+    },
     /// Why a job is where it is: every decision recorded about it (placement and its scores,
     /// CPU weights or limits given and why, moves and their trigger, preemption, pending and
     /// failure reasons), oldest first.
@@ -328,45 +334,15 @@ async fn run(cli: Cli) -> Result<()> {
                 .map_err(status)?
                 .into_inner()
                 .workers;
-            if json {
-                let all: Vec<_> = ws
-                    .iter()
-                    .map(|w| {
-                        serde_json::json!({
-                            "id": w.id,
-                            "state": label(pb::WorkerState::try_from(w.state).map(|s| s.as_str_name()).unwrap_or(""), "WORKER_STATE_"),
-                            "cpu_capacity": w.cpu_capacity,
-                            "cpu_requested": w.cpu_requested,
-                            "jobs": w.job_ids,
-                            "policy": w.policy,
-                        })
-                    })
-                    .collect();
-                println!("{}", serde_json::Value::Array(all));
-                return Ok(());
-            }
-            println!(
-                "{:<12}  {:<8}  {:>6}  {:>9}  {:>5}  POLICY",
-                "ID", "STATE", "CPUS", "REQUESTED", "JOBS"
-            );
-            for w in ws {
-                let state = pb::WorkerState::try_from(w.state)
-                    .map(|s| {
-                        s.as_str_name()
-                            .trim_start_matches("WORKER_STATE_")
-                            .to_lowercase()
-                    })
-                    .unwrap_or_default();
-                println!(
-                    "{:<12}  {:<8}  {:>6.2}  {:>9.2}  {:>5}  {}",
-                    w.id,
-                    state,
-                    w.cpu_capacity,
-                    w.cpu_requested,
-                    w.job_ids.len(),
-                    w.policy
-                );
-            }
+            print_workers(&ws, json);
+        }
+        Cmd::Drain { worker } => {
+            let w = client
+                .drain_worker(pb::DrainWorkerRequest { worker_id: worker })
+                .await
+                .map_err(status)?
+                .into_inner();
+            print_workers(&[w], json);
         }
         Cmd::Top { jobs, until_done } => {
             return top(&mut client, &cli.manager, jobs, until_done, json).await;
@@ -824,4 +800,45 @@ fn describe_event(e: &pb::Event) -> String {
         "#{:<5} {:<12} job={} worker={} {} {}",
         e.seq, kind, e.job_id, e.worker_id, what, e.reason
     )
+}
+
+/// Workers as a table, or as a JSON array.
+fn print_workers(ws: &[pb::Worker], json: bool) {
+    let state = |w: &pb::Worker| {
+        pb::WorkerState::try_from(w.state)
+            .map(|s| label(s.as_str_name(), "WORKER_STATE_"))
+            .unwrap_or_default()
+    };
+    if json {
+        let all: Vec<_> = ws
+            .iter()
+            .map(|w| {
+                serde_json::json!({
+                    "id": w.id,
+                    "state": state(w),
+                    "cpu_capacity": w.cpu_capacity,
+                    "cpu_requested": w.cpu_requested,
+                    "jobs": w.job_ids,
+                    "policy": w.policy,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(all));
+        return;
+    }
+    println!(
+        "{:<12}  {:<8}  {:>6}  {:>9}  {:>5}  POLICY",
+        "ID", "STATE", "CPUS", "REQUESTED", "JOBS"
+    );
+    for w in ws {
+        println!(
+            "{:<12}  {:<8}  {:>6.2}  {:>9.2}  {:>5}  {}",
+            w.id,
+            state(w),
+            w.cpu_capacity,
+            w.cpu_requested,
+            w.job_ids.len(),
+            w.policy
+        );
+    }
 }

@@ -138,6 +138,21 @@ async fn each_command_prints_tables_and_json_and_exits_with_a_code_scripts_can_u
     let (code, _, err) = ctl("http://127.0.0.1:9", &["list"]).await;
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("cannot reach the manager"), "{err}");
+
+    // drain: the worker as `workers` shows it, now draining; 4 for a worker id that names
+    // none (the request's field is wrong).
+    let (code, out, err) = ctl(&m, &["drain", "w1", "-o", "json"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json(&out)[0]["state"], "draining", "{out}");
+    let (_, out, _) = ctl(&m, &["workers"]).await;
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("w1") && l.contains("draining")),
+        "{out}"
+    );
+    let (code, _, err) = ctl(&m, &["drain", "no-such-worker"]).await;
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("no worker `no-such-worker`"), "{err}");
     manager.stop().await;
 }
 
