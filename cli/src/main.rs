@@ -769,6 +769,8 @@ fn print_job(j: &pb::Job) {
             },
             e.confidence * 100.0
         ),
+        // An ended job has no ETA to wait for: "nothing tells yet" read as if it might.
+        None if pb::JobState::ended(j.state) => println!("eta:      - (ended)"),
         None => println!("eta:      - (nothing tells yet)"),
     }
 }

@@ -124,6 +124,8 @@ async fn each_command_prints_tables_and_json_and_exits_with_a_code_scripts_can_u
     let (code, out, _) = ctl(&m, &["cancel", &id, "-o", "json"]).await;
     assert_eq!(code, 0);
     assert_eq!(json(&out)["state"], "cancelled");
+    let (_, out, _) = ctl(&m, &["get", &id]).await;
+    assert!(out.contains("eta:      - (ended)"), "{out}");
 
     // Exit codes: 4 for a wrong request (naming the field), 3 for no such job.
     let (code, _, err) = ctl(&m, &["get", "not-a-job"]).await;
