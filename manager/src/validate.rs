@@ -21,6 +21,92 @@ pub const MAX_TOTAL: usize = 64 * 1024;
 /// below it, so an oversized field is refused by validation, naming it, not by the decoder.
 pub const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
 
+/// Checks an image reference by Docker's grammar (distribution/reference, `reference.go`):
+/// `[HOST[:PORT]/]PATH[:TAG][@ALGORITHM:HEX]`, each PATH component lowercase letters and digits
+/// joined by `.`, `_`, `__` or dashes. A reference Docker would refuse was accepted and failed
+/// only at its start ("invalid reference format"), after a job had been created for it.
+fn image_reference(image: &str) -> std::result::Result<(), String> {
+    let (rest, digest) = match image.split_once('@') {
+        Some((rest, digest)) => (rest, Some(digest)),
+        None => (image, None),
+    };
+    if let Some(digest) = digest {
+        let (algorithm, hex) = digest.split_once(':').ok_or("a digest is ALGORITHM:HEX")?;
+        let lower = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+        if algorithm.is_empty() || !algorithm.chars().all(|c| lower(c) || "+._-".contains(c)) {
+            return Err(format!("`{algorithm}` is not a digest algorithm"));
+        }
+        if hex.len() < 32 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+            return Err("a digest's hex is at least 32 hexadecimal digits".into());
+        }
+    }
+    // A tag follows the last `:` after the last `/` (a `:` before it is a registry's port).
+    let path_at = rest.rfind('/').map_or(0, |i| i + 1);
+    let (name, tag) = match rest[path_at..].rfind(':') {
+        Some(i) => (&rest[..path_at + i], Some(&rest[path_at + i + 1..])),
+        None => (rest, None),
+    };
+    if let Some(tag) = tag {
+        let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        let ok = tag.len() <= 128
+            && tag.chars().next().is_some_and(word)
+            && tag.chars().all(|c| word(c) || c == '.' || c == '-');
+        if !ok {
+            return Err(format!(
+                "the tag `{tag}` must be letters, digits, `_`, `.` or `-`, not starting with `.` or `-`"
+            ));
+        }
+    }
+    let mut parts: Vec<&str> = name.split('/').collect();
+    // Docker's rule for a registry host: the first of several parts, with a `.` or a `:`, or
+    // `localhost`, or any capital letter.
+    if parts.len() > 1
+        && (parts[0].contains(['.', ':'])
+            || parts[0] == "localhost"
+            || parts[0].chars().any(|c| c.is_ascii_uppercase()))
+    {
+        let host = parts.remove(0);
+        let (domain, port) = match host.split_once(':') {
+            Some((domain, port)) => (domain, Some(port)),
+            None => (host, None),
+        };
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        };
+        if !domain.split('.').all(label_ok) {
+            return Err(format!("`{host}` is not a registry host"));
+        }
+        if port.is_some_and(|p| p.is_empty() || !p.chars().all(|c| c.is_ascii_digit())) {
+            return Err(format!("`{host}` has a port that is not a number"));
+        }
+    }
+    for part in parts {
+        path_component(part).map_err(|why| format!("`{part}` {why}"))?;
+    }
+    Ok(())
+}
+
+/// One `/`-separated part of an image's path: lowercase letters and digits, joined by `.`,
+/// `_`, `__` or one or more `-`.
+fn path_component(part: &str) -> std::result::Result<(), &'static str> {
+    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    if !part.chars().next().is_some_and(alnum) || !part.chars().last().is_some_and(alnum) {
+        return Err("must start and end with a lowercase letter or digit");
+    }
+    // Each run of other characters between letters and digits is one separator.
+    for run in part.split(alnum).filter(|r| !r.is_empty()) {
+        if !(matches!(run, "." | "_" | "__") || run.chars().all(|c| c == '-')) {
+            return Err(
+                "may hold only lowercase letters, digits, and `.`, `_`, `__` or dashes between them",
+            );
+        }
+    }
+    Ok(())
+}
+
 /// What validation needs to know about the cluster.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Limits {
@@ -40,6 +126,15 @@ pub fn validate(spec: Option<JobSpec>, limits: Limits) -> Result<JobSpec> {
         ));
     }
     max_len("spec.image", &spec.image, MAX_IMAGE)?;
+    image_reference(&spec.image).map_err(|why| {
+        Error::invalid(
+            "spec.image",
+            format!(
+                "`{}` is not an image reference: {why} (e.g. \"converge/trainer:dev\" or \"registry:5000/team/model@sha256:...\")",
+                spec.image
+            ),
+        )
+    })?;
     max_len("spec.name", &spec.name, MAX_NAME)?;
     if spec.metric.is_empty() {
         spec.metric = "loss".into();
@@ -266,6 +361,48 @@ mod tests {
         let s = validate(Some(spec()), Limits::default()).unwrap();
         assert_eq!(s.metric, "loss");
         assert_eq!(s.direction, Direction::Minimize as i32);
+    }
+
+    /// References Docker takes are accepted, and those it refuses ("invalid reference
+    /// format") are refused at submission, naming the field, rather than failing at start.
+    #[test]
+    fn an_image_reference_docker_would_refuse_is_refused() {
+        let hex = "a".repeat(64);
+        for ok in [
+            "busybox".to_string(),
+            "converge/trainer:dev".into(),
+            "localhost:5000/team/model:1.0".into(),
+            "Registry.Example.com/a__b/c--d/e.f_g".into(),
+            format!("registry:5000/team/model@sha256:{hex}"),
+            format!("model:v2@sha256:{hex}"),
+        ] {
+            assert_eq!(image_reference(&ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "Bad Image!!",
+            "converge/Trainer",
+            "trainer:",
+            "trainer:-dev",
+            "a..b",
+            "a._b",
+            "-a",
+            "a/",
+            "a//b",
+            "host:port/x",
+            "trainer@sha256:abc",
+            "trainer@:abc",
+        ] {
+            assert!(image_reference(bad).is_err(), "{bad} was accepted");
+        }
+        let err = validate(
+            Some(JobSpec {
+                image: "Bad Image!!".into(),
+                ..spec()
+            }),
+            Limits::default(),
+        )
+        .expect_err("refused");
+        assert_eq!(field_of(Err(err)), "spec.image");
     }
 
     #[test]
