@@ -33,11 +33,28 @@ fn image_reference(image: &str) -> std::result::Result<(), String> {
     if let Some(digest) = digest {
         let (algorithm, hex) = digest.split_once(':').ok_or("a digest is ALGORITHM:HEX")?;
         let lower = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
-        if algorithm.is_empty() || !algorithm.chars().all(|c| lower(c) || "+._-".contains(c)) {
+        let algorithm_ok = algorithm.starts_with(|c: char| c.is_ascii_lowercase())
+            && algorithm.chars().all(|c| lower(c) || "+._-".contains(c));
+        if !algorithm_ok {
             return Err(format!("`{algorithm}` is not a digest algorithm"));
         }
-        if hex.len() < 32 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
-            return Err("a digest's hex is at least 32 hexadecimal digits".into());
+        // go-digest: lowercase hex, of the length its algorithm gives where Docker knows it.
+        let length = match algorithm {
+            "sha256" => Some(64),
+            "sha384" => Some(96),
+            "sha512" => Some(128),
+            _ => None,
+        };
+        let hex_ok = hex.len() >= 32
+            && length.is_none_or(|n| hex.len() == n)
+            && hex
+                .chars()
+                .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c));
+        if !hex_ok {
+            return Err(format!(
+                "a {algorithm} digest is {} lowercase hexadecimal digits",
+                length.map_or("at least 32".to_string(), |n| n.to_string())
+            ));
         }
     }
     // A tag follows the last `:` after the last `/` (a `:` before it is a registry's port).
@@ -57,6 +74,9 @@ fn image_reference(image: &str) -> std::result::Result<(), String> {
             ));
         }
     }
+    if name.len() > 255 {
+        return Err("the name before its tag is longer than 255 characters".into());
+    }
     let mut parts: Vec<&str> = name.split('/').collect();
     // Docker's rule for a registry host: the first of several parts, with a `.` or a `:`, or
     // `localhost`, or any capital letter.
@@ -66,9 +86,23 @@ fn image_reference(image: &str) -> std::result::Result<(), String> {
             || parts[0].chars().any(|c| c.is_ascii_uppercase()))
     {
         let host = parts.remove(0);
-        let (domain, port) = match host.split_once(':') {
-            Some((domain, port)) => (domain, Some(port)),
-            None => (host, None),
+        // An IPv6 address in brackets, or a name; then an optional port.
+        let (domain, port) = match host.strip_prefix('[').and_then(|h| h.split_once(']')) {
+            Some((address, after)) => {
+                if address.is_empty() || !address.chars().all(|c| c.is_ascii_hexdigit() || c == ':')
+                {
+                    return Err(format!("`{host}` is not a registry host"));
+                }
+                match after.strip_prefix(':') {
+                    Some(port) => ("ipv6", Some(port)),
+                    None if after.is_empty() => ("ipv6", None),
+                    None => return Err(format!("`{host}` is not a registry host")),
+                }
+            }
+            None => match host.split_once(':') {
+                Some((domain, port)) => (domain, Some(port)),
+                None => (host, None),
+            },
         };
         let label_ok = |l: &str| {
             !l.is_empty()
@@ -372,6 +406,9 @@ mod tests {
             "busybox".to_string(),
             "converge/trainer:dev".into(),
             "localhost:5000/team/model:1.0".into(),
+            "[::1]:5000/team/model:1.0".into(),
+            "[2001:db8::1]/model".into(),
+            format!("model@sha512:{}", "0".repeat(128)),
             "Registry.Example.com/a__b/c--d/e.f_g".into(),
             format!("registry:5000/team/model@sha256:{hex}"),
             format!("model:v2@sha256:{hex}"),
@@ -391,8 +428,18 @@ mod tests {
             "host:port/x",
             "trainer@sha256:abc",
             "trainer@:abc",
+            "[::1/model",
+            "[zz]:5000/model",
         ] {
             assert!(image_reference(bad).is_err(), "{bad} was accepted");
+        }
+        for bad in [
+            format!("trainer@sha256:{}", "A".repeat(64)),
+            format!("trainer@sha256:{}", "a".repeat(32)),
+            format!("trainer@1sha:{}", "a".repeat(64)),
+            "a".repeat(256),
+        ] {
+            assert!(image_reference(&bad).is_err(), "{bad} was accepted");
         }
         let err = validate(
             Some(JobSpec {
