@@ -197,7 +197,7 @@ impl<'a> Etas<'a> {
                         shapes.iter().any(|&(c, m)| cpus <= c + 1e-9 && memory <= m)
                     };
                     let queue = (core.pending.values())
-                        .filter(|id| fits(&core.jobs[*id]))
+                        .filter(|id| core.jobs.get(id).is_some_and(fits))
                         .enumerate()
                         .map(|(k, id)| (id.as_str(), k))
                         .collect();

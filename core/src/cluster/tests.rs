@@ -3717,6 +3717,60 @@ fn a_pending_job_no_worker_can_hold_has_no_eta() {
     assert!(f.core.eta("big", f.now).is_none());
 }
 
+/// A job fits a worker only in both cores and memory, and any worker will do: one big in cores
+/// and small in memory, and one the other way round, between them hold jobs neither of the
+/// biggest alone would ([`forecast::Etas`]'s sizes of workers).
+#[test]
+fn a_pending_jobs_eta_counts_every_worker_size_that_could_hold_it() {
+    let mut f = Fixture::new("spread");
+    let gib = 1u64 << 30;
+    let timed = |cpus, memory_bytes| JobSpec {
+        cpus,
+        memory_bytes,
+        estimated_runtime_s: 10.0,
+        ..JobSpec::default()
+    };
+    for (conn, w, cpus, memory_bytes) in [
+        (1, "w1", 4.0, gib),
+        (2, "w2", 1.0, 8 * gib),
+        (3, "w3", 1.0, gib / 2),
+    ] {
+        f.step(Input::Connected {
+            conn,
+            register: Register {
+                worker: w.into(),
+                cpu_capacity: cpus,
+                memory_bytes,
+                calibration: 1.0,
+                instance_id: format!("{w}-a"),
+                ..Register::default()
+            },
+        });
+    }
+    // Each worker runs a job of its size, which ends in 10 s...
+    for (id, cpus, memory) in [("a1", 4.0, gib), ("a2", 1.0, 8 * gib), ("a3", 1.0, gib / 2)] {
+        f.start(id, timed(cpus, memory));
+    }
+    // (The core takes what the manager's validation would refuse now: as if accepted before.)
+    for (id, cpus, memory) in [
+        ("mem", 1.0, 4 * gib),
+        ("never", 2.0, 4 * gib),
+        ("cpu", 3.0, gib / 2),
+    ] {
+        f.step(Input::Submit {
+            id: id.into(),
+            spec: timed(cpus, memory),
+        });
+        assert_eq!(f.state(id), JobState::Pending);
+    }
+    let start = |id: &str| f.core.eta(id, f.now).and_then(|e| e.start_at);
+    // ... so the pending jobs that some worker could hold start at those ends, in order; the
+    // one none could is left out.
+    assert!(start("mem").is_some(), "w2 could hold it");
+    assert!(start("cpu").is_some(), "w1 could hold it");
+    assert_eq!(start("never"), None);
+}
+
 #[test]
 fn a_running_job_has_an_eta_from_its_steps_and_is_measured_against_its_finish() {
     let mut f = Fixture::running();
