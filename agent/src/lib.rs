@@ -105,7 +105,11 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
     {
         // Allowed (a test bed may overcommit on purpose), but the quota cannot be met: the
         // manager places by --cpus, and jobs here run slower than it plans.
-        warn!(cpus = config.cpus, host = host.get(), "--cpus is more than this host has; the worker's jobs will get less CPU than the manager places for");
+        warn!(
+            cpus = config.cpus,
+            host = host.get(),
+            "--cpus is more than this host has; the worker's jobs will get less CPU than the manager places for"
+        );
     }
     cgroup.create(config.cpus)?;
     let served = serve(config, docker, cgroup.clone(), shutdown).await;

@@ -77,17 +77,19 @@ impl SessionError {
     /// its registration): trying again changes nothing until someone changes its setup.
     pub fn is_refusal(&self) -> bool {
         use tonic::Code;
-        match self {
-            SessionError::Stream(s) => matches!(
-                s.code(),
-                Code::PermissionDenied
-                    | Code::Unauthenticated
-                    | Code::InvalidArgument
-                    | Code::FailedPrecondition
-            ),
-            SessionError::Endpoint { .. } | SessionError::Tls(_) => true,
-            _ => false,
-        }
+        matches!(self, SessionError::Stream(s) if matches!(
+            s.code(),
+            Code::PermissionDenied
+                | Code::Unauthenticated
+                | Code::InvalidArgument
+                | Code::FailedPrecondition
+        ))
+    }
+
+    /// Whether this agent's own setup cannot be used: its manager address, or its TLS files
+    /// (read again at every connection: a rotation caught half-written passes).
+    pub fn is_own_setup(&self) -> bool {
+        matches!(self, SessionError::Endpoint { .. } | SessionError::Tls(_))
     }
 
     /// Whether the manager closed this stream because another stream of the same worker
@@ -421,20 +423,24 @@ async fn run<S: AgentState>(
         });
         let delay = config.backoff.next_delay(&mut rng);
         let error = result.as_ref().err();
+        // A failure said once: the same reason again, while nothing succeeds, at debug.
+        let again = failing.as_ref() == Some(&reason) && !was_connected;
         if error.is_some_and(SessionError::is_replaced) {
             // Each of two agents with one worker id takes the stream from the other when it
             // reconnects: without this, the only sign was the manager's registrations.
             error!(%reason, ?delay, "another agent process registered with this agent's --worker-id and took its stream; give each agent its own --worker-id");
+        } else if again {
+            debug!(%reason, ?delay, "still failing; retrying");
         } else if error.is_some_and(SessionError::is_refusal) {
             // A wrong certificate or registration: logged at debug as "unreachable", every
             // such refusal looked like a manager that was down.
             error!(%reason, ?delay, "the manager refused this agent; retrying, but its setup must change first");
+        } else if error.is_some_and(SessionError::is_own_setup) {
+            error!(%reason, ?delay, "this agent's manager address or TLS files cannot be used; retrying");
         } else if was_connected {
             warn!(%reason, ?delay, "disconnected from manager; reconnecting");
-        } else if failing.as_ref() != Some(&reason) {
-            warn!(%reason, ?delay, "manager unreachable; retrying");
         } else {
-            debug!(%reason, ?delay, "manager unreachable; retrying");
+            warn!(%reason, ?delay, "manager unreachable; retrying");
         }
         failing = Some(reason);
         tokio::select! {
@@ -685,6 +691,12 @@ mod tests {
         assert!(stream(Status::invalid_argument("worker_id: required")).is_refusal());
         assert!(!stream(Status::unavailable("connection refused")).is_refusal());
         assert!(!SessionError::Closed.is_refusal());
+        let endpoint = tonic::transport::Endpoint::from_shared("not a uri").expect_err("bad");
+        let own = SessionError::Endpoint {
+            endpoint: "not a uri".into(),
+            source: endpoint,
+        };
+        assert!(own.is_own_setup() && !own.is_refusal());
         assert!(!stream(Status::aborted(REPLACED)).is_refusal());
         assert!(stream(Status::aborted(REPLACED)).is_replaced());
         assert!(!stream(Status::aborted("something else")).is_replaced());
