@@ -121,14 +121,12 @@ impl Core {
                     Admission::Wait { reason, for_room } => {
                         self.wait(&id, kind, &reason);
                         pass.waits(kind, &reason);
-                        match kind.filter(|_| for_room) {
-                            Some(k) => {
-                                if pass.waits_for_room(k, reason, &self.kinds) {
-                                    break 'pass;
-                                }
-                            }
-                            None if for_room => {}
-                            None => pass.acted(),
+                        if !for_room {
+                            pass.acted();
+                        } else if let Some(k) = kind
+                            && pass.waits_for_room(k, reason, &self.kinds)
+                        {
+                            break 'pass;
                         }
                     }
                     Admission::Reject { reason } => {

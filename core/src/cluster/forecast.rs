@@ -244,14 +244,7 @@ impl<'a> Etas<'a> {
         self.shapes.get_or_insert_with(|| {
             let mut all: Vec<(f64, u64)> = (self.core.workers.values())
                 .filter(|w| w.schedulable())
-                .map(|w| {
-                    let memory = if w.memory_bytes == 0 {
-                        u64::MAX
-                    } else {
-                        w.memory_bytes
-                    };
-                    (w.cpu_capacity, memory)
-                })
+                .map(|w| (w.cpu_capacity, w.memory_capacity()))
                 .collect();
             // Most cores first: each size kept has more memory than every one before it.
             all.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)));

@@ -681,6 +681,15 @@ impl Worker {
     pub fn schedulable(&self) -> bool {
         self.state == WorkerPhase::Ready && self.conn.is_some()
     }
+
+    /// The memory jobs may reserve here: unbounded when its agent gave none.
+    pub fn memory_capacity(&self) -> u64 {
+        if self.memory_bytes == 0 {
+            u64::MAX
+        } else {
+            self.memory_bytes
+        }
+    }
 }
 
 #[cfg(test)]

@@ -68,11 +68,7 @@ pub fn snapshot(w: &Worker, jobs: &Jobs) -> WorkerSnapshot {
         id: w.id.clone(),
         cpu_capacity: w.cpu_capacity,
         cpu_requested: jobs.iter().map(|j| j.spec.cpus).sum(),
-        memory_capacity: if w.memory_bytes == 0 {
-            u64::MAX
-        } else {
-            w.memory_bytes
-        },
+        memory_capacity: w.memory_capacity(),
         memory_requested: jobs.iter().map(|j| j.spec.memory_bytes).sum(),
         cpu_requested_nonzero: jobs.iter().map(|j| request(&j.spec).nonzero().0).sum(),
         memory_requested_nonzero: jobs.iter().map(|j| request(&j.spec).nonzero().1).sum(),
