@@ -379,10 +379,13 @@ async fn control_request(
             .await?;
         }
         4 => {
-            c.drain_worker(pb::DrainWorkerRequest {
-                worker_id: ["w1", "", "w9"].choose(rng).expect("non-empty").to_string(),
-            })
-            .await?;
+            let worker_id = ["w1", "", "w9"].choose(rng).expect("non-empty").to_string();
+            if rng.random_bool(0.5) {
+                c.drain_worker(pb::DrainWorkerRequest { worker_id }).await?;
+            } else {
+                c.undrain_worker(pb::UndrainWorkerRequest { worker_id })
+                    .await?;
+            }
         }
         _ => {
             let _ = c

@@ -118,6 +118,25 @@ impl ManagerHandle {
             .map_err(|_| Error::Unavailable)?;
         rx.await.map_err(|_| Error::Unavailable)
     }
+
+    /// DrainWorker (`draining`) and UndrainWorker: the worker as it is after the request.
+    async fn set_draining(
+        &self,
+        worker_id: String,
+        draining: bool,
+    ) -> Result<Response<pb::Worker>, Status> {
+        if worker_id.is_empty() {
+            return Err(Error::invalid("worker_id", "required").into());
+        }
+        let w = self
+            .ask(|reply| ActorRequest::Drain {
+                worker_id,
+                draining,
+                reply,
+            })
+            .await??;
+        Ok(Response::new(w))
+    }
 }
 
 /// Bytes of the store's copy per `BackupChunk`: well under the 4 MiB a gRPC client takes by
@@ -205,14 +224,17 @@ impl ControlService for ManagerHandle {
         request: Request<pb::DrainWorkerRequest>,
     ) -> Result<Response<pb::Worker>, Status> {
         self.admit(&request)?;
-        let worker_id = request.into_inner().worker_id;
-        if worker_id.is_empty() {
-            return Err(Error::invalid("worker_id", "required").into());
-        }
-        let w = self
-            .ask(|reply| ActorRequest::Drain { worker_id, reply })
-            .await??;
-        Ok(Response::new(w))
+        self.set_draining(request.into_inner().worker_id, true)
+            .await
+    }
+
+    async fn undrain_worker(
+        &self,
+        request: Request<pb::UndrainWorkerRequest>,
+    ) -> Result<Response<pb::Worker>, Status> {
+        self.admit(&request)?;
+        self.set_draining(request.into_inner().worker_id, false)
+            .await
     }
 
     type WatchEventsStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;

@@ -1,5 +1,5 @@
 //! The user's requests that change the cluster: submit, cancel (final in every phase), drain
-//! (and drains that wait for room).
+//! (and drains that wait for room), undrain.
 
 use super::*;
 
@@ -95,7 +95,16 @@ impl Core {
         Ok(Reply::Job(id.into()))
     }
 
-    pub(super) fn drain(&mut self, worker: &str) -> Result<Reply, RequestError> {
+    /// Drains a worker (`draining`: nothing new is placed on it, and [`Core::continue_drains`]
+    /// moves its running jobs away) or undrains it, Kubernetes' uncordon: it takes jobs again,
+    /// a move its drain already began goes on (a save on its way, or a restore elsewhere), and
+    /// the jobs still waiting to leave stay. Asking for the state a worker is in changes
+    /// nothing.
+    pub(super) fn set_draining(
+        &mut self,
+        worker: &str,
+        draining: bool,
+    ) -> Result<Reply, RequestError> {
         let Some(w) = self.worker_mut(worker) else {
             return Err(RequestError::Invalid {
                 field: "worker_id",
@@ -104,16 +113,26 @@ impl Core {
         };
         let before = w.state;
         w.state = match w.state {
-            WorkerPhase::Ready | WorkerPhase::Draining => WorkerPhase::Draining,
-            WorkerPhase::Lost { since, .. } => WorkerPhase::Lost {
-                since,
-                draining: true,
-            },
+            WorkerPhase::Ready | WorkerPhase::Draining if draining => WorkerPhase::Draining,
+            WorkerPhase::Ready | WorkerPhase::Draining => WorkerPhase::Ready,
+            WorkerPhase::Lost { since, .. } => WorkerPhase::Lost { since, draining },
         };
         if before != w.state {
             let state = w.state.state();
-            self.worker_event(worker, state, "drained by user".into());
+            let jobs = (!draining).then(|| w.jobs.clone());
+            let why = if draining { "drained" } else { "undrained" };
+            self.worker_event(worker, state, format!("{why} by user"));
+            // The jobs the drain could not move yet said so; they now simply run here.
+            let waiting = draining_reason(worker);
+            for id in jobs.iter().flatten() {
+                if self.jobs.get(id).is_some_and(|j| j.reason == waiting)
+                    && let Some(j) = self.job_mut(id)
+                {
+                    j.reason = format!("running on {worker}");
+                }
+            }
         }
+        // A drain to begin, or room for pending jobs.
         self.dirty = true;
         Ok(Reply::Worker(worker.into()))
     }
@@ -142,7 +161,7 @@ impl Core {
                         self.begin_move(&id, &to, MoveReason::Drain, BTreeMap::new());
                     }
                     _ => {
-                        let why = format!("{worker} is draining; waiting for a worker with room");
+                        let why = draining_reason(&worker);
                         if let Some(j) = self.job_mut(&id)
                             && j.reason != why
                         {
@@ -154,4 +173,9 @@ impl Core {
             }
         }
     }
+}
+
+/// What a job that a drain could not move yet says.
+fn draining_reason(worker: &str) -> String {
+    format!("{worker} is draining; waiting for a worker with room")
 }

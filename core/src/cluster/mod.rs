@@ -141,6 +141,11 @@ pub enum Input {
         /// The worker.
         worker: WorkerId,
     },
+    /// The user undrains a worker: it takes jobs again.
+    Undrain {
+        /// The worker.
+        worker: WorkerId,
+    },
     /// An agent opened stream `conn` and registered.
     Connected {
         /// The stream.
@@ -173,6 +178,7 @@ impl Input {
             Input::Submit { .. } => "submit",
             Input::Cancel { .. } => "cancel",
             Input::Drain { .. } => "drain",
+            Input::Undrain { .. } => "undrain",
             Input::Connected { .. } => "register",
             Input::Agent { message, .. } => message.name(),
             Input::Disconnected { .. } => "disconnected",
@@ -548,7 +554,11 @@ impl Core {
                 self.out.push(Effect::Reply(r));
             }
             Input::Drain { worker } => {
-                let r = self.drain(&worker);
+                let r = self.set_draining(&worker, true);
+                self.out.push(Effect::Reply(r));
+            }
+            Input::Undrain { worker } => {
+                let r = self.set_draining(&worker, false);
                 self.out.push(Effect::Reply(r));
             }
             Input::Connected { conn, register } => self.register(conn, register),

@@ -570,6 +570,15 @@ impl Fixture {
         );
     }
 
+    /// `secs` seconds in which only the agent on stream `conn` heartbeats, once a second:
+    /// the others go silent (and are lost after the timeout).
+    fn only_beating(&mut self, conn: ConnId, secs: usize) {
+        for _ in 0..secs {
+            self.heartbeat(conn);
+            self.advance(1.0);
+        }
+    }
+
     /// Two 2-core workers and job `a` (1 core) running on w1 (spread picks the first).
     fn running() -> Self {
         let mut f = Fixture::new("spread");
@@ -649,10 +658,7 @@ fn cancel_is_final_in_every_state() {
         }),
         ("lost", || {
             let mut f = Fixture::running();
-            for _ in 0..5 {
-                f.heartbeat(2);
-                f.advance(1.0);
-            }
+            f.only_beating(2, 5);
             assert_eq!(f.state("a"), JobState::Lost);
             (f, None)
         }),
@@ -749,10 +755,7 @@ fn a_worker_whose_heartbeats_are_late_but_that_keeps_talking_is_not_lost() {
     }
     assert_eq!(f.core.worker("w1").unwrap().state, WorkerPhase::Ready);
     assert_eq!(f.state("a"), JobState::Running);
-    for _ in 0..4 {
-        f.heartbeat(2);
-        f.advance(1.0);
-    }
+    f.only_beating(2, 4);
     assert!(matches!(
         f.core.worker("w1").unwrap().state,
         WorkerPhase::Lost { .. }
@@ -778,10 +781,7 @@ fn draining_worker_that_goes_silent_is_lost_and_its_job_recovered() {
         conn: 1,
         reason: "killed".into(),
     });
-    for _ in 0..4 {
-        f.heartbeat(2);
-        f.advance(1.0);
-    }
+    f.only_beating(2, 4);
     assert_eq!(
         f.core.worker("w1").unwrap().state,
         WorkerPhase::Lost {
@@ -794,10 +794,7 @@ fn draining_worker_that_goes_silent_is_lost_and_its_job_recovered() {
     let eb = f.epoch("b");
     f.exited(2, "b", eb, 0, false);
     assert_eq!(f.state("a"), JobState::Lost);
-    for _ in 0..10 {
-        f.heartbeat(2);
-        f.advance(1.0);
-    }
+    f.only_beating(2, 10);
     assert_eq!(f.state("a"), JobState::Starting);
     let job = f.core.job("a").unwrap();
     assert_eq!(
@@ -833,10 +830,7 @@ fn a_drained_worker_that_comes_back_from_lost_drains_again() {
     f.step(Input::Drain {
         worker: "w1".into(),
     });
-    for _ in 0..4 {
-        f.heartbeat(2);
-        f.advance(1.0);
-    }
+    f.only_beating(2, 4);
     assert_eq!(f.state("a"), JobState::Lost);
     let eb = f.epoch("b");
     f.exited(2, "b", eb, 0, false);
@@ -858,6 +852,91 @@ fn a_drained_worker_that_comes_back_from_lost_drains_again() {
     );
     assert_eq!(f.core.worker("w1").unwrap().state, WorkerPhase::Draining);
     assert!(Fixture::sent(&out, "a", "save").is_some(), "{out:?}");
+}
+
+/// Kubernetes' uncordon: an undrained worker takes jobs again, keeps the job the drain could
+/// not move yet (which no longer says it waits), and room freed elsewhere moves nothing.
+#[test]
+fn an_undrained_worker_takes_jobs_again_and_keeps_its_jobs() {
+    let mut f = Fixture::running();
+    f.submit("b", 2.0);
+    f.step(Input::Drain {
+        worker: "w1".into(),
+    });
+    assert!(f.core.job("a").unwrap().reason.contains("draining"));
+    let out = f.submit("c", 1.0);
+    assert!(Fixture::sent(&out, "c", "start").is_none(), "{out:?}");
+    assert_eq!(f.state("c"), JobState::Pending);
+    let out = f.step(Input::Undrain {
+        worker: "w1".into(),
+    });
+    assert_eq!(f.core.worker("w1").unwrap().state, WorkerPhase::Ready);
+    assert!(
+        out.iter().any(|e| matches!(e, Effect::Event(e)
+            if e.reason == "undrained by user" && e.worker_state == Some(WorkerState::Ready))),
+        "{out:?}"
+    );
+    let (conn, _) = Fixture::sent(&out, "c", "start").expect("c placed on the undrained worker");
+    assert_eq!(conn, 1);
+    assert_eq!(f.core.job("a").unwrap().reason, "running on w1");
+    // b ends: room on w2, and `a` stays where it is.
+    let eb = f.epoch("b");
+    let out = f.exited(2, "b", eb, 0, false);
+    assert!(Fixture::sent(&out, "a", "save").is_none(), "{out:?}");
+    assert_eq!(f.state("a"), JobState::Running);
+    // Undraining a ready worker is no change and says nothing.
+    let out = f.step(Input::Undrain {
+        worker: "w1".into(),
+    });
+    assert!(
+        !out.iter().any(|e| matches!(e, Effect::Event(_))),
+        "{out:?}"
+    );
+    assert!(matches!(out.last(), Some(Effect::Reply(Ok(_)))), "{out:?}");
+}
+
+/// A move the drain began goes on after the undrain: its save is on its way, and the job
+/// is restored from its checkpoint where the move was going.
+#[test]
+fn an_undrain_lets_the_move_a_drain_began_finish() {
+    let (mut f, save) = Fixture::saving();
+    f.step(Input::Undrain {
+        worker: "w1".into(),
+    });
+    assert_eq!(f.state("a"), JobState::Migrating);
+    let out = f.ok(1, &save, Fixture::saved());
+    let (conn, start) = Fixture::sent(&out, "a", "start").expect("restore");
+    assert_eq!((conn, start.epoch), (2, 2));
+}
+
+/// A drained worker undrained while it is lost comes back ready, not draining.
+#[test]
+fn a_worker_undrained_while_lost_comes_back_ready() {
+    let mut f = Fixture::running();
+    f.step(Input::Drain {
+        worker: "w1".into(),
+    });
+    f.step(Input::Disconnected {
+        conn: 1,
+        reason: "killed".into(),
+    });
+    f.only_beating(2, 4);
+    assert!(matches!(
+        f.core.worker("w1").unwrap().state,
+        WorkerPhase::Lost { draining: true, .. }
+    ));
+    f.step(Input::Undrain {
+        worker: "w1".into(),
+    });
+    assert!(matches!(
+        f.core.worker("w1").unwrap().state,
+        WorkerPhase::Lost {
+            draining: false,
+            ..
+        }
+    ));
+    f.reregister(5, "w1", 2.0, &[]);
+    assert_eq!(f.core.worker("w1").unwrap().state, WorkerPhase::Ready);
 }
 
 #[test]
@@ -1782,18 +1861,24 @@ fn value_policy_refuses_a_curve_without_runtime_naming_the_field() {
 }
 
 #[test]
-fn drain_of_an_unknown_worker_names_the_field() {
+fn drain_or_undrain_of_an_unknown_worker_names_the_field() {
     let mut f = Fixture::new("spread");
-    let out = f.step(Input::Drain {
-        worker: "nope".into(),
-    });
-    assert!(matches!(
-        out.last(),
-        Some(Effect::Reply(Err(RequestError::Invalid {
-            field: "worker_id",
-            ..
-        })))
-    ));
+    let worker = WorkerId::from("nope");
+    for input in [
+        Input::Drain {
+            worker: worker.clone(),
+        },
+        Input::Undrain { worker },
+    ] {
+        let out = f.step(input);
+        assert!(matches!(
+            out.last(),
+            Some(Effect::Reply(Err(RequestError::Invalid {
+                field: "worker_id",
+                ..
+            })))
+        ));
+    }
 }
 
 #[test]
@@ -1825,10 +1910,7 @@ fn a_start_lost_with_the_stream_is_resent_with_the_same_id() {
 #[test]
 fn a_reregistering_agent_has_its_running_container_re_adopted() {
     let mut f = Fixture::running();
-    for _ in 0..4 {
-        f.heartbeat(2);
-        f.advance(1.0);
-    }
+    f.only_beating(2, 4);
     assert_eq!(f.state("a"), JobState::Lost);
     f.reregister(9, "w1", 2.0, &[("a", 1, 42)]);
     let job = f.core.job("a").unwrap();
@@ -1858,18 +1940,12 @@ fn a_restarted_core_keeps_its_jobs_readopts_them_and_waits_out_the_grace() {
     assert!(Fixture::sent(&out, "a", "start").is_none());
 
     // w2 stays silent: not lost within the grace period, lost after it.
-    for _ in 0..4 {
-        f.heartbeat(11);
-        f.advance(1.0);
-    }
+    f.only_beating(11, 4);
     assert_eq!(
         f.core.worker("w2").unwrap().state.state(),
         WorkerState::Ready
     );
-    for _ in 0..5 {
-        f.heartbeat(11);
-        f.advance(1.0);
-    }
+    f.only_beating(11, 5);
     assert_eq!(
         f.core.worker("w2").unwrap().state.state(),
         WorkerState::Lost
@@ -2178,6 +2254,7 @@ mod model {
         Submit(usize, usize),
         Cancel(usize),
         Drain(usize),
+        Undrain(usize),
         Deliver(usize),
         Drop(usize),
         Finish(usize),
@@ -2200,6 +2277,7 @@ mod model {
             2 => (0..SIZES.len(), 0..SHAPES).prop_map(|(size, shape)| Op::Submit(size, shape)),
             1 => (0..6usize).prop_map(Op::Cancel),
             1 => (0..WORKERS).prop_map(Op::Drain),
+            1 => (0..WORKERS).prop_map(Op::Undrain),
             8 => (0..WORKERS).prop_map(Op::Deliver),
             1 => (0..WORKERS).prop_map(Op::Drop),
             2 => (0..WORKERS).prop_map(Op::Finish),
@@ -2308,6 +2386,9 @@ mod model {
                     id: format!("j{}", j + 1).into(),
                 }),
                 Op::Drain(w) => inputs.push(Input::Drain {
+                    worker: format!("w{w}").into(),
+                }),
+                Op::Undrain(w) => inputs.push(Input::Undrain {
                     worker: format!("w{w}").into(),
                 }),
                 Op::Deliver(w) => {
@@ -2813,10 +2894,7 @@ mod value {
         let (_, start) = Fixture::sent(&out, "D", "start").unwrap();
         f.ok(1, &start, Fixture::started(1));
         // It never progresses; at 41 s its value is zero.
-        for _ in 0..41 {
-            f.heartbeat(1);
-            f.advance(1.0);
-        }
+        f.only_beating(1, 41);
         let d = f.core.job("D").unwrap();
         assert_eq!(d.state(), JobState::Rejected);
         assert!(d.reason.contains("zero"), "{}", d.reason);
@@ -4353,10 +4431,7 @@ fn a_stop_at_convergence_whose_container_exited_while_its_agent_restarted_comple
     }
     assert_eq!(f.state("a"), JobState::Stopping);
     f.agent_restarted_after_its_exit("a", 200, false);
-    for _ in 0..120 {
-        f.heartbeat(5);
-        f.advance(1.0);
-    }
+    f.only_beating(5, 120);
     let job = f.core.job("a").unwrap();
     assert_eq!(
         job.state(),

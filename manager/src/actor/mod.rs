@@ -117,10 +117,12 @@ pub enum Request {
         /// The workers, by id.
         reply: oneshot::Sender<Vec<pb::Worker>>,
     },
-    /// Stop placing on a worker and move its jobs away.
+    /// Stop placing on a worker and move its jobs away (`draining`), or undo that.
     Drain {
         /// The worker.
         worker_id: String,
+        /// Drain, or undrain.
+        draining: bool,
         /// The worker after the request.
         reply: oneshot::Sender<Result<pb::Worker>>,
     },
@@ -878,14 +880,28 @@ impl Actor {
                     .collect();
                 self.later(reply, ws);
             }
-            Request::Drain { worker_id, reply } => {
-                let span = info_span!(parent: None, "drain", worker = %worker_id);
+            Request::Drain {
+                worker_id,
+                draining,
+                reply,
+            } => {
+                let span = if draining {
+                    info_span!(parent: None, "drain", worker = %worker_id)
+                } else {
+                    info_span!(parent: None, "undrain", worker = %worker_id)
+                };
                 let _entered = span.enter();
-                let r = self.answer(Input::Drain {
-                    worker: worker_id.clone().into(),
+                let worker = worker_id.clone().into();
+                let r = self.answer(if draining {
+                    Input::Drain { worker }
+                } else {
+                    Input::Undrain { worker }
                 });
                 let r = r.map(|_| {
-                    let w = self.core.worker(&worker_id).expect("drained worker exists");
+                    let w = self
+                        .core
+                        .worker(&worker_id)
+                        .expect("the worker just answered for exists");
                     wire::worker(w, self.core.jobs(), self.core.policy_name())
                 });
                 self.answer_later(reply, r);
