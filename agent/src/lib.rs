@@ -193,7 +193,7 @@ async fn serve(
         // Checked now only to refuse unusable files at start; each connection reads them
         // again (a rotation needs no restart).
         tls.check(&config.manager).map_err(|e| Error::Config {
-            setting: "tls-cert",
+            setting: files.setting_of(&e),
             why: e.to_string(),
         })?;
         session_config.tls = Some(tls);

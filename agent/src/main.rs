@@ -11,20 +11,30 @@ const EXIT_CONFIG: u8 = 64;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = match converge_messenger::config_file::with_file(std::env::args_os().collect()) {
-        Ok(a) => a,
+    let settings = match converge_messenger::config_file::read(std::env::args_os().collect()) {
+        Ok(s) => s,
         Err(e) => {
             eprintln!("converge-agent: {e}");
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    let cli = match converge_agent::Cli::try_parse_from(args) {
+    // A usage error (exit 64), and the settings file when the setting came from it.
+    let refuse = |e: &str| {
+        if let Some(blame) = settings.blame(e) {
+            eprintln!("converge-agent: {blame}");
+        }
+        ExitCode::from(EXIT_CONFIG)
+    };
+    let cli = match converge_agent::Cli::try_parse_from(&settings.args) {
         Ok(cli) => cli,
-        Err(e) => {
-            // Help and version are not errors; anything else is a usage error (exit 64).
-            let code = if e.use_stderr() { EXIT_CONFIG } else { 0 };
+        // Help and version are not errors.
+        Err(e) if !e.use_stderr() => {
             let _ = e.print();
-            return ExitCode::from(code);
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            let _ = e.print();
+            return refuse(&e.to_string());
         }
     };
     // Logs go to stderr (coloured only on a terminal); traces wherever the standard OTEL_*
@@ -43,7 +53,7 @@ async fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             eprintln!("converge-agent: {e}");
-            return ExitCode::from(EXIT_CONFIG);
+            return refuse(&e.to_string());
         }
     };
     let shutdown = CancellationToken::new();

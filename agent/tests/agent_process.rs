@@ -172,4 +172,33 @@ fn invalid_settings_exit_with_64_and_name_the_setting() {
         .unwrap();
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--manager"));
+
+    // A setting from the settings file: the parser calls it a flag, and the file is named.
+    let dir = std::env::temp_dir().join(format!("converge-agent-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("agent.toml");
+    std::fs::write(&file, "cpu = 2\n").unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "--manager",
+            "http://127.0.0.1:1",
+            "--worker-id",
+            "w",
+            "--cpus",
+            "1",
+        ])
+        .arg("--config")
+        .arg(&file)
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "`cpu` is set in the settings file {}",
+            file.display()
+        )),
+        "{err}"
+    );
 }

@@ -116,6 +116,12 @@ enum Cmd {
         /// Worker id.
         worker: String,
     },
+    /// Undrain a worker (Kubernetes' uncordon): it takes jobs again. A move its drain began
+    /// goes on; the jobs not moved yet stay (operator role).
+    Undrain {
+        /// Worker id.
+        worker: String,
+    },
     /// Why a job is where it is: every decision recorded about it (placement and its scores,
     /// CPU weights or limits given and why, moves and their trigger, preemption, pending and
     /// failure reasons), oldest first.
@@ -177,14 +183,19 @@ fn key_value(s: &str) -> Result<(String, String), String> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let cli = Cli::parse();
+    let manager = cli.manager.clone();
     if let Err(e) = run(cli).await {
         let code = e.downcast_ref::<tonic::Status>().map(tonic::Status::code);
         // A refused call is said in one line (its code and message); anything else with its
         // causes.
-        if code.is_some() {
-            eprintln!("convergectl: {e}");
+        let text = if code.is_some() {
+            format!("{e}")
         } else {
-            eprintln!("convergectl: {e:#}");
+            format!("{e:#}")
+        };
+        eprintln!("convergectl: {text}");
+        if let Some(hint) = connection_hint(&manager, &text) {
+            eprintln!("convergectl: {hint}");
         }
         let code = match code {
             Some(tonic::Code::NotFound) => exit::NOT_FOUND,
@@ -201,11 +212,18 @@ async fn run(cli: Cli) -> Result<()> {
     let json = cli.output == Output::Json;
     let mut endpoint = tonic::transport::Endpoint::from_shared(cli.manager.clone())?;
     if cli.manager.starts_with("https://") {
-        let host = endpoint.uri().host().unwrap_or("localhost").to_string();
+        // An IPv6 address is bracketed in the URL but not in a certificate.
+        let host = endpoint.uri().host().unwrap_or("localhost");
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
         let ca = cli.ca.as_deref().context(
             "an https:// manager needs --ca (or CONVERGE_CA): the cluster CA's PEM file",
         )?;
-        endpoint = endpoint.tls_config(converge_messenger::tls::control_client(ca, &host)?)?;
+        let tls =
+            converge_messenger::tls::control_client(ca, &host).context("--ca (or CONVERGE_CA)")?;
+        endpoint = endpoint.tls_config(tls)?;
     }
     let channel = endpoint
         .connect_timeout(Duration::from_secs(5))
@@ -339,6 +357,14 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Drain { worker } => {
             let w = client
                 .drain_worker(pb::DrainWorkerRequest { worker_id: worker })
+                .await
+                .map_err(status)?
+                .into_inner();
+            print_workers(&[w], json);
+        }
+        Cmd::Undrain { worker } => {
+            let w = client
+                .undrain_worker(pb::UndrainWorkerRequest { worker_id: worker })
                 .await
                 .map_err(status)?
                 .into_inner();
@@ -638,6 +664,30 @@ async fn get_job(client: &mut Client, job_id: String, include_progress: bool) ->
         .await
         .map_err(status)?
         .into_inner())
+}
+
+/// What to fix when a connection failed in a way whose own words name nothing a user set:
+/// TLS on one side only, or a CA that did not sign the manager's certificate.
+fn connection_hint(manager: &str, error: &str) -> Option<String> {
+    if error.contains("h2 protocol error") && manager.starts_with("http://") {
+        Some(format!(
+            "if the manager speaks TLS, use --manager {} with --ca (or CONVERGE_CA)",
+            manager.replacen("http://", "https://", 1)
+        ))
+    } else if error.contains("InvalidContentType") {
+        Some(format!(
+            "the manager at {manager} does not speak TLS: use --manager {}",
+            manager.replacen("https://", "http://", 1)
+        ))
+    } else if error.contains("UnknownIssuer") {
+        Some(
+            "the manager's certificate is not signed by the --ca file (or CONVERGE_CA): give \
+             the cluster CA's ca.pem"
+                .into(),
+        )
+    } else {
+        None
+    }
 }
 
 /// A failed call, kept as the status so that `main` can pick the exit code.

@@ -155,6 +155,19 @@ async fn each_command_prints_tables_and_json_and_exits_with_a_code_scripts_can_u
     let (code, _, err) = ctl(&m, &["drain", "no-such-worker"]).await;
     assert_eq!(code, 4, "{err}");
     assert!(err.contains("no worker `no-such-worker`"), "{err}");
+    // undrain: ready again; the same 4 for a worker id that names none.
+    let (code, out, err) = ctl(&m, &["undrain", "w1", "-o", "json"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json(&out)[0]["state"], "ready", "{out}");
+    let (_, out, _) = ctl(&m, &["workers"]).await;
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("w1") && l.contains("ready")),
+        "{out}"
+    );
+    let (code, _, err) = ctl(&m, &["undrain", "no-such-worker"]).await;
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("no worker `no-such-worker`"), "{err}");
     manager.stop().await;
 }
 
@@ -715,4 +728,63 @@ async fn backup_copies_a_running_managers_state_and_a_new_manager_starts_from_it
     assert!(err.contains("nothing to back up"), "{err}");
     assert!(!out.exists() && !dir.path().join("nothing.db.part").exists());
     stateless.stop().await;
+}
+
+/// Connection settings that cannot work are answered with what to change: TLS on one side
+/// only, a CA file that is not PEM, a CA that did not sign the manager's certificate (the
+/// errors of the layers below name none of these); a host the certificate does not name is
+/// said well enough by rustls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_settings_that_cannot_work_name_the_fix() {
+    use converge_messenger::tls::{self, TlsFiles};
+    let certs = tempfile_dir("cli-tls").expect("dir");
+    tls::generate(certs.path(), &["localhost".into()], &["w1".into()]).expect("certs");
+    let secure = TestManager::start(|c| c.tls = Some(TlsFiles::manager(certs.path())))
+        .await
+        .expect("manager");
+    let plain = TestManager::start(|_| {}).await.expect("manager");
+    let ca = certs.path().join(tls::files::CA).display().to_string();
+    let port = secure.addr.port();
+
+    let (code, _, err) = ctl(&format!("http://{}", secure.addr), &["list"]).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&format!("use --manager https://{}", secure.addr)),
+        "{err}"
+    );
+    let (code, _, err) = ctl(&format!("https://{}", plain.addr), &["--ca", &ca, "list"]).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&format!(
+            "does not speak TLS: use --manager http://{}",
+            plain.addr
+        )),
+        "{err}"
+    );
+    let not_pem = certs.path().join("not-pem");
+    std::fs::write(&not_pem, "not a certificate\n").expect("write");
+    let https = format!("https://localhost:{port}");
+    let (code, _, err) = ctl(&https, &["--ca", &not_pem.display().to_string(), "list"]).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("--ca"), "{err}");
+    assert!(
+        err.contains(&format!("{}: holds no PEM certificate", not_pem.display())),
+        "{err}"
+    );
+    let (w1, _) = tls::files::worker("w1");
+    let not_ca = certs.path().join(w1).display().to_string();
+    let (code, _, err) = ctl(&https, &["--ca", &not_ca, "list"]).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("not signed by the --ca file"), "{err}");
+    let (code, _, err) = ctl(&format!("https://127.0.0.1:{port}"), &["--ca", &ca, "list"]).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("only valid for DnsName(\"localhost\")"),
+        "{err}"
+    );
+    // And with every setting right, the same files work.
+    let (code, _, err) = ctl(&https, &["--ca", &ca, "list"]).await;
+    assert_eq!(code, 0, "{err}");
+    secure.stop().await;
+    plain.stop().await;
 }

@@ -159,13 +159,6 @@ pub async fn serve(
         }
     };
     let addr = listener.local_addr()?;
-    info!(%addr, policy = %config.policy, "manager listening");
-    if config.tokens.is_some() && config.tls.is_none() {
-        tracing::warn!(
-            "--tokens without TLS: tokens travel in clear text, and agents are not authenticated \
-             (anyone who reaches the port can register as a worker); add --tls-cert, --tls-key and --tls-ca"
-        );
-    }
     let builder = tonic::transport::Server::builder();
     let mut agents = AgentStreams::new(stream_tx);
     if let Some(rate) = config.agent_message_rate {
@@ -178,13 +171,23 @@ pub async fn serve(
         Some(files) => {
             let incoming =
                 converge_messenger::tls::listen(listener, files.clone(), shutdown.clone())
-                    .map_err(|e| Error::invalid("tls-cert", e.to_string()))?;
+                    .map_err(|e| {
+                        Error::invalid(format!("--{}", files.setting_of(&e)), e.to_string())
+                    })?;
             agents = agents.require_certificates();
             info!("TLS on; agents need a client certificate naming their worker");
             Either::Left(incoming)
         }
         None => Either::Right(plain_incoming(listener)),
     };
+    // Only now, with its tokens and TLS files read: a manager that says it listens does.
+    info!(%addr, policy = %config.policy, "manager listening");
+    if config.tokens.is_some() && config.tls.is_none() {
+        tracing::warn!(
+            "--tokens without TLS: tokens travel in clear text, and agents are not authenticated \
+             (anyone who reaches the port can register as a worker); add --tls-cert, --tls-key and --tls-ca"
+        );
+    }
     let router = builder
         .layer(tower::util::option_layer(auth))
         // Find dead agent connections even when no heartbeat would fail to send.

@@ -10,14 +10,29 @@ const EX_USAGE: i32 = 64;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = match converge_messenger::config_file::with_file(std::env::args_os().collect()) {
-        Ok(a) => a,
+    let settings = match converge_messenger::config_file::read(std::env::args_os().collect()) {
+        Ok(s) => s,
         Err(e) => {
             eprintln!("converge-manager: {e}");
             std::process::exit(EX_USAGE);
         }
     };
-    let cli = Cli::parse_from(args);
+    // A usage error (EX_USAGE), and the settings file when the setting came from it.
+    let refuse = |e: &str| -> ! {
+        if let Some(blame) = settings.blame(e) {
+            eprintln!("converge-manager: {blame}");
+        }
+        std::process::exit(EX_USAGE)
+    };
+    let cli = match Cli::try_parse_from(&settings.args) {
+        Ok(cli) => cli,
+        // Help and version are not errors.
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            let _ = e.print();
+            refuse(&e.to_string())
+        }
+    };
     // Traces go wherever the standard OTEL_* variables say; nowhere when they are unset.
     let telemetry = Telemetry::new(cli.log_format)
         .export(SpanExport::from_env("converge-manager"))
@@ -26,7 +41,7 @@ async fn main() -> anyhow::Result<()> {
         Ok(c) => c,
         Err(e) => {
             eprintln!("converge-manager: {e}");
-            std::process::exit(EX_USAGE);
+            refuse(&e.to_string())
         }
     };
     let listener = tokio::net::TcpListener::bind(config.listen).await?;

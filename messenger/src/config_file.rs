@@ -38,9 +38,53 @@ pub enum ConfigFileError {
     },
 }
 
+/// A command line with the settings file's flags in it ([`read`]).
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    /// The binary's name, the file's flags, then the flags given.
+    pub args: Vec<OsString>,
+    /// The settings file, if one was named.
+    pub file: Option<PathBuf>,
+    /// The file's keys, in the order their flags come.
+    keys: Vec<String>,
+}
+
+impl Settings {
+    /// When an error about the settings names a flag that only the file gave (the parser
+    /// sees the file's keys as flags, and says `--polcy` where the user wrote `polcy =`), a
+    /// line naming the file and its key, to print after the error.
+    pub fn blame(&self, error: &str) -> Option<String> {
+        let file = self.file.as_ref()?;
+        let key = self.keys.iter().find(|key| names_flag(error, key))?;
+        // A flag given on the command line too overrode the file's: the error is about that.
+        let typed = self.args[1 + self.keys.len()..].iter().any(|a| {
+            a.to_str()
+                .and_then(|a| a.strip_prefix("--"))
+                .is_some_and(|a| a == *key || a.starts_with(&format!("{key}=")))
+        });
+        (!typed).then(|| format!("`{key}` is set in the settings file {}", file.display()))
+    }
+}
+
+/// Whether `error` names flag `--key` (not a longer flag that starts with it).
+fn names_flag(error: &str, key: &str) -> bool {
+    let flag = format!("--{key}");
+    error.match_indices(&flag).any(|(at, _)| {
+        error[at + flag.len()..]
+            .chars()
+            .next()
+            .is_none_or(|c| !(c.is_alphanumeric() || c == '-' || c == '_'))
+    })
+}
+
 /// The command line `args` (the binary's name first) with the settings of the file named by
 /// `--config FILE` (or `CONVERGE_CONFIG`) placed before the given flags.
 pub fn with_file(args: Vec<OsString>) -> Result<Vec<OsString>, ConfigFileError> {
+    read(args).map(|s| s.args)
+}
+
+/// [`with_file`], keeping what [`Settings::blame`] needs to name the file in an error.
+pub fn read(args: Vec<OsString>) -> Result<Settings, ConfigFileError> {
     let named = args
         .iter()
         .enumerate()
@@ -54,7 +98,10 @@ pub fn with_file(args: Vec<OsString>) -> Result<Vec<OsString>, ConfigFileError> 
         })
         .or_else(|| std::env::var_os(ENV).map(PathBuf::from));
     let Some(path) = named else {
-        return Ok(args);
+        return Ok(Settings {
+            args,
+            ..Settings::default()
+        });
     };
     let text = std::fs::read_to_string(&path).map_err(|source| ConfigFileError::Read {
         path: path.clone(),
@@ -70,9 +117,18 @@ pub fn with_file(args: Vec<OsString>) -> Result<Vec<OsString>, ConfigFileError> 
     let mut out = Vec::with_capacity(args.len() + from_file.len());
     let mut given = args.into_iter();
     out.extend(given.next());
+    // `--key=value`: the key is what comes before the first `=`.
+    let keys = from_file
+        .iter()
+        .map(|f| f[2..].split('=').next().unwrap_or_default().to_string())
+        .collect();
     out.extend(from_file.into_iter().map(OsString::from));
     out.extend(given);
-    Ok(out)
+    Ok(Settings {
+        args: out,
+        file: Some(path),
+        keys,
+    })
 }
 
 /// `CONVERGE_HEARTBEAT_INTERVAL` for `heartbeat-interval`.
@@ -137,6 +193,41 @@ mod tests {
             env_name("heartbeat-interval"),
             "CONVERGE_HEARTBEAT_INTERVAL"
         );
+    }
+
+    /// `polcy = "converge"` in the file is `--polcy` to the parser: its error is said to come
+    /// from the file, and an error about a flag typed on the command line is not.
+    #[test]
+    fn an_error_about_a_key_of_the_file_names_the_file() {
+        let dir = std::env::temp_dir().join(format!("converge-blame-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("m.toml");
+        std::fs::write(&file, "polcy = \"converge\"\nlost-after = 0\n").unwrap();
+        let args = |extra: &[&str]| {
+            let mut a: Vec<OsString> = vec!["m".into(), "--config".into(), file.clone().into()];
+            a.extend(extra.iter().map(OsString::from));
+            read(a).unwrap()
+        };
+        let s = args(&[]);
+        let blamed = s
+            .blame("error: unexpected argument '--polcy' found")
+            .expect("the file's key");
+        assert!(blamed.contains("`polcy`"), "{blamed}");
+        assert!(blamed.contains(&file.display().to_string()), "{blamed}");
+        assert!(
+            s.blame("invalid --lost-after: must be at least 1")
+                .is_some()
+        );
+        // Not a flag of the file, or a longer flag that starts with one of its keys.
+        assert!(s.blame("invalid --policy: `x` is not a policy").is_none());
+        assert!(s.blame("invalid --lost-after-x: no").is_none());
+        // Given on the command line too, the flag there is what the error is about.
+        let s = args(&["--lost-after", "0"]);
+        assert!(
+            s.blame("invalid --lost-after: must be at least 1")
+                .is_none()
+        );
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

@@ -71,6 +71,37 @@ pub enum TlsError {
     },
 }
 
+fn invalid(path: &Path, why: String) -> TlsError {
+    TlsError::Invalid {
+        what: path.display().to_string(),
+        why,
+    }
+}
+
+/// The certificates of a PEM file: at least one.
+fn pem_certificates(
+    path: &Path,
+) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, TlsError> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let pem = read(path)?;
+    let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| invalid(path, format!("not PEM certificates ({e})")))?;
+    if certs.is_empty() {
+        return Err(invalid(path, "holds no PEM certificate".into()));
+    }
+    Ok(certs)
+}
+
+/// The private key of a PEM file.
+fn pem_key(path: &Path) -> Result<rustls::pki_types::PrivateKeyDer<'static>, TlsError> {
+    use rustls::pki_types::PrivateKeyDer;
+    use rustls::pki_types::pem::PemObject;
+    PrivateKeyDer::from_pem_slice(read(path)?.as_bytes())
+        .map_err(|e| invalid(path, format!("not a PEM private key ({e})")))
+}
+
 fn read(path: &Path) -> Result<String, TlsError> {
     std::fs::read_to_string(path).map_err(|source| TlsError::Io {
         path: path.to_path_buf(),
@@ -144,24 +175,8 @@ impl TlsFiles {
     /// The manager's TLS: its identity; client certificates asked for, from the CA, but not
     /// required at the handshake (module doc); HTTP/2 by ALPN, as gRPC clients expect.
     pub fn server(&self) -> Result<rustls::ServerConfig, TlsError> {
-        use rustls::pki_types::pem::PemObject;
-        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-        let invalid = |path: &Path, why: String| TlsError::Invalid {
-            what: path.display().to_string(),
-            why,
-        };
-        let certs = |path: &Path| -> Result<Vec<CertificateDer<'static>>, TlsError> {
-            let pem = read(path)?;
-            let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| invalid(path, format!("not PEM certificates ({e})")))?;
-            if certs.is_empty() {
-                return Err(invalid(path, "holds no certificate".into()));
-            }
-            Ok(certs)
-        };
         let mut roots = rustls::RootCertStore::empty();
-        for ca in certs(&self.ca)? {
+        for ca in pem_certificates(&self.ca)? {
             roots
                 .add(ca)
                 .map_err(|e| invalid(&self.ca, format!("not a CA certificate ({e})")))?;
@@ -170,18 +185,38 @@ impl TlsFiles {
             .allow_unauthenticated()
             .build()
             .map_err(|e| invalid(&self.ca, e.to_string()))?;
-        let key = PrivateKeyDer::from_pem_slice(read(&self.key)?.as_bytes())
-            .map_err(|e| invalid(&self.key, format!("not a PEM private key ({e})")))?;
         let mut config = rustls::ServerConfig::builder()
             .with_client_cert_verifier(verifier)
-            .with_single_cert(certs(&self.cert)?, key)
+            .with_single_cert(pem_certificates(&self.cert)?, pem_key(&self.key)?)
             .map_err(|e| invalid(&self.cert, format!("does not go with its key ({e})")))?;
         config.alpn_protocols = vec![b"h2".to_vec()];
         Ok(config)
     }
 
+    /// Which of the three settings (`tls-ca`, `tls-cert`, `tls-key`) gave the file `e` is
+    /// about, so that a message names the flag to fix; `tls-cert` when it names none of them.
+    pub fn setting_of(&self, e: &TlsError) -> &'static str {
+        let named = match e {
+            TlsError::Io { path, .. } => path.as_path(),
+            TlsError::Invalid { what, .. } => Path::new(what.as_str()),
+            TlsError::Generate(_) => return "tls-cert",
+        };
+        if named == self.key {
+            "tls-key"
+        } else if named == self.ca {
+            "tls-ca"
+        } else {
+            "tls-cert"
+        }
+    }
+
     /// An agent's TLS: its worker certificate, trusting the CA for the manager's.
     pub fn client(&self, domain: &str) -> Result<ClientTlsConfig, TlsError> {
+        // tonic takes the PEM text and, at the handshake, says only that it was bad (or skips
+        // a CA that is not PEM, and then trusts nothing): parsed here, a bad file is named.
+        pem_certificates(&self.ca)?;
+        pem_certificates(&self.cert)?;
+        pem_key(&self.key)?;
         Ok(ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(read(&self.ca)?))
             .identity(Identity::from_pem(read(&self.cert)?, read(&self.key)?))
@@ -314,6 +349,9 @@ pub fn listen(
 
 /// A client of the control API over TLS with no certificate of its own (it trusts `ca`).
 pub fn control_client(ca: &Path, domain: &str) -> Result<ClientTlsConfig, TlsError> {
+    // As in `TlsFiles::client`: a CA file that is not PEM is named now, not met as an
+    // unknown issuer at the handshake.
+    pem_certificates(ca)?;
     Ok(ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(read(ca)?))
         .domain_name(domain))
@@ -408,6 +446,45 @@ mod tests {
             vec!["worker-7".to_string(), "worker-7".to_string()]
         );
         assert!(names(b"not a certificate").is_empty());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// Each of the three files, missing or not PEM, is named with the setting that gave it,
+    /// on the agent's side and on the manager's (tonic alone would say "bad PEM", or skip a
+    /// CA that is not PEM and trust nothing).
+    #[test]
+    fn a_file_that_cannot_be_used_is_named_with_its_setting() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = std::env::temp_dir().join(format!("converge-tls-{}", uuid::Uuid::new_v4()));
+        generate(&dir, &["localhost".into()], &["w1".into()]).unwrap();
+        fn ca(f: &mut TlsFiles) -> &mut PathBuf {
+            &mut f.ca
+        }
+        fn cert(f: &mut TlsFiles) -> &mut PathBuf {
+            &mut f.cert
+        }
+        fn key(f: &mut TlsFiles) -> &mut PathBuf {
+            &mut f.key
+        }
+        type File = fn(&mut TlsFiles) -> &mut PathBuf;
+        let cases: [(&str, File); 3] = [("tls-ca", ca), ("tls-cert", cert), ("tls-key", key)];
+        let not_pem = dir.join("not-pem");
+        std::fs::write(&not_pem, "not PEM\n").unwrap();
+        for (setting, file) in cases {
+            for side in [TlsFiles::worker(&dir, "w1"), TlsFiles::manager(&dir)] {
+                for bad in [dir.join("missing"), not_pem.clone()] {
+                    let mut files = side.clone();
+                    *file(&mut files) = bad.clone();
+                    let e = if side == TlsFiles::manager(&dir) {
+                        files.server().map(|_| ()).unwrap_err()
+                    } else {
+                        files.client("localhost").map(|_| ()).unwrap_err()
+                    };
+                    assert_eq!(files.setting_of(&e), setting, "{e}");
+                    assert!(e.to_string().contains(&bad.display().to_string()), "{e}");
+                }
+            }
+        }
         std::fs::remove_dir_all(dir).unwrap();
     }
 }
