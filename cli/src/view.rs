@@ -31,7 +31,8 @@ pub struct Row {
     pub cpu_used: f64,
     /// The CPU limit the worker set (FlowCon's or Converge's; absent under free competition).
     pub cpu_limit: Option<f64>,
-    /// `eta 1m05s`, `starts in 12s`, `done in 43s`, or `eta -` when nothing tells yet.
+    /// `eta 1m05s`, `starts in 12s, eta 43s`, `eta -` when nothing tells yet; once ended,
+    /// `took 1m05s` from submission, or `never ran`.
     pub eta: String,
     /// Why it is in its state, shown for jobs that wait or ended other than completed.
     pub reason: String,
@@ -43,7 +44,10 @@ impl Row {
         let state = pb::JobState::label_of(j.state);
         let running = j.state == pb::JobState::Running as i32;
         let pending = j.state == pb::JobState::Pending as i32;
-        let eta = if j.finished_unix_ms > 0 && j.submitted_unix_ms > 0 {
+        let eta = if j.finished_unix_ms > 0 && j.started_unix_ms == 0 {
+            // Ended before it ran (cancelled, rejected, failed to start): it took nothing.
+            "never ran".into()
+        } else if j.finished_unix_ms > 0 && j.submitted_unix_ms > 0 {
             // Ended: how long it took from submission, the figure the demo compares.
             format!(
                 "took {}",
@@ -229,6 +233,7 @@ mod tests {
             cpu_usage: 0.48,
             cpu_limit: Some(0.5),
             submitted_unix_ms: 1_000_000,
+            started_unix_ms: 1_001_000,
             ..Default::default()
         }
     }
@@ -284,6 +289,13 @@ mod tests {
         let line = Row::of(&j, 2_000_000).line();
         assert!(line.contains(" 25% failed"), "{line}");
         assert!(line.ends_with("took 5s  (exit code 1)"), "{line}");
+        // One that ended before it ran took no time of its own.
+        let mut j = job(pb::JobState::Cancelled);
+        j.started_unix_ms = 0;
+        j.finished_unix_ms = 1_005_000;
+        j.reason = "cancelled by user".into();
+        let line = Row::of(&j, 2_000_000).line();
+        assert!(line.ends_with("never ran  (cancelled by user)"), "{line}");
     }
 
     #[test]
