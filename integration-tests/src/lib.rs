@@ -249,14 +249,26 @@ pub async fn raw_agent_stream(
     tonic::Streaming<pb::ManagerMessage>,
     pb::Registered,
 )> {
+    raw_agent_stream_as(endpoint, ScriptedAgent::register(worker, 1.0)).await
+}
+
+/// [`raw_agent_stream`] registering exactly `register` (an agent process is its
+/// `instance_id`: two streams with one are one process reconnecting). A refusal is the
+/// manager's `Status`.
+pub async fn raw_agent_stream_as(
+    endpoint: &str,
+    register: pb::Register,
+) -> Result<(
+    tokio::sync::mpsc::Sender<pb::AgentMessage>,
+    tonic::Streaming<pb::ManagerMessage>,
+    pb::Registered,
+)> {
     let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())?
         .connect()
         .await?;
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tx.send(pb::AgentMessage {
-        kind: Some(pb::agent_message::Kind::Register(ScriptedAgent::register(
-            worker, 1.0,
-        ))),
+        kind: Some(pb::agent_message::Kind::Register(register)),
     })
     .await?;
     let mut replies = pb::agent_service_client::AgentServiceClient::new(channel)

@@ -2,7 +2,7 @@
 //! environment value is refused by validation as `spec.env` (not by the decoder's size limit),
 //! and nothing is created.
 
-use converge_integration_tests::{TestManager, raw_agent_stream};
+use converge_integration_tests::{TestManager, raw_agent_stream, raw_agent_stream_as};
 use converge_messenger::pb;
 use tonic::Code;
 
@@ -147,11 +147,13 @@ async fn a_job_id_that_is_not_a_uuid_is_invalid_and_an_unknown_one_not_found() -
     Ok(())
 }
 
+/// The same agent process (one instance id) on a new connection: the old stream is closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newer_stream_of_a_worker_closes_the_older_one() -> anyhow::Result<()> {
     let manager = TestManager::start(|_| {}).await?;
-    let (old_tx, mut old, _) = raw_agent_stream(&manager.endpoint(), "w1").await?;
-    let (new_tx, new, _) = raw_agent_stream(&manager.endpoint(), "w1").await?;
+    let register = converge_integration_tests::ScriptedAgent::register("w1", 1.0);
+    let (old_tx, mut old, _) = raw_agent_stream_as(&manager.endpoint(), register.clone()).await?;
+    let (new_tx, new, _) = raw_agent_stream_as(&manager.endpoint(), register).await?;
     let ended = tokio::time::timeout(std::time::Duration::from_secs(10), old.message())
         .await?
         .expect_err("the old stream ends with a status");
@@ -166,6 +168,47 @@ async fn a_newer_stream_of_a_worker_closes_the_older_one() -> anyhow::Result<()>
     assert!(converge_messenger::agent::SessionError::Stream(ended).is_replaced());
     // Streams left open would hold the server's graceful stop.
     drop((old_tx, old, new_tx, new));
+    manager.stop().await;
+    Ok(())
+}
+
+/// A second agent process with a connected worker's id (another instance id) is refused,
+/// naming the flag to change, and the first keeps its stream: its heartbeat is still
+/// acknowledged there. Before, each took the other's stream at every reconnect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_agent_process_is_refused_and_the_first_keeps_its_stream() -> anyhow::Result<()> {
+    // Heard within two heartbeats is connected: 5 s heartbeats leave the test that long.
+    let manager =
+        TestManager::start(|c| c.heartbeat_interval = std::time::Duration::from_secs(5)).await?;
+    let (old_tx, mut old, _) = raw_agent_stream(&manager.endpoint(), "w1").await?;
+    let refused = raw_agent_stream(&manager.endpoint(), "w1")
+        .await
+        .expect_err("the second process is refused");
+    let status = refused
+        .downcast_ref::<tonic::Status>()
+        .unwrap_or_else(|| panic!("a status: {refused:#}"))
+        .clone();
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(
+        status.message().contains("--worker-id"),
+        "{}",
+        status.message()
+    );
+    // What the agent's session logs as a refusal its setup must change for.
+    assert!(converge_messenger::agent::SessionError::Stream(status).is_refusal());
+    old_tx
+        .send(pb::AgentMessage {
+            kind: Some(pb::agent_message::Kind::Heartbeat(pb::Heartbeat {
+                seq: 7,
+                ..Default::default()
+            })),
+        })
+        .await?;
+    match old.message().await?.and_then(|m| m.kind) {
+        Some(pb::manager_message::Kind::Ack(a)) => assert_eq!(a.heartbeat_seq, 7),
+        other => panic!("the first stream ended or was answered otherwise: {other:?}"),
+    }
+    drop((old_tx, old));
     manager.stop().await;
     Ok(())
 }

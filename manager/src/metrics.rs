@@ -220,7 +220,8 @@ impl ManagerMetrics {
         r.register(
             "refused",
             "Inputs refused by the decision core: agent messages about jobs their worker never ran \
-             or answering a command sent to another incarnation (foreign_job), about unknown jobs, on replaced streams, and disallowed transitions",
+             or answering a command sent to another incarnation (foreign_job), about unknown jobs, on replaced streams, disallowed transitions, \
+             and a second agent process registering as a connected worker (second_agent)",
             refused.clone(),
         );
         let tasks = Gauge::default();

@@ -840,6 +840,10 @@ impl<'a> Simulation<'a> {
             Effect::Reply(Err(e)) => self.failure = Some(e.to_string()),
             Effect::Reply(Ok(_)) => {}
             Effect::Refused { .. } => self.refusals += 1,
+            // Each simulated worker has one agent, with one instance id.
+            Effect::Rejected { worker, .. } => {
+                unreachable!("a second agent process registered as {worker}")
+            }
         }
     }
 

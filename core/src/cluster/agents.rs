@@ -8,6 +8,16 @@ impl Core {
     pub(super) fn register(&mut self, conn: ConnId, reg: Register) {
         let id = reg.worker.clone();
         let now = self.now;
+        if let Some(reason) = self.second_agent(&reg) {
+            warn!(worker = %id, instance = %reg.instance_id, "refused a second agent process registering as a connected worker");
+            self.out.push(Effect::Rejected {
+                conn,
+                worker: id.clone(),
+                reason,
+            });
+            self.refuse(Refusal::SecondAgent, Some(id));
+            return;
+        }
         let known = self.workers.contains_key(&id);
         if let Some(old) = self.workers.get(&id).and_then(|w| w.conn) {
             // Reconnected before the old stream's end reached us: the new stream wins, and
@@ -72,6 +82,32 @@ impl Core {
         self.worker_event(&id, state, reason);
         self.reconcile(&id, &reg.containers, restarted);
         self.dirty = true;
+    }
+
+    /// Why `reg` comes from a second agent process with a connected worker's id, if it does:
+    /// another instance, while the worker's stream is open and was heard from within two
+    /// heartbeats. Two agents with one `--worker-id` took the stream from each other at every
+    /// reconnect; now the first keeps it. A restarted agent's old stream has ended by then
+    /// (its process is gone) or fallen silent (its host crashed), and is taken over as
+    /// before; so is one re-registering as the same instance (a new connection of the same
+    /// process). A registration without an instance id cannot be told apart, and is taken.
+    fn second_agent(&self, reg: &Register) -> Option<String> {
+        let w = self.workers.get(&reg.worker)?;
+        let heard = self.now - w.alive_at();
+        let other = !reg.instance_id.is_empty()
+            && !w.instance_id.is_empty()
+            && w.instance_id != reg.instance_id;
+        (other
+            && w.conn.is_some()
+            && !matches!(w.state, WorkerPhase::Lost { .. })
+            && heard <= 2.0 * self.config.heartbeat_interval)
+            .then(|| {
+                format!(
+                    "worker {} is connected from another agent process (heard {heard:.1}s ago): \
+                     give each agent its own --worker-id, or stop the other",
+                    reg.worker
+                )
+            })
     }
 
     /// Brings the core's view of `worker` in line with what its agent says it runs.

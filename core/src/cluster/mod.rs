@@ -206,6 +206,15 @@ pub enum Effect {
         /// The answer.
         registered: Registered,
     },
+    /// Refuse the registration on stream `conn`, and close it saying `reason`.
+    Rejected {
+        /// The stream.
+        conn: ConnId,
+        /// The worker it registered as.
+        worker: WorkerId,
+        /// Why, for the agent to log.
+        reason: String,
+    },
     /// Record an event.
     Event(Event),
     /// The answer to the step's control request.
@@ -283,6 +292,8 @@ pub enum Refusal {
     StaleStream,
     /// A transition the lifecycle table does not allow.
     Transition,
+    /// A second agent process registering as a worker whose agent is connected.
+    SecondAgent,
 }
 
 impl Refusal {
@@ -293,6 +304,7 @@ impl Refusal {
             Refusal::UnknownJob => "unknown_job",
             Refusal::StaleStream => "stale_stream",
             Refusal::Transition => "transition",
+            Refusal::SecondAgent => "second_agent",
         }
     }
 }

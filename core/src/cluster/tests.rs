@@ -939,6 +939,70 @@ fn a_worker_undrained_while_lost_comes_back_ready() {
     assert_eq!(f.core.worker("w1").unwrap().state, WorkerPhase::Ready);
 }
 
+/// Two agent processes with one `--worker-id`: the second is refused while the first is
+/// connected and heard from, and the first keeps its stream (they took it from each other at
+/// every reconnect). The same process on a new connection is taken, and so is a new process
+/// once the first has been silent for two heartbeats (a restarted agent on a crashed host).
+#[test]
+fn a_second_agent_process_as_a_connected_worker_is_refused() {
+    let mut f = Fixture::running();
+    let second = |conn: ConnId, instance: &str| Input::Connected {
+        conn,
+        register: Register {
+            worker: "w1".into(),
+            cpu_capacity: 2.0,
+            instance_id: instance.into(),
+            ..Register::default()
+        },
+    };
+    let out = f.step(second(9, "w1-other"));
+    let rejected = out.iter().find_map(|e| match e {
+        Effect::Rejected { conn, reason, .. } => Some((*conn, reason.clone())),
+        _ => None,
+    });
+    let (conn, reason) = rejected.expect("the second agent is refused");
+    assert_eq!(conn, 9);
+    assert!(reason.contains("--worker-id"), "{reason}");
+    assert_eq!(Fixture::refused(&out, Refusal::SecondAgent), 1);
+    assert!(
+        !out.iter().any(|e| matches!(e, Effect::Registered { .. })),
+        "{out:?}"
+    );
+    // The first agent's stream is still the worker's; the refused one's is no one's.
+    assert_eq!(f.core.worker("w1").unwrap().conn, Some(1));
+    assert_eq!(f.core.worker("w1").unwrap().instance_id, "w1-a");
+    assert_eq!(
+        Fixture::refused(&f.progress(1, "a", 1, 5), Refusal::StaleStream),
+        0
+    );
+    assert_eq!(
+        Fixture::refused(&f.progress(9, "a", 1, 6), Refusal::StaleStream),
+        1
+    );
+    // The same process, reconnecting on a new stream, is taken.
+    let out = f.step(second(10, "w1-a"));
+    assert!(
+        out.iter()
+            .any(|e| matches!(e, Effect::Registered { conn: 10, .. })),
+        "{out:?}"
+    );
+    // The first goes silent: after two heartbeats, the second is taken.
+    f.only_beating(2, 1);
+    assert!(
+        f.step(second(11, "w1-other"))
+            .iter()
+            .any(|e| matches!(e, Effect::Rejected { conn: 11, .. }))
+    );
+    f.only_beating(2, 2);
+    let out = f.step(second(12, "w1-other"));
+    assert!(
+        out.iter()
+            .any(|e| matches!(e, Effect::Registered { conn: 12, .. })),
+        "{out:?}"
+    );
+    assert_eq!(f.core.worker("w1").unwrap().conn, Some(12));
+}
+
 #[test]
 fn restore_failure_retries_on_the_source_then_elsewhere_then_fails() {
     let mut f = Fixture::running();

@@ -49,7 +49,7 @@ use converge_store::{Batch, PendingBackup, Store, StoredEvent};
 use prost::Message;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
-use tracing::{field, info, info_span, warn};
+use tracing::{debug, field, info, info_span, warn};
 
 use crate::error::{Error, Result};
 use crate::events::EventLog;
@@ -494,6 +494,16 @@ impl Actor {
                     {
                         gone.push(self.lost_link(conn));
                     }
+                }
+                Effect::Rejected {
+                    conn,
+                    worker,
+                    reason,
+                } => {
+                    if let Some(link) = self.links.remove(&conn) {
+                        link.close_with(tonic::Status::failed_precondition(reason));
+                    }
+                    debug!(%worker, conn, "registration refused; stream closed");
                 }
                 Effect::Event(e) => {
                     let numbered = events.pop_front().expect("every event was numbered");
@@ -1062,25 +1072,33 @@ impl Actor {
                 self.metrics.received("register");
                 self.metrics
                     .registered(self.core.worker(&register.worker_id).is_some());
-                // The worker's stream until now, if it still has one: the new one replaces it.
-                let worker = self.core.worker(&register.worker_id);
-                let replaced = worker.and_then(|w| w.conn).filter(|old| *old != conn);
-                if let Some(w) =
-                    worker.filter(|w| replaced.is_some() && w.instance_id != register.instance_id)
-                {
-                    // A process that restarted has its old stream end first, as a rule: two
-                    // agents run with one worker id, and each reconnect takes the other's.
-                    warn!(worker = %w.id, old = %w.instance_id, new = %register.instance_id, "a second agent process registered as this worker while the first was connected; its stream replaces the first's (two agents with one --worker-id take turns)");
-                }
+                // The worker's stream until now, if it still has one: the new one replaces it
+                // if the core takes the registration.
+                let id = register.worker_id.clone();
+                let worker = self.core.worker(&id);
+                let old = worker.and_then(|w| w.conn).filter(|old| *old != conn);
+                let old_instance = worker.map(|w| w.instance_id.clone());
+                let instance = register.instance_id.clone();
                 self.links.insert(conn, link);
                 let _ = self.step(Input::Connected {
                     conn,
                     register: wire::register(register),
                 });
-                // Close it rather than keep reading it (the core refuses what still comes on
-                // it): one stream, and one message budget, per worker.
-                if let Some(link) = replaced.and_then(|old| self.links.remove(&old)) {
-                    link.close_with(tonic::Status::aborted(converge_messenger::agent::REPLACED));
+                // Refused (a second agent process while the first is connected), the new
+                // stream was closed by the step (`Effect::Rejected`) and the old one stays.
+                let taken = self.core.worker(&id).is_some_and(|w| w.conn == Some(conn));
+                if let (true, Some(old)) = (taken, old) {
+                    if old_instance.is_some_and(|i| i != instance) {
+                        // The old process went silent (its host crashed, its network broke).
+                        info!(worker = %id, new = %instance, "a new agent process registered as this worker while the old one's stream was silent; the new stream replaces it");
+                    }
+                    // Close it rather than keep reading it (the core refuses what still comes
+                    // on it): one stream, and one message budget, per worker.
+                    if let Some(link) = self.links.remove(&old) {
+                        link.close_with(tonic::Status::aborted(
+                            converge_messenger::agent::REPLACED,
+                        ));
+                    }
                 }
             }
             StreamEvent::Message {
