@@ -159,7 +159,8 @@ pub struct Etas<'a> {
     ends: Option<Vec<Time>>,
     /// Each pending job's place in the queue.
     queue: Option<BTreeMap<&'a str, usize>>,
-    /// The schedulable workers' sizes (cores, memory), those no other is as big as in both.
+    /// The schedulable (or expected) workers' sizes (cores, memory), those no other is as big
+    /// as in both.
     shapes: Option<Vec<(f64, u64)>>,
 }
 
@@ -239,11 +240,13 @@ impl<'a> Etas<'a> {
 
     /// The sizes of the schedulable workers (cores, and memory, unbounded where a worker
     /// gives none) that no other worker matches in both: a job fits one of them empty if it
-    /// fits any worker empty.
+    /// fits any worker empty. A restarted manager counts the workers it waits for: else no
+    /// pending job had an ETA until the agents came back.
     fn shapes(&mut self) -> &[(f64, u64)] {
+        let core = self.core;
         self.shapes.get_or_insert_with(|| {
-            let mut all: Vec<(f64, u64)> = (self.core.workers.values())
-                .filter(|w| w.schedulable())
+            let mut all: Vec<(f64, u64)> = (core.workers.values())
+                .filter(|w| core.schedulable_or_expected(w))
                 .map(|w| (w.cpu_capacity, w.memory_capacity()))
                 .collect();
             // Most cores first: each size kept has more memory than every one before it.

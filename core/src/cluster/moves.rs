@@ -128,10 +128,10 @@ impl Core {
         // has not yet is still the move's target until its grace period ends. The restore's
         // Start is sent when it registers (`reconcile`), and if it never does it is declared
         // lost and the job restarts elsewhere from the same checkpoint (`lose_worker`).
-        let recovering = self.recovering();
-        let target_ok = self.workers.get(&to).is_some_and(|w| {
-            w.schedulable() || (recovering && w.conn.is_none() && w.state == WorkerPhase::Ready)
-        });
+        let target_ok = self
+            .workers
+            .get(&to)
+            .is_some_and(|w| self.schedulable_or_expected(w));
         let target = if target_ok {
             Some(to)
         } else {

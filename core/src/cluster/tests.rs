@@ -3859,6 +3859,32 @@ fn a_pending_job_no_worker_can_hold_has_no_eta() {
     assert!(f.core.eta("big", f.now).is_none());
 }
 
+/// A restarted manager, before its agents come back: the pending job's ETA still counts the
+/// worker it waits for (it had none until the agent registered again).
+#[test]
+fn a_pending_job_has_an_eta_while_a_restarted_manager_waits_for_its_workers() {
+    let mut f = Fixture::new("spread");
+    let timed = JobSpec {
+        cpus: 1.0,
+        estimated_runtime_s: 10.0,
+        ..JobSpec::default()
+    };
+    f.register(1, "w1", 1.0);
+    f.start("a", timed.clone());
+    f.step(Input::Submit {
+        id: "b".into(),
+        spec: timed,
+    });
+    let before = f.core.eta("b", f.now).expect("b starts when a ends");
+    f.restart("spread", 30.0);
+    assert_eq!(f.core.worker("w1").unwrap().conn, None);
+    let after = f.core.eta("b", f.now).expect("the worker is waited for");
+    assert_eq!(after.start_at, before.start_at);
+    // Once the grace period is over without it, the worker is no longer counted on.
+    f.advance(31.0);
+    assert!(f.core.eta("b", f.now).is_none());
+}
+
 /// A job fits a worker only in both cores and memory, and any worker will do: one big in cores
 /// and small in memory, and one the other way round, between them hold jobs neither of the
 /// biggest alone would ([`forecast::Etas`]'s sizes of workers).

@@ -37,6 +37,13 @@ impl Core {
         self.now < self.grace_until
     }
 
+    /// Whether `w` takes jobs, or will once its agent registers again: while a restarted
+    /// manager gives its workers time to come back, a ready worker that has not is still
+    /// counted on (a move's target, a size in the ETA queue's forecast).
+    pub(super) fn schedulable_or_expected(&self, w: &Worker) -> bool {
+        w.schedulable() || (self.recovering() && w.conn.is_none() && w.state == WorkerPhase::Ready)
+    }
+
     pub(super) fn lose_worker(&mut self, id: &str) {
         let (now, missed) = (self.now, self.config.lost_after_missed);
         let w = self.worker_mut(id).expect("exists");
