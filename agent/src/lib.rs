@@ -100,15 +100,19 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
         &config.cgroup_root,
         &config.cgroup_parent,
     )?);
-    if let Ok(host) = std::thread::available_parallelism()
-        && config.cpus > host.get() as f64
+    // The jobs run beside the agent, not inside it: the host's CPUs are what Docker says it
+    // has, not what the agent's own process may use (an agent in a container limited to one
+    // CPU still drives a worker of many).
+    if let Ok(info) = docker.info().await
+        && let Some(host) = info.ncpu.filter(|n| *n > 0)
+        && config.cpus > host as f64
     {
         // Allowed (a test bed may overcommit on purpose), but the quota cannot be met: the
         // manager places by --cpus, and jobs here run slower than it plans.
         warn!(
             cpus = config.cpus,
-            host = host.get(),
-            "--cpus is more than this host has; the worker's jobs will get less CPU than the manager places for"
+            host,
+            "--cpus is more than Docker's host has; the worker's jobs will get less CPU than the manager places for"
         );
     }
     cgroup.create(config.cpus)?;
