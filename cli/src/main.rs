@@ -194,7 +194,7 @@ async fn main() {
             format!("{e:#}")
         };
         eprintln!("convergectl: {text}");
-        if let Some(hint) = connection_hint(&manager, &text) {
+        if let Some(hint) = connection_hint(&manager, &format!("{e:#}")) {
             eprintln!("convergectl: {hint}");
         }
         let code = match code {
@@ -667,9 +667,12 @@ async fn get_job(client: &mut Client, job_id: String, include_progress: bool) ->
 }
 
 /// What to fix when a connection failed in a way whose own words name nothing a user set:
-/// TLS on one side only, or a CA that did not sign the manager's certificate.
+/// TLS on one side only, or a CA that did not sign the manager's certificate. `error` is
+/// the whole chain of causes.
 fn connection_hint(manager: &str, error: &str) -> Option<String> {
-    if error.contains("h2 protocol error") && manager.starts_with("http://") {
+    // A TLS record read as an HTTP/2 frame is too big a frame, found by this side (a manager
+    // going away mid-stream says GOAWAY, and gets no hint).
+    if error.contains("frame with invalid size") && manager.starts_with("http://") {
         Some(format!(
             "if the manager speaks TLS, use --manager {} with --ca (or CONVERGE_CA)",
             manager.replacen("http://", "https://", 1)

@@ -153,7 +153,7 @@ pub async fn serve(
         }
         None => {
             tracing::warn!(
-                "no --tokens: anyone who reaches the control API may submit, cancel and drain"
+                "no --tokens: anyone who reaches the control API may submit, cancel, drain, undrain and back up"
             );
             None
         }

@@ -92,6 +92,13 @@ impl SessionError {
         matches!(self, SessionError::Endpoint { .. } | SessionError::Tls(_))
     }
 
+    /// Whether the manager refused this registration because another agent process is
+    /// connected as the same worker: it passes once that one's stream ends, or the operator
+    /// gives one of them another `--worker-id`.
+    pub fn is_second_agent(&self) -> bool {
+        matches!(self, SessionError::Stream(s) if s.code() == tonic::Code::AlreadyExists)
+    }
+
     /// Whether the manager closed this stream because another stream of the same worker
     /// replaced it: on the stream the agent still uses, that is another agent process
     /// registered with the same worker id.
@@ -429,6 +436,8 @@ async fn run<S: AgentState>(
             // Each of two agents with one worker id takes the stream from the other when it
             // reconnects: without this, the only sign was the manager's registrations.
             error!(%reason, ?delay, "another agent process registered with this agent's --worker-id and took its stream; give each agent its own --worker-id");
+        } else if error.is_some_and(SessionError::is_second_agent) && !again {
+            error!(%reason, ?delay, "another agent process is connected with this agent's --worker-id; retrying until its stream ends; give each agent its own --worker-id");
         } else if again {
             debug!(%reason, ?delay, "still failing; retrying");
         } else if error.is_some_and(SessionError::is_refusal) {
@@ -700,5 +709,9 @@ mod tests {
         assert!(!stream(Status::aborted(REPLACED)).is_refusal());
         assert!(stream(Status::aborted(REPLACED)).is_replaced());
         assert!(!stream(Status::aborted("something else")).is_replaced());
+        let second = stream(Status::already_exists(
+            "worker w1 is connected from another agent",
+        ));
+        assert!(second.is_second_agent() && !second.is_refusal());
     }
 }

@@ -55,9 +55,12 @@ impl Settings {
     /// line naming the file and its key, to print after the error.
     pub fn blame(&self, error: &str) -> Option<String> {
         let file = self.file.as_ref()?;
+        // The error's own line: the parser's usage line and tips below it name other flags.
+        let error = error.lines().next().unwrap_or_default();
         let key = self.keys.iter().find(|key| names_flag(error, key))?;
         // A flag given on the command line too overrode the file's: the error is about that.
-        let typed = self.args[1 + self.keys.len()..].iter().any(|a| {
+        let given = self.args.get(1 + self.keys.len()..).unwrap_or_default();
+        let typed = given.iter().any(|a| {
             a.to_str()
                 .and_then(|a| a.strip_prefix("--"))
                 .is_some_and(|a| a == *key || a.starts_with(&format!("{key}=")))
@@ -227,6 +230,11 @@ mod tests {
             s.blame("invalid --lost-after: must be at least 1")
                 .is_none()
         );
+        // Only the error's own line: a usage line or a tip naming a key of the file is not
+        // about the file (a typo on the command line, `--polcy x`, tips `--policy`).
+        let typo = "error: unexpected argument '--lost-aftr' found\n\n  tip: a similar \
+                    argument exists: '--lost-after'\n\nUsage: m --polcy <P>";
+        assert!(args(&[]).blame(typo).is_none());
         std::fs::remove_dir_all(dir).unwrap();
     }
 

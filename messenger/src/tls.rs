@@ -201,7 +201,10 @@ impl TlsFiles {
             TlsError::Invalid { what, .. } => Path::new(what.as_str()),
             TlsError::Generate(_) => return "tls-cert",
         };
-        if named == self.key {
+        // The certificate first: one file given as both certificate and key is named so.
+        if named == self.cert {
+            "tls-cert"
+        } else if named == self.key {
             "tls-key"
         } else if named == self.ca {
             "tls-ca"

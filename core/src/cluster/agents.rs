@@ -763,7 +763,14 @@ impl Core {
             );
             return;
         }
-        self.job_mut(&id).expect("exists").exit_code = Some(e.exit_code);
+        let now = self.now;
+        let j = self.job_mut(&id).expect("exists");
+        j.exit_code = Some(e.exit_code);
+        // Its container ran, whether or not its Start's result or a progress line said so
+        // (its agent restarted meanwhile): it started by now at the latest.
+        if j.started_at.is_none() {
+            j.started_at = now.into();
+        }
         let (to, reason) = if e.exit_code == 0 {
             (JobPhase::Completed, "exited 0".to_string())
         } else if e.oom_killed {

@@ -903,6 +903,7 @@ fn an_undrain_lets_the_move_a_drain_began_finish() {
     f.step(Input::Undrain {
         worker: "w1".into(),
     });
+    assert_eq!(f.core.worker("w1").unwrap().state, WorkerPhase::Ready);
     assert_eq!(f.state("a"), JobState::Migrating);
     let out = f.ok(1, &save, Fixture::saved());
     let (conn, start) = Fixture::sent(&out, "a", "start").expect("restore");
@@ -1001,6 +1002,22 @@ fn a_second_agent_process_as_a_connected_worker_is_refused() {
         "{out:?}"
     );
     assert_eq!(f.core.worker("w1").unwrap().conn, Some(12));
+}
+
+/// A job whose Start's result was lost with its agent, and whose container ended before any
+/// progress line: it ran, so it has a start (`top` says "never ran" only of jobs that did not).
+#[test]
+fn a_job_that_ended_while_starting_has_a_start() {
+    let mut f = Fixture::new("spread");
+    f.register(1, "w1", 2.0);
+    let out = f.submit("a", 1.0);
+    assert!(Fixture::sent(&out, "a", "start").is_some());
+    assert_eq!(f.state("a"), JobState::Starting);
+    f.advance(5.0);
+    f.agent_restarted_after_its_exit("a", 100, true);
+    let job = f.core.job("a").unwrap();
+    assert_eq!(job.state(), JobState::Completed);
+    assert_eq!(job.started_at.get(), Some(f.now));
 }
 
 #[test]

@@ -500,8 +500,10 @@ impl Actor {
                     worker,
                     reason,
                 } => {
+                    // AlreadyExists: the agent's session tells it from a refusal of its setup
+                    // (`SessionError::is_second_agent`), since it passes when the other ends.
                     if let Some(link) = self.links.remove(&conn) {
-                        link.close_with(tonic::Status::failed_precondition(reason));
+                        link.close_with(tonic::Status::already_exists(reason));
                     }
                     debug!(%worker, conn, "registration refused; stream closed");
                 }
@@ -1070,12 +1072,11 @@ impl Actor {
                 link,
             } => {
                 self.metrics.received("register");
-                self.metrics
-                    .registered(self.core.worker(&register.worker_id).is_some());
                 // The worker's stream until now, if it still has one: the new one replaces it
                 // if the core takes the registration.
                 let id = register.worker_id.clone();
                 let worker = self.core.worker(&id);
+                let worker_known = worker.is_some();
                 let old = worker.and_then(|w| w.conn).filter(|old| *old != conn);
                 let old_instance = worker.map(|w| w.instance_id.clone());
                 let instance = register.instance_id.clone();
@@ -1087,6 +1088,9 @@ impl Actor {
                 // Refused (a second agent process while the first is connected), the new
                 // stream was closed by the step (`Effect::Rejected`) and the old one stays.
                 let taken = self.core.worker(&id).is_some_and(|w| w.conn == Some(conn));
+                if taken {
+                    self.metrics.registered(worker_known);
+                }
                 if let (true, Some(old)) = (taken, old) {
                     if old_instance.is_some_and(|i| i != instance) {
                         // The old process went silent (its host crashed, its network broke).
