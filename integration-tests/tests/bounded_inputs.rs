@@ -213,6 +213,34 @@ async fn a_second_agent_process_is_refused_and_the_first_keeps_its_stream() -> a
     Ok(())
 }
 
+/// A new agent process whose worker's old stream has gone silent (its host crashed, say)
+/// takes over: refused while the old one was heard from lately, as an agent retries, it
+/// is taken once the old one has missed two heartbeats, and the old stream is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_agent_process_takes_over_a_silent_stream() -> anyhow::Result<()> {
+    let manager =
+        TestManager::start(|c| c.heartbeat_interval = std::time::Duration::from_millis(200))
+            .await?;
+    // Registered, then silent: no heartbeat is ever sent on it.
+    let (old_tx, mut old, _) = raw_agent_stream(&manager.endpoint(), "w1").await?;
+    let register = converge_integration_tests::ScriptedAgent::register("w1", 1.0);
+    let endpoint = manager.endpoint();
+    let (new_tx, new, _) = converge_integration_tests::eventually(
+        std::time::Duration::from_secs(10),
+        "the new process's registration to be taken",
+        || {
+            let (endpoint, register) = (endpoint.clone(), register.clone());
+            async move { Ok(raw_agent_stream_as(&endpoint, register).await.ok()) }
+        },
+    )
+    .await?;
+    let ended = old.message().await.expect_err("the old stream is closed");
+    assert_eq!(ended.code(), Code::Aborted, "{ended:?}");
+    drop((old_tx, old, new_tx, new));
+    manager.stop().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flooding_agent_is_read_no_faster_than_its_rate_and_others_get_through()
 -> anyhow::Result<()> {
