@@ -43,6 +43,9 @@ pub struct WorkerCgroup {
     /// Relative to each hierarchy's root, without leading or trailing `/`.
     parent: String,
     version: CgroupVersion,
+    /// The CPU cgroup's directory, opened and locked by [`WorkerCgroup::create`] for as long
+    /// as this agent runs (the lock goes with the process, however it ends). Shared by clones.
+    held: std::sync::Arc<std::sync::OnceLock<fs::File>>,
 }
 
 impl WorkerCgroup {
@@ -70,6 +73,7 @@ impl WorkerCgroup {
             root: root.to_path_buf(),
             parent: parent.trim_matches('/').to_string(),
             version,
+            held: std::sync::Arc::default(),
         }
     }
 
@@ -91,13 +95,36 @@ impl WorkerCgroup {
         }
     }
 
-    /// Creates the parent cgroup (if missing) and caps it at `cpus` cores.
+    /// Creates the parent cgroup (if missing), takes it for this agent, and caps it at `cpus`
+    /// cores.
+    ///
+    /// Taking it is an exclusive `flock` on its directory, which every process on the host
+    /// sees (agents in containers too, through the host's cgroup filesystem): a second agent
+    /// given the same `--worker-id` on one host fails here, before it changes the first's
+    /// quota or, at its exit, removes the cgroup its containers run in.
     pub fn create(&self, cpus: f64) -> Result<()> {
         let dir = self.cpu_dir();
         fs::create_dir_all(&dir).map_err(|source| Error::Cgroup {
             path: dir.clone(),
             source,
         })?;
+        if self.held.get().is_none() {
+            let file = fs::File::open(&dir).map_err(|source| Error::Cgroup {
+                path: dir.clone(),
+                source,
+            })?;
+            match file.try_lock() {
+                Ok(()) => {
+                    let _ = self.held.set(file);
+                }
+                Err(fs::TryLockError::WouldBlock) => {
+                    return Err(Error::WorkerTaken { path: dir });
+                }
+                Err(fs::TryLockError::Error(source)) => {
+                    return Err(Error::Cgroup { path: dir, source });
+                }
+            }
+        }
         match self.version {
             CgroupVersion::V1 => {
                 let period = read_u64(&dir.join("cpu.cfs_period_us")).unwrap_or(DEFAULT_PERIOD_US);
@@ -311,6 +338,26 @@ fn parse_u64_io(s: &str) -> std::io::Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two agents with one worker id on one host: the second fails at its start and leaves
+    /// the first's quota as it was; once the first is gone, the cgroup can be taken again.
+    #[test]
+    fn a_worker_cgroup_is_taken_by_one_agent_at_a_time() {
+        let root = std::env::temp_dir().join(format!("converge-cg-{}", std::process::id()));
+        let first = WorkerCgroup::with_version(&root, "converge/w1", CgroupVersion::V1);
+        first.create(2.0).unwrap();
+        let quota = first.cpu_dir().join("cpu.cfs_quota_us");
+        assert_eq!(fs::read_to_string(&quota).unwrap(), "200000");
+        let second = WorkerCgroup::with_version(&root, "converge/w1", CgroupVersion::V1);
+        let e = second.create(0.3).unwrap_err();
+        assert!(matches!(e, Error::WorkerTaken { .. }), "{e}");
+        assert!(e.to_string().contains("--worker-id"), "{e}");
+        assert_eq!(fs::read_to_string(&quota).unwrap(), "200000");
+        drop(first);
+        second.create(0.3).unwrap();
+        assert_eq!(fs::read_to_string(&quota).unwrap(), "30000");
+        fs::remove_dir_all(&root).unwrap();
+    }
 
     #[test]
     fn quota_is_capacity_times_period() {

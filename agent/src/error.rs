@@ -34,6 +34,16 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// Another agent process on this host runs the same worker (it holds its cgroup).
+    #[error(
+        "another agent process on this host runs this worker: it holds the worker's cgroup {}; \
+         stop it, or give this agent another --worker-id",
+        path.display()
+    )]
+    WorkerTaken {
+        /// The worker's CPU cgroup.
+        path: PathBuf,
+    },
     /// The cgroup filesystem is not what the agent supports.
     #[error("unsupported cgroup setup at {}: {why}", path.display())]
     CgroupUnsupported {
@@ -68,7 +78,7 @@ pub enum Error {
 impl Error {
     /// True for configuration errors (exit code 64).
     pub fn is_config(&self) -> bool {
-        matches!(self, Error::Config { .. })
+        matches!(self, Error::Config { .. } | Error::WorkerTaken { .. })
     }
 }
 
