@@ -109,6 +109,27 @@ fn read(path: &Path) -> Result<String, TlsError> {
     })
 }
 
+/// Writes a secret (a private key, a tokens file) readable by its owner only: created so,
+/// and made so before the new text goes into a file that existed (a rotation).
+pub fn write_private(path: &Path, text: &str) -> Result<(), TlsError> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let io = |source| TlsError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io)?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(io)?;
+    file.write_all(text.as_bytes()).map_err(io)
+}
+
 fn write(path: &Path, text: &str) -> Result<(), TlsError> {
     std::fs::write(path, text).map_err(|source| TlsError::Io {
         path: path.to_path_buf(),
@@ -405,7 +426,7 @@ pub fn generate(dir: &Path, manager_names: &[String], workers: &[String]) -> Res
     let ca_key = KeyPair::generate()?;
     let ca_cert = ca.self_signed(&ca_key)?;
     write(&dir.join(files::CA), &ca_cert.pem())?;
-    write(&dir.join(files::CA_KEY), &ca_key.serialize_pem())?;
+    write_private(&dir.join(files::CA_KEY), &ca_key.serialize_pem())?;
     let issuer = Issuer::new(ca, ca_key);
     let leaf = |cn: &str, sans: Vec<String>, usage: ExtendedKeyUsagePurpose| {
         let mut p = CertificateParams::new(sans)?;
@@ -421,12 +442,12 @@ pub fn generate(dir: &Path, manager_names: &[String], workers: &[String]) -> Res
         ExtendedKeyUsagePurpose::ServerAuth,
     )?;
     write(&dir.join(files::MANAGER.0), &cert)?;
-    write(&dir.join(files::MANAGER.1), &key)?;
+    write_private(&dir.join(files::MANAGER.1), &key)?;
     for w in workers {
         let (cert, key) = leaf(w, vec![w.clone()], ExtendedKeyUsagePurpose::ClientAuth)?;
         let (c, k) = files::worker(w);
         write(&dir.join(c), &cert)?;
-        write(&dir.join(k), &key)?;
+        write_private(&dir.join(k), &key)?;
     }
     Ok(())
 }
@@ -449,6 +470,26 @@ mod tests {
             vec!["worker-7".to_string(), "worker-7".to_string()]
         );
         assert!(names(b"not a certificate").is_empty());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// Keys are readable by their owner only, also when written over a file that was not
+    /// (what `cargo xtask certs` does again to rotate them); certificates are public.
+    #[test]
+    fn keys_are_written_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("converge-tls-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (w1_cert, w1_key) = files::worker("w1");
+        std::fs::write(dir.join(&w1_key), "old").unwrap();
+        std::fs::set_permissions(dir.join(&w1_key), std::fs::Permissions::from_mode(0o644))
+            .unwrap();
+        generate(&dir, &["localhost".into()], &["w1".into()]).unwrap();
+        let mode = |f: &str| std::fs::metadata(dir.join(f)).unwrap().permissions().mode() & 0o777;
+        for key in [files::CA_KEY, files::MANAGER.1, &w1_key] {
+            assert_eq!(mode(key), 0o600, "{key}");
+        }
+        assert_eq!(mode(&w1_cert) & 0o044, 0o044, "certificates stay readable");
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -28,9 +28,9 @@ pub const MANAGER_NAMES: &[&str] = &["manager", "localhost", "127.0.0.1"];
 pub fn write_credentials(dir: &Path, manager_names: &[String], workers: &[String]) -> Result<()> {
     converge_messenger::tls::generate(dir, manager_names, workers)?;
     let token = || uuid::Uuid::new_v4().simple().to_string();
-    std::fs::write(
-        dir.join(TOKENS),
-        format!("{} operator xtask\n{} viewer viewer\n", token(), token()),
+    converge_messenger::tls::write_private(
+        &dir.join(TOKENS),
+        &format!("{} operator xtask\n{} viewer viewer\n", token(), token()),
     )?;
     Ok(())
 }
