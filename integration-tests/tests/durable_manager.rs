@@ -328,9 +328,22 @@ async fn finished_jobs_beyond_those_kept_are_answered_for_from_the_store() -> an
         tweak(state.path())(c);
         c.keep_finished = 2;
         c.events_in_memory = 3;
+        c.metrics_listen = Some(metrics);
     })
     .await?;
     check(second.control().await?, ids).await?;
+    // The gauge of jobs per state goes on from the store: all five completed, the three
+    // archived ones too, and none running (it went below 0 when counted from nothing).
+    let text = converge_integration_tests::scrape_metrics(metrics, false).await?;
+    let jobs = |state: &str| {
+        converge_integration_tests::metric_value(
+            &text,
+            "converge_manager_jobs",
+            &format!("state=\"{state}\""),
+        )
+    };
+    assert_eq!(jobs("completed"), Some(5.0), "{text}");
+    assert_eq!(jobs("running"), Some(0.0), "{text}");
     second.stop().await;
     Ok(())
 }

@@ -292,6 +292,7 @@ fn recover(
     let restored = actor::Restored {
         specs,
         events: events::EventLog::recovered(history, got.next_event_seq, events_in_memory),
+        job_states: got.job_states,
     };
     Ok(Started {
         core,

@@ -284,6 +284,17 @@ impl ManagerMetrics {
         self.submitted.inc();
     }
 
+    /// The gauge of jobs in `state` starts at `count` (a restarted manager's stored jobs):
+    /// the changes counted from then on move it from there, not from 0.
+    /// `state` is a stored job's state label (`running`); one no state has is ignored.
+    pub(crate) fn jobs_now(&self, state: &str, count: u64) {
+        if let Some(s) = STATES.iter().find(|s| s.label() == state) {
+            self.jobs
+                .get_or_create(&StateLabel { state: s.label() })
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
+    }
+
     pub(crate) fn job_state(&self, from: Option<JobState>, to: JobState) {
         if let Some(from) = from {
             self.jobs

@@ -83,6 +83,11 @@ pub struct Recovered {
     pub events: Vec<StoredEvent>,
     /// The number the next event gets.
     pub next_event_seq: u64,
+    /// How many stored jobs are in each state (by [`JobState::label`]), loaded or left on
+    /// disk: what the manager's gauge of jobs per state starts from.
+    ///
+    /// [`JobState::label`]: converge_core::cluster::types::JobState::label
+    pub job_states: Vec<(String, u64)>,
 }
 
 impl Recovered {

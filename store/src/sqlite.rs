@@ -452,11 +452,24 @@ impl Store for Sqlite {
                 events.push(row.map_err(self.sql())?);
             }
         }
+        let mut q = self
+            .conn
+            .prepare("SELECT state, count(*) FROM jobs GROUP BY state ORDER BY state")
+            .map_err(self.sql())?;
+        let job_states = q
+            .query_map([], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64))
+            })
+            .map_err(self.sql())?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(self.sql())?;
+        drop(q);
         Ok(Recovered {
             saved,
             specs,
             events,
             next_event_seq,
+            job_states,
         })
     }
 

@@ -251,6 +251,8 @@ pub struct Restored {
     pub specs: Specs,
     /// The event log, going on from the stored numbers.
     pub events: EventLog,
+    /// How many stored jobs are in each state (`Recovered::job_states`).
+    pub job_states: Vec<(String, u64)>,
 }
 
 /// Wall-clock time as the core counts it: Unix seconds.
@@ -290,7 +292,14 @@ impl Actor {
                     EventLog::with_capacity(config.events_in_memory),
                 )
             },
-            |r| (r.specs, r.events),
+            |r| {
+                // The gauges of jobs per state go on from what was stored: counted from 0, a
+                // restored running job that ended took "running" below 0.
+                for (state, count) in &r.job_states {
+                    metrics.jobs_now(state, *count);
+                }
+                (r.specs, r.events)
+            },
         );
         Self {
             manager_id: config.manager_id,
