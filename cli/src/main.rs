@@ -55,6 +55,14 @@ mod exit {
     pub const DENIED: i32 = 5;
     /// The manager is busy (a rate limit) or shutting down: try again.
     pub const UNAVAILABLE: i32 = 6;
+    /// Whoever read the output stopped (`convergectl top | head`): 128 + SIGPIPE, what a
+    /// shell reports for a tool the closed pipe killed.
+    pub const CLOSED_PIPE: i32 = 141;
+}
+
+/// Whether `message` is a write to a pipe whose reader has gone.
+fn closed_pipe(message: &str) -> bool {
+    message.contains("Broken pipe")
 }
 
 #[derive(Subcommand)]
@@ -184,7 +192,23 @@ fn key_value(s: &str) -> Result<(String, String), String> {
 async fn main() {
     let cli = Cli::parse();
     let manager = cli.manager.clone();
+    // Rust ignores SIGPIPE, so `println!` panics when the reader of stdout has gone (and
+    // `unsafe_code` is forbidden here, which restoring the signal would need): end quietly
+    // as other tools do, with the code a shell gives one the signal ended.
+    let panicked = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = (info.payload().downcast_ref::<String>().map(String::as_str))
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if closed_pipe(message) {
+            std::process::exit(exit::CLOSED_PIPE);
+        }
+        panicked(info);
+    }));
     if let Err(e) = run(cli).await {
+        if closed_pipe(&format!("{e:#}")) {
+            std::process::exit(exit::CLOSED_PIPE);
+        }
         let code = e.downcast_ref::<tonic::Status>().map(tonic::Status::code);
         // A refused call is said in one line (its code and message); anything else with its
         // causes.
@@ -623,7 +647,13 @@ async fn top(
                 ),
             );
         }
-        if until_done && !jobs.is_empty() && running == 0 {
+        if until_done && jobs.is_empty() {
+            // Nothing to wait for (no job not ended yet, none asked for by --job).
+            board.finish();
+            eprintln!("convergectl: no job to wait for");
+            return Ok(());
+        }
+        if until_done && running == 0 {
             board.finish();
             let failed = jobs
                 .iter()

@@ -788,3 +788,36 @@ async fn connection_settings_that_cannot_work_name_the_fix() {
     secure.stop().await;
     plain.stop().await;
 }
+
+/// `top --until-done` with nothing to wait for ends at once, and a reader that goes away
+/// (`convergectl top | head -1`) ends `top` with the shell's code for a closed pipe, not a
+/// panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_ends_when_nothing_is_left_to_watch_or_no_one_reads() {
+    let manager = TestManager::start(|_| {}).await.expect("manager");
+    let m = manager.endpoint();
+    // Bounded only so that the old behaviour (waiting forever) fails rather than hangs.
+    let (code, _, err) =
+        tokio::time::timeout(Duration::from_secs(60), ctl(&m, &["top", "--until-done"]))
+            .await
+            .expect("top --until-done with no job ends");
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("no job to wait for"), "{err}");
+
+    let (code, _, err) = ctl(
+        &m,
+        &["submit", "--image", "converge/trainer:dev", "--cpus", "0.5"],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let (mut child, mut lines) = spawn_ctl(&m, &["top"]);
+    lines
+        .next_line()
+        .await
+        .expect("read")
+        .expect("a first line");
+    drop(lines);
+    let status = child.wait().await.expect("top ends");
+    assert_eq!(status.code(), Some(141), "{status:?}");
+    manager.stop().await;
+}
