@@ -276,6 +276,30 @@ impl Config {
                 );
             }
         }
+        // TLS on one side only never connects, and says so only as a transport error.
+        match (self.manager.starts_with("https://"), self.tls.is_some()) {
+            (true, false) => {
+                return bad(
+                    "manager",
+                    format!(
+                        "`{}` speaks TLS: give --tls-cert and --tls-key (this worker's \
+                         certificate) and --tls-ca (the cluster CA)",
+                        self.manager
+                    ),
+                );
+            }
+            (false, true) => {
+                return bad(
+                    "manager",
+                    format!(
+                        "`{}` is plaintext but --tls-cert, --tls-key and --tls-ca are given: \
+                         use https://",
+                        self.manager
+                    ),
+                );
+            }
+            _ => {}
+        }
         if self.worker_id.is_empty()
             || self.worker_id.len() > 64
             || !self
@@ -708,6 +732,15 @@ mod tests {
         c.manager = "http://m:1".into();
         c.worker_id = "bad id".into();
         assert_eq!(setting_of(c.validate().map(|_| c.clone())), "worker-id");
+        // TLS on one side only: an https:// manager without the files, or files for http://.
+        let mut c = Config::new("https://m:1", "w1", 1.0);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("--manager") && e.contains("--tls-ca"), "{e}");
+        c.manager = "http://m:1".into();
+        let files = converge_messenger::tls::TlsFiles::worker(std::path::Path::new("/certs"), "w1");
+        c.tls = Some((files, "m".into()));
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("--manager") && e.contains("use https://"), "{e}");
     }
 
     #[test]

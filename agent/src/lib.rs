@@ -95,6 +95,18 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
     // to play SIGKILL): otherwise the session would live on, heartbeating for a dead agent.
     let shutdown = shutdown.child_token();
     let _stop_tasks_on_drop = shutdown.clone().drop_guard();
+    // Checked before anything on the host changes, only to refuse unusable files at start:
+    // each connection reads them again (a rotation needs no restart).
+    if let Some((files, domain)) = &config.tls {
+        let tls = converge_messenger::tls::ClientTls {
+            files: files.clone(),
+            domain: domain.clone(),
+        };
+        tls.check(&config.manager).map_err(|e| Error::Config {
+            setting: files.setting_of(&e),
+            why: e.to_string(),
+        })?;
+    }
     let docker = docker::connect(config.docker_host.as_deref()).await?;
     let cgroup = Arc::new(cgroup::WorkerCgroup::detect(
         &config.cgroup_root,
@@ -194,12 +206,6 @@ async fn serve(
             files: files.clone(),
             domain: domain.clone(),
         };
-        // Checked now only to refuse unusable files at start; each connection reads them
-        // again (a rotation needs no restart).
-        tls.check(&config.manager).map_err(|e| Error::Config {
-            setting: files.setting_of(&e),
-            why: e.to_string(),
-        })?;
         session_config.tls = Some(tls);
     }
     let metrics = metrics::AgentMetrics::new();

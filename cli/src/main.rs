@@ -60,9 +60,54 @@ mod exit {
     pub const CLOSED_PIPE: i32 = 141;
 }
 
-/// Whether `message` is a write to a pipe whose reader has gone.
+/// Whether a panic's `message` is `println!` finding stdout's reader gone.
 fn closed_pipe(message: &str) -> bool {
-    message.contains("Broken pipe")
+    message.starts_with("failed printing to stdout") && message.contains("Broken pipe")
+}
+
+/// Stdout whose reader went away (`convergectl logs | head`): what [`Stdout`] turns a broken
+/// pipe into, told apart from a broken connection to the manager.
+#[derive(Debug)]
+struct ClosedStdout;
+
+impl std::fmt::Display for ClosedStdout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("stdout was closed")
+    }
+}
+
+impl std::error::Error for ClosedStdout {}
+
+/// Stdout, locked, saying [`ClosedStdout`] when its reader has gone.
+struct Stdout(std::io::StdoutLock<'static>);
+
+impl Stdout {
+    fn closed(e: std::io::Error) -> std::io::Error {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::io::Error::new(std::io::ErrorKind::BrokenPipe, ClosedStdout)
+        } else {
+            e
+        }
+    }
+}
+
+impl std::io::Write for Stdout {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write(buf).map_err(Self::closed)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush().map_err(Self::closed)
+    }
+}
+
+/// Whether `e` is stdout's reader gone ([`ClosedStdout`]).
+fn stdout_closed(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .is_some_and(|inner| inner.is::<ClosedStdout>())
+    })
 }
 
 #[derive(Subcommand)]
@@ -206,7 +251,7 @@ async fn main() {
         panicked(info);
     }));
     if let Err(e) = run(cli).await {
-        if closed_pipe(&format!("{e:#}")) {
+        if stdout_closed(&e) {
             std::process::exit(exit::CLOSED_PIPE);
         }
         let code = e.downcast_ref::<tonic::Status>().map(tonic::Status::code);
@@ -218,7 +263,13 @@ async fn main() {
             format!("{e:#}")
         };
         eprintln!("convergectl: {text}");
-        if let Some(hint) = connection_hint(&manager, &format!("{e:#}")) {
+        let chain = format!("{e:#}");
+        // A plaintext request to a TLS port fails in more than one way (a frame too big, a
+        // broken pipe), depending on who closes first: asked directly instead.
+        let tls = manager.starts_with("http://")
+            && (chain.contains("transport error") || chain.contains("h2 protocol error"))
+            && speaks_tls(&manager).await;
+        if let Some(hint) = connection_hint(&manager, &chain, tls) {
             eprintln!("convergectl: {hint}");
         }
         let code = match code {
@@ -527,7 +578,7 @@ async fn logs(
         .await
         .map_err(status)?
         .into_inner();
-    let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
+    let (mut out, mut err) = (Stdout(std::io::stdout().lock()), std::io::stderr().lock());
     // The incarnation being printed, to head each new one.
     let mut shown: Option<u64> = None;
     let mut gaps = 0;
@@ -698,13 +749,11 @@ async fn get_job(client: &mut Client, job_id: String, include_progress: bool) ->
 
 /// What to fix when a connection failed in a way whose own words name nothing a user set:
 /// TLS on one side only, or a CA that did not sign the manager's certificate. `error` is
-/// the whole chain of causes.
-fn connection_hint(manager: &str, error: &str) -> Option<String> {
-    // A TLS record read as an HTTP/2 frame is too big a frame, found by this side (a manager
-    // going away mid-stream says GOAWAY, and gets no hint).
-    if error.contains("frame with invalid size") && manager.starts_with("http://") {
+/// the whole chain of causes; `tls`, that the http:// manager answered in TLS.
+fn connection_hint(manager: &str, error: &str, tls: bool) -> Option<String> {
+    if tls {
         Some(format!(
-            "if the manager speaks TLS, use --manager {} with --ca (or CONVERGE_CA)",
+            "the manager speaks TLS: use --manager {} with --ca (or CONVERGE_CA)",
             manager.replacen("http://", "https://", 1)
         ))
     } else if error.contains("InvalidContentType") {
@@ -721,6 +770,38 @@ fn connection_hint(manager: &str, error: &str) -> Option<String> {
     } else {
         None
     }
+}
+
+/// Whether the server at `manager` (an http:// URL) speaks TLS: to the HTTP/2 preface a
+/// plaintext client opens with, a TLS server answers with an alert record (type 21).
+async fn speaks_tls(manager: &str) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Some(authority) = manager
+        .parse::<tonic::transport::Uri>()
+        .ok()
+        .and_then(|u| u.authority().cloned())
+    else {
+        return false;
+    };
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let port = authority.port_u16().unwrap_or(80);
+    let probe = async {
+        let mut s = tokio::net::TcpStream::connect((host, port)).await.ok()?;
+        s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .await
+            .ok()?;
+        let mut first = [0u8; 1];
+        s.read_exact(&mut first).await.ok()?;
+        Some(first[0] == 0x15)
+    };
+    tokio::time::timeout(Duration::from_secs(2), probe)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(false)
 }
 
 /// A failed call, kept as the status so that `main` can pick the exit code.
@@ -925,5 +1006,30 @@ fn print_workers(ws: &[pb::Worker], json: bool) {
             w.job_ids.len(),
             w.policy
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Stdout's reader gone is told apart from a broken pipe to the manager, which is an
+    /// error to say, not an end to keep quiet.
+    #[test]
+    fn a_closed_stdout_is_told_from_a_broken_connection() {
+        let pipe = || std::io::Error::from(std::io::ErrorKind::BrokenPipe);
+        let stdout = anyhow::Error::new(Stdout::closed(pipe())).context("writing the logs");
+        assert!(stdout_closed(&stdout));
+        let manager = anyhow::Error::new(pipe()).context("cannot reach the manager");
+        assert!(!stdout_closed(&manager));
+        let other = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        assert_eq!(
+            Stdout::closed(other).kind(),
+            std::io::ErrorKind::PermissionDenied
+        );
+        assert!(closed_pipe(
+            "failed printing to stdout: Broken pipe (os error 32)"
+        ));
+        assert!(!closed_pipe("transport error: Broken pipe (os error 32)"));
     }
 }

@@ -92,6 +92,28 @@ impl SessionError {
         matches!(self, SessionError::Endpoint { .. } | SessionError::Tls(_))
     }
 
+    /// What to change when the failure's own words name nothing the operator set: TLS on
+    /// one side only, or a CA that did not sign the manager's certificate (read from the
+    /// whole chain of causes, where the layers below say it).
+    pub fn hint(&self, manager: &str) -> Option<&'static str> {
+        let mut chain = self.to_string();
+        let mut cause = std::error::Error::source(self);
+        while let Some(c) = cause {
+            chain.push_str(&format!(": {c}"));
+            cause = c.source();
+        }
+        if chain.contains("frame with invalid size") && manager.starts_with("http://") {
+            // A TLS record read as an HTTP/2 frame.
+            Some("if the manager speaks TLS, give an https:// --manager and the --tls-* files")
+        } else if chain.contains("InvalidContentType") {
+            Some("the manager does not speak TLS at this address: use an http:// --manager")
+        } else if chain.contains("UnknownIssuer") {
+            Some("the manager's certificate is not signed by --tls-ca: give the cluster CA")
+        } else {
+            None
+        }
+    }
+
     /// Whether the manager refused this registration because another agent process is
     /// connected as the same worker: it passes once that one's stream ends, or the operator
     /// gives one of them another `--worker-id`.
@@ -422,7 +444,10 @@ async fn run<S: AgentState>(
         }
         let reason = match &result {
             Ok(()) => "closed".to_string(),
-            Err(e) => e.to_string(),
+            Err(e) => match e.hint(&config.manager_endpoint) {
+                Some(hint) => format!("{e}; {hint}"),
+                None => e.to_string(),
+            },
         };
         status.send_modify(|s| {
             s.connected = false;
@@ -709,6 +734,29 @@ mod tests {
         assert!(!stream(Status::aborted(REPLACED)).is_refusal());
         assert!(stream(Status::aborted(REPLACED)).is_replaced());
         assert!(!stream(Status::aborted("something else")).is_replaced());
+        // The layers below say TLS on one side only in their own words (checked against a
+        // real manager by hand; here as they read).
+        let frame = stream(Status::internal(
+            "transport error: http2 error: connection error detected: frame with invalid size",
+        ));
+        assert!(
+            frame
+                .hint("http://m:7070")
+                .is_some_and(|h| h.contains("https://"))
+        );
+        assert_eq!(frame.hint("https://m:7070"), None);
+        let plain = stream(Status::unavailable(
+            "received corrupt message of type InvalidContentType",
+        ));
+        assert!(
+            plain
+                .hint("https://m:7070")
+                .is_some_and(|h| h.contains("http://"))
+        );
+        assert_eq!(
+            stream(Status::unavailable("connection refused")).hint("http://m"),
+            None
+        );
         let second = stream(Status::already_exists(
             "worker w1 is connected from another agent",
         ));

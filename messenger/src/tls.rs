@@ -239,8 +239,18 @@ impl TlsFiles {
         // tonic takes the PEM text and, at the handshake, says only that it was bad (or skips
         // a CA that is not PEM, and then trusts nothing): parsed here, a bad file is named.
         pem_certificates(&self.ca)?;
-        pem_certificates(&self.cert)?;
-        pem_key(&self.key)?;
+        let (chain, key) = (pem_certificates(&self.cert)?, pem_key(&self.key)?);
+        // A key of another certificate fails only at the handshake, as "transport error".
+        let provider = rustls::crypto::ring::default_provider();
+        rustls::sign::CertifiedKey::from_der(chain, key, &provider).map_err(|e| {
+            invalid(
+                &self.key,
+                format!(
+                    "does not go with the certificate {} ({e})",
+                    self.cert.display()
+                ),
+            )
+        })?;
         Ok(ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(read(&self.ca)?))
             .identity(Identity::from_pem(read(&self.cert)?, read(&self.key)?))
@@ -490,6 +500,24 @@ mod tests {
             assert_eq!(mode(key), 0o600, "{key}");
         }
         assert_eq!(mode(&w1_cert) & 0o044, 0o044, "certificates stay readable");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A worker's key with another worker's certificate is named as the key to fix, at the
+    /// start rather than as a transport error at every connection.
+    #[test]
+    fn a_key_of_another_certificate_is_named() {
+        let dir = std::env::temp_dir().join(format!("converge-tls-{}", uuid::Uuid::new_v4()));
+        generate(&dir, &["localhost".into()], &["w1".into(), "w2".into()]).unwrap();
+        let mut files = TlsFiles::worker(&dir, "w1");
+        files.client("localhost").expect("its own key");
+        files.key = TlsFiles::worker(&dir, "w2").key;
+        let e = files.client("localhost").map(|_| ()).unwrap_err();
+        assert_eq!(files.setting_of(&e), "tls-key", "{e}");
+        assert!(
+            e.to_string().contains("does not go with the certificate"),
+            "{e}"
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 
