@@ -27,7 +27,7 @@ impl Core {
             seq,
             spec,
             phase: JobPhase::Pending,
-            reason: "waiting for a worker".into(),
+            reason: SUBMITTED.into(),
             epoch: 0,
             incarnations: Vec::new(),
             container_id: String::new(),
@@ -174,6 +174,9 @@ impl Core {
         }
     }
 }
+
+/// What a job says from its submission until a placement pass gives it a reason.
+pub(super) const SUBMITTED: &str = "waiting for a worker";
 
 /// What a job that a drain could not move yet says.
 fn draining_reason(worker: &str) -> String {

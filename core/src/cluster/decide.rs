@@ -172,8 +172,16 @@ impl Core {
             worker: self.worker_id(worker),
             command: command.clone(),
         };
-        let epoch = self.jobs[id].epoch + 1;
+        let job = &self.jobs[id];
+        let epoch = job.epoch + 1;
         attributes.insert("policy".into(), self.policy.name().into());
+        // Why its first start waited, if a pass said so (`why` shows it once the job has left
+        // the queue). A job pending again holds why it stopped until a pass answers it, so
+        // only the first start's reason is surely a wait's.
+        if job.epoch == 0 && job.reason != super::control::SUBMITTED {
+            let waited = format!("{:.0}s: {}", self.now - job.submitted_at, job.reason);
+            attributes.insert("waited".into(), waited);
+        }
         let mut e = Event::new(EventKind::JobPlaced, reason);
         e.job = Some(id.into());
         e.worker = Some(worker.into());

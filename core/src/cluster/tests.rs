@@ -1020,6 +1020,35 @@ fn a_job_that_ended_while_starting_has_a_start() {
     assert_eq!(job.started_at.get(), Some(f.now));
 }
 
+/// A job that waited for room says why, and how long, in the event of its placement: `why`
+/// shows it once the job has left the queue. One placed at once says nothing of waiting.
+#[test]
+fn a_placement_after_a_wait_says_why_the_job_waited() {
+    let mut f = Fixture::running();
+    f.submit("b", 2.0);
+    let placed = |out: &[Effect], job: &str| {
+        out.iter().find_map(|e| match e {
+            Effect::Event(e) if e.kind == EventKind::JobPlaced && e.job.as_deref() == Some(job) => {
+                Some(e.attributes.clone())
+            }
+            _ => None,
+        })
+    };
+    f.submit("c", 2.0);
+    assert_eq!(f.state("c"), JobState::Pending);
+    let reason = f.core.job("c").unwrap().reason.clone();
+    assert!(reason.contains("free"), "{reason}");
+    // Time passes with no timer (whose liveness check would lose the silent workers).
+    f.now += 7.0;
+    let eb = f.epoch("b");
+    let out = f.exited(2, "b", eb, 0, false);
+    let attributes = placed(&out, "c").expect("c placed where b was");
+    assert_eq!(attributes.get("waited"), Some(&format!("7s: {reason}")));
+    let out = f.submit("d", 0.5);
+    let attributes = placed(&out, "d").expect("d placed at once");
+    assert_eq!(attributes.get("waited"), None);
+}
+
 #[test]
 fn restore_failure_retries_on_the_source_then_elsewhere_then_fails() {
     let mut f = Fixture::running();
