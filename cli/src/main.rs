@@ -118,7 +118,8 @@ enum Cmd {
         #[arg(long)]
         image: String,
         /// CPU cores requested.
-        #[arg(long, default_value_t = 1.0)]
+        // A negative number is a value (the manager says what is wrong with it), not a flag.
+        #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
         cpus: f64,
         /// Name shown in listings.
         #[arg(long, default_value = "")]
@@ -126,8 +127,8 @@ enum Cmd {
         /// The metric the job reports.
         #[arg(long, default_value = "loss")]
         metric: String,
-        /// `minimize` or `maximize`.
-        #[arg(long, default_value = "minimize")]
+        /// Whether the metric should go down or up.
+        #[arg(long, default_value = "minimize", value_parser = ["minimize", "min", "maximize", "max"])]
         direction: String,
         /// Environment variable `KEY=VALUE` (repeatable).
         #[arg(long = "env", value_parser = key_value)]
@@ -149,11 +150,14 @@ enum Cmd {
     },
     /// List jobs.
     List {
-        /// Only jobs in this state (pending, running, completed, ...).
-        #[arg(long)]
+        /// Only jobs in this state.
+        #[arg(long, value_parser = [
+            "pending", "starting", "running", "migrating", "paused", "stopping", "lost",
+            "completed", "failed", "cancelled", "rejected",
+        ])]
         state: Option<String>,
         /// Only jobs on this worker.
-        #[arg(long, default_value = "")]
+        #[arg(long, default_value = "", hide_default_value = true)]
         worker: String,
     },
     /// Cancel a job.
@@ -325,8 +329,8 @@ async fn run(cli: Cli) -> Result<()> {
         } => {
             let direction = match direction.as_str() {
                 "minimize" | "min" => pb::Direction::Minimize,
-                "maximize" | "max" => pb::Direction::Maximize,
-                other => bail!("--direction `{other}` must be minimize or maximize"),
+                // The parser took nothing else.
+                _ => pb::Direction::Maximize,
             };
             let spec = pb::JobSpec {
                 name,

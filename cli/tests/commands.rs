@@ -133,9 +133,18 @@ async fn each_command_prints_tables_and_json_and_exits_with_a_code_scripts_can_u
     assert!(err.contains("job_id"), "{err}");
     let (code, _, err) = ctl(&m, &["get", "3f2b8a2e-8f1c-4c1e-9a43-2d1f0c9b7e11"]).await;
     assert_eq!(code, 3, "{err}");
-    let (code, _, err) = ctl(&m, &["submit", "--image", "x", "--cpus=-1"]).await;
-    assert_eq!(code, 4, "{err}");
-    assert!(err.contains("spec.cpus"), "{err}");
+    // Also written `--cpus -1`: a negative number is the value, which the manager refuses.
+    for cpus in [&["--cpus=-1"][..], &["--cpus", "-1"]] {
+        let mut args = vec!["submit", "--image", "x"];
+        args.extend_from_slice(cpus);
+        let (code, _, err) = ctl(&m, &args).await;
+        assert_eq!(code, 4, "{err}");
+        assert!(err.contains("spec.cpus"), "{err}");
+    }
+    // 2 for a command line that does not parse, values included, naming those accepted.
+    let (code, _, err) = ctl(&m, &["list", "--state", "runing"]).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("possible values: pending"), "{err}");
     // 1 when the manager cannot be reached.
     let (code, _, err) = ctl("http://127.0.0.1:9", &["list"]).await;
     assert_eq!(code, 1, "{err}");

@@ -86,7 +86,9 @@ pub async fn serve(
     let (stream_tx, stream_rx) = mpsc::channel(8192);
     let metrics = metrics::ManagerMetrics::new();
     if let Some(addr) = config.metrics_listen {
-        let listener = TcpListener::bind(addr).await?;
+        let listener = TcpListener::bind(addr).await.map_err(|e| {
+            Error::invalid("--metrics-listen", format!("cannot listen on {addr}: {e}"))
+        })?;
         info!(addr = %listener.local_addr()?, "metrics at /metrics");
         let (registry, token) = (metrics.registry(), shutdown.clone());
         tokio::spawn(async move {

@@ -44,7 +44,16 @@ async fn main() -> anyhow::Result<()> {
             refuse(&e.to_string())
         }
     };
-    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    let listener = match tokio::net::TcpListener::bind(config.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!(
+                "converge-manager: cannot listen on {} (--listen): {e}",
+                config.listen
+            );
+            std::process::exit(EX_USAGE);
+        }
+    };
     let shutdown = CancellationToken::new();
     tokio::spawn(shutdown_on_signal(shutdown.clone()));
     let result = converge_manager::serve(config, listener, shutdown).await;
