@@ -60,6 +60,19 @@ mod exit {
     pub const CLOSED_PIPE: i32 = 141;
 }
 
+/// `e` with its causes, each said once: the transport's errors repeat their source in their
+/// own words ("tcp connect error: tcp connect error: Connection refused").
+fn causes(e: &anyhow::Error) -> String {
+    let mut out: Vec<String> = Vec::new();
+    for c in e.chain() {
+        let text = c.to_string();
+        if !out.last().is_some_and(|last| last.contains(&text)) {
+            out.push(text);
+        }
+    }
+    out.join(": ")
+}
+
 /// Whether a panic's `message` is `println!` finding stdout's reader gone.
 fn closed_pipe(message: &str) -> bool {
     message.starts_with("failed printing to stdout") && message.contains("Broken pipe")
@@ -264,7 +277,7 @@ async fn main() {
         let text = if code.is_some() {
             format!("{e}")
         } else {
-            format!("{e:#}")
+            causes(&e)
         };
         eprintln!("convergectl: {text}");
         let chain = format!("{e:#}");
@@ -289,7 +302,14 @@ async fn main() {
 
 async fn run(cli: Cli) -> Result<()> {
     let json = cli.output == Output::Json;
-    let mut endpoint = tonic::transport::Endpoint::from_shared(cli.manager.clone())?;
+    if !cli.manager.contains("://") {
+        bail!(
+            "--manager `{0}` needs a scheme: http://{0}, or https://{0} with --ca",
+            cli.manager
+        );
+    }
+    let mut endpoint = tonic::transport::Endpoint::from_shared(cli.manager.clone())
+        .with_context(|| format!("--manager `{}` is not a URL", cli.manager))?;
     if cli.manager.starts_with("https://") {
         // An IPv6 address is bracketed in the URL but not in a certificate.
         let host = endpoint.uri().host().unwrap_or("localhost");
@@ -573,6 +593,17 @@ async fn logs(
     json: bool,
 ) -> Result<()> {
     use std::io::Write;
+    // What the job is first: one that never ran has no output to look for, and one that ran
+    // more than once has each part headed, its first included.
+    let j = get_job(client, job.clone(), false).await?;
+    if pb::JobState::ended(j.state) && j.started_unix_ms == 0 {
+        eprintln!(
+            "convergectl: job {job} never ran ({}): it has no output",
+            j.reason
+        );
+        return Ok(());
+    }
+    let head_every_part = j.epoch > 1;
     let mut output = client
         .job_logs(pb::JobLogsRequest {
             job_id: job,
@@ -609,7 +640,7 @@ async fn logs(
         } else {
             if shown != Some(part.epoch) {
                 // A job that ran once needs no heading; after a move, each part has one.
-                if shown.is_some() || part.epoch > 1 {
+                if head_every_part || shown.is_some() || part.epoch > 1 {
                     out.flush()?;
                     writeln!(err, "── epoch {} on {} ──", part.epoch, part.worker_id)?;
                 }
@@ -906,14 +937,21 @@ fn print_job(j: &pb::Job) {
     println!("id:       {}", j.id);
     if let Some(s) = &j.spec {
         println!("name:     {}", s.name);
-        println!("image:    {} {}", s.image, s.args.join(" "));
+        println!("image:    {}", s.image);
+        if !s.args.is_empty() {
+            println!("args:     {}", s.args.join(" "));
+        }
     }
     println!(
         "state:    {} ({})",
         pb::JobState::label_of(j.state),
         j.reason
     );
-    println!("worker:   {} (epoch {})", j.worker_id, j.epoch);
+    if j.worker_id.is_empty() {
+        println!("worker:   - (epoch {})", j.epoch);
+    } else {
+        println!("worker:   {} (epoch {})", j.worker_id, j.epoch);
+    }
     println!(
         "progress: step {}/{}  metric {}  ({} samples, {} malformed lines)",
         j.step,
@@ -1035,5 +1073,30 @@ mod tests {
             "failed printing to stdout: Broken pipe (os error 32)"
         ));
         assert!(!closed_pipe("transport error: Broken pipe (os error 32)"));
+    }
+
+    /// A cause the one before it already says is not said again.
+    #[test]
+    fn causes_are_said_once() {
+        #[derive(Debug)]
+        struct Repeats(&'static str, Option<std::io::Error>);
+        impl std::fmt::Display for Repeats {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.0)
+            }
+        }
+        impl std::error::Error for Repeats {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                self.1.as_ref().map(|e| e as _)
+            }
+        }
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let e = anyhow::Error::new(Repeats("tcp connect error", Some(refused)))
+            .context("tcp connect error")
+            .context("cannot reach the manager");
+        assert_eq!(
+            causes(&e),
+            "cannot reach the manager: tcp connect error: connection refused"
+        );
     }
 }

@@ -620,8 +620,8 @@ async fn logs_of_a_moved_job_show_each_incarnations_part_from_the_worker_that_ra
         }))
         .await;
 
-    // As a table: each part on stdout in order, the second headed on stderr by its epoch and
-    // worker; each asked of the worker that ran it.
+    // As a table: each part on stdout in order, each headed on stderr by its epoch and
+    // worker (the first too: the job ran more than once); each asked of the worker that ran it.
     let reader = tokio::spawn({
         let (m, id) = (m.clone(), id.clone());
         async move { ctl(&m, &["logs", &id]).await }
@@ -631,6 +631,7 @@ async fn logs_of_a_moved_job_show_each_incarnations_part_from_the_worker_that_ra
     let (code, out, err) = reader.await.expect("reader");
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, "step 1\nsaved at 40\nrestored at 40\nstep 41\n");
+    assert!(err.contains("── epoch 1 on w1 ──"), "{err}");
     assert!(err.contains("── epoch 2 on w2 ──"), "{err}");
 
     // As JSON: every line says which incarnation and worker it came from.
@@ -828,5 +829,14 @@ async fn top_ends_when_nothing_is_left_to_watch_or_no_one_reads() {
     drop(lines);
     let status = child.wait().await.expect("top ends");
     assert_eq!(status.code(), Some(141), "{status:?}");
+
+    // No worker: the job never ran. Cancelled, its logs say so rather than look for output.
+    let (_, out, _) = ctl(&m, &["list", "-o", "json"]).await;
+    let id = json(&out)[0]["id"].as_str().expect("id").to_string();
+    let (code, _, err) = ctl(&m, &["cancel", &id]).await;
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = ctl(&m, &["logs", &id]).await;
+    assert_eq!((code, out.as_str()), (0, ""), "{err}");
+    assert!(err.contains("never ran (cancelled by user)"), "{err}");
     manager.stop().await;
 }
