@@ -155,7 +155,7 @@ enum Cmd {
     },
     /// Show one job.
     Get {
-        /// Job id.
+        /// Job id, a start of one, or its name (when one job alone matches).
         job: String,
         /// Also print its progress samples.
         #[arg(long)]
@@ -175,7 +175,7 @@ enum Cmd {
     },
     /// Cancel a job.
     Cancel {
-        /// Job id.
+        /// Job id, a start of one, or its name (when one job alone matches).
         job: String,
     },
     /// List workers.
@@ -196,14 +196,14 @@ enum Cmd {
     /// CPU weights or limits given and why, moves and their trigger, preemption, pending and
     /// failure reasons), oldest first.
     Why {
-        /// Job id.
+        /// Job id, a start of one, or its name (when one job alone matches).
         job: String,
     },
     /// A live view: a progress bar per job with its state, worker, CPU and ETA, redrawn on
     /// every event and once a second while jobs run (progress is not an event). Without
     /// `--job`: every job not ended yet, and those that end while it watches.
     Top {
-        /// Only this job (repeatable).
+        /// Only this job: its id, a start of one, or its name (repeatable).
         #[arg(long = "job")]
         jobs: Vec<String>,
         /// Exit once every job shown has ended (0 if all completed, 1 otherwise).
@@ -215,7 +215,7 @@ enum Cmd {
     /// than one. A finished job's output is read from its containers while they exist, then from the
     /// last 1,000 lines its agent kept of each (until that agent restarts).
     Logs {
-        /// Job id.
+        /// Job id, a start of one, or its name (when one job alone matches).
         job: String,
         /// Keep printing new output as the job writes it, across migrations, until it ends.
         #[arg(short, long)]
@@ -375,6 +375,7 @@ async fn run(cli: Cli) -> Result<()> {
             }
         }
         Cmd::Get { job, progress } => {
+            let job = resolve(&mut client, job).await?;
             let j = get_job(&mut client, job, progress).await?;
             if json {
                 println!("{}", job_json(&j));
@@ -433,6 +434,7 @@ async fn run(cli: Cli) -> Result<()> {
             }
         }
         Cmd::Cancel { job } => {
+            let job = resolve(&mut client, job).await?;
             let j = client
                 .cancel_job(pb::CancelJobRequest { job_id: job })
                 .await
@@ -470,9 +472,14 @@ async fn run(cli: Cli) -> Result<()> {
             print_workers(&[w], json);
         }
         Cmd::Top { jobs, until_done } => {
-            return top(&mut client, &cli.manager, jobs, until_done, json).await;
+            let mut ids = Vec::with_capacity(jobs.len());
+            for job in jobs {
+                ids.push(resolve(&mut client, job).await?);
+            }
+            return top(&mut client, &cli.manager, ids, until_done, json).await;
         }
         Cmd::Logs { job, follow, tail } => {
+            let job = resolve(&mut client, job).await?;
             return logs(&mut client, job, follow, tail, json).await;
         }
         Cmd::Backup { file: out } => {
@@ -504,6 +511,7 @@ async fn run(cli: Cli) -> Result<()> {
             }
         }
         Cmd::Why { job } => {
+            let job = resolve(&mut client, job).await?;
             // Its state first: a job that does not exist is NotFound, not an empty story.
             let j = get_job(&mut client, job.clone(), false).await?;
             let mut events = client
@@ -770,6 +778,41 @@ async fn top(
     }
 }
 
+/// The id of the job `given` names: its id, a start of one (`01a22684`), or its name
+/// (`--name`), as long as one job alone matches. None is NotFound (exit 3); several is a
+/// wrong request (exit 4) listing them.
+async fn resolve(client: &mut Client, given: String) -> Result<String> {
+    let is_id = given.len() == 36 && given.chars().all(|c| c.is_ascii_hexdigit() || c == '-');
+    if is_id || given.is_empty() {
+        return Ok(given);
+    }
+    let jobs = client
+        .list_jobs(pb::ListJobsRequest::default())
+        .await
+        .map_err(status)?
+        .into_inner()
+        .jobs;
+    let named: Vec<&pb::Job> = (jobs.iter())
+        .filter(|j| j.spec.as_ref().is_some_and(|s| s.name == given))
+        .collect();
+    let started: Vec<&pb::Job> = jobs.iter().filter(|j| j.id.starts_with(&given)).collect();
+    let matches = if named.is_empty() { started } else { named };
+    match matches.as_slice() {
+        [one] => Ok(one.id.clone()),
+        [] => Err(status(tonic::Status::not_found(format!(
+            "no job is named `{given}` or has an id starting so"
+        )))),
+        many => Err(status(tonic::Status::invalid_argument(format!(
+            "`{given}` matches {} jobs; give one of their ids: {}",
+            many.len(),
+            many.iter()
+                .map(|j| format!("{} ({})", j.id, pb::JobState::label_of(j.state)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )))),
+    }
+}
+
 /// GetJob; a refusal is kept as its status (for the exit code).
 async fn get_job(client: &mut Client, job_id: String, include_progress: bool) -> Result<pb::Job> {
     Ok(client
@@ -864,6 +907,9 @@ fn job_json(j: &pb::Job) -> serde_json::Value {
         "metric": j.metric_value,
         "migrations": j.migrations,
         "exit_code": j.exit_code,
+        "submitted_unix_ms": j.submitted_unix_ms,
+        "started_unix_ms": (j.started_unix_ms > 0).then_some(j.started_unix_ms),
+        "finished_unix_ms": (j.finished_unix_ms > 0).then_some(j.finished_unix_ms),
         "eta": j.eta.as_ref().map(|e| serde_json::json!({
             "remaining_s": e.remaining_s,
             "finish_unix_ms": e.finish_unix_ms,
@@ -897,7 +943,7 @@ fn why_line(e: &pb::Event) -> String {
     let what = match pb::EventKind::try_from(e.kind) {
         Ok(pb::EventKind::JobState) => format!(
             "{} -> {}",
-            pb::JobState::label_of(e.from_state),
+            from_label(e.from_state),
             pb::JobState::label_of(e.to_state)
         ),
         Ok(pb::EventKind::JobPlaced) => format!("placed on {}", e.worker_id),
@@ -947,6 +993,16 @@ fn print_job(j: &pb::Job) {
         pb::JobState::label_of(j.state),
         j.reason
     );
+    let mut times = vec![format!("submitted {}", clock(j.submitted_unix_ms))];
+    for (what, at) in [
+        ("started", j.started_unix_ms),
+        ("ended", j.finished_unix_ms),
+    ] {
+        if at > 0 {
+            times.push(format!("{what} {}", clock(at)));
+        }
+    }
+    println!("times:    {}", times.join(", "));
     if j.worker_id.is_empty() {
         println!("worker:   - (epoch {})", j.epoch);
     } else {
@@ -987,6 +1043,15 @@ fn clock(unix_ms: i64) -> String {
     format!("{:02}:{:02}:{:02} UTC", s / 3600, (s % 3600) / 60, s % 60)
 }
 
+/// A job event's earlier state: none (`new`) for its submission.
+fn from_label(state: i32) -> String {
+    if state == pb::JobState::Unspecified as i32 {
+        "new".into()
+    } else {
+        pb::JobState::label_of(state)
+    }
+}
+
 fn describe_event(e: &pb::Event) -> String {
     let kind = pb::EventKind::try_from(e.kind)
         .map(|k| {
@@ -998,7 +1063,7 @@ fn describe_event(e: &pb::Event) -> String {
     let what = if e.kind == pb::EventKind::JobState as i32 {
         format!(
             "{} -> {}",
-            pb::JobState::label_of(e.from_state),
+            from_label(e.from_state),
             pb::JobState::label_of(e.to_state)
         )
     } else {
@@ -1006,7 +1071,16 @@ fn describe_event(e: &pb::Event) -> String {
     };
     format!(
         "#{:<5} {:<12} job={} worker={} {} {}",
-        e.seq, kind, e.job_id, e.worker_id, what, e.reason
+        e.seq,
+        kind,
+        e.job_id,
+        if e.worker_id.is_empty() {
+            "-"
+        } else {
+            &e.worker_id
+        },
+        what,
+        e.reason
     )
 }
 

@@ -90,6 +90,12 @@ async fn each_command_prints_tables_and_json_and_exits_with_a_code_scripts_can_u
 
     let (_, out, _) = ctl(&m, &["get", &id]).await;
     assert!(out.contains("state:    starting (starting on w1)"), "{out}");
+    // A job is also named by its name, or by a start of its id, when it alone matches.
+    for by in ["cli-job", &id[..8]] {
+        let (code, out, err) = ctl(&m, &["get", by, "-o", "json"]).await;
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(json(&out)["id"], id.as_str(), "{by}");
+    }
 
     let (_, out, _) = ctl(&m, &["list", "-o", "json"]).await;
     assert_eq!(json(&out).as_array().map(Vec::len), Some(1));
@@ -127,10 +133,29 @@ async fn each_command_prints_tables_and_json_and_exits_with_a_code_scripts_can_u
     let (_, out, _) = ctl(&m, &["get", &id]).await;
     assert!(out.contains("eta:      - (ended)"), "{out}");
 
-    // Exit codes: 4 for a wrong request (naming the field), 3 for no such job.
+    // Exit codes: 3 for no such job (by id, start of one or name), 4 for a name that more
+    // than one job has (listing them).
     let (code, _, err) = ctl(&m, &["get", "not-a-job"]).await;
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("no job is named `not-a-job`"), "{err}");
+    let (code, out, err) = ctl(
+        &m,
+        &[
+            "submit",
+            "--image",
+            "converge/trainer:dev",
+            "--name",
+            "cli-job",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = ctl(&m, &["get", "cli-job"]).await;
     assert_eq!(code, 4, "{err}");
-    assert!(err.contains("job_id"), "{err}");
+    assert!(
+        err.contains("matches 2 jobs") && err.contains(&id) && err.contains(out.trim()),
+        "{err}"
+    );
     let (code, _, err) = ctl(&m, &["get", "3f2b8a2e-8f1c-4c1e-9a43-2d1f0c9b7e11"]).await;
     assert_eq!(code, 3, "{err}");
     // Also written `--cpus -1`: a negative number is the value, which the manager refuses.
@@ -537,8 +562,8 @@ async fn logs_prints_the_output_the_jobs_worker_sends_and_refuses_another_worker
         "{err}"
     );
     let (code, _, err) = ctl(&m, &["logs", "not-a-uuid"]).await;
-    assert_eq!(code, 4, "{err}");
-    assert!(err.contains("job_id"), "{err}");
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("no job is named `not-a-uuid`"), "{err}");
     let (code, _, err) = ctl(&m, &["logs", "6f1c1a52-3d2e-4b8a-9c1e-2f6d5e4c3b2a"]).await;
     assert_eq!(code, 3, "{err}");
     manager.stop().await;
