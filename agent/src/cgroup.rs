@@ -43,10 +43,15 @@ pub struct WorkerCgroup {
     /// Relative to each hierarchy's root, without leading or trailing `/`.
     parent: String,
     version: CgroupVersion,
-    /// The CPU cgroup's directory, opened and locked by [`WorkerCgroup::create`] for as long
-    /// as this agent runs (the lock goes with the process, however it ends). Shared by clones.
-    held: std::sync::Arc<std::sync::OnceLock<fs::File>>,
 }
+
+/// The worker's cgroup taken by this agent ([`WorkerCgroup::create`]): an exclusive `flock`
+/// on its CPU directory, let go when this is dropped or the process ends, however it ends.
+/// Held by the agent's run alone, not by the tasks that read the cgroup, so that an agent
+/// stopped in-process (a test) lets go at once.
+#[derive(Debug)]
+#[must_use = "the cgroup is this agent's only while the lease lives"]
+pub struct Lease(#[allow(dead_code)] fs::File);
 
 impl WorkerCgroup {
     /// Detects the cgroup version under `root` (usually `/sys/fs/cgroup`).
@@ -73,7 +78,6 @@ impl WorkerCgroup {
             root: root.to_path_buf(),
             parent: parent.trim_matches('/').to_string(),
             version,
-            held: std::sync::Arc::default(),
         }
     }
 
@@ -102,29 +106,24 @@ impl WorkerCgroup {
     /// sees (agents in containers too, through the host's cgroup filesystem): a second agent
     /// given the same `--worker-id` on one host fails here, before it changes the first's
     /// quota or, at its exit, removes the cgroup its containers run in.
-    pub fn create(&self, cpus: f64) -> Result<()> {
+    pub fn create(&self, cpus: f64) -> Result<Lease> {
         let dir = self.cpu_dir();
         fs::create_dir_all(&dir).map_err(|source| Error::Cgroup {
             path: dir.clone(),
             source,
         })?;
-        if self.held.get().is_none() {
-            let file = fs::File::open(&dir).map_err(|source| Error::Cgroup {
-                path: dir.clone(),
-                source,
-            })?;
-            match file.try_lock() {
-                Ok(()) => {
-                    let _ = self.held.set(file);
-                }
-                Err(fs::TryLockError::WouldBlock) => {
-                    return Err(Error::WorkerTaken { path: dir });
-                }
-                Err(fs::TryLockError::Error(source)) => {
-                    return Err(Error::Cgroup { path: dir, source });
-                }
+        let file = fs::File::open(&dir).map_err(|source| Error::Cgroup {
+            path: dir.clone(),
+            source,
+        })?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => return Err(Error::WorkerTaken { path: dir }),
+            Err(fs::TryLockError::Error(source)) => {
+                return Err(Error::Cgroup { path: dir, source });
             }
         }
+        let lease = Lease(file);
         match self.version {
             CgroupVersion::V1 => {
                 let period = read_u64(&dir.join("cpu.cfs_period_us")).unwrap_or(DEFAULT_PERIOD_US);
@@ -152,7 +151,8 @@ impl WorkerCgroup {
                     ),
                 )
             }
-        }
+        }?;
+        Ok(lease)
     }
 
     /// Caps the memory of all the worker's containers together at `bytes`.
@@ -345,7 +345,7 @@ mod tests {
     fn a_worker_cgroup_is_taken_by_one_agent_at_a_time() {
         let root = std::env::temp_dir().join(format!("converge-cg-{}", std::process::id()));
         let first = WorkerCgroup::with_version(&root, "converge/w1", CgroupVersion::V1);
-        first.create(2.0).unwrap();
+        let lease = first.create(2.0).unwrap();
         let quota = first.cpu_dir().join("cpu.cfs_quota_us");
         assert_eq!(fs::read_to_string(&quota).unwrap(), "200000");
         let second = WorkerCgroup::with_version(&root, "converge/w1", CgroupVersion::V1);
@@ -353,8 +353,9 @@ mod tests {
         assert!(matches!(e, Error::WorkerTaken { .. }), "{e}");
         assert!(e.to_string().contains("--worker-id"), "{e}");
         assert_eq!(fs::read_to_string(&quota).unwrap(), "200000");
-        drop(first);
-        second.create(0.3).unwrap();
+        // The lease, not the cgroup's handle (which tasks share), holds it.
+        drop(lease);
+        let _lease = second.create(0.3).unwrap();
         assert_eq!(fs::read_to_string(&quota).unwrap(), "30000");
         fs::remove_dir_all(&root).unwrap();
     }
@@ -423,7 +424,7 @@ mod tests {
         fs::write(v1root.join("cpu/cpu.cfs_quota_us"), "-1").unwrap();
         let cg = WorkerCgroup::detect(&v1root, "/converge/w1").unwrap();
         assert_eq!(cg.version(), CgroupVersion::V1);
-        cg.create(1.5).unwrap();
+        let _v1 = cg.create(1.5).unwrap();
         // A plain directory has no cfs_period_us: the default period is assumed.
         assert_eq!(
             fs::read_to_string(v1root.join("cpu/converge/w1/cpu.cfs_quota_us")).unwrap(),
@@ -435,7 +436,7 @@ mod tests {
         fs::write(v2root.join("cgroup.controllers"), "cpu memory").unwrap();
         let cg = WorkerCgroup::detect(&v2root, "/converge/w2").unwrap();
         assert_eq!(cg.version(), CgroupVersion::V2);
-        cg.create(0.5).unwrap();
+        let _v2 = cg.create(0.5).unwrap();
         assert_eq!(cg.capacity().unwrap(), Some(0.5));
         let dir = v2root.join("converge/w2/c1");
         fs::create_dir_all(&dir).unwrap();

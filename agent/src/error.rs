@@ -37,7 +37,7 @@ pub enum Error {
     /// Another agent process on this host runs the same worker (it holds its cgroup).
     #[error(
         "another agent process on this host runs this worker: it holds the worker's cgroup {}; \
-         stop it, or give this agent another --worker-id",
+         stop it, or give this agent another --worker-id (or --cgroup-parent)",
         path.display()
     )]
     WorkerTaken {

@@ -127,7 +127,7 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
             "--cpus is more than Docker's host has; the worker's jobs will get less CPU than the manager places for"
         );
     }
-    cgroup.create(config.cpus)?;
+    let lease = cgroup.create(config.cpus)?;
     let served = serve(config, docker, cgroup.clone(), shutdown).await;
     // Also when the agent failed to start (a checkpoint root it cannot make, no calibration
     // image): a cgroup left by an agent that never ran was the operator's to find.
@@ -136,6 +136,7 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
     } else {
         warn!(cgroup = %cgroup.docker_parent(), "worker cgroup left in place: containers still run in it");
     }
+    drop(lease);
     served
 }
 

@@ -40,7 +40,7 @@ async fn usage_from_cgroup_files_vs_the_stats_api() {
     let docker = require_docker_and_trainer().await;
     let worker = TestWorker::new("bench");
     let cg = WorkerCgroup::detect("/sys/fs/cgroup".as_ref(), &worker.cgroup_parent).unwrap();
-    cg.create(1.0).unwrap();
+    let _lease = cg.create(1.0).unwrap();
     let name = format!("converge-{}-bench", worker.id);
     let body = ContainerCreateBody {
         image: Some(TRAINER_IMAGE.into()),

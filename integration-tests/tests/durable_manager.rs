@@ -324,17 +324,19 @@ async fn finished_jobs_beyond_those_kept_are_answered_for_from_the_store() -> an
     check(client.clone(), ids.clone()).await?;
     first.stop().await;
 
+    let second_metrics = converge_integration_tests::free_local_addr();
     let second = TestManager::start_at(addr, |c| {
         tweak(state.path())(c);
         c.keep_finished = 2;
         c.events_in_memory = 3;
-        c.metrics_listen = Some(metrics);
+        // Its own port: the first manager's metrics task may not have let go of its own yet.
+        c.metrics_listen = Some(second_metrics);
     })
     .await?;
     check(second.control().await?, ids).await?;
     // The gauge of jobs per state goes on from the store: all five completed, the three
     // archived ones too, and none running (it went below 0 when counted from nothing).
-    let text = converge_integration_tests::scrape_metrics(metrics, false).await?;
+    let text = converge_integration_tests::scrape_metrics(second_metrics, false).await?;
     let jobs = |state: &str| {
         converge_integration_tests::metric_value(
             &text,
@@ -403,6 +405,16 @@ async fn finished_jobs_past_the_retention_are_pruned_and_live_ones_stay() -> any
     assert_eq!(
         converge_integration_tests::metric_value(&text, "converge_manager_jobs_pruned_total", ""),
         Some(1.0),
+        "{text}"
+    );
+    // Pruned, it left the gauge of its state too (a restart counts the store's jobs).
+    assert_eq!(
+        converge_integration_tests::metric_value(
+            &text,
+            "converge_manager_jobs",
+            "state=\"cancelled\""
+        ),
+        Some(0.0),
         "{text}"
     );
     // The pending job, submitted before the pruned one finished, is untouched.

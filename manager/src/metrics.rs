@@ -286,6 +286,15 @@ impl ManagerMetrics {
 
     /// The gauge of jobs in `state` starts at `count` (a restarted manager's stored jobs):
     /// the changes counted from then on move it from there, not from 0.
+    /// A stored job in `state` (a label) was pruned: one fewer in its state's gauge.
+    pub(crate) fn job_pruned(&self, state: &str) {
+        if let Some(s) = STATES.iter().find(|s| s.label() == state) {
+            self.jobs
+                .get_or_create(&StateLabel { state: s.label() })
+                .dec();
+        }
+    }
+
     /// `state` is a stored job's state label (`running`); one no state has is ignored.
     pub(crate) fn jobs_now(&self, state: &str, count: u64) {
         if let Some(s) = STATES.iter().find(|s| s.label() == state) {

@@ -137,7 +137,8 @@ pub trait Store: Send {
     /// (the core's time: seconds since the Unix epoch); returns how many went. How the
     /// manager's `--finished-retention` keeps the file from growing with the history; `limit`
     /// bounds how long one call holds the writer.
-    fn prune_finished(&mut self, before: f64, limit: usize) -> Result<usize>;
+    /// Returns the state (its label) of each job removed.
+    fn prune_finished(&mut self, before: f64, limit: usize) -> Result<Vec<String>>;
 
     /// Begins a consistent copy of the whole store (what the last commit left) in a new file
     /// beside it: how a running manager is backed up, since it holds its file exclusively.

@@ -626,7 +626,7 @@ impl Store for Sqlite {
         }))
     }
 
-    fn prune_finished(&mut self, before: f64, limit: usize) -> Result<usize> {
+    fn prune_finished(&mut self, before: f64, limit: usize) -> Result<Vec<String>> {
         // A commit like `commit`'s: once a copy is written, it checkpoints again.
         self.resume_checkpoints()?;
         let path = self.path.clone();
@@ -638,17 +638,17 @@ impl Store for Sqlite {
         // Through the index on (state, finished_at): a pass that finds nothing reads nothing.
         // No order: every job it finds is past its time, and a later pass takes the rest. A
         // finished job with no finish time is the oldest, as `load` orders it.
-        let ids: Vec<String> = {
+        let found: Vec<(String, String)> = {
             let mut q = tx
                 .prepare_cached(&format!(
-                    "SELECT id FROM jobs WHERE state IN ({})
+                    "SELECT id, state FROM jobs WHERE state IN ({})
                      AND (finished_at < ?1 OR finished_at IS NULL) LIMIT ?2",
                     terminal_labels()
                 ))
                 .map_err(sql)?;
             q.query_map(
                 params![before, i64::try_from(limit).unwrap_or(i64::MAX)],
-                |r| r.get(0),
+                |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .map_err(sql)?
             .collect::<rusqlite::Result<_>>()
@@ -661,13 +661,13 @@ impl Store for Sqlite {
             let mut spec = tx
                 .prepare_cached("DELETE FROM specs WHERE id = ?1")
                 .map_err(sql)?;
-            for id in &ids {
+            for (id, _) in &found {
                 job.execute([id]).map_err(sql)?;
                 spec.execute([id]).map_err(sql)?;
             }
         }
         tx.commit().map_err(sql)?;
-        Ok(ids.len())
+        Ok(found.into_iter().map(|(_, state)| state).collect())
     }
 }
 

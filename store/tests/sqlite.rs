@@ -436,14 +436,14 @@ fn pruning_deletes_only_jobs_finished_before_the_cutoff_with_their_specs() {
     };
 
     // A limit of one takes one of the two due; the next pass the other; then none is due.
-    assert_eq!(store.prune_finished(12.0, 1).unwrap(), 1);
+    assert_eq!(store.prune_finished(12.0, 1).unwrap().len(), 1);
     assert_eq!(stored(&mut store).len(), 4);
-    assert_eq!(store.prune_finished(12.0, 1).unwrap(), 1);
-    assert_eq!(store.prune_finished(12.0, 100).unwrap(), 0);
+    assert_eq!(store.prune_finished(12.0, 1).unwrap().len(), 1);
+    assert_eq!(store.prune_finished(12.0, 100).unwrap().len(), 0);
     assert_eq!(stored(&mut store), ["j2", "j3", "j4"]);
 
     // A cutoff later than every finish leaves the live job, however old.
-    assert_eq!(store.prune_finished(1e9, 100).unwrap(), 2);
+    assert_eq!(store.prune_finished(1e9, 100).unwrap().len(), 2);
     let left = store.jobs(None, None).unwrap();
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].job.id, "j4");
@@ -700,7 +700,7 @@ fn a_prune_after_a_copy_is_written_checkpoints_again() {
     let file = dir.path().join(FILE_NAME);
     let size = std::fs::metadata(&file).unwrap().len();
     assert_eq!(
-        store.prune_finished(100.0, 10).unwrap(),
+        store.prune_finished(100.0, 10).unwrap().len(),
         4,
         "the four cancelled"
     );

@@ -701,7 +701,13 @@ impl Actor {
         }
         let before = now() - retention.as_secs_f64();
         match store.prune_finished(before, PRUNE_BATCH) {
-            Ok(n) => {
+            Ok(states) => {
+                let n = states.len();
+                // Gone from the store, they leave the gauge of jobs per state, which a
+                // restart would start from the store's count (`Recovered::job_states`).
+                for state in &states {
+                    self.metrics.job_pruned(state);
+                }
                 if n < PRUNE_BATCH {
                     // The store holds no job older than `before` now: memory forgets the same
                     // ones (while a backlog is pruned, memory keeps them, as the store does).

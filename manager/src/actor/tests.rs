@@ -142,7 +142,7 @@ impl Store for Watched {
         self.store.events(from, before, job, limit)
     }
 
-    fn prune_finished(&mut self, before: f64, limit: usize) -> converge_store::Result<usize> {
+    fn prune_finished(&mut self, before: f64, limit: usize) -> converge_store::Result<Vec<String>> {
         self.store.prune_finished(before, limit)
     }
 
