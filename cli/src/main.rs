@@ -155,7 +155,7 @@ enum Cmd {
     },
     /// Show one job.
     Get {
-        /// Job id, a start of one, or its name (when one job alone matches).
+        /// Job id, or its name (when one job alone has it).
         job: String,
         /// Also print its progress samples.
         #[arg(long)]
@@ -164,7 +164,7 @@ enum Cmd {
     /// List jobs.
     List {
         /// Only jobs in this state.
-        #[arg(long, value_parser = [
+        #[arg(long, ignore_case = true, value_parser = [
             "pending", "starting", "running", "migrating", "paused", "stopping", "lost",
             "completed", "failed", "cancelled", "rejected",
         ])]
@@ -175,7 +175,7 @@ enum Cmd {
     },
     /// Cancel a job.
     Cancel {
-        /// Job id, a start of one, or its name (when one job alone matches).
+        /// Job id, or its name (when one job alone has it).
         job: String,
     },
     /// List workers.
@@ -196,14 +196,14 @@ enum Cmd {
     /// CPU weights or limits given and why, moves and their trigger, preemption, pending and
     /// failure reasons), oldest first.
     Why {
-        /// Job id, a start of one, or its name (when one job alone matches).
+        /// Job id, or its name (when one job alone has it).
         job: String,
     },
     /// A live view: a progress bar per job with its state, worker, CPU and ETA, redrawn on
     /// every event and once a second while jobs run (progress is not an event). Without
     /// `--job`: every job not ended yet, and those that end while it watches.
     Top {
-        /// Only this job: its id, a start of one, or its name (repeatable).
+        /// Only this job: its id, or its name (repeatable).
         #[arg(long = "job")]
         jobs: Vec<String>,
         /// Exit once every job shown has ended (0 if all completed, 1 otherwise).
@@ -215,7 +215,7 @@ enum Cmd {
     /// than one. A finished job's output is read from its containers while they exist, then from the
     /// last 1,000 lines its agent kept of each (until that agent restarts).
     Logs {
-        /// Job id, a start of one, or its name (when one job alone matches).
+        /// Job id, or its name (when one job alone has it).
         job: String,
         /// Keep printing new output as the job writes it, across migrations, until it ends.
         #[arg(short, long)]
@@ -494,6 +494,7 @@ async fn run(cli: Cli) -> Result<()> {
             }
         }
         Cmd::Watch { job, from_seq } => {
+            let job = resolve(&mut client, job).await?;
             let mut events = client
                 .watch_events(pb::WatchEventsRequest {
                     job_id: job,
@@ -778,32 +779,38 @@ async fn top(
     }
 }
 
-/// The id of the job `given` names: its id, a start of one (`01a22684`), or its name
-/// (`--name`), as long as one job alone matches. None is NotFound (exit 3); several is a
-/// wrong request (exit 4) listing them.
+/// The id of the job `given` names: its id, or its name (`--name`) when one job alone has
+/// it, a job not ended yet before an ended one (a name is often given again to a new job
+/// once the old one ended). None is NotFound (exit 3); several is a wrong request (exit 4)
+/// listing them. Ids are not matched by their start: they begin with their submission time
+/// (UUIDv7), so jobs submitted together share it.
 async fn resolve(client: &mut Client, given: String) -> Result<String> {
     let is_id = given.len() == 36 && given.chars().all(|c| c.is_ascii_hexdigit() || c == '-');
     if is_id || given.is_empty() {
         return Ok(given);
     }
-    let jobs = client
-        .list_jobs(pb::ListJobsRequest::default())
-        .await
-        .map_err(status)?
-        .into_inner()
-        .jobs;
-    let named: Vec<&pb::Job> = (jobs.iter())
-        .filter(|j| j.spec.as_ref().is_some_and(|s| s.name == given))
-        .collect();
-    let started: Vec<&pb::Job> = jobs.iter().filter(|j| j.id.starts_with(&given)).collect();
-    let matches = if named.is_empty() { started } else { named };
+    let named = |jobs: Vec<pb::Job>| -> Vec<pb::Job> {
+        (jobs.into_iter())
+            .filter(|j| j.spec.as_ref().is_some_and(|s| s.name == given))
+            .collect()
+    };
+    // The live jobs, one state at a time: answered from the manager's memory, where a list
+    // of every state reads every finished job from its store.
+    let mut matches = Vec::new();
+    for state in LIVE_STATES {
+        let jobs = list_jobs(client, state).await?;
+        matches.extend(named(jobs));
+    }
+    if matches.is_empty() {
+        matches = named(list_jobs(client, pb::JobState::Unspecified).await?);
+    }
     match matches.as_slice() {
         [one] => Ok(one.id.clone()),
         [] => Err(status(tonic::Status::not_found(format!(
-            "no job is named `{given}` or has an id starting so"
+            "no job has the id or name `{given}`"
         )))),
         many => Err(status(tonic::Status::invalid_argument(format!(
-            "`{given}` matches {} jobs; give one of their ids: {}",
+            "{} jobs are named `{given}`; give one of their ids: {}",
             many.len(),
             many.iter()
                 .map(|j| format!("{} ({})", j.id, pb::JobState::label_of(j.state)))
@@ -811,6 +818,29 @@ async fn resolve(client: &mut Client, given: String) -> Result<String> {
                 .join(", ")
         )))),
     }
+}
+
+/// The states of jobs not ended.
+const LIVE_STATES: [pb::JobState; 7] = [
+    pb::JobState::Pending,
+    pb::JobState::Starting,
+    pb::JobState::Running,
+    pb::JobState::Migrating,
+    pb::JobState::Paused,
+    pb::JobState::Stopping,
+    pb::JobState::Lost,
+];
+
+async fn list_jobs(client: &mut Client, state: pb::JobState) -> Result<Vec<pb::Job>> {
+    Ok(client
+        .list_jobs(pb::ListJobsRequest {
+            state: state as i32,
+            worker_id: String::new(),
+        })
+        .await
+        .map_err(status)?
+        .into_inner()
+        .jobs)
 }
 
 /// GetJob; a refusal is kept as its status (for the exit code).

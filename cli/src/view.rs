@@ -11,8 +11,9 @@ use std::io::IsTerminal;
 use converge_messenger::pb;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-/// Below this confidence an ETA is shown as a guess (`eta ~9s`).
-const GUESS: f64 = 0.25;
+/// The basis of an ETA shown as a guess (`eta ~9s`): finished jobs' sizes given the service
+/// the job has had, with nothing of its own.
+const GUESS: &str = "attained-service";
 
 /// Width of the plain frame's bar, in characters.
 const BAR: usize = 24;
@@ -34,8 +35,8 @@ pub struct Row {
     pub cpu_used: f64,
     /// The CPU limit the worker set (FlowCon's or Converge's; absent under free competition).
     pub cpu_limit: Option<f64>,
-    /// `eta 1m05s`, `starts in 12s, eta 43s`, `eta ~9s` for a guess (confidence under
-    /// [`GUESS`]), `eta -` when nothing tells yet; once ended,
+    /// `eta 1m05s`, `starts in 12s, eta 43s`, `eta ~9s` for a guess (basis [`GUESS`]),
+    /// `eta -` when nothing tells yet; once ended,
     /// `took 1m05s` from submission, or `never ran`.
     pub eta: String,
     /// Why it is in its state, shown for jobs that wait or ended other than completed.
@@ -58,9 +59,9 @@ impl Row {
                 duration((j.finished_unix_ms - j.submitted_unix_ms) as f64 / 1000.0)
             )
         } else {
-            // A guess (no progress of its own yet: other jobs' sizes) is marked, so that
-            // "eta 9s" for a job that runs 20 is not read as a forecast.
-            let rough = |e: &pb::Eta| if e.confidence < GUESS { "~" } else { "" };
+            // A guess from other jobs' sizes (the job has no progress of its own to go by) is
+            // marked, so that "eta 9s" for a job that runs 20 is not read as a forecast.
+            let rough = |e: &pb::Eta| if e.basis == GUESS { "~" } else { "" };
             match &j.eta {
                 Some(e) if pending && e.start_unix_ms > 0 => format!(
                     "starts in {}, eta {}{}",
@@ -265,8 +266,12 @@ mod tests {
         assert!(line.contains("400/1600"), "{line}");
         assert!(line.contains("cpu 0.48/0.50"), "{line}");
         assert!(line.ends_with("eta 1m05s"), "{line}");
-        // A guess (no progress of its own yet) is marked as one.
+        // A guess from other jobs' sizes is marked as one; a measured rate at a low
+        // confidence is not.
         j.eta.as_mut().unwrap().confidence = 0.05;
+        let line = Row::of(&j, 1_010_000).line();
+        assert!(line.ends_with("eta 1m05s"), "{line}");
+        j.eta.as_mut().unwrap().basis = GUESS.into();
         let line = Row::of(&j, 1_010_000).line();
         assert!(line.ends_with("eta ~1m05s"), "{line}");
     }
@@ -283,8 +288,7 @@ mod tests {
             ..Default::default()
         });
         let line = Row::of(&j, 1_010_000).line();
-        // Its confidence unset: a guess.
-        assert!(line.contains("starts in 20s, eta ~1m30s"), "{line}");
+        assert!(line.contains("starts in 20s, eta 1m30s"), "{line}");
         assert!(line.ends_with("(no worker has 1.00 free cores)"), "{line}");
         // Not running: no CPU figures.
         assert!(!line.contains("cpu"), "{line}");

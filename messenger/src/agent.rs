@@ -106,7 +106,10 @@ impl SessionError {
             // A TLS record read as an HTTP/2 frame.
             Some("if the manager speaks TLS, give an https:// --manager and the --tls-* files")
         } else if chain.contains("InvalidContentType") {
-            Some("the manager does not speak TLS at this address: use an http:// --manager")
+            Some(
+                "the manager does not speak TLS at this address: use an http:// --manager, \
+                 without the --tls-* files",
+            )
         } else if chain.contains("UnknownIssuer") {
             Some("the manager's certificate is not signed by --tls-ca: give the cluster CA")
         } else {

@@ -109,25 +109,31 @@ fn read(path: &Path) -> Result<String, TlsError> {
     })
 }
 
-/// Writes a secret (a private key, a tokens file) readable by its owner only: created so,
-/// and made so before the new text goes into a file that existed (a rotation).
+/// Writes a secret (a private key, a tokens file) readable by its owner only: a new file,
+/// made so before the text goes in, then renamed over the old one. Not written into the old
+/// file: a reader that opened it when it was readable by all would read the new secret.
 pub fn write_private(path: &Path, text: &str) -> Result<(), TlsError> {
     use std::io::Write;
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    use std::os::unix::fs::OpenOptionsExt;
     let io = |source| TlsError::Io {
         path: path.to_path_buf(),
         source,
     };
+    let mut new = path.as_os_str().to_owned();
+    new.push(".new");
+    let new = PathBuf::from(new);
+    // A `.new` left by a write that failed halfway is ours to replace.
+    let _ = std::fs::remove_file(&new);
     let mut file = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
-        .open(path)
+        .open(&new)
         .map_err(io)?;
-    file.set_permissions(std::fs::Permissions::from_mode(0o600))
-        .map_err(io)?;
-    file.write_all(text.as_bytes()).map_err(io)
+    file.write_all(text.as_bytes())
+        .and_then(|()| file.sync_all())
+        .and_then(|()| std::fs::rename(&new, path))
+        .map_err(io)
 }
 
 fn write(path: &Path, text: &str) -> Result<(), TlsError> {
