@@ -355,14 +355,23 @@ pub fn shown_text(ids: &[WorkerId], mut shown: Vec<usize>, score: impl Fn(usize)
     format!("{} (+{more} more)", entries(ids, shown, score))
 }
 
-/// `w1=0.5 w2=0.25` for the workers `shown`, in the order given.
+/// `w1=0.5 w2=0.25` for the workers `shown`, in the order given; each score to four decimals
+/// (`walk-1=10.474373169020446` said nothing more to a reader than `10.4744`).
 fn entries(
     ids: &[WorkerId],
     shown: impl IntoIterator<Item = usize>,
     score: impl Fn(usize) -> f64,
 ) -> String {
+    // `+ 0.0`: a score rounded to nothing is 0, not -0.
+    let shown_score = |x: f64| {
+        if x.is_finite() {
+            (x * 1e4).round() / 1e4 + 0.0
+        } else {
+            x
+        }
+    };
     (shown.into_iter())
-        .map(|i| format!("{}={}", ids[i], score(i)))
+        .map(|i| format!("{}={}", ids[i], shown_score(score(i))))
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -729,6 +738,10 @@ mod tests {
         assert_eq!(
             scores_text(&ids, &[1.0, f64::INFINITY, 0.5], 2),
             "a=1 b=inf c=0.5"
+        ); // To four decimals.
+        assert_eq!(
+            scores_text(&ids, &[10.474373169020446, 0.5, -0.00004], 0),
+            "a=10.4744 b=0.5 c=0"
         );
     }
 
