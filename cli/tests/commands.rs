@@ -213,7 +213,11 @@ async fn each_command_prints_tables_and_json_and_exits_with_a_code_scripts_can_u
 async fn a_viewer_token_may_list_but_not_submit() {
     let dir = tempfile_dir("cli-tokens").expect("dir");
     let file = dir.path().join("tokens");
-    std::fs::write(&file, "viewer-token-0123456789 viewer ana\n").expect("write");
+    std::fs::write(
+        &file,
+        "viewer-token-0123456789 viewer ana\noperator-token-012345678 operator bo\n",
+    )
+    .expect("write");
     let manager = TestManager::start(|c| c.tokens = Some(file.clone()))
         .await
         .expect("manager");
@@ -235,6 +239,14 @@ async fn a_viewer_token_may_list_but_not_submit() {
     .await;
     assert_eq!(code, 5, "{err}");
     assert!(err.contains("needs the operator role"), "{err}");
+    // An operator's cancel names the operator in the job's reason, as Slurm's accounting does.
+    let operator = ["--token", "operator-token-012345678"];
+    let (code, out, err) = ctl(&m, &[&operator[..], &["submit", "--image", "x"]].concat()).await;
+    assert_eq!(code, 0, "{err}");
+    let cancel = [&operator[..], &["cancel", out.trim(), "-o", "json"]].concat();
+    let (code, out, err) = ctl(&m, &cancel).await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json(&out)["reason"], "cancelled by bo", "{out}");
     manager.stop().await;
 }
 

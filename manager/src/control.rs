@@ -200,10 +200,13 @@ impl ControlService for ManagerHandle {
         request: Request<pb::CancelJobRequest>,
     ) -> Result<Response<pb::Job>, Status> {
         self.admit(&request)?;
+        // The token's name, for the job's reason; none when the API is open.
+        let by = (request.extensions().get::<crate::auth::CallerName>())
+            .map_or_else(String::new, |c| c.0.clone());
         let id = request.into_inner().job_id;
         job_id(&id)?;
         let job = self
-            .ask(|reply| ActorRequest::Cancel { id, reply })
+            .ask(|reply| ActorRequest::Cancel { id, by, reply })
             .await??;
         Ok(Response::new(job))
     }

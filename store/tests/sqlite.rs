@@ -365,7 +365,10 @@ fn four_finished_one_pending(store: &mut Sqlite) -> (Core, [&'static str; 5]) {
         step_stored(store, &mut core, 1.0 + i as f64, submit(id));
     }
     for (i, id) in ids[..4].iter().enumerate() {
-        let cancel = Input::Cancel { id: id.into() };
+        let cancel = Input::Cancel {
+            id: id.into(),
+            by: String::new(),
+        };
         step_stored(store, &mut core, 10.0 + i as f64, cancel);
     }
     (core, ids)
@@ -412,7 +415,10 @@ fn a_restart_reads_the_live_jobs_and_only_the_newest_finished_ones() {
         &mut store,
         &mut core,
         20.0,
-        Input::Cancel { id: "j4".into() },
+        Input::Cancel {
+            id: "j4".into(),
+            by: String::new(),
+        },
     );
     let got = store.load(0, 0).unwrap();
     assert!(got.saved.jobs.is_empty() && got.saved.workers.is_empty() && got.events.is_empty());
@@ -470,7 +476,13 @@ fn a_store_of_the_first_schema_is_migrated_and_reads_as_before() {
         core.step(1.0 + i as f64, submit(id));
     }
     for (i, id) in ids[..3].iter().enumerate() {
-        core.step(10.0 + i as f64, Input::Cancel { id: id.into() });
+        core.step(
+            10.0 + i as f64,
+            Input::Cancel {
+                id: id.into(),
+                by: String::new(),
+            },
+        );
     }
     // A file as the first release wrote it: schema 1, exactly (this text must not change
     // with the schema; it is what is on users' disks).

@@ -67,7 +67,9 @@ impl Core {
     /// Cancel is final: every incarnation that may run is told to stop, the job becomes
     /// Cancelled, and since nothing leaves a terminal phase, no later result (a save that
     /// completes, a restore that starts) can bring it back.
-    pub(super) fn cancel(&mut self, id: &str) -> Result<Reply, RequestError> {
+    /// `by` names the caller in the job's reason (`cancelled by ana`), as Slurm's accounting
+    /// says who cancelled a job; "user" when the API is open.
+    pub(super) fn cancel(&mut self, id: &str, by: &str) -> Result<Reply, RequestError> {
         let job = self
             .jobs
             .get(id)
@@ -81,17 +83,12 @@ impl Core {
         // The one incarnation that may run: the source while a move saves, the target once it
         // restores (the source has stopped by then).
         let (worker, epoch) = (job.worker().cloned(), job.epoch);
+        let reason = format!("cancelled by {}", if by.is_empty() { "user" } else { by });
         if let Some(w) = worker {
-            self.send_to(
-                &w,
-                id,
-                epoch,
-                Action::Stop {
-                    reason: "cancelled by user".into(),
-                },
-            );
+            let reason = reason.clone();
+            self.send_to(&w, id, epoch, Action::Stop { reason });
         }
-        self.transition(id, JobPhase::Cancelled, "cancelled by user");
+        self.transition(id, JobPhase::Cancelled, reason);
         Ok(Reply::Job(id.into()))
     }
 

@@ -135,6 +135,8 @@ pub enum Input {
     Cancel {
         /// The job.
         id: JobId,
+        /// Who, for the job's reason (a token's name); empty when the API is open.
+        by: String,
     },
     /// The user drains a worker.
     Drain {
@@ -561,8 +563,8 @@ impl Core {
                 let r = self.submit(id, spec);
                 self.out.push(Effect::Reply(r));
             }
-            Input::Cancel { id } => {
-                let r = self.cancel(&id);
+            Input::Cancel { id, by } => {
+                let r = self.cancel(&id, &by);
                 self.out.push(Effect::Reply(r));
             }
             Input::Drain { worker } => {

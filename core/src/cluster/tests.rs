@@ -666,7 +666,10 @@ fn cancel_is_final_in_every_state() {
     for (name, setup) in cases {
         let (mut f, in_flight) = setup();
         let starts_before = f.starts("a");
-        let out = f.step(Input::Cancel { id: "a".into() });
+        let out = f.step(Input::Cancel {
+            id: "a".into(),
+            by: String::new(),
+        });
         assert!(
             matches!(out.last(), Some(Effect::Reply(Ok(_)))),
             "{name}: {out:?}"
@@ -699,7 +702,10 @@ fn cancel_is_final_in_every_state() {
             "{name}: a Start after the cancel"
         );
         // A second cancel is refused, naming the state.
-        let out = f.step(Input::Cancel { id: "a".into() });
+        let out = f.step(Input::Cancel {
+            id: "a".into(),
+            by: String::new(),
+        });
         assert!(
             matches!(out.last(), Some(Effect::Reply(Err(RequestError::FailedPrecondition(m)))) if m.contains("cancelled")),
             "{name}"
@@ -710,7 +716,10 @@ fn cancel_is_final_in_every_state() {
 #[test]
 fn cancel_while_saving_stops_the_source_and_never_restores() {
     let (mut f, save) = Fixture::saving();
-    let out = f.step(Input::Cancel { id: "a".into() });
+    let out = f.step(Input::Cancel {
+        id: "a".into(),
+        by: String::new(),
+    });
     let (conn, stop) = Fixture::sent(&out, "a", "stop").expect("source told to stop");
     assert_eq!((conn, stop.epoch), (1, 1));
     let out = f.ok(1, &save, Fixture::saved());
@@ -721,7 +730,10 @@ fn cancel_while_saving_stops_the_source_and_never_restores() {
 #[test]
 fn cancel_while_restoring_stops_the_new_incarnation() {
     let (mut f, start) = Fixture::restoring();
-    let out = f.step(Input::Cancel { id: "a".into() });
+    let out = f.step(Input::Cancel {
+        id: "a".into(),
+        by: String::new(),
+    });
     let stops: Vec<(ConnId, u64)> = out
         .iter()
         .filter_map(|e| match e {
@@ -1994,7 +2006,10 @@ fn drain_or_undrain_of_an_unknown_worker_names_the_field() {
 #[test]
 fn cancel_of_an_unknown_job_is_not_found() {
     let mut f = Fixture::new("spread");
-    let out = f.step(Input::Cancel { id: "nope".into() });
+    let out = f.step(Input::Cancel {
+        id: "nope".into(),
+        by: String::new(),
+    });
     assert!(matches!(
         out.last(),
         Some(Effect::Reply(Err(RequestError::JobNotFound(_))))
@@ -2494,6 +2509,7 @@ mod model {
                 }
                 Op::Cancel(j) => inputs.push(Input::Cancel {
                     id: format!("j{}", j + 1).into(),
+                    by: String::new(),
                 }),
                 Op::Drain(w) => inputs.push(Input::Drain {
                     worker: format!("w{w}").into(),
@@ -2635,7 +2651,7 @@ mod model {
             }
             for input in inputs {
                 let cancel_of = match &input {
-                    Input::Cancel { id } => Some(id.clone()),
+                    Input::Cancel { id, .. } => Some(id.clone()),
                     _ => None,
                 };
                 let submitted = match &input {
@@ -4593,7 +4609,10 @@ fn a_job_cancelled_while_its_agent_was_away_is_stopped_when_it_returns_even_if_a
         if stream_gone_first {
             f.step(disconnect.clone());
         }
-        f.step(Input::Cancel { id: "a".into() });
+        f.step(Input::Cancel {
+            id: "a".into(),
+            by: String::new(),
+        });
         if !stream_gone_first {
             // The Stop went out on a stream that broke before the agent read it.
             f.step(disconnect);
@@ -4632,7 +4651,10 @@ fn a_job_cancelled_while_starting_has_its_container_stopped_once_started() {
     f.register(1, "w1", 2.0);
     let out = f.submit("a", 1.0);
     let (_, start) = Fixture::sent(&out, "a", "start").expect("placed");
-    let out = f.step(Input::Cancel { id: "a".into() });
+    let out = f.step(Input::Cancel {
+        id: "a".into(),
+        by: String::new(),
+    });
     let (_, early) = Fixture::sent(&out, "a", "stop").expect("told to stop at once");
     f.msg(
         1,
@@ -4669,6 +4691,7 @@ fn an_answered_stop_is_owed_no_longer_even_when_it_found_no_container() {
         let (_, start) = Fixture::sent(&out, &id, "start").expect("placed");
         let out = f.step(Input::Cancel {
             id: id.as_str().into(),
+            by: String::new(),
         });
         let (_, stop) = Fixture::sent(&out, &id, "stop").expect("told to stop");
         assert_eq!(f.core.worker("w1").unwrap().stops_owed.len(), 1);

@@ -109,6 +109,8 @@ pub enum Request {
     Cancel {
         /// Its id.
         id: String,
+        /// The caller's name (its token's), empty when the API is open.
+        by: String,
         /// The job after cancelling.
         reply: oneshot::Sender<Result<pb::Job>>,
     },
@@ -875,13 +877,14 @@ impl Actor {
                 };
                 self.answer_later(reply, r);
             }
-            Request::Cancel { id, reply } => {
+            Request::Cancel { id, by, reply } => {
                 let span = self
                     .traces
                     .job_span(&id, info_span!(parent: None, "cancel", job = %id));
                 let _entered = span.enter();
                 let r = match self.answer(Input::Cancel {
                     id: id.clone().into(),
+                    by,
                 }) {
                     // Archived: finished long ago, as the core would say of a finished job.
                     Err(Error::JobNotFound(_)) => match self.archived(Some(&id), None) {
