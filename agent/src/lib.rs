@@ -97,13 +97,16 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
     let _stop_tasks_on_drop = shutdown.clone().drop_guard();
     // Checked before anything on the host changes, only to refuse unusable files at start:
     // each connection reads them again (a rotation needs no restart).
-    if let Some((files, domain)) = &config.tls {
-        let tls = converge_messenger::tls::ClientTls {
+    let tls = config
+        .tls
+        .as_ref()
+        .map(|(files, domain)| converge_messenger::tls::ClientTls {
             files: files.clone(),
             domain: domain.clone(),
-        };
+        });
+    if let Some(tls) = &tls {
         tls.check(&config.manager).map_err(|e| Error::Config {
-            setting: files.setting_of(&e),
+            setting: tls.files.setting_of(&e),
             why: e.to_string(),
         })?;
     }
@@ -128,7 +131,7 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
         );
     }
     let lease = cgroup.create(config.cpus)?;
-    let served = serve(config, docker, cgroup.clone(), shutdown).await;
+    let served = serve(config, tls, docker, cgroup.clone(), shutdown).await;
     // Also when the agent failed to start (a checkpoint root it cannot make, no calibration
     // image): a cgroup left by an agent that never ran was the operator's to find.
     if cgroup.remove_if_empty() {
@@ -140,10 +143,11 @@ async fn run_inner(config: Config, shutdown: CancellationToken) -> Result<()> {
     served
 }
 
-/// The agent from its worker cgroup on: it checks the rest of its setup, connects, and serves
-/// until `shutdown`.
+/// The agent from its worker cgroup on: it checks the rest of its setup, connects (with `tls`,
+/// its files checked already), and serves until `shutdown`.
 async fn serve(
     config: Config,
+    tls: Option<converge_messenger::tls::ClientTls>,
     docker: bollard::Docker,
     cgroup: Arc<cgroup::WorkerCgroup>,
     shutdown: CancellationToken,
@@ -202,13 +206,7 @@ async fn serve(
     let (cmd_tx, cmd_rx) = mpsc::channel(256);
     let mut session_config = SessionConfig::new(config.manager.clone());
     session_config.heartbeat_interval = config.heartbeat_interval;
-    if let Some((files, domain)) = &config.tls {
-        let tls = converge_messenger::tls::ClientTls {
-            files: files.clone(),
-            domain: domain.clone(),
-        };
-        session_config.tls = Some(tls);
-    }
+    session_config.tls = tls;
     let metrics = metrics::AgentMetrics::new();
     session_config.metrics = metrics.session();
     let (logs_tx, logs_rx) = mpsc::channel(64);

@@ -137,68 +137,46 @@ async fn a_killed_agent_is_replaced_and_the_new_one_readopts() {
     assert_eq!(worker.containers(), vec![long.container_id.clone()]);
 }
 
-#[test]
-fn invalid_settings_exit_with_64_and_name_the_setting() {
+/// The agent binary run with `args` alone (no `CONVERGE_*` setting from the environment):
+/// its exit code and stderr.
+fn agent_with(args: &[&str]) -> (Option<i32>, String) {
     let out = Command::new(BIN)
-        .args([
-            "--manager",
-            "http://127.0.0.1:1",
-            "--worker-id",
-            "w",
-            "--cpus",
-            "0",
-        ])
+        .args(args)
         .env_remove("CONVERGE_CPUS")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(64));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--cpus"), "{err}");
-
-    let out = Command::new(BIN)
-        .args(["--worker-id", "w", "--cpus", "1"])
         .env_remove("CONVERGE_MANAGER")
         .output()
         .unwrap();
-    assert_eq!(
+    (
         out.status.code(),
-        Some(64),
-        "a missing setting is a usage error"
-    );
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
 
-    let out = Command::new(BIN)
-        .args(["--manager", "tcp://x", "--worker-id", "w", "--cpus", "1"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(64));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--manager"));
+#[test]
+fn invalid_settings_exit_with_64_and_name_the_setting() {
+    let manager = ["--manager", "http://127.0.0.1:1", "--worker-id", "w"];
+    let (code, err) = agent_with(&[&manager[..], &["--cpus", "0"]].concat());
+    assert_eq!(code, Some(64));
+    assert!(err.contains("--cpus"), "{err}");
+
+    let (code, _) = agent_with(&["--worker-id", "w", "--cpus", "1"]);
+    assert_eq!(code, Some(64), "a missing setting is a usage error");
+
+    let (code, err) = agent_with(&["--manager", "tcp://x", "--worker-id", "w", "--cpus", "1"]);
+    assert_eq!(code, Some(64));
+    assert!(err.contains("--manager"), "{err}");
 
     // A setting from the settings file: the parser calls it a flag, and the file is named.
     let dir = std::env::temp_dir().join(format!("converge-agent-cfg-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("agent.toml");
     std::fs::write(&file, "cpu = 2\n").unwrap();
-    let out = Command::new(BIN)
-        .args([
-            "--manager",
-            "http://127.0.0.1:1",
-            "--worker-id",
-            "w",
-            "--cpus",
-            "1",
-        ])
-        .arg("--config")
-        .arg(&file)
-        .output()
-        .unwrap();
+    let config = file.display().to_string();
+    let (code, err) = agent_with(&[&manager[..], &["--cpus", "1", "--config", &config]].concat());
     std::fs::remove_dir_all(&dir).unwrap();
-    assert_eq!(out.status.code(), Some(64));
-    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code, Some(64));
     assert!(
-        err.contains(&format!(
-            "`cpu` is set in the settings file {}",
-            file.display()
-        )),
+        err.contains(&format!("`cpu` is set in the settings file {config}")),
         "{err}"
     );
 }

@@ -286,7 +286,8 @@ async fn main() {
         let tls = manager.starts_with("http://")
             && (chain.contains("transport error") || chain.contains("h2 protocol error"))
             && speaks_tls(&manager).await;
-        if let Some(hint) = connection_hint(&manager, &chain, tls) {
+        let mismatch = converge_messenger::tls::Mismatch::of(e.as_ref());
+        if let Some(hint) = connection_hint(&manager, mismatch, tls) {
             eprintln!("convergectl: {hint}");
         }
         let code = match code {
@@ -394,8 +395,9 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::List { state, worker } => {
             let state = match state {
                 None => pb::JobState::Unspecified,
+                // The parser took only the states' names.
                 Some(s) => pb::JobState::from_str_name(&format!("JOB_STATE_{}", s.to_uppercase()))
-                    .with_context(|| format!("unknown state `{s}`"))?,
+                    .expect("--state is one of the states"),
             };
             let jobs = client
                 .list_jobs(pb::ListJobsRequest {
@@ -797,7 +799,7 @@ async fn resolve(client: &mut Client, given: String) -> Result<String> {
     // The live jobs, one state at a time: answered from the manager's memory, where a list
     // of every state reads every finished job from its store.
     let mut matches = Vec::new();
-    for state in LIVE_STATES {
+    for state in live_states() {
         let jobs = list_jobs(client, state).await?;
         matches.extend(named(jobs));
     }
@@ -820,16 +822,12 @@ async fn resolve(client: &mut Client, given: String) -> Result<String> {
     }
 }
 
-/// The states of jobs not ended.
-const LIVE_STATES: [pb::JobState; 7] = [
-    pb::JobState::Pending,
-    pb::JobState::Starting,
-    pb::JobState::Running,
-    pb::JobState::Migrating,
-    pb::JobState::Paused,
-    pb::JobState::Stopping,
-    pb::JobState::Lost,
-];
+/// The states of jobs not ended (every state the wire has but those [`pb::JobState::ended`]).
+fn live_states() -> impl Iterator<Item = pb::JobState> {
+    (1..)
+        .map_while(|n| pb::JobState::try_from(n).ok())
+        .filter(|s| !pb::JobState::ended(*s as i32))
+}
 
 async fn list_jobs(client: &mut Client, state: pb::JobState) -> Result<Vec<pb::Job>> {
     Ok(client
@@ -856,27 +854,32 @@ async fn get_job(client: &mut Client, job_id: String, include_progress: bool) ->
 }
 
 /// What to fix when a connection failed in a way whose own words name nothing a user set:
-/// TLS on one side only, or a CA that did not sign the manager's certificate. `error` is
-/// the whole chain of causes; `tls`, that the http:// manager answered in TLS.
-fn connection_hint(manager: &str, error: &str, tls: bool) -> Option<String> {
+/// TLS on one side only, or a CA that did not sign the manager's certificate. `tls`: the
+/// http:// manager answered in TLS ([`speaks_tls`]), however the failure showed.
+fn connection_hint(
+    manager: &str,
+    mismatch: Option<converge_messenger::tls::Mismatch>,
+    tls: bool,
+) -> Option<String> {
+    use converge_messenger::tls::Mismatch;
     if tls {
-        Some(format!(
+        return Some(format!(
             "the manager speaks TLS: use --manager {} with --ca (or CONVERGE_CA)",
             manager.replacen("http://", "https://", 1)
-        ))
-    } else if error.contains("InvalidContentType") {
-        Some(format!(
+        ));
+    }
+    match mismatch? {
+        Mismatch::PlaintextServer => Some(format!(
             "the manager at {manager} does not speak TLS: use --manager {}",
             manager.replacen("https://", "http://", 1)
-        ))
-    } else if error.contains("UnknownIssuer") {
-        Some(
+        )),
+        Mismatch::UnknownIssuer => Some(
             "the manager's certificate is not signed by the --ca file (or CONVERGE_CA): give \
              the cluster CA's ca.pem"
                 .into(),
-        )
-    } else {
-        None
+        ),
+        // Asked of the port directly (`tls`): the words do not always say it.
+        Mismatch::TlsServer => None,
     }
 }
 

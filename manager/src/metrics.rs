@@ -288,20 +288,28 @@ impl ManagerMetrics {
     /// the changes counted from then on move it from there, not from 0.
     /// A stored job in `state` (a label) was pruned: one fewer in its state's gauge.
     pub(crate) fn job_pruned(&self, state: &str) {
-        if let Some(s) = STATES.iter().find(|s| s.label() == state) {
-            self.jobs
-                .get_or_create(&StateLabel { state: s.label() })
-                .dec();
+        if let Some(g) = self.stored_state(state) {
+            g.dec();
         }
     }
 
-    /// `state` is a stored job's state label (`running`); one no state has is ignored.
+    /// The gauge of jobs in `state` starts at `count` (a restarted manager's stored jobs):
+    /// the changes counted from then on move it from there, not from 0.
     pub(crate) fn jobs_now(&self, state: &str, count: u64) {
-        if let Some(s) = STATES.iter().find(|s| s.label() == state) {
+        if let Some(g) = self.stored_state(state) {
+            g.set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// The gauge of the state a stored job's label (`running`) names; none for a label no
+    /// state has.
+    fn stored_state(&self, state: &str) -> Option<Gauge> {
+        let s = STATES.iter().find(|s| s.label() == state)?;
+        Some(
             self.jobs
                 .get_or_create(&StateLabel { state: s.label() })
-                .set(i64::try_from(count).unwrap_or(i64::MAX));
-        }
+                .clone(),
+        )
     }
 
     pub(crate) fn job_state(&self, from: Option<JobState>, to: JobState) {

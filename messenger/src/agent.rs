@@ -96,24 +96,19 @@ impl SessionError {
     /// one side only, or a CA that did not sign the manager's certificate (read from the
     /// whole chain of causes, where the layers below say it).
     pub fn hint(&self, manager: &str) -> Option<&'static str> {
-        let mut chain = self.to_string();
-        let mut cause = std::error::Error::source(self);
-        while let Some(c) = cause {
-            chain.push_str(&format!(": {c}"));
-            cause = c.source();
-        }
-        if chain.contains("frame with invalid size") && manager.starts_with("http://") {
-            // A TLS record read as an HTTP/2 frame.
-            Some("if the manager speaks TLS, give an https:// --manager and the --tls-* files")
-        } else if chain.contains("InvalidContentType") {
-            Some(
+        use crate::tls::Mismatch;
+        match Mismatch::of(self)? {
+            Mismatch::TlsServer if manager.starts_with("http://") => {
+                Some("if the manager speaks TLS, give an https:// --manager and the --tls-* files")
+            }
+            Mismatch::TlsServer => None,
+            Mismatch::PlaintextServer => Some(
                 "the manager does not speak TLS at this address: use an http:// --manager, \
                  without the --tls-* files",
-            )
-        } else if chain.contains("UnknownIssuer") {
-            Some("the manager's certificate is not signed by --tls-ca: give the cluster CA")
-        } else {
-            None
+            ),
+            Mismatch::UnknownIssuer => {
+                Some("the manager's certificate is not signed by --tls-ca: give the cluster CA")
+            }
         }
     }
 

@@ -109,6 +109,43 @@ fn read(path: &Path) -> Result<String, TlsError> {
     })
 }
 
+/// TLS set up on one side only, or a CA that did not sign the manager's certificate, as the
+/// layers below say it: in their own words, somewhere in an error's causes, naming no setting.
+/// Each client says what to change in its own flags ([`crate::agent::SessionError::hint`],
+/// convergectl's hints).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mismatch {
+    /// A plaintext client read a TLS server's alert as an HTTP/2 frame. (It may also see only
+    /// a broken pipe, depending on which side closes first.)
+    TlsServer,
+    /// A TLS client met a plaintext server.
+    PlaintextServer,
+    /// The manager's certificate is not signed by the CA the client trusts.
+    UnknownIssuer,
+}
+
+impl Mismatch {
+    /// The mismatch `error` or one of its causes speaks of, if any.
+    pub fn of(error: &(dyn std::error::Error + 'static)) -> Option<Mismatch> {
+        let mut cause = Some(error);
+        let mut words = String::new();
+        while let Some(c) = cause {
+            words.push_str(&c.to_string());
+            words.push('\n');
+            cause = c.source();
+        }
+        if words.contains("frame with invalid size") {
+            Some(Mismatch::TlsServer)
+        } else if words.contains("InvalidContentType") {
+            Some(Mismatch::PlaintextServer)
+        } else if words.contains("UnknownIssuer") {
+            Some(Mismatch::UnknownIssuer)
+        } else {
+            None
+        }
+    }
+}
+
 /// Writes a secret (a private key, a tokens file) readable by its owner only: a new file,
 /// made so before the text goes in, then renamed over the old one. Not written into the old
 /// file: a reader that opened it when it was readable by all would read the new secret.

@@ -481,7 +481,7 @@ impl Core {
                     JobPhase::Running {
                         worker: self.worker_id(worker),
                     },
-                    format!("running on {worker}"),
+                    super::control::running_on(worker),
                 );
             }
             if due.iter().any(|&d| d) {
@@ -677,7 +677,7 @@ impl Core {
             JobPhase::Running {
                 worker: self.worker_id(worker),
             },
-            format!("running on {worker}"),
+            super::control::running_on(worker),
         );
     }
 

@@ -125,7 +125,7 @@ impl Core {
                 if self.jobs.get(id).is_some_and(|j| j.reason == waiting)
                     && let Some(j) = self.job_mut(id)
                 {
-                    j.reason = format!("running on {worker}");
+                    j.reason = running_on(worker);
                 }
             }
         }
@@ -170,6 +170,11 @@ impl Core {
             }
         }
     }
+}
+
+/// What a running job says.
+pub(super) fn running_on(worker: &str) -> String {
+    format!("running on {worker}")
 }
 
 /// What a job says from its submission until a placement pass gives it a reason.
