@@ -17,6 +17,19 @@ pub enum Admission {
     Stale(CommandResult),
 }
 
+/// What the ledger knows of one job's epochs on this worker.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Fence {
+    /// The newest epoch seen: older commands are stale.
+    newest: u64,
+    /// The newest epoch whose container exited here. A `Start` of it is a repeat whose first
+    /// result the cache has forgotten: the manager numbers every incarnation anew (its core's
+    /// `transition`), so carrying it out would run a finished incarnation a second time.
+    ended: Option<u64>,
+    /// When it was last seen: a number from `seen`.
+    seen: u64,
+}
+
 /// The newest epoch seen per job, the results of the last `capacity` commands, and the
 /// commands still running.
 ///
@@ -26,8 +39,8 @@ pub enum Admission {
 /// only, in order), so forgetting its fence risks nothing a user would meet.
 #[derive(Debug, Clone)]
 pub struct CommandLedger {
-    /// Job -> (newest epoch, when it was last seen: a number from `seen`).
-    epochs: HashMap<String, (u64, u64)>,
+    /// Job -> its fence.
+    epochs: HashMap<String, Fence>,
     /// Jobs in the order they were seen, with the number they were seen at (older entries of
     /// a job seen again are skipped when evicting).
     seen: VecDeque<(String, u64)>,
@@ -62,14 +75,19 @@ impl CommandLedger {
     pub fn observe_epoch(&mut self, job: &str, epoch: u64) {
         let n = self.next_seen;
         self.next_seen += 1;
-        let e = self.epochs.entry(job.to_string()).or_insert((epoch, n));
-        *e = (e.0.max(epoch), n);
+        let e = self.epochs.entry(job.to_string()).or_insert(Fence {
+            newest: epoch,
+            ended: None,
+            seen: n,
+        });
+        e.newest = e.newest.max(epoch);
+        e.seen = n;
         self.seen.push_back((job.to_string(), n));
         while self.epochs.len() > self.capacity {
             let Some((old, at)) = self.seen.pop_front() else {
                 break;
             };
-            if self.epochs.get(&old).is_some_and(|e| e.1 == at) {
+            if self.epochs.get(&old).is_some_and(|e| e.seen == at) {
                 self.epochs.remove(&old);
             }
         }
@@ -77,13 +95,26 @@ impl CommandLedger {
         if self.seen.len() > 4 * self.capacity {
             let epochs = &self.epochs;
             self.seen
-                .retain(|(job, at)| epochs.get(job).is_some_and(|e| e.1 == *at));
+                .retain(|(job, at)| epochs.get(job).is_some_and(|e| e.seen == *at));
+        }
+    }
+
+    /// Records that a container of `epoch` exited here (it is also seen).
+    pub fn observe_exit(&mut self, job: &str, epoch: u64) {
+        self.observe_epoch(job, epoch);
+        if let Some(e) = self.epochs.get_mut(job) {
+            e.ended = e.ended.max(Some(epoch));
         }
     }
 
     /// The newest epoch seen for a job.
     pub fn epoch(&self, job: &str) -> Option<u64> {
-        self.epochs.get(job).map(|e| e.0)
+        self.epochs.get(job).map(|e| e.newest)
+    }
+
+    /// The newest epoch of a job whose container exited here.
+    pub fn ended(&self, job: &str) -> Option<u64> {
+        self.epochs.get(job).and_then(|e| e.ended)
     }
 
     /// Jobs whose epoch is remembered.
@@ -106,7 +137,7 @@ impl CommandLedger {
         if self.in_flight.contains(&cmd.id) {
             return Admission::InFlight;
         }
-        if let Some(&(newest, _)) = self.epochs.get(&cmd.job_id)
+        if let Some(&Fence { newest, .. }) = self.epochs.get(&cmd.job_id)
             && cmd.epoch < newest
         {
             let r = CommandResult::of(cmd, Err(format!("stale epoch {} < {newest}", cmd.epoch)));
@@ -192,6 +223,21 @@ mod tests {
         // ... so the Stop of epoch 1 that clears the way is not stale.
         assert_eq!(l.admit(&cmd("stop1", "j", 1)), Admission::Execute);
         assert_eq!(l.epoch("j"), Some(1));
+    }
+
+    #[test]
+    fn an_exit_is_remembered_with_the_newest_epoch() {
+        let mut l = CommandLedger::with_capacity(2);
+        l.observe_exit("j", 2);
+        l.observe_exit("j", 1);
+        assert_eq!((l.epoch("j"), l.ended("j")), (Some(2), Some(2)));
+        l.observe_epoch("j", 3);
+        assert_eq!((l.epoch("j"), l.ended("j")), (Some(3), Some(2)));
+        assert_eq!(l.ended("k"), None);
+        // Forgotten with the job's fence, after `capacity` other jobs.
+        l.observe_epoch("a", 1);
+        l.observe_epoch("b", 1);
+        assert_eq!(l.ended("j"), None);
     }
 
     #[test]

@@ -403,6 +403,16 @@ impl NodeCore {
         }
         let Some(live) = self.live(&cmd.job_id) else {
             if let Action::Start { .. } = cmd.action {
+                if let Some(ended) = self.ledger.ended(&cmd.job_id)
+                    && cmd.epoch <= ended
+                {
+                    let err = Err(format!(
+                        "epoch {} of job {} already ran on worker {} and exited; a Start is \
+                         not carried out twice (a job runs again under a new epoch)",
+                        cmd.epoch, cmd.job_id, self.config.worker_id
+                    ));
+                    return self.answer(&cmd, err, out);
+                }
                 out.push(NodeEffect::Docker(DockerAction::Create {
                     command: cmd.id.clone(),
                     job_id: cmd.job_id.clone(),
@@ -604,6 +614,7 @@ impl NodeCore {
             return;
         }
         c.exiting = true;
+        self.ledger.observe_exit(&c.job_id, c.epoch);
         out.push(NodeEffect::ReportExit(ExitToReport {
             container_id: c.container_id.clone(),
             job_id: c.job_id.clone(),

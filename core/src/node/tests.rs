@@ -276,6 +276,64 @@ fn starts_are_idempotent_per_epoch_and_refused_while_another_epoch_runs() {
 }
 
 #[test]
+fn a_start_of_an_epoch_that_exited_here_is_never_carried_out_again() {
+    // Two remembered results (and fences): two more commands forget the Start's result.
+    let mut c = config(1.0);
+    c.result_cache = 2;
+    let mut core = NodeCore::new(c, 0.0).unwrap();
+    connect(&mut core, 0.0, Mode::default());
+    run_job(&mut core, 1.0, "j", 1);
+    core.step(
+        2.0,
+        NodeInput::Died {
+            container_id: "c-j-1".into(),
+            exit_code: Some(0),
+        },
+    );
+    core.step(
+        2.0,
+        NodeInput::Gone {
+            container_id: "c-j-1".into(),
+        },
+    );
+    run_job(&mut core, 3.0, "k", 1);
+    let limits = Action::SetLimits {
+        cpus: 0.5,
+        cpu_shares: 0,
+    };
+    core.step(3.0, NodeInput::Command(cmd("limits-k", "k", 1, limits)));
+    let limited = Detail::Limits {
+        cpus: 0.5,
+        cpu_shares: 0,
+    };
+    core.step(
+        3.0,
+        NodeInput::Done {
+            command_id: "limits-k".into(),
+            outcome: Ok(Some(limited)),
+        },
+    );
+    assert_eq!(core.ledger().cached(), 2);
+    // The first Start again, as a stream re-sends an unanswered command: its result is gone
+    // from the cache, and the finished incarnation must not run a second time.
+    let e = core.step(4.0, NodeInput::Command(start("start-j-1", "j", 1)));
+    assert!(docker(&e).is_empty(), "{e:?}");
+    assert!(
+        matches!(
+            answers(&e)[..],
+            [Answer::Result(r)] if !r.ok && r.error.contains("epoch 1 of job j already ran on worker w1")
+        ),
+        "{e:?}"
+    );
+    // A new incarnation is started as ever.
+    let e = core.step(5.0, NodeInput::Command(start("start-j-2", "j", 2)));
+    assert!(
+        matches!(docker(&e)[..], [DockerAction::Create { epoch: 2, .. }]),
+        "{e:?}"
+    );
+}
+
+#[test]
 fn a_flowcon_round_gives_work_conserving_quotas() {
     let mut core = NodeCore::new(config(1.0), 0.0).unwrap();
     let e = connect(
