@@ -172,6 +172,9 @@ enum Cmd {
         /// Only jobs on this worker.
         #[arg(long, default_value = "", hide_default_value = true)]
         worker: String,
+        /// Only jobs of this name (`submit --name`).
+        #[arg(long, default_value = "", hide_default_value = true)]
+        name: String,
     },
     /// Cancel a job.
     Cancel {
@@ -392,7 +395,11 @@ async fn run(cli: Cli) -> Result<()> {
                 );
             }
         }
-        Cmd::List { state, worker } => {
+        Cmd::List {
+            state,
+            worker,
+            name,
+        } => {
             let state = match state {
                 None => pb::JobState::Unspecified,
                 // The parser took only the states' names.
@@ -403,6 +410,7 @@ async fn run(cli: Cli) -> Result<()> {
                 .list_jobs(pb::ListJobsRequest {
                     state: state as i32,
                     worker_id: worker,
+                    name,
                 })
                 .await
                 .map_err(status)?
@@ -791,20 +799,15 @@ async fn resolve(client: &mut Client, given: String) -> Result<String> {
     if is_id || given.is_empty() {
         return Ok(given);
     }
-    let named = |jobs: Vec<pb::Job>| -> Vec<pb::Job> {
-        (jobs.into_iter())
-            .filter(|j| j.spec.as_ref().is_some_and(|s| s.name == given))
-            .collect()
-    };
     // The live jobs, one state at a time: answered from the manager's memory, where a list
-    // of every state reads every finished job from its store.
+    // of every state reads every finished job from its store. The manager filters by name, so
+    // an answer holds only the jobs asked for, however many there are.
     let mut matches = Vec::new();
     for state in live_states() {
-        let jobs = list_jobs(client, state).await?;
-        matches.extend(named(jobs));
+        matches.extend(named_jobs(client, state, &given).await?);
     }
     if matches.is_empty() {
-        matches = named(list_jobs(client, pb::JobState::Unspecified).await?);
+        matches = named_jobs(client, pb::JobState::Unspecified, &given).await?;
     }
     match matches.as_slice() {
         [one] => Ok(one.id.clone()),
@@ -829,16 +832,22 @@ fn live_states() -> impl Iterator<Item = pb::JobState> {
         .filter(|s| !pb::JobState::ended(*s as i32))
 }
 
-async fn list_jobs(client: &mut Client, state: pb::JobState) -> Result<Vec<pb::Job>> {
+/// The jobs in `state` named `name`.
+async fn named_jobs(client: &mut Client, state: pb::JobState, name: &str) -> Result<Vec<pb::Job>> {
     Ok(client
         .list_jobs(pb::ListJobsRequest {
             state: state as i32,
             worker_id: String::new(),
+            name: name.to_string(),
         })
         .await
         .map_err(status)?
         .into_inner()
-        .jobs)
+        .jobs
+        .into_iter()
+        // A manager older than the name filter ignores it and answers with every job.
+        .filter(|j| j.spec.as_ref().is_some_and(|s| s.name == name))
+        .collect())
 }
 
 /// GetJob; a refusal is kept as its status (for the exit code).

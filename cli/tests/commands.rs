@@ -160,6 +160,22 @@ async fn each_command_prints_tables_and_json_and_exits_with_a_code_scripts_can_u
             && err.contains(out.trim()),
         "{err}"
     );
+    // list --name: the manager answers with that name's jobs only, ended ones too.
+    let other = [
+        "submit",
+        "--image",
+        "converge/trainer:dev",
+        "--name",
+        "other",
+    ];
+    let (code, _, err) = ctl(&m, &other).await;
+    assert_eq!(code, 0, "{err}");
+    let (_, out, _) = ctl(&m, &["list", "--name", "cli-job", "-o", "json"]).await;
+    let named = json(&out);
+    let names: Vec<_> = (named.as_array().into_iter().flatten())
+        .map(|j| j["name"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(names, ["cli-job"; 3], "{out}");
     let (code, _, err) = ctl(&m, &["get", "3f2b8a2e-8f1c-4c1e-9a43-2d1f0c9b7e11"]).await;
     assert_eq!(code, 3, "{err}");
     // Also written `--cpus -1`: a negative number is the value, which the manager refuses.

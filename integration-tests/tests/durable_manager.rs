@@ -55,10 +55,20 @@ fn is_start(c: &pb::Command) -> bool {
 async fn submit(
     client: &mut pb::control_service_client::ControlServiceClient<tonic::transport::Channel>,
 ) -> anyhow::Result<String> {
+    submit_named(client, "").await
+}
+
+/// [`submit`], the job named `name`.
+async fn submit_named(
+    client: &mut pb::control_service_client::ControlServiceClient<tonic::transport::Channel>,
+    name: &str,
+) -> anyhow::Result<String> {
+    let spec = pb::JobSpec {
+        name: name.into(),
+        ..converge_integration_tests::one_core_spec()
+    };
     Ok(client
-        .submit_job(pb::SubmitJobRequest {
-            spec: Some(converge_integration_tests::one_core_spec()),
-        })
+        .submit_job(pb::SubmitJobRequest { spec: Some(spec) })
         .await?
         .into_inner()
         .job_id)
@@ -87,14 +97,14 @@ async fn with_completed_jobs(
     Ok((manager, ids))
 }
 
-/// Submits job number `k`, has `agent` start it in container `ctr-k` and report it exited 0 at
+/// Submits job number `k` (named `job-k`), has `agent` start it in container `ctr-k` and report it exited 0 at
 /// step `10 + k`, and waits until the manager has it Completed; its id.
 async fn complete_one(
     client: &mut pb::control_service_client::ControlServiceClient<tonic::transport::Channel>,
     agent: &mut ScriptedAgent,
     k: u64,
 ) -> anyhow::Result<String> {
-    let id = submit(client).await?;
+    let id = submit_named(client, &format!("job-{k}")).await?;
     agent.answer_start(&id, &format!("ctr-{k}")).await?;
     agent
         .outbox
@@ -290,6 +300,19 @@ async fn finished_jobs_beyond_those_kept_are_answered_for_from_the_store() -> an
             .jobs;
         let listed: Vec<&str> = listed.iter().map(|j| j.id.as_str()).collect();
         assert_eq!(listed, ids.iter().map(String::as_str).collect::<Vec<_>>());
+        // By name: an archived job and one in memory, each alone.
+        for k in [0, ids.len() - 1] {
+            let named = client
+                .list_jobs(pb::ListJobsRequest {
+                    name: format!("job-{k}"),
+                    ..Default::default()
+                })
+                .await?
+                .into_inner()
+                .jobs;
+            let named: Vec<&str> = named.iter().map(|j| j.id.as_str()).collect();
+            assert_eq!(named, [ids[k].as_str()], "the jobs named job-{k}");
+        }
         let refused = client
             .cancel_job(pb::CancelJobRequest {
                 job_id: ids[0].clone(),

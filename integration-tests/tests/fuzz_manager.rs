@@ -375,6 +375,10 @@ async fn control_request(
                     .choose(rng)
                     .expect("non-empty")
                     .to_string(),
+                name: ["", "a", "nope"]
+                    .choose(rng)
+                    .expect("non-empty")
+                    .to_string(),
             })
             .await?;
         }

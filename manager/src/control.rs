@@ -189,6 +189,7 @@ impl ControlService for ManagerHandle {
             .ask(|reply| ActorRequest::ListJobs {
                 state,
                 worker_id: r.worker_id,
+                name: r.name,
                 reply,
             })
             .await??;

@@ -101,6 +101,8 @@ pub enum Request {
         state: JobState,
         /// Only this worker (empty = all).
         worker_id: String,
+        /// Only jobs of this name (empty = all).
+        name: String,
         /// The jobs, in submission order; an error when the store cannot give the archived
         /// ones asked for (a list missing them is no answer).
         reply: oneshot::Sender<Result<Vec<pb::Job>>>,
@@ -834,38 +836,34 @@ impl Actor {
             Request::ListJobs {
                 state,
                 worker_id,
+                name,
                 reply,
             } => {
                 let want = wire::job_state_from_pb(state);
-                let mut jobs: Vec<_> = self
-                    .core
-                    .jobs()
-                    .values()
-                    .filter(|j| want.is_none_or(|s| j.state() == s))
-                    .filter(|j| {
-                        worker_id.is_empty() || j.shown_worker().is_some_and(|w| *w == worker_id)
-                    })
+                let on_worker = |j: &converge_core::cluster::lifecycle::Job| {
+                    worker_id.is_empty() || j.shown_worker().is_some_and(|w| *w == worker_id)
+                };
+                let named = |spec: &Option<pb::JobSpec>| {
+                    name.is_empty() || spec.as_ref().is_some_and(|s| s.name == name)
+                };
+                let mut jobs: Vec<_> = (self.core.jobs().values())
+                    .filter(|j| want.is_none_or(|s| j.state() == s) && on_worker(j))
+                    .map(|j| (j, self.specs.get(&j.id)))
+                    .filter(|(_, spec)| named(spec))
                     .collect();
-                jobs.sort_by_key(|j| j.seq);
+                jobs.sort_by_key(|(j, _)| j.seq);
                 let policy = self.core.policy_name();
                 // One forecast per worker, whatever the number of its jobs listed.
                 let mut etas = self.core.etas(now());
                 let mut out: Vec<pb::Job> = jobs
                     .into_iter()
-                    .map(|j| {
-                        let eta = etas.eta(&j.id);
-                        wire::job(j, self.specs.get(&j.id).as_ref(), policy, false, eta)
-                    })
+                    .map(|(j, spec)| wire::job(j, spec.as_ref(), policy, false, etas.eta(&j.id)))
                     .collect();
                 let r = if want.is_none_or(|s| s.is_terminal()) {
                     self.archived(None, want).map(|archived| {
                         out.extend(
-                            archived
-                                .iter()
-                                .filter(|(j, _)| {
-                                    worker_id.is_empty()
-                                        || j.shown_worker().is_some_and(|w| *w == worker_id)
-                                })
+                            (archived.iter())
+                                .filter(|(j, spec)| on_worker(j) && named(spec))
                                 .map(|a| self.archived_pb(a)),
                         );
                         // Submission order, as the in-memory jobs are listed.
