@@ -1035,13 +1035,13 @@ fn print_job(j: &pb::Job) {
         pb::JobState::label_of(j.state),
         j.reason
     );
-    let mut times = vec![format!("submitted {}", clock(j.submitted_unix_ms))];
+    let mut times = vec![format!("submitted {}", date_time(j.submitted_unix_ms))];
     for (what, at) in [
         ("started", j.started_unix_ms),
         ("ended", j.finished_unix_ms),
     ] {
         if at > 0 {
-            times.push(format!("{what} {}", clock(at)));
+            times.push(format!("{what} {}", date_time(at)));
         }
     }
     println!("times:    {}", times.join(", "));
@@ -1064,10 +1064,10 @@ fn print_job(j: &pb::Job) {
         Some(e) => println!(
             "eta:      {} left, finishing at {} ({}{}, confidence {:.0}%)",
             duration(e.remaining_s),
-            clock(e.finish_unix_ms),
+            date_time(e.finish_unix_ms),
             e.basis,
             if e.start_unix_ms > 0 {
-                format!("; starting at {}", clock(e.start_unix_ms))
+                format!("; starting at {}", date_time(e.start_unix_ms))
             } else {
                 String::new()
             },
@@ -1079,7 +1079,16 @@ fn print_job(j: &pb::Job) {
     }
 }
 
-/// A Unix-ms time as `HH:MM:SS` UTC.
+/// A Unix-ms time as `YYYY-MM-DD HH:MM:SS UTC`: what `get` shows, of a job that may be days
+/// old or days from its end.
+fn date_time(unix_ms: i64) -> String {
+    let at = std::time::UNIX_EPOCH + Duration::from_millis(unix_ms.max(0) as u64);
+    // RFC 3339, `2026-11-29T11:40:00Z`, as people read it.
+    let rfc = humantime::format_rfc3339_seconds(at).to_string();
+    format!("{} UTC", rfc.trim_end_matches('Z').replacen('T', " ", 1))
+}
+
+/// A Unix-ms time as `HH:MM:SS` UTC: what `top` and `watch` show, of what happens now.
 fn clock(unix_ms: i64) -> String {
     let s = (unix_ms / 1000).rem_euclid(86_400);
     format!("{:02}:{:02}:{:02} UTC", s / 3600, (s % 3600) / 60, s % 60)
@@ -1192,6 +1201,14 @@ mod tests {
     }
 
     /// A cause the one before it already says is not said again.
+    #[test]
+    fn get_shows_the_date_and_watch_the_time_of_day() {
+        // 2026-11-29 11:40:05.5 UTC.
+        let at = 1_795_952_405_500;
+        assert_eq!(date_time(at), "2026-11-29 11:40:05 UTC");
+        assert_eq!(clock(at), "11:40:05 UTC");
+    }
+
     #[test]
     fn causes_are_said_once() {
         #[derive(Debug)]
