@@ -195,6 +195,13 @@ enum Cmd {
         /// Worker id.
         worker: String,
     },
+    /// Forget a lost worker once no job is on it (`kubectl delete node`): it leaves the list
+    /// and the manager's store; its agent, should it come back, registers as a new worker
+    /// (operator role).
+    Forget {
+        /// Worker id.
+        worker: String,
+    },
     /// Why a job is where it is: every decision recorded about it (placement and its scores,
     /// CPU weights or limits given and why, moves and their trigger, preemption, pending and
     /// failure reasons), oldest first.
@@ -476,6 +483,14 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Undrain { worker } => {
             let w = client
                 .undrain_worker(pb::UndrainWorkerRequest { worker_id: worker })
+                .await
+                .map_err(status)?
+                .into_inner();
+            print_workers(&[w], json);
+        }
+        Cmd::Forget { worker } => {
+            let w = client
+                .forget_worker(pb::ForgetWorkerRequest { worker_id: worker })
                 .await
                 .map_err(status)?
                 .into_inner();
@@ -975,6 +990,8 @@ fn event_json(e: &pb::Event) -> serde_json::Value {
         "epoch": e.epoch,
         "from": (e.kind == pb::EventKind::JobState as i32).then(|| pb::JobState::label_of(e.from_state)),
         "to": (e.kind == pb::EventKind::JobState as i32).then(|| pb::JobState::label_of(e.to_state)),
+        // A worker's event says what it is now (ready, draining, lost).
+        "worker_state": (e.kind == pb::EventKind::WorkerState as i32).then(|| worker_state_label(e.worker_state)),
         "reason": e.reason,
         "attributes": e.attributes,
     })
@@ -1135,13 +1152,16 @@ fn describe_event(e: &pb::Event) -> String {
     )
 }
 
+/// A worker state's lower-case name (`ready`), empty for one this build does not know.
+fn worker_state_label(state: i32) -> String {
+    pb::WorkerState::try_from(state)
+        .map(|s| label(s.as_str_name(), "WORKER_STATE_"))
+        .unwrap_or_default()
+}
+
 /// Workers as a table, or as a JSON array.
 fn print_workers(ws: &[pb::Worker], json: bool) {
-    let state = |w: &pb::Worker| {
-        pb::WorkerState::try_from(w.state)
-            .map(|s| label(s.as_str_name(), "WORKER_STATE_"))
-            .unwrap_or_default()
-    };
+    let state = |w: &pb::Worker| worker_state_label(w.state);
     if json {
         let all: Vec<_> = ws
             .iter()

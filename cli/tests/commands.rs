@@ -225,6 +225,58 @@ async fn each_command_prints_tables_and_json_and_exits_with_a_code_scripts_can_u
     manager.stop().await;
 }
 
+/// forget: a lost worker without jobs leaves the list (the JSON is the worker as it was); a
+/// ready one is a wrong request (exit 4) saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forget_removes_a_lost_worker_and_refuses_a_live_one() {
+    let beat = Duration::from_millis(100);
+    let manager = TestManager::start(|c| c.heartbeat_interval = beat)
+        .await
+        .expect("manager");
+    let m = manager.endpoint();
+    let _w1 = ScriptedAgent::connect(&m, "w1", 2.0, beat)
+        .await
+        .expect("w1");
+    let w2 = ScriptedAgent::connect(&m, "w2", 2.0, beat)
+        .await
+        .expect("w2");
+    let (_watch, mut events) = spawn_ctl(&m, &["watch", "--from-seq", "1", "-o", "json"]);
+    drop(w2);
+    // Its loss, as a watcher sees it.
+    loop {
+        let line = events.next_line().await.expect("read").expect("an event");
+        let e = json(&line);
+        if e["kind"] == "worker_state" && e["worker"] == "w2" && e["worker_state"] == "lost" {
+            break;
+        }
+    }
+    let (code, _, err) = ctl(&m, &["forget", "w1"]).await;
+    assert_eq!(code, 4, "{err}");
+    assert!(
+        err.contains("worker w1 is ready: only a lost worker is forgotten"),
+        "{err}"
+    );
+    let (code, out, err) = ctl(&m, &["forget", "w2", "-o", "json"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        (
+            json(&out)[0]["id"].as_str(),
+            json(&out)[0]["state"].as_str()
+        ),
+        (Some("w2"), Some("lost")),
+        "{out}"
+    );
+    let (_, out, _) = ctl(&m, &["workers", "-o", "json"]).await;
+    let ids: Vec<_> = (json(&out).as_array().into_iter().flatten())
+        .map(|w| w["id"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(ids, ["w1"], "{out}");
+    let (code, _, err) = ctl(&m, &["forget", "w2"]).await;
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("no worker `w2`"), "{err}");
+    manager.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_viewer_token_may_list_but_not_submit() {
     let dir = tempfile_dir("cli-tokens").expect("dir");

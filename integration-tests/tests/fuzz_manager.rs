@@ -384,11 +384,18 @@ async fn control_request(
         }
         4 => {
             let worker_id = ["w1", "", "w9"].choose(rng).expect("non-empty").to_string();
-            if rng.random_bool(0.5) {
-                c.drain_worker(pb::DrainWorkerRequest { worker_id }).await?;
-            } else {
-                c.undrain_worker(pb::UndrainWorkerRequest { worker_id })
-                    .await?;
+            match rng.random_range(0..3) {
+                0 => {
+                    c.drain_worker(pb::DrainWorkerRequest { worker_id }).await?;
+                }
+                1 => {
+                    c.undrain_worker(pb::UndrainWorkerRequest { worker_id })
+                        .await?;
+                }
+                _ => {
+                    c.forget_worker(pb::ForgetWorkerRequest { worker_id })
+                        .await?;
+                }
             }
         }
         _ => {

@@ -3,7 +3,7 @@
 //! Tokens come from a file (`--tokens`), one per line: `TOKEN ROLE NAME`, where ROLE is
 //! `viewer` (GetJob, ListJobs, WatchEvents, ListWorkers, JobLogs: what Kubernetes' `view`
 //! role reads, pod logs included) or `operator` (also SubmitJob, CancelJob, DrainWorker,
-//! UndrainWorker, Backup); `#` starts a comment. A file rather than a database: a cluster has
+//! UndrainWorker, ForgetWorker, Backup); `#` starts a comment. A file rather than a database: a cluster has
 //! a handful of callers, the file is what a secret store mounts, and rotating a token is
 //! editing a line and restarting the manager (jobs run on meanwhile).
 //!
@@ -28,7 +28,7 @@ const CONTROL: &str = "/converge.v1.ControlService/";
 pub enum Role {
     /// Read jobs, workers and events.
     Viewer,
-    /// Also submit, cancel, drain and undrain, and back up.
+    /// Also submit, cancel, drain, undrain and forget workers, and back up.
     Operator,
 }
 
@@ -286,6 +286,7 @@ mod tests {
             "CancelJob",
             "DrainWorker",
             "UndrainWorker",
+            "ForgetWorker",
             "Backup",
             "SomethingNew",
         ] {

@@ -212,6 +212,21 @@ impl ControlService for ManagerHandle {
         Ok(Response::new(job))
     }
 
+    async fn forget_worker(
+        &self,
+        request: Request<pb::ForgetWorkerRequest>,
+    ) -> Result<Response<pb::Worker>, Status> {
+        self.admit(&request)?;
+        let worker_id = request.into_inner().worker_id;
+        if worker_id.is_empty() {
+            return Err(Error::invalid("worker_id", "required").into());
+        }
+        let w = self
+            .ask(|reply| ActorRequest::Forget { worker_id, reply })
+            .await??;
+        Ok(Response::new(w))
+    }
+
     async fn list_workers(
         &self,
         request: Request<pb::ListWorkersRequest>,

@@ -252,9 +252,12 @@ pub trait Placer {
 /// shows the rivals [`Placer::place`]'s scores would put nearest the choice.
 pub trait PlacerIndex: Send + std::fmt::Debug {
     /// Records the snapshot of the worker at `place` (new, changed, or another worker's now
-    /// that the places moved; an unschedulable worker leaves the index). Workers are only
-    /// ever added: when places move, the caller sets every one again.
+    /// that the places moved; an unschedulable worker leaves the index). When places move,
+    /// the caller sets every one again.
     fn set(&mut self, place: usize, worker: &WorkerSnapshot);
+    /// Forgets every place from `len` on: workers left the cluster (an operator forgot them),
+    /// and the caller sets the `len` that remain again.
+    fn truncate(&mut self, len: usize);
     /// The choice for `job` among `workers` (the snapshots the index was told of), then up to
     /// `rivals` other eligible places whose scores are nearest the choice's, nearest first,
     /// ties to the lower place. `None` when nothing fits or the index cannot answer exactly

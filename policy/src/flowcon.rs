@@ -708,6 +708,13 @@ impl PlacerIndex for FlowConIndex {
         self.entries[place] = Some((s, power));
     }
 
+    fn truncate(&mut self, len: usize) {
+        for place in len..self.entries.len() {
+            self.remove(place);
+        }
+        self.entries.truncate(len);
+    }
+
     fn place(
         &self,
         job: &JobRequest,
@@ -1084,6 +1091,7 @@ mod tests {
             changes in prop::collection::vec((0usize..24, arb_worker()), 0..24),
             rivals in 1usize..6,
             cpus in prop_oneof![Just(0.0), Just(1.0)],
+            forgotten in 0usize..24,
         ) {
             let mut workers = first;
             let mut index = FlowConIndex::default();
@@ -1106,6 +1114,15 @@ mod tests {
                 let i = i % workers.len();
                 workers[i] = w;
                 index.set(i, &workers[i]);
+                check(&index, &workers)?;
+            }
+            // A worker leaves: the places after it move down, and are set again.
+            if workers.len() > 1 {
+                workers.remove(forgotten % workers.len());
+                index.truncate(workers.len());
+                for (i, w) in workers.iter().enumerate() {
+                    index.set(i, w);
+                }
                 check(&index, &workers)?;
             }
         }

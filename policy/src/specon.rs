@@ -511,6 +511,19 @@ impl SpeCon {
         }
     }
 
+    /// Worker `place` left the cluster: the workers after it move down one place, and their
+    /// jobs and counts with them (SpeCon knows a worker by its place in its caller's order).
+    /// A job still marked on `place` is forgotten; a caller removes only workers without jobs.
+    pub fn remove_worker(&mut self, place: usize) {
+        self.jobs.retain(|_, job| job.worker != place);
+        for job in self.jobs.values_mut() {
+            if job.worker > place {
+                job.worker -= 1;
+            }
+        }
+        self.tally = Tally::of(self.jobs.values());
+    }
+
     /// Forgets every job for which `keep` is false (they finished).
     pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
         let tally = &mut self.tally;
@@ -721,6 +734,24 @@ mod tests {
             initial_value: Some(1.0),
             direction: Direction::Minimize,
         }
+    }
+
+    #[test]
+    fn a_removed_worker_moves_the_later_ones_down_a_place() {
+        let config = SpeConConfig::default();
+        let mut s = SpeCon::new(config).unwrap();
+        s.observe(1.0, "a", 0, Some(Category::Watching));
+        s.observe(1.0, "b", 2, Some(Category::Completing));
+        s.observe(1.0, "c", 1, None);
+        s.remove_worker(1);
+        // As if the workers had always been in their new places.
+        let mut fresh = SpeCon::new(config).unwrap();
+        fresh.observe(1.0, "a", 0, Some(Category::Watching));
+        fresh.observe(1.0, "b", 1, Some(Category::Completing));
+        assert!(s == fresh, "{:?}", s.jobs());
+        assert_eq!(s.jobs()["b"].worker, 1);
+        assert_eq!(s.tally.counts(3), fresh.tally.counts(3));
+        assert_eq!(s.tally.counts(3)[1], [0, 0, 1]);
     }
 
     /// SpeCon §VI-C (specon-speculative-migration.txt:403): Job-14 on Worker-2 converges; the

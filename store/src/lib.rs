@@ -51,6 +51,9 @@ pub struct Batch<'a> {
     pub jobs: Vec<&'a Job>,
     /// Workers whose record changed.
     pub workers: Vec<&'a Worker>,
+    /// Workers forgotten: their records are deleted, before `workers` are written (a worker
+    /// registered again under a forgotten id is in both).
+    pub forgotten_workers: Vec<&'a str>,
     /// The core's counters now.
     pub counters: Option<&'a Counters>,
     /// Whether the finished sizes in the counters changed (they are written only then).
@@ -66,6 +69,7 @@ impl Batch<'_> {
     pub fn is_empty(&self) -> bool {
         self.jobs.is_empty()
             && self.workers.is_empty()
+            && self.forgotten_workers.is_empty()
             && self.counters.is_none()
             && self.specs.is_empty()
             && self.events.is_empty()

@@ -507,6 +507,12 @@ impl Store for Sqlite {
                 ])
                 .map_err(sql)?;
             }
+            let mut delete = tx
+                .prepare_cached("DELETE FROM workers WHERE id = ?1")
+                .map_err(sql)?;
+            for id in &batch.forgotten_workers {
+                delete.execute(params![id]).map_err(sql)?;
+            }
             let mut put = tx
                 .prepare_cached("INSERT OR REPLACE INTO workers (id, record) VALUES (?1, ?2)")
                 .map_err(sql)?;

@@ -37,6 +37,7 @@ fn step_stored(store: &mut Sqlite, core: &mut Core, now: f64, input: Input) -> V
             .iter()
             .filter_map(|w| core.worker(w))
             .collect(),
+        forgotten_workers: changes.forgotten.iter().map(|w| w.as_ref()).collect(),
         counters: Some(&counters),
         history_changed: changes.history,
         ..Batch::default()
@@ -201,6 +202,42 @@ fn what_a_core_wrote_comes_back_as_the_same_core() {
     // Loading twice gives the same records.
     let again = store.load(10, usize::MAX).unwrap();
     assert_eq!(debug_jobs(&again.saved), debug_jobs(&got.saved));
+}
+
+#[test]
+fn a_forgotten_worker_leaves_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Sqlite::open(dir.path()).unwrap();
+    let mut core = core();
+    for (conn, w) in [(1, "w1"), (2, "w2")] {
+        let register = Register {
+            worker: w.into(),
+            cpu_capacity: 1.0,
+            ..Register::default()
+        };
+        step_stored(
+            &mut store,
+            &mut core,
+            1.0,
+            Input::Connected { conn, register },
+        );
+    }
+    // w1's agent is gone long enough to be lost (w2's too; it is kept).
+    let gone = Input::Disconnected {
+        conn: 1,
+        reason: "host died".into(),
+    };
+    step_stored(&mut store, &mut core, 2.0, gone);
+    step_stored(&mut store, &mut core, 100.0, Input::Tick);
+    let forget = Input::Forget {
+        worker: "w1".into(),
+    };
+    let out = step_stored(&mut store, &mut core, 101.0, forget);
+    assert!(matches!(out.last(), Some(Effect::Reply(Ok(_)))), "{out:?}");
+    drop(store);
+    let got = Sqlite::open(dir.path()).unwrap().load(10, 10).unwrap();
+    let ids: Vec<&str> = got.saved.workers.iter().map(|w| w.id.as_ref()).collect();
+    assert_eq!(ids, ["w2"]);
 }
 
 #[test]

@@ -134,6 +134,54 @@ impl Core {
         Ok(Reply::Worker(worker.into()))
     }
 
+    /// Forgets worker `worker` ([`Input::Forget`]): only a lost one (its agent is gone; one
+    /// still connected would register it again at once) and only once no job is on it (the
+    /// jobs lost with it leave when they restart elsewhere, `Config::recover_lost_after` after
+    /// the loss). Its record leaves the store too. The policy hears first, while the worker
+    /// still has its place (SpeCon knows workers by place).
+    pub(super) fn forget_worker(&mut self, worker: &str) -> Result<Reply, RequestError> {
+        let Some(w) = self.workers.get(worker) else {
+            return Err(RequestError::Invalid {
+                field: "worker_id",
+                message: format!("no worker `{worker}` is registered"),
+            });
+        };
+        if !matches!(w.state, WorkerPhase::Lost { .. }) {
+            return Err(RequestError::FailedPrecondition(format!(
+                "worker {worker} is {}: only a lost worker is forgotten (stop its agent, or \
+                 drain it to move its jobs away)",
+                w.state.state().label()
+            )));
+        }
+        if !w.jobs.is_empty() {
+            let jobs: Vec<&str> = w.jobs.iter().map(|j| j.as_ref()).collect();
+            return Err(RequestError::FailedPrecondition(format!(
+                "worker {worker} still holds {} job(s), lost with it: {}; they restart \
+                 elsewhere {:.0}s after the loss, and it can be forgotten then",
+                jobs.len(),
+                jobs.join(", "),
+                self.config.recover_lost_after
+            )));
+        }
+        let id = self.worker_id(worker);
+        let place = self
+            .index
+            .position(worker)
+            .expect("every worker is indexed");
+        self.policy.on_worker_forgotten(place, &id);
+        if let Some(conn) = self.workers.remove(worker).and_then(|w| w.conn) {
+            // A silent stream the loss did not end: anything more on it is refused as stale.
+            self.conns.remove(&conn);
+        }
+        if let Some(changes) = &mut self.changes {
+            changes.forgotten(&id);
+        }
+        self.index.touch(&id);
+        info!(%worker, "worker forgotten");
+        self.worker_event(worker, WorkerState::Lost, "forgotten by user".into());
+        Ok(Reply::Worker(id))
+    }
+
     /// Moves the running jobs of every draining, connected worker elsewhere, as far as the
     /// policy finds room; the others wait (and say so) until capacity appears.
     pub(super) fn continue_drains(&mut self) {

@@ -122,6 +122,10 @@ impl PlacementIndex {
             self.rank(i);
         }
         if self.ids.len() != workers.len() {
+            // Workers left (forgotten), or some were never touched: every place is set again.
+            if let Some(p) = &mut self.placer {
+                p.truncate(workers.len());
+            }
             self.ids = workers.keys().cloned().collect();
             self.snaps = workers.values().map(|w| snapshot(w, jobs)).collect();
             self.draining.clear();

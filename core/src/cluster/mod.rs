@@ -148,6 +148,12 @@ pub enum Input {
         /// The worker.
         worker: WorkerId,
     },
+    /// The user forgets a lost worker that holds no jobs: it leaves the cluster's records (as
+    /// `kubectl delete node`). An agent that registers under its id later is a new worker.
+    Forget {
+        /// The worker.
+        worker: WorkerId,
+    },
     /// An agent opened stream `conn` and registered.
     Connected {
         /// The stream.
@@ -181,6 +187,7 @@ impl Input {
             Input::Cancel { .. } => "cancel",
             Input::Drain { .. } => "drain",
             Input::Undrain { .. } => "undrain",
+            Input::Forget { .. } => "forget",
             Input::Connected { .. } => "register",
             Input::Agent { message, .. } => message.name(),
             Input::Disconnected { .. } => "disconnected",
@@ -573,6 +580,10 @@ impl Core {
             }
             Input::Undrain { worker } => {
                 let r = self.set_draining(&worker, false);
+                self.out.push(Effect::Reply(r));
+            }
+            Input::Forget { worker } => {
+                let r = self.forget_worker(&worker);
                 self.out.push(Effect::Reply(r));
             }
             Input::Connected { conn, register } => self.register(conn, register),

@@ -21,6 +21,9 @@ pub struct Changes {
     pub jobs: BTreeSet<JobId>,
     /// Workers whose record changed.
     pub workers: BTreeSet<WorkerId>,
+    /// Workers forgotten ([`Input::Forget`]): their records go. A worker registered again
+    /// under the same id after that is also in `workers`, to write after the deletion.
+    pub forgotten: BTreeSet<WorkerId>,
     /// A job completed: the finished sizes ([`Counters::history`]) changed.
     pub history: bool,
     /// Jobs whose record changed only in what agents report again anyway (progress points,
@@ -52,10 +55,20 @@ impl Changes {
         }
     }
 
+    /// Notes that worker `id` was forgotten.
+    pub(super) fn forgotten(&mut self, id: &WorkerId) {
+        self.workers.remove(id);
+        self.forgotten.insert(id.clone());
+    }
+
     /// Adds what `other` changed.
     pub fn merge(&mut self, other: Changes) {
         self.jobs.extend(other.jobs);
+        for id in &other.forgotten {
+            self.workers.remove(id);
+        }
         self.workers.extend(other.workers);
+        self.forgotten.extend(other.forgotten);
         self.history |= other.history;
         self.soft.extend(other.soft);
     }

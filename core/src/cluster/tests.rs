@@ -62,6 +62,11 @@ impl Shadow {
                 self.jobs.insert(id, j.clone());
             }
         }
+        // Deletions first, as the SQLite store does: a worker forgotten and registered again
+        // since is written afresh.
+        for id in changes.forgotten {
+            self.workers.remove(&id);
+        }
         for id in changes.workers {
             if let Some(w) = core.worker(&id) {
                 self.workers.insert(id, w.clone());
@@ -905,6 +910,103 @@ fn an_undrained_worker_takes_jobs_again_and_keeps_its_jobs() {
         "{out:?}"
     );
     assert!(matches!(out.last(), Some(Effect::Reply(Ok(_)))), "{out:?}");
+}
+
+/// `kubectl delete node`: a lost worker is forgotten once the jobs lost with it restarted
+/// elsewhere; a ready one, one still holding jobs, or an unknown one is not. The workers after
+/// it move down a place, which SpeCon (knowing workers by place) follows, and an agent that
+/// registers under its id later is a new worker.
+#[test]
+fn a_lost_worker_is_forgotten_once_its_jobs_left_it() {
+    let mut f = Fixture::new("specon");
+    for (conn, w) in [(1, "w0"), (2, "w1"), (3, "w2")] {
+        f.register(conn, w, 2.0);
+    }
+    let conn_a = f.start("a", spec(1.0));
+    assert_eq!(conn_a, 1, "spread's first choice");
+    let conn_b = f.start("b", spec(1.0));
+    let forget = |f: &mut Fixture| {
+        let out = f.step(Input::Forget {
+            worker: "w0".into(),
+        });
+        out.last().cloned()
+    };
+    let refused = |r: Option<Effect>, words: &str| match r {
+        Some(Effect::Reply(Err(RequestError::FailedPrecondition(m)))) => {
+            assert!(m.contains(words), "{m}")
+        }
+        other => panic!("expected a refusal saying `{words}`, got {other:?}"),
+    };
+    refused(
+        forget(&mut f),
+        "worker w0 is ready: only a lost worker is forgotten",
+    );
+    f.step(Input::Disconnected {
+        conn: 1,
+        reason: "host died".into(),
+    });
+    for _ in 0..4 {
+        f.heartbeat_of(conn_b, "b", 1, 1.0);
+        f.heartbeat(6 - conn_b);
+        f.advance(1.0);
+    }
+    assert_eq!(f.state("a"), JobState::Lost);
+    refused(forget(&mut f), "still holds 1 job(s), lost with it: a");
+    // The grace passes: `a` restarts elsewhere, and w0 is empty.
+    let mut restarted = None;
+    for _ in 0..10 {
+        f.heartbeat_of(conn_b, "b", 1, 1.0);
+        f.heartbeat(6 - conn_b);
+        let out = f.advance(1.0);
+        restarted = restarted.or(Fixture::sent(&out, "a", "start"));
+    }
+    let (conn, start) = restarted.expect("a restarted on w1 or w2");
+    f.ok(conn, &start, Fixture::started(2));
+    let out = f.step(Input::Forget {
+        worker: "w0".into(),
+    });
+    assert!(matches!(out.last(), Some(Effect::Reply(Ok(Reply::Worker(w)))) if **w == *"w0"));
+    assert!(
+        out.iter().any(|e| matches!(e, Effect::Event(e)
+            if e.reason == "forgotten by user" && e.worker.as_deref() == Some("w0"))),
+        "{out:?}"
+    );
+    assert!(f.core.worker("w0").is_none());
+    assert!(
+        !f.store.workers.contains_key("w0"),
+        "its record left the store"
+    );
+    assert_eq!(f.core.workers().len(), 2);
+    // SpeCon at the new places: a move asked for from w2 (now place 1) is decided on the
+    // shifted view (debug builds check SpeCon's incremental state against a full sync).
+    f.heartbeat_in(
+        conn_b,
+        &["b"],
+        converge_policy::cluster::Category::CONVERGED,
+    );
+    f.msg(
+        conn_b,
+        AgentMessage::MigrationRequest {
+            job: "b".into(),
+            epoch: 1,
+            reason: "converged".into(),
+        },
+    );
+    // Unknown now, as any name no worker has.
+    let out = f.step(Input::Forget {
+        worker: "w0".into(),
+    });
+    assert!(matches!(
+        out.last(),
+        Some(Effect::Reply(Err(RequestError::Invalid {
+            field: "worker_id",
+            ..
+        })))
+    ));
+    // Its agent comes back: a new worker, ready.
+    f.reregister(7, "w0", 2.0, &[]);
+    assert_eq!(f.core.worker("w0").unwrap().state, WorkerPhase::Ready);
+    assert!(f.store.workers.contains_key("w0"));
 }
 
 /// A move the drain began goes on after the undrain: its save is on its way, and the job
@@ -2380,6 +2482,8 @@ mod model {
         Cancel(usize),
         Drain(usize),
         Undrain(usize),
+        /// The user forgets the worker (refused unless it is lost and empty).
+        Forget(usize),
         Deliver(usize),
         Drop(usize),
         Finish(usize),
@@ -2403,6 +2507,7 @@ mod model {
             1 => (0..6usize).prop_map(Op::Cancel),
             1 => (0..WORKERS).prop_map(Op::Drain),
             1 => (0..WORKERS).prop_map(Op::Undrain),
+            1 => (0..WORKERS).prop_map(Op::Forget),
             8 => (0..WORKERS).prop_map(Op::Deliver),
             1 => (0..WORKERS).prop_map(Op::Drop),
             2 => (0..WORKERS).prop_map(Op::Finish),
@@ -2515,6 +2620,9 @@ mod model {
                     worker: format!("w{w}").into(),
                 }),
                 Op::Undrain(w) => inputs.push(Input::Undrain {
+                    worker: format!("w{w}").into(),
+                }),
+                Op::Forget(w) => inputs.push(Input::Forget {
                     worker: format!("w{w}").into(),
                 }),
                 Op::Deliver(w) => {
@@ -2658,6 +2766,10 @@ mod model {
                     Input::Submit { id, .. } => Some(id.clone()),
                     _ => None,
                 };
+                let forgotten = match &input {
+                    Input::Forget { worker } => Some(worker.clone()),
+                    _ => None,
+                };
                 let twin_out = twin.step(now, input.clone());
                 let out = core.step(now, input);
                 store.after_step(&mut core, &out);
@@ -2706,6 +2818,9 @@ mod model {
                 }
                 if let (Some(id), Some(Effect::Reply(Ok(_)))) = (cancel_of, out.last()) {
                     cancelled.insert(id);
+                }
+                if let (Some(w), Some(Effect::Reply(Ok(_)))) = (forgotten, out.last()) {
+                    prop_assert!(core.worker(&w).is_none(), "worker {} still listed", w);
                 }
                 effects.extend(out);
                 // Nothing leaves a terminal state.

@@ -415,6 +415,17 @@ pub enum WorkerState {
     Lost,
 }
 
+impl WorkerState {
+    /// Lower-case name, as the CLI shows it.
+    pub fn label(self) -> &'static str {
+        match self {
+            WorkerState::Ready => "ready",
+            WorkerState::Draining => "draining",
+            WorkerState::Lost => "lost",
+        }
+    }
+}
+
 /// What kind of thing an [`Event`] records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum EventKind {

@@ -130,6 +130,13 @@ pub enum Request {
         /// The worker after the request.
         reply: oneshot::Sender<Result<pb::Worker>>,
     },
+    /// Forget a lost worker without jobs.
+    Forget {
+        /// The worker.
+        worker_id: String,
+        /// The worker as it was when forgotten.
+        reply: oneshot::Sender<Result<pb::Worker>>,
+    },
     /// Event history plus a live feed.
     Watch {
         /// Only this job (empty = all).
@@ -666,6 +673,7 @@ impl Actor {
                 .iter()
                 .filter_map(|w| self.core.worker(w))
                 .collect(),
+            forgotten_workers: changes.forgotten.iter().map(|w| w.as_ref()).collect(),
             counters: Some(&counters),
             history_changed: changes.history,
             specs: specs
@@ -932,6 +940,18 @@ impl Actor {
                         .expect("the worker just answered for exists");
                     wire::worker(w, self.core.jobs(), self.core.policy_name())
                 });
+                self.answer_later(reply, r);
+            }
+            Request::Forget { worker_id, reply } => {
+                let span = info_span!(parent: None, "forget", worker = %worker_id);
+                let _entered = span.enter();
+                let policy = self.core.policy_name();
+                let before = (self.core.worker(&worker_id))
+                    .map(|w| wire::worker(w, self.core.jobs(), policy));
+                let r = self.answer(Input::Forget {
+                    worker: worker_id.into(),
+                });
+                let r = r.map(|_| before.expect("the worker just forgotten existed"));
                 self.answer_later(reply, r);
             }
             Request::Watch {

@@ -604,6 +604,11 @@ pub trait ClusterPolicy: Send {
     /// and would otherwise have to walk every job to find what changed.
     fn on_transition(&mut self, _job: &JobId, _was_on: Option<&WorkerId>) {}
 
+    /// Worker `id`, at `place` in the view's order, is forgotten ([`super::Input::Forget`]):
+    /// it holds no jobs, and the workers after it move down one place once it is gone. Called
+    /// while it is still in the view.
+    fn on_worker_forgotten(&mut self, _place: usize, _id: &WorkerId) {}
+
     /// `job` left `worker` (it ended, or its worker was lost).
     fn on_departure(
         &mut self,

@@ -284,6 +284,14 @@ impl ClusterPolicy for SpeConPolicy {
         true
     }
 
+    fn on_worker_forgotten(&mut self, place: usize, id: &WorkerId) {
+        // The next sync is a full one (the workers' count changed), and so is the loads'
+        // refresh; SpeCon's places must move down first, for the jobs a sync keeps as they are
+        // (those being moved).
+        self.specon.remove_worker(place);
+        self.seen.remove(id);
+    }
+
     fn placer_index(&self) -> Option<Box<dyn converge_policy::cluster::PlacerIndex>> {
         self.placing.placer_index()
     }
