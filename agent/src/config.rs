@@ -315,7 +315,10 @@ impl Config {
                 ),
             );
         }
-        if !(self.cpus.is_finite() && self.cpus >= 0.01 && self.cpus <= 4096.0) {
+        if !(self.cpus.is_finite()
+            && self.cpus >= 0.01
+            && self.cpus <= converge_contract::MAX_WORKER_CPUS)
+        {
             return bad(
                 "cpus",
                 format!("must be between 0.01 and 4096 cores, got {}", self.cpus),

@@ -174,7 +174,9 @@ pub fn plan_container(
     let host_config = HostConfig {
         nano_cpus: Some(cgroup::nano_cpus(cpus)),
         cpu_shares: (start.cpu_shares > 0).then_some(i64::from(start.cpu_shares.max(2))),
-        memory: (spec.memory_bytes > 0).then_some(spec.memory_bytes as i64),
+        // The manager refuses more than i64::MAX; saturate rather than wrap to a negative.
+        memory: (spec.memory_bytes > 0)
+            .then(|| i64::try_from(spec.memory_bytes).unwrap_or(i64::MAX)),
         binds: Some(vec![format!(
             "{}:{container_path}",
             host_checkpoint_dir.display()

@@ -25,6 +25,12 @@ pub const CHECKPOINT_DIR_ENV: &str = "CONVERGE_CHECKPOINT_DIR";
 /// change users.
 pub const JOB_TMPFS: &str = "/tmp";
 
+/// The most cores a worker may offer (the agent's `--cpus`), and so a job may ask for.
+pub const MAX_WORKER_CPUS: f64 = 4096.0;
+
+/// Docker's least memory limit, bytes (it refuses a container with less).
+pub const MIN_MEMORY_BYTES: u64 = 6 * 1024 * 1024;
+
 /// A job's `user` as Docker's `User`: "UID" or "UID:GID", numeric (a scratch image has no
 /// /etc/passwd to look a name up in). `Ok(None)` for empty (the image's user).
 pub fn parse_user(user: &str) -> Result<Option<(u32, Option<u32>)>, String> {

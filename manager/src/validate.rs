@@ -170,6 +170,12 @@ pub fn validate(spec: Option<JobSpec>, limits: Limits) -> Result<JobSpec> {
         )
     })?;
     max_len("spec.name", &spec.name, MAX_NAME)?;
+    if spec.name.chars().any(char::is_control) {
+        return Err(Error::invalid(
+            "spec.name",
+            "must not contain control characters (a newline or tab would break `list`'s rows)",
+        ));
+    }
     if spec.metric.is_empty() {
         spec.metric = "loss".into();
     }
@@ -203,14 +209,36 @@ pub fn validate(spec: Option<JobSpec>, limits: Limits) -> Result<JobSpec> {
             format!("must be a number of cores > 0, got {}", spec.cpus),
         ));
     }
+    if spec.cpus > converge_contract::MAX_WORKER_CPUS {
+        return Err(Error::invalid(
+            "spec.cpus",
+            format!(
+                "{} is over {} cores, the most a worker can offer",
+                spec.cpus,
+                converge_contract::MAX_WORKER_CPUS
+            ),
+        ));
+    }
     if let Some(max) = limits.max_cpus
         && spec.cpus > max + 1e-9
     {
         return Err(Error::invalid(
             "spec.cpus",
             format!(
-                "{} exceeds the largest worker's capacity ({max} cores)",
-                spec.cpus
+                "{} exceeds the largest worker's capacity ({max} {})",
+                spec.cpus,
+                if max == 1.0 { "core" } else { "cores" }
+            ),
+        ));
+    }
+    let min = converge_contract::MIN_MEMORY_BYTES;
+    if spec.memory_bytes != 0 && !(min..=i64::MAX as u64).contains(&spec.memory_bytes) {
+        return Err(Error::invalid(
+            "spec.memory_bytes",
+            format!(
+                "{} is not a memory limit Docker takes: 0 (none) or {min} (6 MiB) to {} bytes",
+                spec.memory_bytes,
+                i64::MAX
             ),
         ));
     }
@@ -240,6 +268,9 @@ pub fn validate(spec: Option<JobSpec>, limits: Limits) -> Result<JobSpec> {
         spec.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())),
         spec.labels.len(),
     )?;
+    if spec.labels.contains_key("") {
+        return Err(Error::invalid("spec.labels", "a label's key is empty"));
+    }
     if let Some(k) = spec.labels.keys().find(|k| k.starts_with("converge.")) {
         return Err(Error::invalid(
             format!("spec.labels[{k}]"),
@@ -261,11 +292,13 @@ pub fn validate(spec: Option<JobSpec>, limits: Limits) -> Result<JobSpec> {
             && vc.full_value_until_s.is_finite()
             && vc.full_value_until_s >= 0.0
             && vc.zero_value_at_s.is_finite()
+            && vc.zero_value_at_s > 0.0
             && vc.zero_value_at_s >= vc.full_value_until_s;
         if !ok {
             return Err(Error::invalid(
                 "spec.value_curve",
-                "needs max_value > 0 and 0 <= full_value_until_s <= zero_value_at_s",
+                "needs max_value > 0 and 0 <= full_value_until_s <= zero_value_at_s, with \
+                 zero_value_at_s > 0 (a job worth nothing from its submission is refused)",
             ));
         }
     }
@@ -469,7 +502,7 @@ mod tests {
             )),
             "spec.image"
         );
-        for cpus in [0.0, -1.0, f64::NAN, 2.5] {
+        for cpus in [0.0, -1.0, f64::NAN, 2.5, 1e308] {
             assert_eq!(
                 field_of(validate(Some(JobSpec { cpus, ..spec() }), lim)),
                 "spec.cpus",
@@ -512,11 +545,65 @@ mod tests {
             field_of(validate(Some(s), lim)),
             "spec.labels[converge.job]"
         );
+        let mut s = spec();
+        s.labels.insert(String::new(), "x".into());
+        assert_eq!(field_of(validate(Some(s), lim)), "spec.labels");
+        for name in ["line1\nline2", "tab\there", "\u{1b}[31mred"] {
+            let named = JobSpec {
+                name: name.into(),
+                ..spec()
+            };
+            assert_eq!(
+                field_of(validate(Some(named), lim)),
+                "spec.name",
+                "{name:?}"
+            );
+        }
+        // Unicode that prints is a name like any other.
+        let named = JobSpec {
+            name: "ünïcødé-名前".into(),
+            ..spec()
+        };
+        assert!(validate(Some(named), lim).is_ok());
+        // Docker's least, and past what its signed field holds (which wrapped to -1).
+        for memory_bytes in [1, (6 << 20) - 1, u64::MAX] {
+            let sized = JobSpec {
+                memory_bytes,
+                ..spec()
+            };
+            let no_limit = Limits {
+                max_memory: None,
+                ..lim
+            };
+            assert_eq!(
+                field_of(validate(Some(sized), no_limit)),
+                "spec.memory_bytes",
+                "{memory_bytes}"
+            );
+        }
+        // A value curve worth nothing from the start.
+        let worthless = JobSpec {
+            value_curve: Some(converge_messenger::pb::ValueCurve {
+                max_value: 5.0,
+                ..Default::default()
+            }),
+            ..spec()
+        };
+        assert_eq!(field_of(validate(Some(worthless), lim)), "spec.value_curve");
     }
 
     #[test]
     fn capacity_is_not_checked_before_any_worker_registers() {
-        // With no worker known yet the job waits as Pending instead of being refused.
+        // With no worker known yet the job waits as Pending instead of being refused; beyond
+        // what any worker can offer, it is refused all the same.
+        let huge = JobSpec {
+            cpus: 1e308,
+            ..spec()
+        };
+        assert_eq!(
+            field_of(validate(Some(huge), Limits::default())),
+            "spec.cpus"
+        );
         assert!(
             validate(
                 Some(JobSpec {
