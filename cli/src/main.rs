@@ -598,8 +598,13 @@ async fn backup(client: &mut Client, out: &std::path::Path) -> Result<u64> {
         .await
         .map_err(status)?
         .into_inner();
+    // Readable by its owner alone, as the store it copies: it holds every job's environment.
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
     let mut file =
-        std::fs::File::create(&part).with_context(|| format!("cannot write {}", part.display()))?;
+        (options.open(&part)).with_context(|| format!("cannot write {}", part.display()))?;
     let mut bytes = 0u64;
     let copied = async {
         while let Some(c) = chunks.message().await.map_err(status)? {

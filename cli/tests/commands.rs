@@ -806,6 +806,15 @@ async fn backup_copies_a_running_managers_state_and_a_new_manager_starts_from_it
     assert_eq!(code, 0, "{err}");
     let bytes = json(&out)["bytes"].as_u64().expect("bytes");
     assert_eq!(std::fs::metadata(&copy).expect("the copy").len(), bytes);
+    // It holds every job's environment: its owner's alone, as the state directory is.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).expect("exists").permissions().mode();
+    assert_eq!(mode(&copy) & 0o777, 0o600);
+    assert_eq!(
+        mode(&live) & 0o777,
+        0o700,
+        "the state directory the store made"
+    );
     let (code, _, err) = ctl(&m, &["backup", copy_arg]).await;
     assert_ne!(code, 0, "a second backup overwrote the first");
     assert!(err.contains("exists"), "{err}");

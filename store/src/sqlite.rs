@@ -102,7 +102,13 @@ impl Sqlite {
                 dir: dir.to_path_buf(),
             });
         }
-        std::fs::create_dir_all(dir).map_err(|source| Error::Dir {
+        // Only its owner may enter a directory the store makes: the records hold every job's
+        // environment, secrets included. (One the operator made is left as it is.)
+        let mut made = std::fs::DirBuilder::new();
+        made.recursive(true);
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut made, 0o700);
+        made.create(dir).map_err(|source| Error::Dir {
             dir: dir.to_path_buf(),
             source,
         })?;
