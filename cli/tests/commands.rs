@@ -195,8 +195,8 @@ async fn each_command_prints_tables_and_json_and_exits_with_a_code_scripts_can_u
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("cannot reach the manager"), "{err}");
 
-    // drain: the worker as `workers` shows it, now draining; 4 for a worker id that names
-    // none (the request's field is wrong).
+    // drain: the worker as `workers` shows it, now draining; 3 for a worker id that names
+    // none, as for a job.
     let (code, out, err) = ctl(&m, &["drain", "w1", "-o", "json"]).await;
     assert_eq!(code, 0, "{err}");
     assert_eq!(json(&out)[0]["state"], "draining", "{out}");
@@ -207,9 +207,9 @@ async fn each_command_prints_tables_and_json_and_exits_with_a_code_scripts_can_u
         "{out}"
     );
     let (code, _, err) = ctl(&m, &["drain", "no-such-worker"]).await;
-    assert_eq!(code, 4, "{err}");
+    assert_eq!(code, 3, "{err}");
     assert!(err.contains("no worker `no-such-worker`"), "{err}");
-    // undrain: ready again; the same 4 for a worker id that names none.
+    // undrain: ready again; the same 3 for a worker id that names none.
     let (code, out, err) = ctl(&m, &["undrain", "w1", "-o", "json"]).await;
     assert_eq!(code, 0, "{err}");
     assert_eq!(json(&out)[0]["state"], "ready", "{out}");
@@ -220,7 +220,7 @@ async fn each_command_prints_tables_and_json_and_exits_with_a_code_scripts_can_u
         "{out}"
     );
     let (code, _, err) = ctl(&m, &["undrain", "no-such-worker"]).await;
-    assert_eq!(code, 4, "{err}");
+    assert_eq!(code, 3, "{err}");
     assert!(err.contains("no worker `no-such-worker`"), "{err}");
     manager.stop().await;
 }
@@ -272,7 +272,7 @@ async fn forget_removes_a_lost_worker_and_refuses_a_live_one() {
         .collect();
     assert_eq!(ids, ["w1"], "{out}");
     let (code, _, err) = ctl(&m, &["forget", "w2"]).await;
-    assert_eq!(code, 4, "{err}");
+    assert_eq!(code, 3, "{err}");
     assert!(err.contains("no worker `w2`"), "{err}");
     manager.stop().await;
 }

@@ -18,6 +18,9 @@ pub enum Error {
         "no job with id `{0}` (finished jobs are forgotten after the manager's --finished-retention)"
     )]
     JobNotFound(String),
+    /// No worker with this id (never registered here, or forgotten).
+    #[error("no worker `{0}` is registered (`convergectl workers` lists them)")]
+    WorkerNotFound(String),
     /// The request does not fit the job's current state.
     #[error("{0}")]
     FailedPrecondition(String),
@@ -69,7 +72,7 @@ impl From<Error> for Status {
     fn from(e: Error) -> Self {
         let code = match &e {
             Error::InvalidArgument { .. } => Code::InvalidArgument,
-            Error::JobNotFound(_) => Code::NotFound,
+            Error::JobNotFound(_) | Error::WorkerNotFound(_) => Code::NotFound,
             Error::FailedPrecondition(_) => Code::FailedPrecondition,
             Error::Unavailable => Code::Unavailable,
             Error::Serve(_) | Error::Reflection(_) | Error::Io(_) => Code::Internal,

@@ -103,10 +103,7 @@ impl Core {
         draining: bool,
     ) -> Result<Reply, RequestError> {
         let Some(w) = self.worker_mut(worker) else {
-            return Err(RequestError::Invalid {
-                field: "worker_id",
-                message: format!("no worker `{worker}` is registered"),
-            });
+            return Err(RequestError::WorkerNotFound(worker.into()));
         };
         let before = w.state;
         w.state = match w.state {
@@ -141,10 +138,7 @@ impl Core {
     /// still has its place (SpeCon knows workers by place).
     pub(super) fn forget_worker(&mut self, worker: &str) -> Result<Reply, RequestError> {
         let Some(w) = self.workers.get(worker) else {
-            return Err(RequestError::Invalid {
-                field: "worker_id",
-                message: format!("no worker `{worker}` is registered"),
-            });
+            return Err(RequestError::WorkerNotFound(worker.into()));
         };
         if !matches!(w.state, WorkerPhase::Lost { .. }) {
             return Err(RequestError::FailedPrecondition(format!(

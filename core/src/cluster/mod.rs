@@ -277,6 +277,9 @@ pub enum RequestError {
     /// No such job.
     #[error("job {0} not found")]
     JobNotFound(JobId),
+    /// No such worker (never registered here, or forgotten).
+    #[error("no worker `{0}` is registered")]
+    WorkerNotFound(WorkerId),
     /// A field is wrong.
     #[error("invalid {field}: {message}")]
     Invalid {

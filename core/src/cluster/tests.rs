@@ -998,10 +998,7 @@ fn a_lost_worker_is_forgotten_once_its_jobs_left_it() {
     });
     assert!(matches!(
         out.last(),
-        Some(Effect::Reply(Err(RequestError::Invalid {
-            field: "worker_id",
-            ..
-        })))
+        Some(Effect::Reply(Err(RequestError::WorkerNotFound(w)))) if **w == *"w0"
     ));
     // Its agent comes back: a new worker, ready.
     f.reregister(7, "w0", 2.0, &[]);
@@ -2085,22 +2082,22 @@ fn value_policy_refuses_a_curve_without_runtime_naming_the_field() {
 }
 
 #[test]
-fn drain_or_undrain_of_an_unknown_worker_names_the_field() {
+fn drain_undrain_or_forget_of_an_unknown_worker_is_not_found() {
     let mut f = Fixture::new("spread");
     let worker = WorkerId::from("nope");
     for input in [
         Input::Drain {
             worker: worker.clone(),
         },
-        Input::Undrain { worker },
+        Input::Undrain {
+            worker: worker.clone(),
+        },
+        Input::Forget { worker },
     ] {
         let out = f.step(input);
         assert!(matches!(
             out.last(),
-            Some(Effect::Reply(Err(RequestError::Invalid {
-                field: "worker_id",
-                ..
-            })))
+            Some(Effect::Reply(Err(RequestError::WorkerNotFound(w)))) if **w == *"nope"
         ));
     }
 }

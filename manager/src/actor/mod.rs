@@ -277,6 +277,7 @@ impl From<RequestError> for Error {
     fn from(e: RequestError) -> Self {
         match e {
             RequestError::JobNotFound(id) => Error::JobNotFound(id.to_string()),
+            RequestError::WorkerNotFound(id) => Error::WorkerNotFound(id.to_string()),
             RequestError::Invalid { field, message } => Error::InvalidArgument {
                 field: field.to_string(),
                 message,
