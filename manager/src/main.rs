@@ -59,7 +59,15 @@ async fn main() -> anyhow::Result<()> {
     let result = converge_manager::serve(config, listener, shutdown).await;
     // Send the spans still buffered before the process goes.
     telemetry.shutdown().await;
-    result?;
+    if let Err(e) = result {
+        // Said as every other refusal is, once: the errors' texts already hold their causes
+        // (anyhow's report repeated them as "Caused by").
+        eprintln!("converge-manager: {e}");
+        // A setting found wrong only once it was used (a --tokens file that cannot be read):
+        // a usage error like the others.
+        let usage = matches!(e, converge_manager::Error::InvalidArgument { .. });
+        std::process::exit(if usage { EX_USAGE } else { 1 });
+    }
     Ok(())
 }
 
