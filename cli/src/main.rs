@@ -413,16 +413,13 @@ async fn run(cli: Cli) -> Result<()> {
                 Some(s) => pb::JobState::from_str_name(&format!("JOB_STATE_{}", s.to_uppercase()))
                     .expect("--state is one of the states"),
             };
-            let jobs = client
-                .list_jobs(pb::ListJobsRequest {
-                    state: state as i32,
-                    worker_id: worker,
-                    name,
-                })
-                .await
-                .map_err(status)?
-                .into_inner()
-                .jobs;
+            let request = pb::ListJobsRequest {
+                state: state as i32,
+                worker_id: worker,
+                name,
+                ..Default::default()
+            };
+            let jobs = all_jobs(&mut client, request).await?;
             if json {
                 let all: Vec<_> = jobs.iter().map(job_json).collect();
                 println!("{}", serde_json::Value::Array(all));
@@ -729,20 +726,25 @@ async fn top(
         .map_err(status)?
         .into_inner();
     let mut board = Board::new(&format!("convergectl top {manager}"));
-    let mut shown = std::collections::BTreeSet::new();
+    let mut shown: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let jobs: Vec<pb::Job> = if wanted.is_empty() {
-            let all = client
-                .list_jobs(pb::ListJobsRequest::default())
-                .await
-                .map_err(status)?
-                .into_inner()
-                .jobs;
-            all.into_iter()
-                .filter(|j| !pb::JobState::ended(j.state) || shown.contains(&j.id))
-                .collect()
+            // The jobs not ended, from the manager's memory (a list of every job would read
+            // its whole history at every redraw), and those shown before that ended since.
+            let live = pb::ListJobsRequest {
+                not_ended: true,
+                ..Default::default()
+            };
+            let mut jobs = all_jobs(client, live).await?;
+            let listed: std::collections::HashSet<String> =
+                jobs.iter().map(|j| j.id.clone()).collect();
+            for id in shown.iter().filter(|id| !listed.contains(*id)) {
+                jobs.push(get_job(client, id.clone(), false).await?);
+            }
+            jobs.sort_by(|a, b| (a.submitted_unix_ms, &a.id).cmp(&(b.submitted_unix_ms, &b.id)));
+            jobs
         } else {
             // One by one: a job that is not known is NotFound, and an archived one is still
             // answered.
@@ -819,15 +821,11 @@ async fn resolve(client: &mut Client, given: String) -> Result<String> {
     if is_id || given.is_empty() {
         return Ok(given);
     }
-    // The live jobs, one state at a time: answered from the manager's memory, where a list
-    // of every state reads every finished job from its store. The manager filters by name, so
-    // an answer holds only the jobs asked for, however many there are.
-    let mut matches = Vec::new();
-    for state in live_states() {
-        matches.extend(named_jobs(client, state, &given).await?);
-    }
+    // The jobs not ended first: answered from the manager's memory, where a list of every
+    // job reads its whole history from the store.
+    let mut matches = named_jobs(client, true, &given).await?;
     if matches.is_empty() {
-        matches = named_jobs(client, pb::JobState::Unspecified, &given).await?;
+        matches = named_jobs(client, false, &given).await?;
     }
     match matches.as_slice() {
         [one] => Ok(one.id.clone()),
@@ -845,29 +843,39 @@ async fn resolve(client: &mut Client, given: String) -> Result<String> {
     }
 }
 
-/// The states of jobs not ended (every state the wire has but those [`pb::JobState::ended`]).
-fn live_states() -> impl Iterator<Item = pb::JobState> {
-    (1..)
-        .map_while(|n| pb::JobState::try_from(n).ok())
-        .filter(|s| !pb::JobState::ended(*s as i32))
+/// The jobs named `name` (those not ended only, if `not_ended`).
+async fn named_jobs(client: &mut Client, not_ended: bool, name: &str) -> Result<Vec<pb::Job>> {
+    let request = pb::ListJobsRequest {
+        name: name.to_string(),
+        not_ended,
+        ..Default::default()
+    };
+    Ok((all_jobs(client, request).await?.into_iter())
+        // A manager older than these filters ignores them and answers with every job.
+        .filter(|j| j.spec.as_ref().is_some_and(|s| s.name == name))
+        .filter(|j| !(not_ended && pb::JobState::ended(j.state)))
+        .collect())
 }
 
-/// The jobs in `state` named `name`.
-async fn named_jobs(client: &mut Client, state: pb::JobState, name: &str) -> Result<Vec<pb::Job>> {
-    Ok(client
-        .list_jobs(pb::ListJobsRequest {
-            state: state as i32,
-            worker_id: String::new(),
-            name: name.to_string(),
-        })
-        .await
-        .map_err(status)?
-        .into_inner()
-        .jobs
-        .into_iter()
-        // A manager older than the name filter ignores it and answers with every job.
-        .filter(|j| j.spec.as_ref().is_some_and(|s| s.name == name))
-        .collect())
+/// Jobs a ListJobs answer holds at most ([`all_jobs`]): a few hundred KiB of jobs, far below
+/// the 4 MiB a gRPC client takes.
+const LIST_PAGE: u32 = 500;
+
+/// Every job `request` asks for, a page at a time: one answer with a long history would be
+/// more than a client takes.
+async fn all_jobs(client: &mut Client, mut request: pb::ListJobsRequest) -> Result<Vec<pb::Job>> {
+    request.page_size = LIST_PAGE;
+    let mut jobs = Vec::new();
+    loop {
+        let page = (client.list_jobs(request.clone()).await)
+            .map_err(status)?
+            .into_inner();
+        jobs.extend(page.jobs);
+        if page.next_page_token.is_empty() {
+            return Ok(jobs);
+        }
+        request.page_token = page.next_page_token;
+    }
 }
 
 /// GetJob; a refusal is kept as its status (for the exit code).

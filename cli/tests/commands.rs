@@ -225,6 +225,40 @@ async fn each_command_prints_tables_and_json_and_exits_with_a_code_scripts_can_u
     manager.stop().await;
 }
 
+/// A history past the 4 MiB a gRPC client takes in one answer (80 jobs of 60 KB of
+/// arguments): `list`, `top` and a job's name still work, a page at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_history_past_a_grpc_answer_is_listed_a_page_at_a_time() {
+    let manager = TestManager::start(|_| {}).await.expect("manager");
+    let m = manager.endpoint();
+    let mut client = manager.control().await.expect("client");
+    let args: Vec<String> = (0..20).map(|_| "x".repeat(3000)).collect();
+    for k in 0..80 {
+        let spec = pb::JobSpec {
+            image: "converge/trainer:dev".into(),
+            cpus: 1.0,
+            name: format!("big{k}"),
+            args: args.clone(),
+            ..Default::default()
+        };
+        client
+            .submit_job(pb::SubmitJobRequest { spec: Some(spec) })
+            .await
+            .expect("submitted");
+    }
+    let (code, out, err) = ctl(&m, &["list", "-o", "json"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json(&out).as_array().map(Vec::len), Some(80));
+    let (code, out, err) = ctl(&m, &["get", "big5", "-o", "json"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json(&out)["name"], "big5");
+    // top's first frame: every job not ended.
+    let (_top, mut lines) = spawn_ctl(&m, &["top", "-o", "json"]);
+    let frame = lines.next_line().await.expect("read").expect("a frame");
+    assert_eq!(json(&frame)["jobs"].as_array().map(Vec::len), Some(80));
+    manager.stop().await;
+}
+
 /// forget: a lost worker without jobs leaves the list (the JSON is the worker as it was); a
 /// ready one is a wrong request (exit 4) saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

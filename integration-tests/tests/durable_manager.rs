@@ -300,6 +300,47 @@ async fn finished_jobs_beyond_those_kept_are_answered_for_from_the_store() -> an
             .jobs;
         let listed: Vec<&str> = listed.iter().map(|j| j.id.as_str()).collect();
         assert_eq!(listed, ids.iter().map(String::as_str).collect::<Vec<_>>());
+        // A page at a time, across the store and memory: the same jobs in the same order.
+        let mut paged = Vec::new();
+        let mut pages = 0;
+        let mut token = String::new();
+        loop {
+            let page = client
+                .list_jobs(pb::ListJobsRequest {
+                    page_size: 2,
+                    page_token: token.clone(),
+                    ..Default::default()
+                })
+                .await?
+                .into_inner();
+            pages += 1;
+            assert!(page.jobs.len() <= 2, "a page of {}", page.jobs.len());
+            paged.extend(page.jobs.into_iter().map(|j| j.id));
+            token = page.next_page_token;
+            if token.is_empty() {
+                break;
+            }
+        }
+        assert_eq!(paged, ids, "every job once, in submission order");
+        assert_eq!(pages, ids.len().div_ceil(2));
+        let refused = client
+            .list_jobs(pb::ListJobsRequest {
+                page_token: "not-a-token".into(),
+                ..Default::default()
+            })
+            .await
+            .expect_err("a token no answer gave");
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused}");
+        // Not ended: none (every job completed), and the store is not read for them.
+        let live = client
+            .list_jobs(pb::ListJobsRequest {
+                not_ended: true,
+                ..Default::default()
+            })
+            .await?
+            .into_inner()
+            .jobs;
+        assert!(live.is_empty(), "{live:?}");
         // By name: an archived job and one in memory, each alone.
         for k in [0, ids.len() - 1] {
             let named = client

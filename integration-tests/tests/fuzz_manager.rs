@@ -379,6 +379,12 @@ async fn control_request(
                     .choose(rng)
                     .expect("non-empty")
                     .to_string(),
+                page_size: rng.random_range(0..4),
+                page_token: ["", "1", "3", "x", "18446744073709551615"]
+                    .choose(rng)
+                    .expect("non-empty")
+                    .to_string(),
+                not_ended: rng.random_bool(0.5),
             })
             .await?;
         }

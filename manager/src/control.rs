@@ -182,18 +182,15 @@ impl ControlService for ManagerHandle {
         request: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
         self.admit(&request)?;
-        let r = request.into_inner();
-        let state = pb::JobState::try_from(r.state)
-            .map_err(|_| Error::invalid("state", format!("unknown job state {}", r.state)))?;
-        let jobs = self
-            .ask(|reply| ActorRequest::ListJobs {
-                state,
-                worker_id: r.worker_id,
-                name: r.name,
-                reply,
-            })
+        let request = request.into_inner();
+        if pb::JobState::try_from(request.state).is_err() {
+            let state = request.state;
+            return Err(Error::invalid("state", format!("unknown job state {state}")).into());
+        }
+        let page = self
+            .ask(|reply| ActorRequest::ListJobs { request, reply })
             .await??;
-        Ok(Response::new(pb::ListJobsResponse { jobs }))
+        Ok(Response::new(page))
     }
 
     async fn cancel_job(

@@ -121,10 +121,9 @@ pub trait Store: Send {
     /// Where it is, for logs and errors.
     fn location(&self) -> String;
 
-    /// Stored jobs, by submission order, with their full specs: job `id` only when given, and
-    /// only those in `state` (a [`converge_core::cluster::types::JobState::label`]) when given.
-    /// How the manager answers for jobs its core archived.
-    fn jobs(&mut self, id: Option<&str>, state: Option<&str>) -> Result<Vec<StoredJob>>;
+    /// Stored jobs, by submission order, with their full specs, as `query` says. How the
+    /// manager answers for jobs its core archived.
+    fn jobs(&mut self, query: JobQuery<'_>) -> Result<Vec<StoredJob>>;
 
     /// The newest `limit` stored events numbered from `from_seq` up to (not including)
     /// `before_seq`, of job `job` only when given, oldest first: a watcher's replay of what
@@ -200,6 +199,30 @@ impl Drop for BackupCopy {
         // Empty once kept.
         if !self.0.as_os_str().is_empty() {
             let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
+
+/// Which stored jobs [`Store::jobs`] reads; the default is every one.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct JobQuery<'a> {
+    /// Job `id` only.
+    pub id: Option<&'a str>,
+    /// Only those in this state (a [`converge_core::cluster::types::JobState::label`]).
+    pub state: Option<&'a str>,
+    /// Only those submitted after the job of this submission number (`Job::seq`): where a
+    /// page of a list left off.
+    pub after_seq: Option<u64>,
+    /// At most this many.
+    pub limit: Option<usize>,
+}
+
+impl<'a> JobQuery<'a> {
+    /// Job `id` alone.
+    pub fn job(id: &'a str) -> Self {
+        JobQuery {
+            id: Some(id),
+            ..JobQuery::default()
         }
     }
 }

@@ -6,7 +6,7 @@ use converge_core::cluster::saved::Saved;
 use converge_core::cluster::types::*;
 use converge_core::cluster::{Config, Core, Effect, Input};
 use converge_store::{
-    Batch, Error, FILE_NAME, PendingBackup, SCHEMA_VERSION, Sqlite, Store, StoredEvent,
+    Batch, Error, FILE_NAME, JobQuery, PendingBackup, SCHEMA_VERSION, Sqlite, Store, StoredEvent,
 };
 
 fn core() -> Core {
@@ -444,7 +444,27 @@ fn a_restart_reads_the_live_jobs_and_only_the_newest_finished_ones() {
     assert_eq!(specs, ["j2", "j3", "j4"], "only the loaded jobs' specs");
     // The archived ones are still answered for.
     let mut store = Sqlite::open(dir.path()).unwrap();
-    assert_eq!(store.jobs(Some("j0"), None).unwrap().len(), 1);
+    assert_eq!(store.jobs(JobQuery::job("j0")).unwrap().len(), 1);
+    // A page at a time, by submission number (each job's `seq`): after one, at most so many,
+    // in a state.
+    let seq = |id: &str| core.job(id).unwrap().seq;
+    let page = |store: &mut Sqlite, q: JobQuery| -> Vec<String> {
+        (store.jobs(q).unwrap().into_iter())
+            .map(|s| s.job.id.to_string())
+            .collect()
+    };
+    let after_j0 = JobQuery {
+        after_seq: Some(seq("j0")),
+        limit: Some(2),
+        ..JobQuery::default()
+    };
+    assert_eq!(page(&mut store, after_j0), ["j1", "j2"]);
+    let cancelled_after_j2 = JobQuery {
+        state: Some("cancelled"),
+        after_seq: Some(seq("j2")),
+        ..JobQuery::default()
+    };
+    assert_eq!(page(&mut store, cancelled_after_j2), ["j3"]);
 
     // Every job finished, none kept in memory, no workers, no events loaded: still not a new
     // cluster (its submission numbers must go on).
@@ -474,7 +494,7 @@ fn pruning_deletes_only_jobs_finished_before_the_cutoff_with_their_specs() {
         })
         .unwrap();
     let stored = |store: &mut Sqlite| -> Vec<String> {
-        let jobs = store.jobs(None, None).unwrap();
+        let jobs = store.jobs(JobQuery::default()).unwrap();
         jobs.into_iter().map(|j| j.job.id.to_string()).collect()
     };
 
@@ -487,7 +507,7 @@ fn pruning_deletes_only_jobs_finished_before_the_cutoff_with_their_specs() {
 
     // A cutoff later than every finish leaves the live job, however old.
     assert_eq!(store.prune_finished(1e9, 100).unwrap().len(), 2);
-    let left = store.jobs(None, None).unwrap();
+    let left = store.jobs(JobQuery::default()).unwrap();
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].job.id, "j4");
     assert_eq!(left[0].spec.as_deref(), Some(&b"j4"[..]));
@@ -561,7 +581,7 @@ fn a_store_of_the_first_schema_is_migrated_and_reads_as_before() {
         "the live job and the two that finished last"
     );
     assert_eq!(
-        store.jobs(Some("j0"), None).unwrap().len(),
+        store.jobs(JobQuery::job("j0")).unwrap().len(),
         1,
         "the oldest is archived"
     );

@@ -42,10 +42,8 @@ use converge_core::cluster::saved::Changes;
 use converge_core::cluster::types::{JobId, Time};
 use converge_core::cluster::{Core, Effect, Input, Refusal, Reply, RequestError};
 use converge_messenger::manager::{AgentLink, ConnectionId, StreamEvent};
-use converge_messenger::pb::{
-    self, Event, JobSpec, JobState, manager_message::Kind as ManagerKind,
-};
-use converge_store::{Batch, PendingBackup, Store, StoredEvent};
+use converge_messenger::pb::{self, Event, JobSpec, manager_message::Kind as ManagerKind};
+use converge_store::{Batch, JobQuery, PendingBackup, Store, StoredEvent};
 use prost::Message;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -95,17 +93,13 @@ pub enum Request {
         /// The job.
         reply: oneshot::Sender<Result<pb::Job>>,
     },
-    /// Jobs, filtered.
+    /// Jobs, filtered, a page at a time.
     ListJobs {
-        /// Only this state (Unspecified = all).
-        state: JobState,
-        /// Only this worker (empty = all).
-        worker_id: String,
-        /// Only jobs of this name (empty = all).
-        name: String,
-        /// The jobs, in submission order; an error when the store cannot give the archived
-        /// ones asked for (a list missing them is no answer).
-        reply: oneshot::Sender<Result<Vec<pb::Job>>>,
+        /// What to list (its state a known one).
+        request: pb::ListJobsRequest,
+        /// The jobs, in submission order, and where the next page starts; an error when the
+        /// store cannot give the archived ones asked for (a list missing them is no answer).
+        reply: oneshot::Sender<Result<pb::ListJobsResponse>>,
     },
     /// Cancel a job.
     Cancel {
@@ -267,6 +261,10 @@ pub struct Restored {
 }
 
 /// Wall-clock time as the core counts it: Unix seconds.
+/// The most bytes of jobs one ListJobs page holds (unless one job alone is more): half the
+/// 4 MiB a gRPC client takes by default.
+pub const LIST_PAGE_BYTES: usize = 2 << 20;
+
 pub(crate) fn now() -> Time {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -748,6 +746,86 @@ impl Actor {
         }
     }
 
+    /// ListJobs: the jobs in memory and those archived in the store that `request` asks for,
+    /// in submission order (`Job::seq`), at most `page_size` of them (0: all) and
+    /// [`LIST_PAGE_BYTES`] of them, from where its `page_token` says. A token is the submission number of a page's last job: later pages
+    /// hold the jobs submitted after it, whatever finished or was archived meanwhile.
+    fn list_jobs(&mut self, request: pb::ListJobsRequest) -> Result<pb::ListJobsResponse> {
+        let pb::ListJobsRequest {
+            state,
+            worker_id,
+            name,
+            page_size,
+            page_token,
+            not_ended,
+        } = request;
+        let want = wire::job_state_from_pb(pb::JobState::try_from(state).unwrap_or_default());
+        let after =
+            match page_token.as_str() {
+                "" => None,
+                t => Some(t.parse::<u64>().map_err(|_| {
+                    Error::invalid("page_token", "not a token a ListJobs answer gave")
+                })?),
+            };
+        // One more than a page from each source: whether there is a next page.
+        let take = (page_size > 0).then(|| page_size as usize + 1);
+        let keep = |j: &converge_core::cluster::lifecycle::Job, spec: &Option<pb::JobSpec>| {
+            want.is_none_or(|s| j.state() == s)
+                && !(not_ended && j.is_terminal())
+                && after.is_none_or(|a| j.seq > a)
+                && (worker_id.is_empty() || j.shown_worker().is_some_and(|w| *w == worker_id))
+                && (name.is_empty() || spec.as_ref().is_some_and(|s| s.name == name))
+        };
+        let mut jobs: Vec<_> = (self.core.jobs().values())
+            .map(|j| (j, self.specs.get(&j.id)))
+            .filter(|(j, spec)| keep(j, spec))
+            .collect();
+        jobs.sort_by_key(|(j, _)| j.seq);
+        jobs.truncate(take.unwrap_or(usize::MAX));
+        let policy = self.core.policy_name();
+        // One forecast per worker, whatever the number of its jobs listed.
+        let mut etas = self.core.etas(now());
+        let mut out: Vec<(u64, pb::Job)> = (jobs.into_iter())
+            .map(|(j, spec)| {
+                let eta = etas.eta(&j.id);
+                (j.seq, wire::job(j, spec.as_ref(), policy, false, eta))
+            })
+            .collect();
+        if want.is_none_or(|s| s.is_terminal()) && !not_ended {
+            let query = JobQuery {
+                state: want.map(|s| s.label()),
+                after_seq: after,
+                ..JobQuery::default()
+            };
+            let archived = self.archived_where(query, take, keep)?;
+            out.extend(archived.iter().map(|a| (a.0.seq, self.archived_pb(a))));
+            out.sort_by_key(|(seq, _)| *seq);
+        }
+        // A page ends at `page_size` jobs, or sooner at LIST_PAGE_BYTES: a job's spec may
+        // be 200 KB, and a page of them past the 4 MiB a client takes would be no answer.
+        let mut next_page_token = String::new();
+        if page_size > 0 {
+            let mut bytes = 0;
+            let fits = (out.iter().take(page_size as usize))
+                .take_while(|(_, j)| {
+                    let first = bytes == 0;
+                    bytes += j.encoded_len();
+                    first || bytes <= LIST_PAGE_BYTES
+                })
+                .count();
+            if fits < out.len() {
+                out.truncate(fits);
+                next_page_token = (out.last())
+                    .map(|(seq, _)| seq.to_string())
+                    .unwrap_or_default();
+            }
+        }
+        Ok(pb::ListJobsResponse {
+            jobs: out.into_iter().map(|(_, j)| j).collect(),
+            next_page_token,
+        })
+    }
+
     /// Jobs the core archived, from the store, with their specs: job `id` when given, in
     /// `state` when given.
     fn archived(
@@ -755,29 +833,57 @@ impl Actor {
         id: Option<&str>,
         state: Option<converge_core::cluster::types::JobState>,
     ) -> Result<Vec<(converge_core::cluster::lifecycle::Job, Option<JobSpec>)>> {
+        let query = JobQuery {
+            id,
+            state: state.map(|s| s.label()),
+            ..JobQuery::default()
+        };
+        self.archived_where(query, None, |_, _| true)
+    }
+
+    /// The first `take` (or every) job the core archived that `query` finds in the store and
+    /// `keep` keeps, with their specs. Read a page at a time when `take` is given, so that the
+    /// first page of a long history reads little more than itself.
+    fn archived_where(
+        &mut self,
+        mut query: JobQuery<'_>,
+        take: Option<usize>,
+        keep: impl Fn(&converge_core::cluster::lifecycle::Job, &Option<JobSpec>) -> bool,
+    ) -> Result<Vec<(converge_core::cluster::lifecycle::Job, Option<JobSpec>)>> {
         let Some(store) = self.store.as_mut() else {
             return Ok(Vec::new());
         };
-        let stored = store
-            .jobs(id, state.map(|s| s.label()))
-            .map_err(Error::Store)?;
         let location = store.location();
-        stored
-            .into_iter()
-            // Those in memory are the core's to answer for (their stored record may lag).
-            .filter(|s| s.job.is_terminal() && self.core.job(&s.job.id).is_none())
-            .map(|s| {
-                let spec = s
-                    .spec
+        let mut out = Vec::new();
+        loop {
+            // Rows read at once: most are kept (a filter by worker or name may keep few).
+            query.limit = take.map(|t| (t - out.len()).max(256));
+            let rows = store.jobs(query).map_err(Error::Store)?;
+            let read = rows.len();
+            query.after_seq = rows.last().map(|s| s.job.seq).or(query.after_seq);
+            for s in rows {
+                // Those in memory are the core's to answer for (their stored record may lag).
+                if !s.job.is_terminal() || self.core.job(&s.job.id).is_some() {
+                    continue;
+                }
+                let spec = (s.spec)
                     .map(|b| {
                         JobSpec::decode(b.as_slice()).map_err(|e| {
                             damaged(location.clone(), format!("spec of job {}", s.job.id), e)
                         })
                     })
                     .transpose()?;
-                Ok((s.job, spec))
-            })
-            .collect()
+                if keep(&s.job, &spec) {
+                    out.push((s.job, spec));
+                    if take.is_some_and(|t| out.len() == t) {
+                        return Ok(out);
+                    }
+                }
+            }
+            if query.limit.is_none_or(|l| read < l) {
+                return Ok(out);
+            }
+        }
     }
 
     /// An archived job as the control API shows it.
@@ -842,46 +948,8 @@ impl Actor {
                 let r = self.job_pb(&id, include_progress);
                 self.answer_later(reply, r);
             }
-            Request::ListJobs {
-                state,
-                worker_id,
-                name,
-                reply,
-            } => {
-                let want = wire::job_state_from_pb(state);
-                let on_worker = |j: &converge_core::cluster::lifecycle::Job| {
-                    worker_id.is_empty() || j.shown_worker().is_some_and(|w| *w == worker_id)
-                };
-                let named = |spec: &Option<pb::JobSpec>| {
-                    name.is_empty() || spec.as_ref().is_some_and(|s| s.name == name)
-                };
-                let mut jobs: Vec<_> = (self.core.jobs().values())
-                    .filter(|j| want.is_none_or(|s| j.state() == s) && on_worker(j))
-                    .map(|j| (j, self.specs.get(&j.id)))
-                    .filter(|(_, spec)| named(spec))
-                    .collect();
-                jobs.sort_by_key(|(j, _)| j.seq);
-                let policy = self.core.policy_name();
-                // One forecast per worker, whatever the number of its jobs listed.
-                let mut etas = self.core.etas(now());
-                let mut out: Vec<pb::Job> = jobs
-                    .into_iter()
-                    .map(|(j, spec)| wire::job(j, spec.as_ref(), policy, false, etas.eta(&j.id)))
-                    .collect();
-                let r = if want.is_none_or(|s| s.is_terminal()) {
-                    self.archived(None, want).map(|archived| {
-                        out.extend(
-                            (archived.iter())
-                                .filter(|(j, spec)| on_worker(j) && named(spec))
-                                .map(|a| self.archived_pb(a)),
-                        );
-                        // Submission order, as the in-memory jobs are listed.
-                        out.sort_by_key(|j| j.submitted_unix_ms);
-                        out
-                    })
-                } else {
-                    Ok(out)
-                };
+            Request::ListJobs { request, reply } => {
+                let r = self.list_jobs(request);
                 self.answer_later(reply, r);
             }
             Request::Cancel { id, by, reply } => {

@@ -126,10 +126,9 @@ impl Store for Watched {
 
     fn jobs(
         &mut self,
-        id: Option<&str>,
-        state: Option<&str>,
+        query: converge_store::JobQuery<'_>,
     ) -> converge_store::Result<Vec<StoredJob>> {
-        self.store.jobs(id, state)
+        self.store.jobs(query)
     }
 
     fn events(
