@@ -517,21 +517,7 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Watch { job, from_seq } => {
             let job = resolve(&mut client, job).await?;
-            let mut events = client
-                .watch_events(pb::WatchEventsRequest {
-                    job_id: job,
-                    from_seq,
-                })
-                .await
-                .map_err(status)?
-                .into_inner();
-            while let Some(e) = events.message().await.map_err(status)? {
-                if json {
-                    println!("{}", event_json(&e));
-                } else {
-                    println!("{}", describe_event(&e));
-                }
-            }
+            return watch(&mut client, job, from_seq, json).await;
         }
         Cmd::Why { job } => {
             let job = resolve(&mut client, job).await?;
@@ -708,6 +694,95 @@ async fn logs(
     Ok(())
 }
 
+/// How long `watch` and `top` wait for a manager that went away (it restarted, or the
+/// connection broke) before they give up.
+const RECONNECT_FOR: Duration = Duration::from_secs(60);
+
+/// A manager away, for `watch` and `top`: since when, and whether that is too long.
+#[derive(Default)]
+struct Away(Option<std::time::Instant>);
+
+impl Away {
+    /// The manager answered.
+    fn back(&mut self) {
+        self.0 = None;
+    }
+
+    /// A call failed with `e`, or the manager ended a stream (`e` None). A refusal (NotFound,
+    /// PermissionDenied, ...) is returned; a manager gone (Unavailable, a broken connection)
+    /// is waited for, until [`RECONNECT_FOR`] has passed.
+    fn lost(&mut self, e: Option<anyhow::Error>, what: &str) -> Result<()> {
+        let code = (e.as_ref()).map(|e| e.downcast_ref::<tonic::Status>().map(|s| s.code()));
+        use tonic::Code as C;
+        if let Some(code) = code
+            && !code.is_some_and(|c| {
+                matches!(
+                    c,
+                    C::Unavailable | C::Unknown | C::Cancelled | C::Aborted | C::Internal
+                )
+            })
+        {
+            return Err(e.expect("an error"));
+        }
+        let since = match self.0 {
+            Some(since) => since,
+            None => {
+                eprintln!("convergectl: lost the manager; reconnecting ({what})");
+                *self.0.insert(std::time::Instant::now())
+            }
+        };
+        if since.elapsed() >= RECONNECT_FOR {
+            let gone = format!(
+                "the manager has not come back for {}s",
+                RECONNECT_FOR.as_secs()
+            );
+            return Err(match e {
+                Some(e) => e.context(gone),
+                None => anyhow::anyhow!("{gone}"),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// `convergectl watch` ([`Cmd::Watch`]): every event as it comes. When the manager goes away
+/// (a restart keeps its event numbers), it reconnects and goes on after the last event it
+/// printed, so none is missed or said twice; from the first event the new stream sends if
+/// none was printed yet.
+async fn watch(client: &mut Client, job: String, from_seq: u64, json: bool) -> Result<()> {
+    let mut next = from_seq;
+    let mut away = Away::default();
+    loop {
+        let request = pb::WatchEventsRequest {
+            job_id: job.clone(),
+            from_seq: next,
+        };
+        match client.watch_events(request).await {
+            Ok(events) => {
+                away.back();
+                let mut events = events.into_inner();
+                let ended = loop {
+                    match events.message().await {
+                        Ok(Some(e)) => {
+                            next = e.seq + 1;
+                            if json {
+                                println!("{}", event_json(&e));
+                            } else {
+                                println!("{}", describe_event(&e));
+                            }
+                        }
+                        Ok(None) => break None,
+                        Err(s) => break Some(status(s)),
+                    }
+                };
+                away.lost(ended, &format!("from event {next}"))?;
+            }
+            Err(s) => away.lost(Some(status(s)), &format!("from event {next}"))?,
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 /// `convergectl top` ([`Cmd::Top`]).
 async fn top(
     client: &mut Client,
@@ -717,45 +792,34 @@ async fn top(
     json: bool,
 ) -> Result<()> {
     // Subscribed before the first listing, so no change falls between the two.
-    let mut events = client
-        .watch_events(pb::WatchEventsRequest {
-            job_id: String::new(),
-            from_seq: 0,
-        })
-        .await
-        .map_err(status)?
-        .into_inner();
+    let mut events = Some(subscribe_all(client).await?);
     let mut board = Board::new(&format!("convergectl top {manager}"));
     let mut shown: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut away = Away::default();
+    let mut last: Vec<pb::Job> = Vec::new();
     loop {
-        let jobs: Vec<pb::Job> = if wanted.is_empty() {
-            // The jobs not ended, from the manager's memory (a list of every job would read
-            // its whole history at every redraw), and those shown before that ended since.
-            let live = pb::ListJobsRequest {
-                not_ended: true,
-                ..Default::default()
-            };
-            let mut jobs = all_jobs(client, live).await?;
-            let listed: std::collections::HashSet<String> =
-                jobs.iter().map(|j| j.id.clone()).collect();
-            for id in shown.iter().filter(|id| !listed.contains(*id)) {
-                jobs.push(get_job(client, id.clone(), false).await?);
+        // A manager gone (restarted): the last frame stays, saying so, until it is back.
+        if events.is_none() {
+            events = subscribe_all(client).await.ok();
+        }
+        let now = converge_messenger::unix_ms(std::time::SystemTime::now());
+        let jobs = match top_jobs(client, &wanted, &shown).await {
+            Ok(jobs) if events.is_some() => {
+                away.back();
+                jobs
             }
-            jobs.sort_by(|a, b| (a.submitted_unix_ms, &a.id).cmp(&(b.submitted_unix_ms, &b.id)));
-            jobs
-        } else {
-            // One by one: a job that is not known is NotFound, and an archived one is still
-            // answered.
-            let mut jobs = Vec::with_capacity(wanted.len());
-            for id in &wanted {
-                jobs.push(get_job(client, id.clone(), false).await?);
+            Ok(_) => {
+                away.lost(None, "events")?;
+                last.clone()
             }
-            jobs
+            Err(e) => {
+                away.lost(Some(e), "every second")?;
+                last.clone()
+            }
         };
         shown.extend(jobs.iter().map(|j| j.id.clone()));
-        let now = converge_messenger::unix_ms(std::time::SystemTime::now());
         let running = jobs
             .iter()
             .filter(|j| !pb::JobState::ended(j.state))
@@ -764,23 +828,28 @@ async fn top(
             let all: Vec<_> = jobs.iter().map(job_json).collect();
             println!("{}", serde_json::json!({ "unix_ms": now, "jobs": all }));
         } else {
-            board.update(
-                &jobs,
-                now,
-                &format!(
+            let status = match away.0 {
+                Some(since) => format!(
+                    "at {}: the manager is unreachable ({}s); reconnecting",
+                    clock(now),
+                    since.elapsed().as_secs()
+                ),
+                None => format!(
                     "at {}: {running} of {} jobs not ended",
                     clock(now),
                     jobs.len()
                 ),
-            );
+            };
+            board.update(&jobs, now, &status);
         }
-        if until_done && jobs.is_empty() {
+        let current = away.0.is_none();
+        if until_done && current && jobs.is_empty() {
             // Nothing to wait for (no job not ended yet, none asked for by --job).
             board.finish();
             eprintln!("convergectl: no job to wait for");
             return Ok(());
         }
-        if until_done && running == 0 {
+        if until_done && current && running == 0 {
             board.finish();
             let failed = jobs
                 .iter()
@@ -791,24 +860,76 @@ async fn top(
             }
             return Ok(());
         }
+        last = jobs;
         // The next redraw: on an event, or on the tick while something may progress.
+        let Some(stream) = events.as_mut() else {
+            tick.tick().await;
+            continue;
+        };
         tokio::select! {
-            e = events.message() => {
-                if e.map_err(status)?.is_none() {
-                    bail!("the manager ended the event stream");
-                }
-                // A burst of events (a placement round) is one redraw, not one per event:
-                // wait a moment, then take whatever else has arrived.
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                while let Ok(e) = tokio::time::timeout(Duration::ZERO, events.message()).await {
-                    if e.map_err(status)?.is_none() {
-                        bail!("the manager ended the event stream");
+            e = stream.message() => {
+                match e {
+                    Ok(Some(_)) => {
+                        // A burst of events (a placement round) is one redraw, not one per
+                        // event: wait a moment, then take whatever else has arrived.
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        while let Ok(e) = tokio::time::timeout(Duration::ZERO, stream.message()).await {
+                            if !matches!(e, Ok(Some(_))) {
+                                events = None;
+                                break;
+                            }
+                        }
                     }
+                    // The manager ended the stream (a restart) or the connection broke:
+                    // subscribed again at the next redraw.
+                    _ => events = None,
                 }
             }
             _ = tick.tick() => {}
         }
     }
+}
+
+/// Every event from now on, for `top`'s redraws.
+async fn subscribe_all(client: &mut Client) -> Result<tonic::Streaming<pb::Event>> {
+    let request = pb::WatchEventsRequest {
+        job_id: String::new(),
+        from_seq: 0,
+    };
+    Ok((client.watch_events(request).await)
+        .map_err(status)?
+        .into_inner())
+}
+
+/// The jobs one frame of `top` shows: those `wanted`, else every job not ended and those
+/// `shown` before that ended since.
+async fn top_jobs(
+    client: &mut Client,
+    wanted: &[String],
+    shown: &std::collections::BTreeSet<String>,
+) -> Result<Vec<pb::Job>> {
+    let mut jobs = Vec::new();
+    if wanted.is_empty() {
+        // From the manager's memory: a list of every job would read its whole history at
+        // every redraw.
+        let live = pb::ListJobsRequest {
+            not_ended: true,
+            ..Default::default()
+        };
+        jobs = all_jobs(client, live).await?;
+        let listed: std::collections::HashSet<String> = jobs.iter().map(|j| j.id.clone()).collect();
+        for id in shown.iter().filter(|id| !listed.contains(*id)) {
+            jobs.push(get_job(client, id.clone(), false).await?);
+        }
+        jobs.sort_by(|a, b| (a.submitted_unix_ms, &a.id).cmp(&(b.submitted_unix_ms, &b.id)));
+    } else {
+        // One by one: a job that is not known is NotFound, and an archived one is still
+        // answered.
+        for id in wanted {
+            jobs.push(get_job(client, id.clone(), false).await?);
+        }
+    }
+    Ok(jobs)
 }
 
 /// The id of the job `given` names: its id, or its name (`--name`) when one job alone has

@@ -259,6 +259,76 @@ async fn a_history_past_a_grpc_answer_is_listed_a_page_at_a_time() {
     manager.stop().await;
 }
 
+/// The next line of a running convergectl, as JSON.
+async fn next_json(lines: &mut Lines) -> serde_json::Value {
+    json(&lines.next_line().await.expect("read").expect("a line"))
+}
+
+/// A manager restart (on the same address and store) is a pause for `watch` and `top`, not
+/// their end: `watch` goes on after the last event it printed, none missed or said twice,
+/// and `top` shows the jobs submitted since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_and_top_go_on_across_a_manager_restart() {
+    let dir = tempfile_dir("cli-restart").expect("dir");
+    let state = dir.path().to_path_buf();
+    let on_first = state.clone();
+    let first = TestManager::start(move |c| c.state_dir = Some(on_first))
+        .await
+        .expect("manager");
+    let (addr, m) = (first.addr, first.endpoint());
+    let submit = |name: &'static str| {
+        let m = m.clone();
+        async move {
+            let (code, out, err) = ctl(&m, &["submit", "--image", "x", "--name", name]).await;
+            assert_eq!(code, 0, "{err}");
+            out.trim().to_string()
+        }
+    };
+    let before = submit("before").await;
+    let (_watch, mut events) = spawn_ctl(&m, &["watch", "--from-seq", "1", "-o", "json"]);
+    let (_top, mut frames) = spawn_ctl(&m, &["top", "-o", "json"]);
+    let first_event = next_json(&mut events).await;
+    assert_eq!(
+        (first_event["seq"].as_u64(), first_event["job"].as_str()),
+        (Some(1), Some(before.as_str()))
+    );
+    assert_eq!(
+        next_json(&mut frames).await["jobs"][0]["id"],
+        before.as_str()
+    );
+
+    first.stop().await;
+    let second = TestManager::start_at(addr, move |c| c.state_dir = Some(state))
+        .await
+        .expect("the manager again");
+    let after = submit("after").await;
+    // watch: the next events, numbered on from the first manager's, about the new job.
+    let mut seqs = vec![1];
+    loop {
+        let e = next_json(&mut events).await;
+        seqs.push(e["seq"].as_u64().expect("a number"));
+        if e["job"] == after.as_str() {
+            break;
+        }
+    }
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "every event once, in order: {seqs:?}"
+    );
+    // top: a frame with both jobs.
+    loop {
+        let f = next_json(&mut frames).await;
+        let ids: Vec<_> = (f["jobs"].as_array().into_iter().flatten())
+            .map(|j| j["id"].as_str().unwrap_or_default().to_string())
+            .collect();
+        if ids.contains(&after) {
+            assert!(ids.contains(&before), "{ids:?}");
+            break;
+        }
+    }
+    second.stop().await;
+}
+
 /// forget: a lost worker without jobs leaves the list (the JSON is the worker as it was); a
 /// ready one is a wrong request (exit 4) saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
