@@ -29,6 +29,19 @@ const STATES: [JobState; 11] = [
     JobState::Stopping,
 ];
 
+/// A move's ends, as its events' `outcome` says (`docs/observability.md`).
+pub const MIGRATION_OUTCOMES: [&str; 6] = [
+    "started",
+    "completed",
+    "aborted",
+    "failed",
+    "declined",
+    "abandoned",
+];
+
+/// Commands the manager sends, by their action's name.
+const ACTIONS: [&str; 6] = ["start", "set_limits", "save", "pause", "resume", "stop"];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AtLabel {
     at: &'static str,
@@ -152,16 +165,15 @@ impl ManagerMetrics {
         let rejections = Family::default();
         r.register(
             "rejections",
-            "Jobs refused: stage=validation (SubmitJob refused the spec), placement (the policy \
-             found no worker; counted once per new reason, not per retry), policy (the job \
-             became Rejected)",
+            "Jobs refused: stage=validation (SubmitJob refused the spec), policy (the job became \
+             Rejected)",
             rejections.clone(),
         );
         let migrations = Family::default();
         r.register(
             "migrations",
             "Migration decisions and their ends, by reason (speculative, rebalance, drain) and \
-             outcome (started, completed, aborted, failed, declined)",
+             outcome (started, completed, aborted, failed, declined, abandoned)",
             migrations.clone(),
         );
         // 50 ms .. ~100 s: checkpoint save + restore of a training job.
@@ -270,6 +282,33 @@ impl ManagerMetrics {
             archived,
             pruned,
             store_commit,
+        }
+    }
+
+    /// Shows every series a manager running `policy` may count, at 0: a series that appears
+    /// only at its first count breaks `rate()` and an alert on its absence.
+    pub(crate) fn seed(&self, policy: &'static str) {
+        let _ = self.placements.get_or_create(&PolicyLabel { policy });
+        for stage in ["validation", "policy"] {
+            let _ = self
+                .rejections
+                .get_or_create(&RejectionLabel { policy, stage });
+        }
+        for reason in converge_core::cluster::types::MoveReason::ALL {
+            for outcome in MIGRATION_OUTCOMES {
+                let reason = reason.as_str();
+                let _ = self
+                    .migrations
+                    .get_or_create(&MigrationLabel { reason, outcome });
+            }
+        }
+        for action in ACTIONS {
+            let _ = self.commands.get_or_create(&ActionLabel { action });
+        }
+        for kind in converge_core::cluster::Refusal::ALL {
+            let _ = self.refused.get_or_create(&KindLabel {
+                kind: kind.as_str(),
+            });
         }
     }
 
@@ -401,6 +440,22 @@ impl ManagerMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_series_a_manager_may_count_is_shown_at_0_from_the_start() {
+        let m = ManagerMetrics::new();
+        m.seed("converge");
+        let text = converge_messenger::telemetry::encode_metrics(&m.registry());
+        for series in [
+            r#"converge_manager_placements_total{policy="converge"} 0"#,
+            r#"converge_manager_rejections_total{policy="converge",stage="policy"} 0"#,
+            r#"converge_manager_migrations_total{reason="drain",outcome="abandoned"} 0"#,
+            r#"converge_manager_commands_sent_total{action="set_limits"} 0"#,
+            r#"converge_manager_refused_total{kind="second_agent"} 0"#,
+        ] {
+            assert!(text.contains(series), "{series} missing from:\n{text}");
+        }
+    }
 
     #[test]
     fn every_job_state_is_shown_before_any_job_exists() {

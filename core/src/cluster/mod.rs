@@ -309,6 +309,15 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// Every kind, for a metric's series shown before the first refusal.
+    pub const ALL: [Refusal; 5] = [
+        Refusal::ForeignJob,
+        Refusal::UnknownJob,
+        Refusal::StaleStream,
+        Refusal::Transition,
+        Refusal::SecondAgent,
+    ];
+
     /// Label for metrics.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -63,6 +63,13 @@ impl MoveReason {
             MoveReason::Drain => "drain",
         }
     }
+
+    /// Every reason, for a metric's series shown before the first move.
+    pub const ALL: [MoveReason; 3] = [
+        MoveReason::Speculative,
+        MoveReason::Rebalance,
+        MoveReason::Drain,
+    ];
 }
 
 /// What the agent runs on its worker, decided by the cluster policy.

@@ -295,6 +295,7 @@ impl Actor {
         store: Option<Box<dyn Store>>,
         restored: Option<Restored>,
     ) -> Self {
+        metrics.seed(core.policy_name());
         let (specs, events) = restored.map_or_else(
             || {
                 (
@@ -1261,15 +1262,10 @@ fn static_reason(r: Option<&str>) -> &'static str {
 }
 
 fn static_outcome(o: &str) -> &'static str {
-    match o {
-        "started" => "started",
-        "completed" => "completed",
-        "aborted" => "aborted",
-        "failed" => "failed",
-        "abandoned" => "abandoned",
-        "declined" => "declined",
-        _ => "other",
-    }
+    (crate::metrics::MIGRATION_OUTCOMES.iter())
+        .find(|known| **known == o)
+        .copied()
+        .unwrap_or("other")
 }
 
 /// Stored events `from_seq..before_seq` (of `job` when given, the newest `limit`), decoded.
