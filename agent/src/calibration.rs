@@ -200,9 +200,13 @@ pub async fn measure(
     let m = Measurement::from_runs(runs.clone())
         .ok_or_else(|| CalibrationError::NoResult(format!("unusable times {runs:?}")))?;
     if m.spread > 0.2 {
+        // The spread as a percentage in the message: as a structured field next to the flag's
+        // name it read as the value to pass.
         warn!(
-            spread = m.spread,
-            "calibration runs differ by over 20%: the host is busy; consider --calibration"
+            "calibration runs differ by {:.0}% (over 20%): the host is busy, and the measured \
+             speed {:.2} may be off; pass --calibration SPEED to set the worker's speed by hand",
+            m.spread * 100.0,
+            m.speed
         );
     }
     Ok(m)

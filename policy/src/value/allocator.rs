@@ -139,7 +139,7 @@ pub enum ValueDecision {
     },
     /// Do not run it.
     Reject {
-        /// For the user, e.g. "rejected: expected value 0 at any worker".
+        /// For the user, e.g. "expected value 0 on every worker: ...".
         reason: String,
     },
 }
@@ -263,18 +263,18 @@ impl ValueAllocator {
         }
         if !nodes.iter().any(usable) {
             return ValueDecision::Reject {
-                reason: "rejected: no schedulable worker".into(),
+                reason: "no schedulable worker".into(),
             };
         }
         let Some(b) = best else {
             return ValueDecision::Reject {
-                reason: "rejected: expected value 0 at any worker".into(),
+                reason: worthless_reason(now, job, nodes),
             };
         };
         if b.gain <= EPS {
             return ValueDecision::Reject {
                 reason: format!(
-                    "rejected: running it would lower the total expected value on every worker \
+                    "running it would lower the total expected value on every worker \
                      (best: {} with {} CPU shares, its value {:.1} costs the others {:.1})",
                     nodes[b.node].id,
                     b.shares,
@@ -440,17 +440,41 @@ fn gain_and_flow(o: &Outcome, base: &Outcome) -> (f64, f64) {
     )
 }
 
+/// Why `job` is worth nothing on any worker: its work ends past its value's zero even alone on
+/// the fastest, or it would with the jobs already there.
+fn worthless_reason(now: f64, job: &ValueJob, nodes: &[NodeState]) -> String {
+    let zero = job.curve.zero_value_at_s;
+    let fastest = (nodes.iter().filter(|n| usable(n)))
+        .map(|n| n.speed)
+        .fold(0.0, f64::max);
+    let alone = now - job.released_at + job.estimated_s / fastest.max(EPS);
+    if alone >= zero {
+        format!(
+            "expected value 0 on every worker: even alone on the fastest it would finish \
+             {alone:.1} s after submission (its estimated {:.0} s of work), and it is worth \
+             nothing from {zero:.1} s",
+            job.estimated_s
+        )
+    } else {
+        format!(
+            "expected value 0 on every worker: sharing with the jobs there, it would finish \
+             after it is worth nothing ({zero:.1} s after submission; alone on the fastest, \
+             {alone:.1} s)"
+        )
+    }
+}
+
 fn drop_reason(now: f64, c: &Container, node: &NodeState) -> String {
     let since = now - c.job.released_at;
     if since >= c.job.curve.zero_value_at_s {
         format!(
-            "dropped: value reached zero ({:.0} s after release; zero from {:.0} s)",
-            since, c.job.curve.zero_value_at_s
+            "dropped: value reached zero ({since:.1} s after submission; zero from {:.1} s)",
+            c.job.curve.zero_value_at_s
         )
     } else {
         format!(
-            "dropped: value reached zero: even alone on {} it would finish {:.0} s after release, \
-             past its zero-value time of {:.0} s",
+            "dropped: value reached zero: even alone on {} it would finish {:.1} s after \
+             submission, when it is worth nothing (from {:.1} s)",
             node.id,
             since + c.remaining_s.max(0.0) / node.speed,
             c.job.curve.zero_value_at_s
