@@ -149,6 +149,18 @@ enum Cmd {
         /// Label `KEY=VALUE` (repeatable).
         #[arg(long = "label", value_parser = key_value)]
         labels: Vec<(String, String)>,
+        /// Memory limit: bytes, or with a unit (`512MiB`, `2GiB`, `1GB`); none by default.
+        #[arg(long, value_parser = bytes)]
+        memory: Option<u64>,
+        /// What the result is worth over time, `MAX,FULL_UNTIL_S,ZERO_AT_S`: MAX until
+        /// FULL_UNTIL_S seconds after submission, falling to nothing at ZERO_AT_S (the value
+        /// policies, and `converge`, read it; needs --estimated-runtime).
+        #[arg(long, value_parser = value_curve)]
+        value: Option<pb::ValueCurve>,
+        /// Seconds the job takes alone on a reference worker (what the value policies admit
+        /// by; a guess for the ETA until the job reports its own steps).
+        #[arg(long, default_value_t = 0.0, hide_default_value = true)]
+        estimated_runtime: f64,
         /// Arguments for the image's entrypoint (after `--`).
         #[arg(last = true)]
         args: Vec<String>,
@@ -260,6 +272,51 @@ fn key_value(s: &str) -> Result<(String, String), String> {
         .ok_or_else(|| format!("`{s}` is not KEY=VALUE"))
 }
 
+/// `--memory`: bytes, or a number with a unit (`KB`, `MB`, `GB` are powers of 1000; `KiB`,
+/// `MiB`, `GiB` powers of 1024, as Docker's `--memory` reads `k`, `m`, `g`).
+fn bytes(s: &str) -> Result<u64, String> {
+    let at = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, unit) = s.split_at(at);
+    let n: f64 = number
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of bytes (e.g. 512MiB)"))?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        other => {
+            return Err(format!(
+                "`{other}` is not a unit: B, KB, MB, GB, KiB, MiB or GiB"
+            ));
+        }
+    };
+    Ok((n * scale as f64).round() as u64)
+}
+
+/// `--value MAX,FULL_UNTIL_S,ZERO_AT_S`.
+fn value_curve(s: &str) -> Result<pb::ValueCurve, String> {
+    let parts: Vec<f64> = (s.split(','))
+        .map(|p| p.trim().parse::<f64>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| format!("`{s}` is not MAX,FULL_UNTIL_S,ZERO_AT_S (e.g. 10,60,300)"))?;
+    let [max_value, full_value_until_s, zero_value_at_s] = parts[..] else {
+        return Err(format!(
+            "`{s}` is not three numbers MAX,FULL_UNTIL_S,ZERO_AT_S (e.g. 10,60,300)"
+        ));
+    };
+    Ok(pb::ValueCurve {
+        max_value,
+        full_value_until_s,
+        zero_value_at_s,
+    })
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let cli = Cli::parse();
@@ -356,6 +413,9 @@ async fn run(cli: Cli) -> Result<()> {
             direction,
             env,
             labels,
+            memory,
+            value,
+            estimated_runtime,
             args,
         } => {
             let direction = match direction.as_str() {
@@ -372,6 +432,9 @@ async fn run(cli: Cli) -> Result<()> {
                 metric,
                 direction: direction as i32,
                 labels: labels.into_iter().collect(),
+                memory_bytes: memory.unwrap_or(0),
+                value_curve: value,
+                estimated_runtime_s: estimated_runtime,
                 ..Default::default()
             };
             let r = client
@@ -379,6 +442,9 @@ async fn run(cli: Cli) -> Result<()> {
                 .await
                 .map_err(status)?
                 .into_inner();
+            for w in &r.warnings {
+                eprintln!("convergectl: warning: {w}");
+            }
             if json {
                 println!("{}", serde_json::json!({ "job_id": r.job_id }));
             } else {
@@ -1355,6 +1421,31 @@ mod tests {
     }
 
     /// A cause the one before it already says is not said again.
+    #[test]
+    fn memory_and_value_flags_read_what_their_help_says() {
+        assert_eq!(bytes("512MiB"), Ok(512 << 20));
+        assert_eq!(bytes("1GB"), Ok(1_000_000_000));
+        assert_eq!(bytes("1.5GiB"), Ok(3 << 29));
+        assert_eq!(bytes("4096"), Ok(4096));
+        assert!(bytes("2 parsecs").unwrap_err().contains("not a unit"));
+        assert!(bytes("lots").unwrap_err().contains("not a number"));
+        let curve = value_curve("10, 60,300").unwrap();
+        assert_eq!(
+            (
+                curve.max_value,
+                curve.full_value_until_s,
+                curve.zero_value_at_s
+            ),
+            (10.0, 60.0, 300.0)
+        );
+        assert!(value_curve("10,60").unwrap_err().contains("three numbers"));
+        assert!(
+            value_curve("a,b,c")
+                .unwrap_err()
+                .contains("MAX,FULL_UNTIL_S,ZERO_AT_S")
+        );
+    }
+
     #[test]
     fn get_shows_the_date_and_watch_the_time_of_day() {
         // 2026-11-29 11:40:05.5 UTC.

@@ -186,6 +186,25 @@ async fn each_command_prints_tables_and_json_and_exits_with_a_code_scripts_can_u
         assert_eq!(code, 4, "{err}");
         assert!(err.contains("spec.cpus"), "{err}");
     }
+    // A value curve under a policy that never reads one: created, and said so.
+    let valued = [
+        "submit",
+        "--image",
+        "x",
+        "--value",
+        "10,60,300",
+        "--estimated-runtime",
+        "30",
+    ];
+    let (code, _, err) = ctl(&m, &valued).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("convergectl: warning: spec.value_curve is ignored"),
+        "{err}"
+    );
+    let (code, _, err) = ctl(&m, &["submit", "--image", "x", "--memory", "1KiB"]).await;
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("spec.memory_bytes"), "{err}");
     // 2 for a command line that does not parse, values included, naming those accepted.
     let (code, _, err) = ctl(&m, &["list", "--state", "runing"]).await;
     assert_eq!(code, 2, "{err}");

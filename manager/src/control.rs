@@ -151,12 +151,13 @@ impl ControlService for ManagerHandle {
     ) -> Result<Response<pb::SubmitJobResponse>, Status> {
         self.admit(&request)?;
         let spec = request.into_inner().spec.map(Box::new);
-        let job = self
+        let (job, warnings) = self
             .ask(|reply| ActorRequest::Submit { spec, reply })
             .await??;
         Ok(Response::new(pb::SubmitJobResponse {
             job_id: job.id.clone(),
             job: Some(job),
+            warnings,
         }))
     }
 

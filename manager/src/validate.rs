@@ -150,6 +150,19 @@ pub struct Limits {
     pub max_memory: Option<u64>,
 }
 
+/// What a valid `spec` asks that the manager's policy (`policy`, reading value curves or not)
+/// will not do: said back to the user, as Kubernetes' API server says a warning.
+pub fn warnings(spec: &JobSpec, policy: &str, reads_value_curves: bool) -> Vec<String> {
+    let mut out = Vec::new();
+    if spec.value_curve.is_some() && !reads_value_curves {
+        out.push(format!(
+            "spec.value_curve is ignored: the manager's policy `{policy}` never reads one (value, \
+             value-dwop and converge do); the job runs to its end whatever its value"
+        ));
+    }
+    out
+}
+
 /// Checks `spec` and fills in defaults (metric `loss`, direction minimize).
 pub fn validate(spec: Option<JobSpec>, limits: Limits) -> Result<JobSpec> {
     let mut spec = spec.ok_or_else(|| Error::invalid("spec", "required"))?;

@@ -495,6 +495,11 @@ impl Core {
         self.policy.name()
     }
 
+    /// Whether the policy reads jobs' value curves ([`ClusterPolicy::reads_value_curves`]).
+    pub fn policy_reads_value_curves(&self) -> bool {
+        self.policy.reads_value_curves()
+    }
+
     /// The settings.
     pub fn config(&self) -> &Config {
         &self.config

@@ -81,8 +81,8 @@ pub enum Request {
     Submit {
         /// What the user sent (boxed: a spec is far larger than the other requests).
         spec: Option<Box<JobSpec>>,
-        /// The new job.
-        reply: oneshot::Sender<Result<pb::Job>>,
+        /// The new job, and what of its spec the policy will not do.
+        reply: oneshot::Sender<Result<Submitted>>,
     },
     /// One job.
     GetJob {
@@ -261,6 +261,10 @@ pub struct Restored {
 }
 
 /// Wall-clock time as the core counts it: Unix seconds.
+/// A submission's answer: the new job, and the warnings about its spec
+/// ([`crate::validate::warnings`]).
+pub type Submitted = (pb::Job, Vec<String>);
+
 /// The most bytes of jobs one ListJobs page holds (unless one job alone is more): half the
 /// 4 MiB a gRPC client takes by default.
 pub const LIST_PAGE_BYTES: usize = 2 << 20;
@@ -1108,7 +1112,7 @@ impl Actor {
             .ok_or_else(|| Error::JobNotFound(id.to_string()))
     }
 
-    fn submit(&mut self, spec: Option<Box<JobSpec>>) -> Result<pb::Job> {
+    fn submit(&mut self, spec: Option<Box<JobSpec>>) -> Result<Submitted> {
         let policy = self.core.policy_name();
         // The root of the job's trace: everything the job goes through hangs below it.
         let span = info_span!(
@@ -1157,7 +1161,12 @@ impl Actor {
             Ok(_) => {
                 self.metrics.job_submitted();
                 info!(job = %id, "job submitted");
-                self.job_pb(&id, false)
+                let reads = self.core.policy_reads_value_curves();
+                let warnings = validate::warnings(&spec, policy, reads);
+                for w in &warnings {
+                    info!(job = %id, warning = %w, "submission warned");
+                }
+                Ok((self.job_pb(&id, false)?, warnings))
             }
             Err(e) => {
                 self.specs.remove(&id);

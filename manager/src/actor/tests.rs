@@ -38,7 +38,7 @@ enum Sent {
 
 /// What the watched store reads and what it has seen written.
 struct Watch {
-    answers: Vec<oneshot::Receiver<crate::Result<pb::Job>>>,
+    answers: Vec<oneshot::Receiver<crate::Result<super::Submitted>>>,
     stream: Option<mpsc::Receiver<Result<pb::ManagerMessage, tonic::Status>>>,
     /// Each job's state and epoch as last written.
     written: HashMap<String, (CoreState, u64)>,
@@ -56,7 +56,7 @@ impl Watch {
     fn read_sent(&mut self) {
         let mut sent = Vec::new();
         self.answers.retain_mut(|rx| match rx.try_recv() {
-            Ok(Ok(job)) => {
+            Ok(Ok((job, _))) => {
                 sent.push(Sent::Answer(job.id));
                 false
             }

@@ -544,6 +544,12 @@ pub trait ClusterPolicy: Send {
         false
     }
 
+    /// Whether this policy reads jobs' value curves (`JobSpec::value_curve`): the manager warns
+    /// a submission with one that this policy would ignore.
+    fn reads_value_curves(&self) -> bool {
+        false
+    }
+
     /// Submission rules of this policy, beyond the general ones.
     fn check_submit(&self, _spec: &JobSpec) -> Result<(), Invalid> {
         Ok(())

@@ -900,6 +900,11 @@ impl ClusterPolicy for PriorityPolicy {
         self.name
     }
 
+    fn reads_value_curves(&self) -> bool {
+        // A move that would cost a job with a value curve more than it gains is not made.
+        true
+    }
+
     fn orders_by_crowd(&self) -> bool {
         // `converge` places by crowding; `las` places with Spread, by running jobs.
         self.spread.is_none()

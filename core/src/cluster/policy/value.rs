@@ -144,6 +144,10 @@ impl ClusterPolicy for ValuePolicy {
         self.name
     }
 
+    fn reads_value_curves(&self) -> bool {
+        true
+    }
+
     fn check_submit(&self, spec: &JobSpec) -> Result<(), Invalid> {
         if spec.value_curve.is_some() && spec.estimated_runtime_s <= 0.0 {
             return Err(Invalid {
