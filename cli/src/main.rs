@@ -243,7 +243,9 @@ enum Cmd {
         #[arg(short, long)]
         follow: bool,
         /// Only the last N lines of each incarnation.
-        #[arg(long)]
+        // A negative number is a value clap refuses naming the flag, not an unknown flag (whose
+        // tip, `-- -5`, would pass it as a job).
+        #[arg(long, allow_negative_numbers = true)]
         tail: Option<u32>,
     },
     /// Write a consistent copy of the manager's state store, taken while it runs, to a file

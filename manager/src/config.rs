@@ -94,7 +94,7 @@ pub struct Cli {
     /// make; bursts of twice that pass. 0 = no limit.
     #[arg(long, env = "CONVERGE_RATE_LIMIT", default_value_t = 1000)]
     pub rate_limit: u32,
-    /// WatchEvents and JobLogs streams open at once, over all callers.
+    /// WatchEvents, JobLogs and Backup streams open at once, over all callers.
     #[arg(long, env = "CONVERGE_MAX_WATCHERS", default_value_t = 256)]
     pub max_watchers: usize,
     /// Messages per second read from one agent's stream (a flood is held back on its own

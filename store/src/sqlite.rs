@@ -223,8 +223,14 @@ impl Sqlite {
                 path: self.path.clone(),
                 why: sqlite_why(&e),
             })?;
+        if from == 0 {
+            // A new store: its schema is written whole, which is no migration of anything.
+            info!(schema = SCHEMA_VERSION, "creating the state store");
+        }
         for (i, m) in MIGRATIONS.iter().enumerate().skip(from as usize) {
-            info!(from = i, to = i + 1, "migrating the state store");
+            if from > 0 {
+                info!(from = i, to = i + 1, "migrating the state store");
+            }
             tx.execute_batch(m).map_err(&sql)?;
         }
         tx.pragma_update(None, "application_id", APPLICATION_ID)
