@@ -844,6 +844,8 @@ impl<'a> Simulation<'a> {
             Effect::Rejected { worker, .. } => {
                 unreachable!("a second agent process registered as {worker}")
             }
+            // The simulator forgets no worker.
+            Effect::Close { worker, .. } => unreachable!("worker {worker} forgotten"),
         }
     }
 

@@ -164,8 +164,15 @@ impl Core {
             .expect("every worker is indexed");
         self.policy.on_worker_forgotten(place, &id);
         if let Some(conn) = self.workers.remove(worker).and_then(|w| w.conn) {
-            // A silent stream the loss did not end: anything more on it is refused as stale.
+            // A silent stream the loss did not end (an agent stalled while its connection
+            // lived): closed, so that an agent that wakes up registers again rather than
+            // speak on a stream no worker owns.
             self.conns.remove(&conn);
+            self.out.push(Effect::Close {
+                conn,
+                worker: id.clone(),
+                reason: format!("worker {worker} was forgotten; register again"),
+            });
         }
         if let Some(changes) = &mut self.changes {
             changes.forgotten(&id);

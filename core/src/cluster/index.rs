@@ -90,10 +90,11 @@ impl PlacementIndex {
         self.touches
     }
 
-    /// Brings every changed snapshot up to date. A worker the index has not seen (workers are
-    /// only ever added) goes in at its place in the order: rebuilding every snapshot for each
-    /// registration made registering W workers cost W² snapshots. Workers the core holds but
-    /// never touched (none today) would rebuild the whole order, so that it can never miss one.
+    /// Brings every changed snapshot up to date. A worker the index has not seen goes in at its
+    /// place in the order: rebuilding every snapshot for each registration made registering W
+    /// workers cost W² snapshots. When the count differs from the core's (a worker forgotten,
+    /// or one never touched, which does not happen today), the whole order is rebuilt, and the
+    /// placer's index cut to the workers that remain.
     pub fn refresh(&mut self, workers: &Workers, jobs: &Jobs) {
         // A worker inserted before others moves their places: the order is then rebuilt.
         let mut shifted = false;

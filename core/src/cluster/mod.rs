@@ -224,6 +224,16 @@ pub enum Effect {
         /// Why, for the agent to log.
         reason: String,
     },
+    /// Close stream `conn`: the worker it spoke for was forgotten (`Input::Forget`). Its
+    /// agent, should it still be there, connects again and registers as a new worker.
+    Close {
+        /// The stream.
+        conn: ConnId,
+        /// The worker it was.
+        worker: WorkerId,
+        /// Why, for the agent to log.
+        reason: String,
+    },
     /// Record an event.
     Event(Event),
     /// The answer to the step's control request.

@@ -1006,6 +1006,86 @@ fn a_lost_worker_is_forgotten_once_its_jobs_left_it() {
     assert!(f.store.workers.contains_key("w0"));
 }
 
+/// A worker lost while its stream stayed open (its agent stalled, its connection alive) is
+/// forgotten with that stream closed, so that the agent, should it wake, registers again.
+#[test]
+fn forgetting_a_worker_whose_stream_is_open_closes_it() {
+    let mut f = Fixture::running();
+    // w1 falls silent without its stream ending; a's restart elsewhere empties it.
+    for _ in 0..14 {
+        f.heartbeat(2);
+        f.advance(1.0);
+    }
+    assert!(matches!(
+        f.core.worker("w1").unwrap().state,
+        WorkerPhase::Lost { .. }
+    ));
+    assert_eq!(f.core.worker("w1").unwrap().conn, Some(1));
+    assert!(f.core.worker("w1").unwrap().jobs.is_empty());
+    let out = f.step(Input::Forget {
+        worker: "w1".into(),
+    });
+    assert!(
+        out.iter()
+            .any(|e| matches!(e, Effect::Close { conn: 1, worker, .. } if **worker == *"w1")),
+        "{out:?}"
+    );
+    // Anything still said on it is refused, as on any stream no worker owns.
+    let out = f.heartbeat(1);
+    assert!(
+        out.iter().any(|e| matches!(e, Effect::Refused { .. })),
+        "{out:?}"
+    );
+}
+
+/// A worker forgotten, and one registered under its id before SpeCon's next sync: the count
+/// of workers is back where it was, yet the places moved twice; SpeCon's next sync must be
+/// a full one (debug builds check each sync against a full one). The review's find.
+#[test]
+fn a_worker_forgotten_and_registered_again_before_a_sync_leaves_specon_in_step() {
+    let mut f = Fixture::new("specon");
+    f.register(2, "w1", 2.0);
+    f.register(3, "w2", 2.0);
+    let cb = f.start("b", spec(1.0));
+    let cc = f.start("c", spec(1.0));
+    assert_ne!(cb, cc);
+    // w0, first in the order, cannot take a job of one core.
+    f.register(1, "w0", 0.5);
+    f.heartbeat_in(cb, &["b"], converge_policy::cluster::Category::CONVERGED);
+    f.msg(
+        cb,
+        AgentMessage::MigrationRequest {
+            job: "b".into(),
+            epoch: 1,
+            reason: "converged".into(),
+        },
+    );
+    f.step(Input::Disconnected {
+        conn: 1,
+        reason: "host died".into(),
+    });
+    for _ in 0..10 {
+        f.heartbeat_of(cb, "b", 1, 1.0);
+        f.heartbeat_of(cc, "c", 1, 1.0);
+        f.advance(1.0);
+    }
+    let out = f.step(Input::Forget {
+        worker: "w0".into(),
+    });
+    assert!(matches!(out.last(), Some(Effect::Reply(Ok(_)))), "{out:?}");
+    f.reregister(7, "w0", 0.5, &[]);
+    // c's worker asks before any heartbeat since: SpeCon syncs here.
+    f.msg(
+        cc,
+        AgentMessage::MigrationRequest {
+            job: "c".into(),
+            epoch: 1,
+            reason: "converged".into(),
+        },
+    );
+    assert_eq!(f.core.workers().len(), 3);
+}
+
 /// A move the drain began goes on after the undrain: its save is on its way, and the job
 /// is restored from its checkpoint where the move was going.
 #[test]

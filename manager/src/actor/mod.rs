@@ -531,6 +531,17 @@ impl Actor {
                     }
                     debug!(%worker, conn, "registration refused; stream closed");
                 }
+                Effect::Close {
+                    conn,
+                    worker,
+                    reason,
+                } => {
+                    // Aborted: the agent's session ends and it connects and registers again.
+                    if let Some(link) = self.links.remove(&conn) {
+                        link.close_with(tonic::Status::aborted(reason));
+                    }
+                    debug!(%worker, conn, "worker forgotten; its stream closed");
+                }
                 Effect::Event(e) => {
                     let numbered = events.pop_front().expect("every event was numbered");
                     self.record(e, numbered);

@@ -285,11 +285,13 @@ impl ClusterPolicy for SpeConPolicy {
     }
 
     fn on_worker_forgotten(&mut self, place: usize, id: &WorkerId) {
-        // The next sync is a full one (the workers' count changed), and so is the loads'
-        // refresh; SpeCon's places must move down first, for the jobs a sync keeps as they are
-        // (those being moved).
+        // SpeCon's places move down first, for the jobs a sync keeps as they are (those being
+        // moved); then the next sync and the next loads' refresh are full ones. The count of
+        // workers cannot say so: a worker registered before the next sync brings it back.
         self.specon.remove_worker(place);
         self.seen.remove(id);
+        self.synced_workers = usize::MAX;
+        self.loads.used.clear();
     }
 
     fn placer_index(&self) -> Option<Box<dyn converge_policy::cluster::PlacerIndex>> {
@@ -439,8 +441,8 @@ impl ClusterPolicy for SpeConPolicy {
 fn sync_all(specon: &mut SpeCon, seen: &mut Seen, now: Time, view: ClusterView<'_>) {
     specon.retain(|id| SpeConPolicy::kept(view, id));
     // The view's order of workers is the index SpeCon knows them by. A worker's list is
-    // emptied, not removed, when none of its jobs runs (the core never forgets a worker, so
-    // no list outlives its worker).
+    // emptied, not removed, when none of its jobs runs (a forgotten worker's list goes with
+    // it: `on_worker_forgotten`).
     for (index, w) in view.workers.values().enumerate() {
         let mut runs_here = w
             .jobs
