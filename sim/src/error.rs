@@ -15,7 +15,9 @@ pub enum Error {
         source: std::io::Error,
     },
     /// An experiment file is not valid JSON for an experiment.
-    #[error("experiment file {path} is invalid: {source}")]
+    // The cause is left to `source()`, not repeated here: callers that print the chain
+    // (`{:#}` in the binary) would otherwise say it twice.
+    #[error("experiment file {path} is invalid")]
     Parse {
         /// The file.
         path: PathBuf,
@@ -58,3 +60,26 @@ pub enum Error {
 
 /// Result with the simulator's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The binary prints an error with its causes (`{:#}`): the parser's message must come
+    /// once, from the cause, not again in our own.
+    #[test]
+    fn a_parse_error_states_its_cause_once() {
+        let source = serde_json::from_str::<serde_json::Value>("").unwrap_err();
+        let cause = source.to_string();
+        let e = Error::Parse {
+            path: "x.json".into(),
+            source,
+        };
+        let shown = format!("{:#}", anyhow::Error::from(e));
+        assert_eq!(shown.matches(&cause).count(), 1, "{shown}");
+        assert!(
+            shown.starts_with("experiment file x.json is invalid: "),
+            "{shown}"
+        );
+    }
+}

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use converge_sim::curve::Catalog;
+use converge_sim::curve::{Catalog, Contention};
 use converge_sim::experiment::Experiment;
 use converge_sim::measured::Measured;
 use converge_sim::value::{self, ValueExperiment};
@@ -38,16 +38,29 @@ struct Cli {
     /// its curves replace the built-in ones of the same name, other models are added.
     #[arg(long, global = true, env = "CONVERGE_SIM_CURVES")]
     curves: Option<PathBuf>,
-    /// Measurements of the real workload (`cargo xtask measure`): the papers' experiments pay
-    /// the cost of sharing a worker measured there ([`converge_sim::measured::Measured::contention`]).
-    #[arg(long, global = true, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/measured"))]
-    measured: PathBuf,
+    // The help is built with `concat!` to show the default directory, which `Option` (needed
+    // to tell a named directory from the default) would otherwise hide. clap prints it as
+    // plain text, so no rustdoc links here.
+    #[arg(long, global = true, value_name = "DIR", help = MEASURED_HELP)]
+    measured: Option<PathBuf>,
     /// A work-conserving CPU with no cost of sharing (the model before measurements).
     #[arg(long, global = true)]
     no_contention: bool,
     #[command(subcommand)]
     command: Command,
 }
+
+/// Where the measurements are read when `--measured` is not given: the crate's own, from the
+/// source tree the binary was built in.
+const DEFAULT_MEASURED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/measured");
+
+const MEASURED_HELP: &str = concat!(
+    "Directory of measurements of the real workload (written by `cargo xtask measure`): the \
+     papers' experiments pay the cost of sharing a worker measured there (its colocation.json). \
+     A directory named here must exist and hold those measurements. Without the flag: ",
+    env!("CARGO_MANIFEST_DIR"),
+    "/measured, and if that has none, no cost of sharing (with a warning)"
+);
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -73,14 +86,14 @@ enum Command {
     /// One large run per policy (default 1,000 workers, 10,000 jobs): events/s, core steps/s,
     /// and a digest of every job's result (equal digests = the same results, byte for byte).
     Scale {
-        /// Workers (16 cores each).
-        #[arg(long, default_value_t = 1_000)]
+        /// Workers (16 cores each), at least 1.
+        #[arg(long, default_value_t = 1_000, value_parser = at_least_one)]
         workers: usize,
-        /// Jobs, arriving uniformly over `--window` seconds.
-        #[arg(long, default_value_t = 10_000)]
+        /// Jobs, arriving uniformly over `--window` seconds, at least 1.
+        #[arg(long, default_value_t = 10_000, value_parser = at_least_one)]
         jobs: usize,
-        /// Arrival window, seconds.
-        #[arg(long, default_value_t = 3_000.0)]
+        /// Arrival window, seconds (0: every job arrives at once).
+        #[arg(long, default_value_t = 3_000.0, value_parser = seconds)]
         window: f64,
         /// Which policies to run (`ds`, `flowcon`, `specon` as the papers run them; `converge`,
         /// `las` as the manager runs them).
@@ -127,6 +140,25 @@ enum Command {
     },
 }
 
+/// A count that must not be zero. Checked here rather than left to `Experiment::check`, so
+/// that the error names the flag: a run with no workers or no jobs measures nothing.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A finite, non-negative number of seconds (the arrival window runs from 0 to it).
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
+        Ok(_) => Err("must be a finite number of seconds, 0 or more".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// mimalloc rather than glibc's malloc, in the simulator only. A core step allocates and frees
 /// small buffers (an agent's message, a policy's claims, a job's progress points); at 10,000
 /// workers glibc's `malloc`, `free` and `realloc` were about a sixth of `converge`'s samples,
@@ -168,17 +200,9 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
     // cost of sharing. The FlowCon and SpeCon experiments pay the measured one.
     let plain = catalogs()?;
     let mut catalog = catalogs()?;
-    if !no_contention {
-        match Measured::load(&measured)?.contention() {
-            Some(c) => {
-                eprintln!("cost of sharing a worker: {}", c.source);
-                catalog.set_contention(c);
-            }
-            None => eprintln!(
-                "{}: no co-location measurements; a work-conserving CPU with no cost of sharing",
-                measured.display()
-            ),
-        }
+    if !no_contention && let Some(c) = contention(measured.as_deref())? {
+        eprintln!("cost of sharing a worker: {}", c.source);
+        catalog.set_contention(c);
     }
     let catalog = catalog;
     match command {
@@ -270,6 +294,44 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
         } => scale(&catalog, workers, jobs, window, &policies)?,
     }
     Ok(())
+}
+
+/// The cost of sharing a worker the FlowCon and SpeCon experiments pay: from the directory
+/// `--measured` named, or else from [`DEFAULT_MEASURED`].
+fn contention(named: Option<&Path>) -> anyhow::Result<Option<Contention>> {
+    let Some(dir) = named else {
+        // Without the flag, missing measurements stay a warning: the binary also runs where
+        // the source tree it was built in is gone, and the papers' experiments are still
+        // meaningful there on a CPU with no cost of sharing (as with `--no-contention`).
+        let dir = Path::new(DEFAULT_MEASURED);
+        let c = Measured::load(dir)?.contention();
+        if c.is_none() {
+            eprintln!(
+                "{}: no co-location measurements; a work-conserving CPU with no cost of sharing",
+                dir.display()
+            );
+        }
+        return Ok(c);
+    };
+    // A directory the user named and we cannot use is an error, not the fallback above: a
+    // typo would otherwise change every number and still exit 0.
+    if !dir.is_dir() {
+        let why = if dir.exists() {
+            "not a directory (the flag takes the directory `cargo xtask measure` writes)"
+        } else {
+            "no such directory"
+        };
+        anyhow::bail!("--measured {}: {why}", dir.display());
+    }
+    let loaded = Measured::load(dir).with_context(|| format!("--measured {}", dir.display()))?;
+    match loaded.contention() {
+        Some(c) => Ok(Some(c)),
+        None => anyhow::bail!(
+            "--measured {}: no co-location measurements (colocation.json with `--threads 1` \
+             points); pass --no-contention for a CPU with no cost of sharing",
+            dir.display()
+        ),
+    }
 }
 
 fn scale(
@@ -493,8 +555,8 @@ fn results(catalog: &Catalog, plain: &Catalog, dir: &Path, out: &Path) -> anyhow
 
 const RESULTS_HEADER: &str = "# Simulator results\n\n\
 Generated by `cargo run -p converge-sim -- results` (do not edit by hand). Every experiment \
-in `sim/experiments/` runs the policy, the paper's baseline and the oracle SRPT bound on the \
-same job trace and seed; our numbers stand beside the paper's. Every decision is taken by \
+in `sim/experiments/` runs the policy, the paper's baseline and the oracle SRPT on the same \
+job trace and seed; our numbers stand beside the paper's. Every decision is taken by \
 the same cores the manager and the agents run (`converge_core::cluster` and \
 `converge_core::node`); the simulator plays the agents, the containers and the clock.\n\n\
 **The simulator's runtime is a model.** Jobs are work done at the CPU share a CFS-like model \
@@ -506,8 +568,13 @@ compare the *changes* (reductions), and read differences as differences between 
 workload and theirs as much as between implementations. The same seed gives byte-identical \
 output.\n\n\
 The *oracle SRPT* row runs the same trace with every worker serving the job with the least \
-remaining work first (full knowledge, on the baseline's placement): it bounds what reordering \
-can do for the *average* completion time, not the makespan (it starves long jobs).\n\n\
+remaining work first, each up to the cores it can use (full knowledge, on the baseline's \
+placement). It is a reference for what reordering can do for the *average* completion time, \
+not a bound on anything: not on the makespan (it starves long jobs, so its makespan can be \
+longer than the policy's and the baseline's), and not on the average either (shortest \
+remaining first is optimal for the mean on one processor running one job at a time; here jobs \
+use several cores and pay the measured cost of sharing, so another order, or another \
+placement, can finish sooner on average).\n\n\
 Parameter sweeps: `converge-sim sweep FILE --alpha 0.01,0.05 --interval 20,30`. Benchmarks: \
 see `sim/README.md`.\n\n";
 
@@ -521,3 +588,95 @@ value curves are ours (the paper gives none): full value until 1.5 × ET, zero a
 `value-curves` study shows how they move the comparison. The allocation times are wall-clock \
 measurements of the policy's arrival decision in this run, on this machine: the only numbers \
 in this file that change from one regeneration to the next.\n\n";
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("converge-sim").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn a_measured_directory_that_is_not_there_is_an_error_naming_the_flag() {
+        let missing = std::env::temp_dir().join(format!("no-such-measured-{}", std::process::id()));
+        let e = contention(Some(&missing)).unwrap_err().to_string();
+        assert!(e.contains("--measured"), "{e}");
+        assert!(e.contains(&missing.display().to_string()), "{e}");
+    }
+
+    #[test]
+    fn a_measured_path_that_is_a_file_is_an_error() {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("measured/colocation.json");
+        let e = format!("{:#}", contention(Some(&file)).unwrap_err());
+        assert!(
+            e.contains("--measured") && e.contains("not a directory"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_named_measured_directory_without_co_location_is_an_error() {
+        // The crate's own folder exists and holds no colocation.json.
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let e = format!("{:#}", contention(Some(&dir)).unwrap_err());
+        assert!(
+            e.contains("--measured") && e.contains("--no-contention"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn without_the_flag_the_crates_own_measurements_are_read() {
+        let named = contention(Some(Path::new(DEFAULT_MEASURED))).unwrap();
+        let default = contention(None).unwrap();
+        assert_eq!(
+            default.map(|c| c.source),
+            named.map(|c| c.source),
+            "the default must be the crate's measured/"
+        );
+        assert_eq!(parse(&["run", "f.json"]).unwrap().measured, None);
+    }
+
+    /// clap prints the arguments' doc comments: rustdoc's link syntax would show as is.
+    #[test]
+    fn no_help_shows_rustdoc_link_syntax() {
+        let mut cli = Cli::command();
+        // Building copies the global flags into every subcommand, as `--help` shows them.
+        cli.build();
+        let mut pages = vec![cli.render_long_help().to_string()];
+        for sub in cli.get_subcommands_mut() {
+            pages.push(sub.render_long_help().to_string());
+        }
+        assert!(pages.len() > 6);
+        for page in pages {
+            assert!(!page.contains("[`") && !page.contains("`]"), "{page}");
+        }
+    }
+
+    #[test]
+    fn scale_names_the_flag_that_is_zero() {
+        for flag in ["--workers", "--jobs"] {
+            let e = parse(&["scale", flag, "0"]).unwrap_err().to_string();
+            assert!(e.contains(flag) && e.contains("at least 1"), "{e}");
+        }
+        for window in ["--window=-1", "--window=nan", "--window=inf"] {
+            let e = parse(&["scale", window]).unwrap_err().to_string();
+            assert!(e.contains("--window"), "{e}");
+        }
+        let Command::Scale {
+            workers,
+            jobs,
+            window,
+            ..
+        } = parse(&["scale", "--workers", "1", "--jobs", "1", "--window", "0"])
+            .unwrap()
+            .command
+        else {
+            panic!("not scale");
+        };
+        assert_eq!((workers, jobs, window), (1, 1, 0.0));
+    }
+}

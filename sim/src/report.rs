@@ -238,7 +238,7 @@ pub fn summary_table(c: &Comparison) -> String {
     }
     let _ = writeln!(
         out,
-        "| oracle SRPT bound | {} avg, {} makespan | | {} / {} vs baseline | | | |",
+        "| oracle SRPT (a reference, not a bound) | {} avg, {} makespan | | {} / {} vs baseline | | | |",
         secs(c.oracle.avg_jct),
         secs(c.oracle.makespan),
         pct(reduction(c.oracle.avg_jct, s.baseline_avg_jct)),

@@ -673,6 +673,10 @@ pub fn section(e: &ValueExperiment, g: &Grid, plots: &[String], timed: bool) -> 
             }
             let ours = g.claim(c)?;
             let fmt = |x: f64| match (c.metric, &c.denominator) {
+                // A ratio over a column that earned nothing has no number: `inf` or `NaN`
+                // would read as a result.
+                (Metric::Value, Some(d)) if !x.is_finite() => format!("n/a ({d} earned 0)"),
+                _ if !x.is_finite() => "n/a".to_string(),
                 (Metric::Time, None) => ms(Some(x)),
                 _ => format!("{x:.2}"),
             };
