@@ -321,7 +321,11 @@ impl Config {
         {
             return bad(
                 "cpus",
-                format!("must be between 0.01 and 4096 cores, got {}", self.cpus),
+                format!(
+                    "must be between 0.01 and {} cores, got {}",
+                    converge_contract::MAX_WORKER_CPUS,
+                    self.cpus
+                ),
             );
         }
         if !(self.calibration.is_finite() && self.calibration > 0.0 && self.calibration <= 1000.0) {

@@ -484,10 +484,14 @@ async fn run(cli: Cli) -> Result<()> {
             let request = pb::ListJobsRequest {
                 state: state as i32,
                 worker_id: worker,
-                name,
+                name: name.clone(),
                 ..Default::default()
             };
-            let jobs = all_jobs(&mut client, request).await?;
+            let mut jobs = all_jobs(&mut client, request).await?;
+            // A manager older than the name filter ignores it and answers with every job.
+            if !name.is_empty() {
+                jobs.retain(|j| j.spec.as_ref().is_some_and(|s| s.name == name));
+            }
             if json {
                 let all: Vec<_> = jobs.iter().map(job_json).collect();
                 println!("{}", serde_json::Value::Array(all));
@@ -840,10 +844,21 @@ async fn watch(client: &mut Client, job: String, from_seq: u64, json: bool) -> R
                             }
                         }
                         Ok(None) => break None,
-                        Err(s) => break Some(status(s)),
+                        Err(s) => break Some(s),
                     }
                 };
-                away.lost(ended, &format!("from event {next}"))?;
+                // A watcher that fell behind is dropped with ResourceExhausted and told to
+                // watch again after the last event it saw: what `next` holds.
+                if ended
+                    .as_ref()
+                    .is_some_and(|s| s.code() == tonic::Code::ResourceExhausted)
+                {
+                    eprintln!(
+                        "convergectl: fell behind the manager's events; going on from event {next}"
+                    );
+                    continue;
+                }
+                away.lost(ended.map(status), &format!("from event {next}"))?;
             }
             Err(s) => away.lost(Some(status(s)), &format!("from event {next}"))?,
         }
@@ -862,7 +877,7 @@ async fn top(
     // Subscribed before the first listing, so no change falls between the two.
     let mut events = Some(subscribe_all(client).await?);
     let mut board = Board::new(&format!("convergectl top {manager}"));
-    let mut shown: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+    let mut shown = Shown::default();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut away = Away::default();
@@ -870,10 +885,14 @@ async fn top(
     loop {
         // A manager gone (restarted): the last frame stays, saying so, until it is back.
         if events.is_none() {
-            events = subscribe_all(client).await.ok();
+            match subscribe_all(client).await {
+                Ok(s) => events = Some(s),
+                // A refusal (a role that may not watch, too many watchers) ends `top`.
+                Err(e) => away.lost(Some(e), "events")?,
+            }
         }
         let now = converge_messenger::unix_ms(std::time::SystemTime::now());
-        let jobs = match top_jobs(client, &wanted, &shown).await {
+        let jobs = match top_jobs(client, &wanted, &mut shown).await {
             Ok(jobs) if events.is_some() => {
                 away.back();
                 jobs
@@ -887,7 +906,6 @@ async fn top(
                 last.clone()
             }
         };
-        shown.extend(jobs.iter().map(|j| j.id.clone()));
         let running = jobs
             .iter()
             .filter(|j| !pb::JobState::ended(j.state))
@@ -969,32 +987,63 @@ async fn subscribe_all(client: &mut Client) -> Result<tonic::Streaming<pb::Event
         .into_inner())
 }
 
-/// The jobs one frame of `top` shows: those `wanted`, else every job not ended and those
-/// `shown` before that ended since.
+/// What `top` has shown: the ids of jobs not ended at the last frame, and the final record of
+/// each that ended since (asked for once: an ended job does not change).
+#[derive(Default)]
+struct Shown {
+    live: std::collections::BTreeSet<String>,
+    ended: std::collections::BTreeMap<String, pb::Job>,
+}
+
+/// The jobs one frame of `top` shows: those `wanted`, else every job not ended and those shown
+/// before that ended since.
 async fn top_jobs(
     client: &mut Client,
     wanted: &[String],
-    shown: &std::collections::BTreeSet<String>,
+    shown: &mut Shown,
 ) -> Result<Vec<pb::Job>> {
     let mut jobs = Vec::new();
     if wanted.is_empty() {
         // From the manager's memory: a list of every job would read its whole history at
-        // every redraw.
+        // every redraw. (A manager older than `not_ended` lists every job: filtered here.)
         let live = pb::ListJobsRequest {
             not_ended: true,
             ..Default::default()
         };
-        jobs = all_jobs(client, live).await?;
+        jobs = (all_jobs(client, live).await?.into_iter())
+            .filter(|j| !pb::JobState::ended(j.state))
+            .collect();
         let listed: std::collections::HashSet<String> = jobs.iter().map(|j| j.id.clone()).collect();
-        for id in shown.iter().filter(|id| !listed.contains(*id)) {
-            jobs.push(get_job(client, id.clone(), false).await?);
+        for id in std::mem::take(&mut shown.live) {
+            if listed.contains(&id) || shown.ended.contains_key(&id) {
+                continue;
+            }
+            match get_job(client, id, false).await {
+                Ok(j) => {
+                    shown.ended.insert(j.id.clone(), j);
+                }
+                // Gone since (a manager without a store restarted, or it was pruned).
+                Err(e)
+                    if e.downcast_ref::<tonic::Status>()
+                        .is_some_and(|s| s.code() == tonic::Code::NotFound) => {}
+                Err(e) => return Err(e),
+            }
         }
+        shown.live = listed.into_iter().collect();
+        jobs.extend(shown.ended.values().cloned());
         jobs.sort_by(|a, b| (a.submitted_unix_ms, &a.id).cmp(&(b.submitted_unix_ms, &b.id)));
     } else {
         // One by one: a job that is not known is NotFound, and an archived one is still
-        // answered.
+        // answered; one that ended is asked for no more.
         for id in wanted {
-            jobs.push(get_job(client, id.clone(), false).await?);
+            let j = match shown.ended.get(id) {
+                Some(j) => j.clone(),
+                None => get_job(client, id.clone(), false).await?,
+            };
+            if pb::JobState::ended(j.state) {
+                shown.ended.insert(id.clone(), j.clone());
+            }
+            jobs.push(j);
         }
     }
     Ok(jobs)
@@ -1034,16 +1083,32 @@ async fn resolve(client: &mut Client, given: String) -> Result<String> {
 
 /// The jobs named `name` (those not ended only, if `not_ended`).
 async fn named_jobs(client: &mut Client, not_ended: bool, name: &str) -> Result<Vec<pb::Job>> {
-    let request = pb::ListJobsRequest {
-        name: name.to_string(),
-        not_ended,
-        ..Default::default()
+    // The jobs not ended one state at a time: every manager answers a live state from memory,
+    // where one older than `not_ended` and paging would send its whole history at once.
+    let states: Vec<pb::JobState> = if not_ended {
+        live_states().collect()
+    } else {
+        vec![pb::JobState::Unspecified]
     };
-    Ok((all_jobs(client, request).await?.into_iter())
-        // A manager older than these filters ignores them and answers with every job.
-        .filter(|j| j.spec.as_ref().is_some_and(|s| s.name == name))
-        .filter(|j| !(not_ended && pb::JobState::ended(j.state)))
-        .collect())
+    let mut jobs = Vec::new();
+    for state in states {
+        let request = pb::ListJobsRequest {
+            state: state as i32,
+            name: name.to_string(),
+            ..Default::default()
+        };
+        jobs.extend(all_jobs(client, request).await?);
+    }
+    // A manager older than the name filter ignores it and answers with every job.
+    jobs.retain(|j| j.spec.as_ref().is_some_and(|s| s.name == name));
+    Ok(jobs)
+}
+
+/// The states of jobs not ended (every state the wire has but those [`pb::JobState::ended`]).
+fn live_states() -> impl Iterator<Item = pb::JobState> {
+    (1..)
+        .map_while(|n| pb::JobState::try_from(n).ok())
+        .filter(|s| !pb::JobState::ended(*s as i32))
 }
 
 /// Jobs a ListJobs answer holds at most ([`all_jobs`]): a few hundred KiB of jobs, far below

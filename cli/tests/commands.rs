@@ -345,6 +345,19 @@ async fn watch_and_top_go_on_across_a_manager_restart() {
             break;
         }
     }
+    // A job that ends stays on the board, as it ended.
+    let (code, _, err) = ctl(&m, &["cancel", &before]).await;
+    assert_eq!(code, 0, "{err}");
+    loop {
+        let f = next_json(&mut frames).await;
+        let state_of_before = (f["jobs"].as_array().into_iter().flatten())
+            .find(|j| j["id"] == before.as_str())
+            .map(|j| j["state"].clone());
+        if state_of_before == Some(serde_json::json!("cancelled")) {
+            break;
+        }
+        assert!(state_of_before.is_some(), "{before} left the board: {f}");
+    }
     second.stop().await;
 }
 

@@ -39,8 +39,17 @@ pub const MIGRATION_OUTCOMES: [&str; 6] = [
     "abandoned",
 ];
 
-/// Commands the manager sends, by their action's name.
-const ACTIONS: [&str; 6] = ["start", "set_limits", "save", "pause", "resume", "stop"];
+/// Commands the manager sends, by their action's name (the core's `Action::name`s), and
+/// `logs`: a job's output read through its agent.
+const ACTIONS: [&str; 7] = [
+    "start",
+    "set_limits",
+    "save",
+    "pause",
+    "resume",
+    "stop",
+    "logs",
+];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AtLabel {

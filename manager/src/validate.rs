@@ -156,8 +156,8 @@ pub fn warnings(spec: &JobSpec, policy: &str, reads_value_curves: bool) -> Vec<S
     let mut out = Vec::new();
     if spec.value_curve.is_some() && !reads_value_curves {
         out.push(format!(
-            "spec.value_curve is ignored: the manager's policy `{policy}` never reads one (value, \
-             value-dwop and converge do); the job runs to its end whatever its value"
+            "spec.value_curve is ignored: the manager's policy `{policy}` never reads one; the \
+             job runs to its end whatever its value"
         ));
     }
     out

@@ -2183,6 +2183,23 @@ fn drain_undrain_or_forget_of_an_unknown_worker_is_not_found() {
 }
 
 #[test]
+fn the_policies_that_read_value_curves_say_so() {
+    let settings = value_settings();
+    for (name, reads) in [
+        ("value", true),
+        ("value-dwop", true),
+        ("converge", true),
+        ("las", false),
+        ("spread", false),
+        ("flowcon", false),
+        ("specon", false),
+    ] {
+        let p = policy::by_name(name, &settings).unwrap();
+        assert_eq!(p.reads_value_curves(), reads, "{name}");
+    }
+}
+
+#[test]
 fn cancel_of_an_unknown_job_is_not_found() {
     let mut f = Fixture::new("spread");
     let out = f.step(Input::Cancel {

@@ -260,7 +260,6 @@ pub struct Restored {
     pub job_states: Vec<(String, u64)>,
 }
 
-/// Wall-clock time as the core counts it: Unix seconds.
 /// A submission's answer: the new job, and the warnings about its spec
 /// ([`crate::validate::warnings`]).
 pub type Submitted = (pb::Job, Vec<String>);
@@ -269,6 +268,7 @@ pub type Submitted = (pb::Job, Vec<String>);
 /// 4 MiB a gRPC client takes by default.
 pub const LIST_PAGE_BYTES: usize = 2 << 20;
 
+/// Wall-clock time as the core counts it: Unix seconds.
 pub(crate) fn now() -> Time {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -785,19 +785,33 @@ impl Actor {
             };
         // One more than a page from each source: whether there is a next page.
         let take = (page_size > 0).then(|| page_size as usize + 1);
-        let keep = |j: &converge_core::cluster::lifecycle::Job, spec: &Option<pb::JobSpec>| {
+        let fits = |j: &converge_core::cluster::lifecycle::Job| {
             want.is_none_or(|s| j.state() == s)
                 && !(not_ended && j.is_terminal())
                 && after.is_none_or(|a| j.seq > a)
                 && (worker_id.is_empty() || j.shown_worker().is_some_and(|w| *w == worker_id))
-                && (name.is_empty() || spec.as_ref().is_some_and(|s| s.name == name))
         };
+        let named = |spec: &Option<pb::JobSpec>| {
+            name.is_empty() || spec.as_ref().is_some_and(|s| s.name == name)
+        };
+        // Specs are decoded only where they are read: for a name filter, or for the page.
         let mut jobs: Vec<_> = (self.core.jobs().values())
-            .map(|j| (j, self.specs.get(&j.id)))
-            .filter(|(j, spec)| keep(j, spec))
+            .filter(|j| fits(j))
+            .map(|j| {
+                (
+                    j,
+                    (!name.is_empty()).then(|| self.specs.get(&j.id)).flatten(),
+                )
+            })
+            .filter(|(_, spec)| named(spec))
             .collect();
         jobs.sort_by_key(|(j, _)| j.seq);
         jobs.truncate(take.unwrap_or(usize::MAX));
+        for (j, spec) in jobs.iter_mut() {
+            if spec.is_none() {
+                *spec = self.specs.get(&j.id);
+            }
+        }
         let policy = self.core.policy_name();
         // One forecast per worker, whatever the number of its jobs listed.
         let mut etas = self.core.etas(now());
@@ -813,7 +827,7 @@ impl Actor {
                 after_seq: after,
                 ..JobQuery::default()
             };
-            let archived = self.archived_where(query, take, keep)?;
+            let archived = self.archived_where(query, take, |j, spec| fits(j) && named(spec))?;
             out.extend(archived.iter().map(|a| (a.0.seq, self.archived_pb(a))));
             out.sort_by_key(|(seq, _)| *seq);
         }

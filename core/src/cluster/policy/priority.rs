@@ -901,8 +901,10 @@ impl ClusterPolicy for PriorityPolicy {
     }
 
     fn reads_value_curves(&self) -> bool {
-        // A move that would cost a job with a value curve more than it gains is not made.
-        true
+        // Ordered by remaining work, a job whose value is gone is dropped; rebalancing, a move
+        // that would cost a job with a curve more than it gains is not made. `las` does
+        // neither.
+        matches!(self.key, Key::Remaining) || self.rebalance.is_some()
     }
 
     fn orders_by_crowd(&self) -> bool {
