@@ -265,6 +265,53 @@ async fn a_store_that_is_not_a_database_stops_the_manager_saying_what_to_do() ->
     Ok(())
 }
 
+/// A page at a time while jobs finish and leave memory for the store between pages: every
+/// job is listed once, in submission order, wherever it is when its page is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paging_goes_on_across_jobs_archived_between_pages() -> anyhow::Result<()> {
+    let state = tempfile_dir("paging")?;
+    let manager = TestManager::start(|c| {
+        tweak(state.path())(c);
+        c.keep_finished = 2;
+    })
+    .await?;
+    let mut agent =
+        ScriptedAgent::connect(&manager.endpoint(), "w1", 8.0, Duration::from_millis(100)).await?;
+    let mut client = manager.control().await?;
+    let mut ids = Vec::new();
+    for k in 0..5 {
+        ids.push(complete_one(&mut client, &mut agent, k).await?);
+    }
+    let lister = client.clone();
+    let page = |token: String| {
+        let mut c = lister.clone();
+        async move {
+            let page = c
+                .list_jobs(pb::ListJobsRequest {
+                    page_size: 2,
+                    page_token: token,
+                    ..Default::default()
+                })
+                .await?
+                .into_inner();
+            let jobs: Vec<String> = page.jobs.into_iter().map(|j| j.id).collect();
+            anyhow::Ok((jobs, page.next_page_token))
+        }
+    };
+    // The first page: jobs 0 and 1 (archived). Then job 5 completes, and job 3 leaves memory
+    // for the store; the pages after go on from job 1.
+    let (mut listed, mut token) = page(String::new()).await?;
+    ids.push(complete_one(&mut client, &mut agent, 5).await?);
+    while !token.is_empty() {
+        let (jobs, next) = page(token).await?;
+        listed.extend(jobs);
+        token = next;
+    }
+    assert_eq!(listed, ids, "every job once, in submission order");
+    manager.stop().await;
+    Ok(())
+}
+
 /// A manager keeps `--keep-finished` finished jobs and `--events-in-memory` events in memory
 /// and answers for older ones from its store, before and after a restart: GetJob, ListJobs and
 /// CancelJob say the same of an archived job as of one in memory, and a watcher replays every
