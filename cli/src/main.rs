@@ -824,6 +824,7 @@ impl Away {
 async fn watch(client: &mut Client, job: String, from_seq: u64, json: bool) -> Result<()> {
     let mut next = from_seq;
     let mut away = Away::default();
+    let mut connected = false;
     loop {
         let request = pb::WatchEventsRequest {
             job_id: job.clone(),
@@ -832,6 +833,7 @@ async fn watch(client: &mut Client, job: String, from_seq: u64, json: bool) -> R
         match client.watch_events(request).await {
             Ok(events) => {
                 away.back();
+                connected = true;
                 let mut events = events.into_inner();
                 let ended = loop {
                     match events.message().await {
@@ -860,6 +862,8 @@ async fn watch(client: &mut Client, job: String, from_seq: u64, json: bool) -> R
                 }
                 away.lost(ended.map(status), &format!("from event {next}"))?;
             }
+            // A manager never reached is a wrong address, not one to wait for.
+            Err(s) if !connected => return Err(status(s)),
             Err(s) => away.lost(Some(status(s)), &format!("from event {next}"))?,
         }
         tokio::time::sleep(Duration::from_secs(1)).await;

@@ -209,10 +209,13 @@ async fn each_command_prints_tables_and_json_and_exits_with_a_code_scripts_can_u
     let (code, _, err) = ctl(&m, &["list", "--state", "runing"]).await;
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("possible values: pending"), "{err}");
-    // 1 when the manager cannot be reached.
-    let (code, _, err) = ctl("http://127.0.0.1:9", &["list"]).await;
-    assert_eq!(code, 1, "{err}");
-    assert!(err.contains("cannot reach the manager"), "{err}");
+    // 1 when the manager cannot be reached, at once: watch waits only for a manager it had.
+    for args in [&["list"][..], &["watch"]] {
+        let (code, _, err) = ctl("http://127.0.0.1:9", args).await;
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(err.contains("cannot reach the manager"), "{err}");
+        assert!(!err.contains("reconnecting"), "waited for it: {err}");
+    }
 
     // drain: the worker as `workers` shows it, now draining; 3 for a worker id that names
     // none, as for a job.
