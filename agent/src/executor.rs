@@ -1001,13 +1001,16 @@ impl Executor {
                     // A paused container cannot handle SIGTERM; let it run to receive it.
                     let _ = docker.unpause_container(&id).await;
                 }
-                // Docker sends SIGTERM, waits the grace period, then SIGKILL.
-                let r = docker
-                    .stop_container(
-                        &id,
-                        Some(StopContainerOptionsBuilder::new().t(grace).build()),
-                    )
-                    .await;
+                // Docker sends SIGTERM, waits the grace period, then SIGKILL. With no grace,
+                // SIGKILL alone: a stop with t=0 still sends SIGTERM first, and a trainer's
+                // checkpoint on SIGTERM is what a discarded incarnation must not write.
+                let r = if grace == 0 {
+                    let kill = KillContainerOptionsBuilder::new().signal("SIGKILL").build();
+                    docker.kill_container(&id, Some(kill)).await
+                } else {
+                    let stop = StopContainerOptionsBuilder::new().t(grace).build();
+                    docker.stop_container(&id, Some(stop)).await
+                };
                 let outcome = match r {
                     Ok(()) => Ok(None),
                     Err(e) if docker::is_not_modified(&e) || docker::is_not_found(&e) => Ok(None),
@@ -1422,6 +1425,7 @@ pub fn decode(cmd: &pb::Command) -> node::Command {
         Some(Action::Stop(s)) => node::Action::Stop {
             remove: s.remove,
             reason: s.reason.clone(),
+            discard: s.discard,
         },
         Some(Action::Save(s)) => node::Action::Save {
             deadline: (s.deadline_ms > 0).then(|| f64::from(s.deadline_ms) / 1000.0),

@@ -410,6 +410,7 @@ async fn pause_resume_and_stop() {
         Action::Stop(pb::Stop {
             reason: "test".into(),
             remove: true,
+            discard: false,
         }),
     ));
     let (r, exited) = m.result_and_exit("p5", "job-p", T).await;

@@ -201,9 +201,10 @@ pub fn command(c: core::Command, spec: Option<&pb::JobSpec>) -> pb::Command {
         core::Action::Save { deadline_ms } => Action::Save(pb::Save { deadline_ms }),
         core::Action::Pause => Action::Pause(pb::Pause {}),
         core::Action::Resume => Action::Resume(pb::Resume {}),
-        core::Action::Stop { reason } => Action::Stop(pb::Stop {
+        core::Action::Stop { reason, discard } => Action::Stop(pb::Stop {
             reason,
             remove: true,
+            discard,
         }),
     };
     pb::Command {

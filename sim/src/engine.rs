@@ -801,9 +801,10 @@ impl<'a> Simulation<'a> {
                         self.value_stats.resumes += 1;
                         nd::Action::Resume
                     }
-                    wire::Action::Stop { reason } => nd::Action::Stop {
+                    wire::Action::Stop { reason, discard } => nd::Action::Stop {
                         remove: true,
                         reason,
+                        discard,
                     },
                 };
                 self.queue.push_back(Msg::Node(

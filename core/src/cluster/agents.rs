@@ -129,7 +129,11 @@ impl Core {
                     // same, or a job every API calls ended would run on, unaccounted for.
                     info!(%worker, job = %c.job, epoch = c.epoch, "stopping the container of an archived job that was told to stop");
                     let reason = "its job has ended (stopped while its agent was away)".into();
-                    self.send_to(worker, &c.job, c.epoch, Action::Stop { reason });
+                    let stop = Action::Stop {
+                        reason,
+                        discard: false,
+                    };
+                    self.send_to(worker, &c.job, c.epoch, stop);
                     continue;
                 }
                 // A container from before this manager started: leave the user's work alone
@@ -150,7 +154,13 @@ impl Core {
                     } else {
                         "superseded incarnation".into()
                     };
-                    self.send_to(worker, &c.job, c.epoch, Action::Stop { reason: why });
+                    // A superseded incarnation is killed: its checkpoint would overwrite the
+                    // current one's (the walk's find: the job later resumed from it).
+                    let stop = Action::Stop {
+                        reason: why,
+                        discard: !current,
+                    };
+                    self.send_to(worker, &c.job, c.epoch, stop);
                 }
                 continue;
             }
@@ -589,7 +599,11 @@ impl Core {
                 // found no container to stop then, and has started one now. Stop it, or it
                 // trains on for a job every API calls ended.
                 let reason = format!("job is {}", job.state().label());
-                self.send_to(worker, &r.job, r.epoch, Action::Stop { reason });
+                let stop = Action::Stop {
+                    reason,
+                    discard: false,
+                };
+                self.send_to(worker, &r.job, r.epoch, stop);
             } else {
                 debug!(job = %r.job, "result for a finished job ignored");
             }

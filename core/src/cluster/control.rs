@@ -86,7 +86,11 @@ impl Core {
         let reason = format!("cancelled by {}", if by.is_empty() { "user" } else { by });
         if let Some(w) = worker {
             let reason = reason.clone();
-            self.send_to(&w, id, epoch, Action::Stop { reason });
+            let stop = Action::Stop {
+                reason,
+                discard: false,
+            };
+            self.send_to(&w, id, epoch, stop);
         }
         self.transition(id, JobPhase::Cancelled, reason);
         Ok(Reply::Job(id.into()))

@@ -299,6 +299,7 @@ impl Core {
                             epoch,
                             Action::Stop {
                                 reason: reason.clone(),
+                                discard: false,
                             },
                         );
                     }
@@ -336,6 +337,7 @@ impl Core {
                     epoch,
                     Action::Stop {
                         reason: v.reason.clone(),
+                        discard: false,
                     },
                 );
                 self.transition(&v.job, JobPhase::Rejected, v.reason);

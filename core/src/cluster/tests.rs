@@ -1006,6 +1006,45 @@ fn a_lost_worker_is_forgotten_once_its_jobs_left_it() {
     assert!(f.store.workers.contains_key("w0"));
 }
 
+/// An incarnation superseded while its worker was lost is killed when that worker comes back,
+/// not stopped gracefully: the trainer checkpoints on SIGTERM, into the directory the newer
+/// incarnation restores from (the walk's find: a later restart resumed from the old copy's
+/// state). A job the user cancels is still stopped gracefully.
+#[test]
+fn a_superseded_incarnation_is_discarded_and_a_cancelled_one_stopped() {
+    let mut f = Fixture::running();
+    f.step(Input::Disconnected {
+        conn: 1,
+        reason: "agent killed".into(),
+    });
+    let mut restarted = None;
+    for _ in 0..14 {
+        f.heartbeat(2);
+        let out = f.advance(1.0);
+        restarted = restarted.or(Fixture::sent(&out, "a", "start"));
+    }
+    let (conn, start) = restarted.expect("a restarted on w2");
+    f.ok(conn, &start, Fixture::started(2));
+    // w1's agent returns, its container of epoch 1 still running.
+    let out = f.reregister(5, "w1", 2.0, &[("a", 1, 100)]);
+    let (conn, stop) = Fixture::sent(&out, "a", "stop").expect("the old copy stopped");
+    assert_eq!((conn, stop.epoch), (5, 1));
+    assert!(
+        matches!(&stop.action, Action::Stop { discard: true, .. }),
+        "{stop:?}"
+    );
+    let out = f.step(Input::Cancel {
+        id: "a".into(),
+        by: String::new(),
+    });
+    let (_, stop) = Fixture::sent(&out, "a", "stop").expect("the live copy stopped");
+    assert_eq!(stop.epoch, 2);
+    assert!(
+        matches!(&stop.action, Action::Stop { discard: false, .. }),
+        "{stop:?}"
+    );
+}
+
 /// A worker lost while its stream stayed open (its agent stalled, its connection alive) is
 /// forgotten with that stream closed, so that the agent, should it wake, registers again.
 #[test]

@@ -109,6 +109,9 @@ impl Core {
                 epoch,
                 Action::Stop {
                     reason: "superseded: restarted elsewhere after its worker was lost".into(),
+                    // Whenever it arrives, a newer incarnation may be running from the
+                    // checkpoint: this one must not write over it.
+                    discard: true,
                 },
             );
             info!(job = %id, %old, "restarting a lost job elsewhere from its checkpoint");

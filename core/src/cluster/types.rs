@@ -124,6 +124,9 @@ pub enum Action {
     Stop {
         /// Why, for the agent's logs.
         reason: String,
+        /// Kill it with no grace: an incarnation superseded by a newer one (restarted after
+        /// its worker was lost), whose checkpoint on SIGTERM would overwrite the newer one's.
+        discard: bool,
     },
 }
 

@@ -465,14 +465,21 @@ impl NodeCore {
                 command: cmd.id.clone(),
                 container_id: id,
             },
-            Action::Stop { remove, .. } => {
+            Action::Stop {
+                remove, discard, ..
+            } => {
                 let c = self.containers.get_mut(&id).expect("live");
                 c.exit_requested = true;
                 c.remove_on_exit = *remove;
                 DockerAction::Stop {
                     command: cmd.id.clone(),
                     container_id: id,
-                    grace: self.config.stop_grace,
+                    // No grace, no SIGTERM: the trainer checkpoints on SIGTERM.
+                    grace: if *discard {
+                        0.0
+                    } else {
+                        self.config.stop_grace
+                    },
                 }
             }
             Action::Save { deadline } => {

@@ -245,6 +245,8 @@ fn starts_are_idempotent_per_epoch_and_refused_while_another_epoch_runs() {
             Action::Stop {
                 remove: true,
                 reason: "move".into(),
+
+                discard: false,
             },
         )),
     );
@@ -329,6 +331,23 @@ fn a_start_of_an_epoch_that_exited_here_is_never_carried_out_again() {
     let e = core.step(5.0, NodeInput::Command(start("start-j-2", "j", 2)));
     assert!(
         matches!(docker(&e)[..], [DockerAction::Create { epoch: 2, .. }]),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn a_discarded_incarnation_is_killed_with_no_grace() {
+    let mut core = NodeCore::new(config(1.0), 0.0).unwrap();
+    connect(&mut core, 0.0, Mode::default());
+    run_job(&mut core, 1.0, "j", 1);
+    let discard = Action::Stop {
+        remove: true,
+        reason: "superseded".into(),
+        discard: true,
+    };
+    let e = core.step(2.0, NodeInput::Command(cmd("kill", "j", 1, discard)));
+    assert!(
+        matches!(docker(&e)[..], [DockerAction::Stop { grace, .. }] if *grace == 0.0),
         "{e:?}"
     );
 }
@@ -456,6 +475,8 @@ fn self_fencing_after_the_cut_off() {
             Action::Stop {
                 remove: false,
                 reason: "user".into(),
+
+                discard: false,
             },
         )),
     );
@@ -657,6 +678,8 @@ fn stop(id: &str, job: &str, epoch: u64) -> Command {
         Action::Stop {
             remove: false,
             reason: "user".into(),
+
+            discard: false,
         },
     )
 }

@@ -115,6 +115,8 @@ pub enum Action {
         remove: bool,
         /// Why, for the log.
         reason: String,
+        /// SIGKILL at once, no grace: a superseded incarnation, which must write no checkpoint.
+        discard: bool,
     },
     /// Checkpoint and stop it (SIGTERM, wait up to the deadline, then kill).
     Save {
@@ -382,7 +384,8 @@ pub enum DockerAction {
         /// The container.
         container_id: String,
     },
-    /// Stop a container: unpause it if paused, SIGTERM, SIGKILL after `grace`.
+    /// Stop a container: unpause it if paused, SIGTERM, SIGKILL after `grace`; with no grace
+    /// (0), SIGKILL alone.
     Stop {
         /// The command.
         command: String,
