@@ -428,6 +428,8 @@ impl Core {
                 continue;
             }
             j.samples += 1;
+            // The first line of an incarnation: none of its epoch came before.
+            let first = j.progress.back().is_none_or(|p| p.epoch != s.epoch);
             let point = ProgressPoint {
                 unix_ms: s.unix_ms,
                 step: s.step,
@@ -445,9 +447,11 @@ impl Core {
             let starting = matches!(j.phase, JobPhase::Starting { .. });
             let resumed = j.resuming.take_if(|r| r.to == worker);
             // An incarnation's first line says where it really starts: from its checkpoint,
-            // or from 0 if it had none. Within one the step only goes up (lines may arrive out
-            // of order across a reconnect).
-            j.step = if starting || resumed.is_some() {
+            // or from 0 if it had none, whether or not its Start's answer came first (a job
+            // restarted after its worker was lost, with no checkpoint, kept showing the old
+            // copy's step). Within one the step only goes up (lines may arrive out of order
+            // across a reconnect).
+            j.step = if starting || resumed.is_some() || first {
                 s.step
             } else {
                 j.step.max(s.step)

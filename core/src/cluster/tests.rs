@@ -1006,6 +1006,33 @@ fn a_lost_worker_is_forgotten_once_its_jobs_left_it() {
     assert!(f.store.workers.contains_key("w0"));
 }
 
+/// A job restarted after its worker was lost, with no checkpoint, shows its new incarnation's
+/// step from its first line, even when its Start's answer came first (the walk saw the old
+/// copy's step kept for 15 s).
+#[test]
+fn a_restarted_job_shows_its_new_incarnations_step() {
+    let mut f = Fixture::running();
+    f.progress(1, "a", 1, 100);
+    assert_eq!(f.core.job("a").unwrap().step, 100);
+    f.step(Input::Disconnected {
+        conn: 1,
+        reason: "agent killed".into(),
+    });
+    let mut restarted = None;
+    for _ in 0..14 {
+        f.heartbeat(2);
+        let out = f.advance(1.0);
+        restarted = restarted.or(Fixture::sent(&out, "a", "start"));
+    }
+    let (conn, start) = restarted.expect("a restarted on w2");
+    f.ok(conn, &start, Fixture::started(2));
+    assert_eq!(f.state("a"), JobState::Running);
+    f.progress(conn, "a", 2, 5);
+    assert_eq!(f.core.job("a").unwrap().step, 5, "from 0, as it restarted");
+    f.progress(conn, "a", 2, 9);
+    assert_eq!(f.core.job("a").unwrap().step, 9);
+}
+
 /// An incarnation superseded while its worker was lost is killed when that worker comes back,
 /// not stopped gracefully: the trainer checkpoints on SIGTERM, into the directory the newer
 /// incarnation restores from (the walk's find: a later restart resumed from the old copy's
