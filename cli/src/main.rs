@@ -149,13 +149,16 @@ enum Cmd {
         /// Label `KEY=VALUE` (repeatable).
         #[arg(long = "label", value_parser = key_value)]
         labels: Vec<(String, String)>,
-        /// Memory limit: bytes, or with a unit (`512MiB`, `2GiB`, `1GB`); none by default.
+        /// Memory limit: bytes, or with a unit (`512m`, `4g` as Docker reads them, `512MiB`,
+        /// `1GB`); none by default.
         #[arg(long, value_parser = bytes)]
         memory: Option<u64>,
         /// What the result is worth over time, `MAX,FULL_UNTIL_S,ZERO_AT_S`: MAX until
         /// FULL_UNTIL_S seconds after submission, falling to nothing at ZERO_AT_S (the value
         /// policies, and `converge`, read it; needs --estimated-runtime).
-        #[arg(long, value_parser = value_curve)]
+        // A curve may begin with a minus (refused by the manager, naming the field): a value,
+        // not a flag.
+        #[arg(long, value_parser = value_curve, allow_hyphen_values = true)]
         value: Option<pb::ValueCurve>,
         /// Seconds the job takes alone on a reference worker (what the value policies admit
         /// by; a guess for the ETA until the job reports its own steps).
@@ -274,8 +277,9 @@ fn key_value(s: &str) -> Result<(String, String), String> {
         .ok_or_else(|| format!("`{s}` is not KEY=VALUE"))
 }
 
-/// `--memory`: bytes, or a number with a unit (`KB`, `MB`, `GB` are powers of 1000; `KiB`,
-/// `MiB`, `GiB` powers of 1024, as Docker's `--memory` reads `k`, `m`, `g`).
+/// `--memory`: bytes, or a number with a unit: Docker's `b`, `k`, `m`, `g` (powers of 1024, as
+/// `docker run --memory` and the agent's `--memory` read them), `KiB`, `MiB`, `GiB` the same,
+/// and `KB`, `MB`, `GB` powers of 1000.
 fn bytes(s: &str) -> Result<u64, String> {
     let at = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -283,22 +287,31 @@ fn bytes(s: &str) -> Result<u64, String> {
     let (number, unit) = s.split_at(at);
     let n: f64 = number
         .parse()
-        .map_err(|_| format!("`{s}` is not a number of bytes (e.g. 512MiB)"))?;
+        .map_err(|_| format!("`{s}` is not a number of bytes (e.g. 512m)"))?;
     let scale: u64 = match unit.trim() {
-        "" | "B" => 1,
+        "" | "b" | "B" => 1,
+        "k" | "K" | "KiB" => 1 << 10,
+        "m" | "M" | "MiB" => 1 << 20,
+        "g" | "G" | "GiB" => 1 << 30,
         "KB" => 1_000,
         "MB" => 1_000_000,
         "GB" => 1_000_000_000,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
         other => {
             return Err(format!(
-                "`{other}` is not a unit: B, KB, MB, GB, KiB, MiB or GiB"
+                "`{other}` is not a unit: b, k, m, g (KiB, MiB, GiB), or KB, MB, GB"
             ));
         }
     };
-    Ok((n * scale as f64).round() as u64)
+    let bytes = n * scale as f64;
+    // Said as typed: past u64 the conversion would saturate, and under a byte round to 0,
+    // which means no limit at all.
+    if bytes >= u64::MAX as f64 {
+        return Err(format!("`{s}` is more bytes than a limit can hold"));
+    }
+    if n > 0.0 && bytes < 1.0 {
+        return Err(format!("`{s}` is less than a byte"));
+    }
+    Ok(bytes.round() as u64)
 }
 
 /// `--value MAX,FULL_UNTIL_S,ZERO_AT_S`.
@@ -448,7 +461,10 @@ async fn run(cli: Cli) -> Result<()> {
                 eprintln!("convergectl: warning: {w}");
             }
             if json {
-                println!("{}", serde_json::json!({ "job_id": r.job_id }));
+                println!(
+                    "{}",
+                    serde_json::json!({ "job_id": r.job_id, "warnings": r.warnings })
+                );
             } else {
                 println!("{}", r.job_id);
             }
@@ -563,7 +579,12 @@ async fn run(cli: Cli) -> Result<()> {
                 .await
                 .map_err(status)?
                 .into_inner();
-            print_workers(&[w], json);
+            if json {
+                // The worker as it was when forgotten.
+                print_workers(&[w], json);
+            } else {
+                println!("worker {} forgotten", w.id);
+            }
         }
         Cmd::Top { jobs, until_done } => {
             let mut ids = Vec::with_capacity(jobs.len());
@@ -1498,6 +1519,14 @@ mod tests {
         assert_eq!(bytes("1GB"), Ok(1_000_000_000));
         assert_eq!(bytes("1.5GiB"), Ok(3 << 29));
         assert_eq!(bytes("4096"), Ok(4096));
+        assert_eq!(bytes("4g"), Ok(4 << 30));
+        assert_eq!(bytes("512m"), Ok(512 << 20));
+        assert!(
+            bytes("99999999999999999999")
+                .unwrap_err()
+                .contains("more bytes")
+        );
+        assert!(bytes("0.4").unwrap_err().contains("less than a byte"));
         assert!(bytes("2 parsecs").unwrap_err().contains("not a unit"));
         assert!(bytes("lots").unwrap_err().contains("not a number"));
         let curve = value_curve("10, 60,300").unwrap();

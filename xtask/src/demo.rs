@@ -154,12 +154,17 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
             .expect("opponents are listed")
             .to_string(),
     };
+    if args.forecast {
+        // Nothing runs, so nothing probes this machine: the jobs are the designed sizes.
+        println!(
+            "The strongest of them on this mix is `{opponent}` (the simulator's forecast of the \
+             designed sizes; a live demo resizes the jobs to this machine first)."
+        );
+        return Ok(());
+    }
     println!(
         "The strongest of them on this mix is `{opponent}`: it runs first, then `{CONVERGE}`."
     );
-    if args.forecast {
-        return Ok(());
-    }
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

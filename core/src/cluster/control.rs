@@ -144,10 +144,14 @@ impl Core {
         let Some(w) = self.workers.get(worker) else {
             return Err(RequestError::WorkerNotFound(worker.into()));
         };
-        if !matches!(w.state, WorkerPhase::Lost { .. }) {
+        let what_to_do = match w.state {
+            WorkerPhase::Lost { .. } => None,
+            WorkerPhase::Ready => Some("drain it to move its jobs away, then stop its agent"),
+            WorkerPhase::Draining => Some("stop its agent once its jobs have moved away"),
+        };
+        if let Some(what_to_do) = what_to_do {
             return Err(RequestError::FailedPrecondition(format!(
-                "worker {worker} is {}: only a lost worker is forgotten (stop its agent, or \
-                 drain it to move its jobs away)",
+                "worker {worker} is {}: only a lost worker is forgotten ({what_to_do})",
                 w.state.state().label()
             )));
         }
