@@ -17,6 +17,9 @@ pub const MAX_ENTRIES: usize = 256;
 pub const MAX_VALUE: usize = 4096;
 /// Most bytes of all arguments, of all env entries, or of all labels together.
 pub const MAX_TOTAL: usize = 64 * 1024;
+/// Longest duration a spec may give, seconds (a year): a job's estimate or value times past it
+/// are typing mistakes, and printed back in reasons they ran to hundreds of digits.
+pub const MAX_SECONDS: f64 = 365.0 * 86_400.0;
 /// Largest request the control API decodes; the field limits above keep a valid one far
 /// below it, so an oversized field is refused by validation, naming it, not by the decoder.
 pub const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
@@ -306,19 +309,25 @@ pub fn validate(spec: Option<JobSpec>, limits: Limits) -> Result<JobSpec> {
             && vc.full_value_until_s >= 0.0
             && vc.zero_value_at_s.is_finite()
             && vc.zero_value_at_s > 0.0
-            && vc.zero_value_at_s >= vc.full_value_until_s;
+            && vc.zero_value_at_s >= vc.full_value_until_s
+            && vc.zero_value_at_s <= MAX_SECONDS;
         if !ok {
             return Err(Error::invalid(
                 "spec.value_curve",
-                "needs max_value > 0 and 0 <= full_value_until_s <= zero_value_at_s, with \
-                 zero_value_at_s > 0 (a job worth nothing from its submission is refused)",
+                format!(
+                    "needs max_value > 0 and 0 <= full_value_until_s <= zero_value_at_s <= \
+                     {MAX_SECONDS} (a year), with zero_value_at_s > 0 (a job worth nothing \
+                     from its submission is refused)"
+                ),
             ));
         }
     }
-    if !(spec.estimated_runtime_s.is_finite() && spec.estimated_runtime_s >= 0.0) {
+    if !(spec.estimated_runtime_s.is_finite()
+        && (0.0..=MAX_SECONDS).contains(&spec.estimated_runtime_s))
+    {
         return Err(Error::invalid(
             "spec.estimated_runtime_s",
-            "must be a number of seconds >= 0",
+            format!("must be a number of seconds from 0 to {MAX_SECONDS} (a year)"),
         ));
     }
     if let Some(r) = &spec.stop_rule {
@@ -594,6 +603,24 @@ mod tests {
                 "{memory_bytes}"
             );
         }
+        // Durations past a year.
+        let forever = JobSpec {
+            estimated_runtime_s: 1e300,
+            ..spec()
+        };
+        assert_eq!(
+            field_of(validate(Some(forever), lim)),
+            "spec.estimated_runtime_s"
+        );
+        let late = JobSpec {
+            value_curve: Some(converge_messenger::pb::ValueCurve {
+                max_value: 5.0,
+                full_value_until_s: 10.0,
+                zero_value_at_s: 1e300,
+            }),
+            ..spec()
+        };
+        assert_eq!(field_of(validate(Some(late), lim)), "spec.value_curve");
         // A value curve worth nothing from the start.
         let worthless = JobSpec {
             value_curve: Some(converge_messenger::pb::ValueCurve {
