@@ -597,6 +597,24 @@ impl Fixture {
         f
     }
 
+    /// On [`Fixture::running`]: w1's agent dies, and after the grace `a` restarts on w2
+    /// (epoch 2, started there). The stream of its Start.
+    fn lose_w1(&mut self) -> ConnId {
+        self.step(Input::Disconnected {
+            conn: 1,
+            reason: "agent killed".into(),
+        });
+        let mut restarted = None;
+        for _ in 0..14 {
+            self.heartbeat(2);
+            let out = self.advance(1.0);
+            restarted = restarted.or(Fixture::sent(&out, "a", "start"));
+        }
+        let (conn, start) = restarted.expect("a restarted on w2");
+        self.ok(conn, &start, Fixture::started(2));
+        conn
+    }
+
     /// [`Fixture::running`], then w1 drained: `a` is saving on w1 for w2.
     fn saving() -> (Self, Command) {
         let mut f = Self::running();
@@ -1014,18 +1032,7 @@ fn a_restarted_job_shows_its_new_incarnations_step() {
     let mut f = Fixture::running();
     f.progress(1, "a", 1, 100);
     assert_eq!(f.core.job("a").unwrap().step, 100);
-    f.step(Input::Disconnected {
-        conn: 1,
-        reason: "agent killed".into(),
-    });
-    let mut restarted = None;
-    for _ in 0..14 {
-        f.heartbeat(2);
-        let out = f.advance(1.0);
-        restarted = restarted.or(Fixture::sent(&out, "a", "start"));
-    }
-    let (conn, start) = restarted.expect("a restarted on w2");
-    f.ok(conn, &start, Fixture::started(2));
+    let conn = f.lose_w1();
     assert_eq!(f.state("a"), JobState::Running);
     f.progress(conn, "a", 2, 5);
     assert_eq!(f.core.job("a").unwrap().step, 5, "from 0, as it restarted");
@@ -1040,18 +1047,7 @@ fn a_restarted_job_shows_its_new_incarnations_step() {
 #[test]
 fn a_superseded_incarnation_is_discarded_and_a_cancelled_one_stopped() {
     let mut f = Fixture::running();
-    f.step(Input::Disconnected {
-        conn: 1,
-        reason: "agent killed".into(),
-    });
-    let mut restarted = None;
-    for _ in 0..14 {
-        f.heartbeat(2);
-        let out = f.advance(1.0);
-        restarted = restarted.or(Fixture::sent(&out, "a", "start"));
-    }
-    let (conn, start) = restarted.expect("a restarted on w2");
-    f.ok(conn, &start, Fixture::started(2));
+    f.lose_w1();
     // w1's agent returns, its container of epoch 1 still running.
     let out = f.reregister(5, "w1", 2.0, &[("a", 1, 100)]);
     let (conn, stop) = Fixture::sent(&out, "a", "stop").expect("the old copy stopped");

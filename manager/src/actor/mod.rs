@@ -526,9 +526,7 @@ impl Actor {
                 } => {
                     // AlreadyExists: the agent's session tells it from a refusal of its setup
                     // (`SessionError::is_second_agent`), since it passes when the other ends.
-                    if let Some(link) = self.links.remove(&conn) {
-                        link.close_with(tonic::Status::already_exists(reason));
-                    }
+                    self.close_link(conn, tonic::Status::already_exists(reason));
                     debug!(%worker, conn, "registration refused; stream closed");
                 }
                 Effect::Close {
@@ -537,9 +535,7 @@ impl Actor {
                     reason,
                 } => {
                     // Aborted: the agent's session ends and it connects and registers again.
-                    if let Some(link) = self.links.remove(&conn) {
-                        link.close_with(tonic::Status::aborted(reason));
-                    }
+                    self.close_link(conn, tonic::Status::aborted(reason));
                     debug!(%worker, conn, "worker forgotten; its stream closed");
                 }
                 Effect::Event(e) => {
@@ -608,6 +604,13 @@ impl Actor {
         }
         self.metrics.command_sent(action);
         None
+    }
+
+    /// Ends stream `conn` with `status` (the agent reads why) and forgets it.
+    fn close_link(&mut self, conn: ConnectionId, status: tonic::Status) {
+        if let Some(link) = self.links.remove(&conn) {
+            link.close_with(status);
+        }
     }
 
     fn lost_link(&mut self, conn: ConnectionId) -> Input {
@@ -1238,11 +1241,10 @@ impl Actor {
                     }
                     // Close it rather than keep reading it (the core refuses what still comes
                     // on it): one stream, and one message budget, per worker.
-                    if let Some(link) = self.links.remove(&old) {
-                        link.close_with(tonic::Status::aborted(
-                            converge_messenger::agent::REPLACED,
-                        ));
-                    }
+                    self.close_link(
+                        old,
+                        tonic::Status::aborted(converge_messenger::agent::REPLACED),
+                    );
                 }
             }
             StreamEvent::Message {
