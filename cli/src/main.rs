@@ -885,6 +885,18 @@ async fn watch(client: &mut Client, job: String, from_seq: u64, json: bool) -> R
             }
             // A manager never reached is a wrong address, not one to wait for.
             Err(s) if !connected => return Err(status(s)),
+            // Back, but its log ends before the event to resume from: it was restarted
+            // without its state (`--state-dir none`) and numbers from 1 again. Every event it
+            // has is one not shown yet.
+            Err(s) if s.code() == tonic::Code::InvalidArgument && next > 1 => {
+                eprintln!(
+                    "convergectl: the manager's event log starts again (restarted without its \
+                     state); its events after {} not shown are gone; going on from its first event",
+                    next - 1
+                );
+                next = 1;
+                continue;
+            }
             Err(s) => away.lost(Some(status(s)), &format!("from event {next}"))?,
         }
         tokio::time::sleep(Duration::from_secs(1)).await;

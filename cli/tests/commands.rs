@@ -14,6 +14,7 @@ async fn ctl(manager: &str, args: &[&str]) -> (i32, String, String) {
         .arg(manager)
         .args(args)
         .env_remove("CONVERGE_TOKEN")
+        .kill_on_drop(true)
         .output()
         .await
         .expect("convergectl runs");
@@ -361,6 +362,79 @@ async fn watch_and_top_go_on_across_a_manager_restart() {
         }
         assert!(state_of_before.is_some(), "{before} left the board: {f}");
     }
+    second.stop().await;
+}
+
+/// A manager restarted without its state numbers its events from 1 again: `watch`, resuming
+/// past the end of the new log, is told so (not left waiting for a number that means another
+/// event) and goes on from the new log's first event. Asked for an event past the end at the
+/// start, it is a wrong request naming `from_seq`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_past_the_end_of_the_log_is_refused_and_resumes_from_a_stateless_restart() {
+    let first = TestManager::start(|_| {}).await.expect("manager");
+    let (addr, m) = (first.addr, first.endpoint());
+    let refused = ctl(&m, &["watch", "--from-seq", "1000"]);
+    let (code, _, err) = tokio::time::timeout(Duration::from_secs(30), refused)
+        .await
+        .expect("watch past the end of the log is refused, not left waiting");
+    assert_eq!(code, 4, "{err}");
+    assert!(
+        err.contains("from_seq: 1000 is past the end of the event log (there is no event yet)"),
+        "{err}"
+    );
+    let submit = |name: &'static str| {
+        let m = m.clone();
+        async move {
+            let (code, out, err) = ctl(&m, &["submit", "--image", "x", "--name", name]).await;
+            assert_eq!(code, 0, "{err}");
+            out.trim().to_string()
+        }
+    };
+    let before = submit("before").await;
+    let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_convergectl"))
+        .args(["--manager", &m, "watch", "--from-seq", "1", "-o", "json"])
+        .env_remove("CONVERGE_TOKEN")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("convergectl runs");
+    let mut events = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(
+        watch.stdout.take().expect("stdout"),
+    ));
+    let mut notes = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(
+        watch.stderr.take().expect("stderr"),
+    ));
+    let e = next_json(&mut events).await;
+    assert_eq!(
+        (e["seq"].as_u64(), e["job"].as_str()),
+        (Some(1), Some(before.as_str()))
+    );
+
+    first.stop().await;
+    let second = TestManager::start_at(addr, |_| {})
+        .await
+        .expect("the manager again");
+    // Told, once it is back; only then is the new job submitted, so its events are the new
+    // log's first, which the watcher must show.
+    let told = async {
+        loop {
+            let line = notes.next_line().await.expect("read").expect("a note");
+            if line.contains("event log starts again") {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), told)
+        .await
+        .expect("watch says the manager's event log starts again");
+    let after = submit("after").await;
+    let e = next_json(&mut events).await;
+    assert_eq!(
+        (e["seq"].as_u64(), e["job"].as_str()),
+        (Some(1), Some(after.as_str())),
+        "{e}"
+    );
     second.stop().await;
 }
 

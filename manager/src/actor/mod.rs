@@ -1061,6 +1061,25 @@ impl Actor {
                 from_seq,
                 reply,
             } => {
+                // A number past the next one names an event this log has not made: a typo, or
+                // a watcher resuming against a manager restarted without its state (numbered
+                // from 1 again). Refused, rather than waited on in silence.
+                let next = self.events.next_seq();
+                if from_seq > next {
+                    let newest = match next - 1 {
+                        0 => "there is no event yet".to_string(),
+                        n => format!("the newest event is {n}"),
+                    };
+                    let e = Error::invalid(
+                        "from_seq",
+                        format!(
+                            "{from_seq} is past the end of the event log ({newest}): {next} waits \
+                             for the next event, 0 watches live events only"
+                        ),
+                    );
+                    self.answer_later(reply, Err(e));
+                    return;
+                }
                 let (mut history, live) = self.events.watch(&job_id, from_seq);
                 // What memory no longer holds, from the store (the newest of it, up to the
                 // replay limit).
