@@ -87,7 +87,8 @@ impl SessionError {
     }
 
     /// Whether this agent's own setup cannot be used: its manager address, or its TLS files
-    /// (read again at every connection: a rotation caught half-written passes).
+    /// before any connection registered with them (read again at every connection; after
+    /// one did, files that cannot be used are stood in for by the last ones that worked).
     pub fn is_own_setup(&self) -> bool {
         matches!(self, SessionError::Endpoint { .. } | SessionError::Tls(_))
     }
@@ -106,9 +107,9 @@ impl SessionError {
                 "the manager does not speak TLS at this address: use an http:// --manager, \
                  without the --tls-* files",
             ),
-            Mismatch::UnknownIssuer => {
-                Some("the manager's certificate is not signed by --tls-ca: give the cluster CA")
-            }
+            Mismatch::UnknownIssuer => Some(
+                "the manager's certificate is not signed by --tls-ca: give the cluster CA's ca.pem (after a rotation, the new one)",
+            ),
         }
     }
 
@@ -195,7 +196,8 @@ pub struct SessionConfig {
     /// Counters the session keeps (unregistered by default: counted, never shown).
     pub metrics: SessionMetrics,
     /// Mutual TLS with the manager (`crate::tls`), when the endpoint is `https://`: the files
-    /// are read at each connection, and a change to them makes the session reconnect.
+    /// are read at each connection, and a change to them makes the session reconnect; files
+    /// that cannot be used are stood in for by the last ones that registered.
     pub tls: Option<crate::tls::ClientTls>,
     /// Where the manager's requests for a job's output go. Without one, the session answers
     /// each request itself, saying this agent serves no logs (the manager's reader is told
@@ -423,10 +425,13 @@ async fn run<S: AgentState>(
     // The reason the last attempt failed, while none has succeeded since: the same failure
     // again is logged at debug, a new one as a warning.
     let mut failing: Option<String> = None;
+    // The TLS configuration of the last stream that registered, for a reconnect while the
+    // files cannot be used (`connect_and_serve`).
+    let mut kept = KeptTls::default();
     loop {
         let result = tokio::select! {
             _ = shutdown.cancelled() => return,
-            r = connect_and_serve(&config, &*state, &commands, &mut waiting, &mut outbox, &status, &mut seq, &mut carry, &mut unacknowledged, &shutdown) => r,
+            r = connect_and_serve(&config, &*state, &commands, &mut waiting, &mut outbox, &status, &mut seq, &mut carry, &mut unacknowledged, &mut kept, &shutdown) => r,
         };
         if shutdown.is_cancelled() {
             return;
@@ -482,6 +487,14 @@ async fn run<S: AgentState>(
     }
 }
 
+/// The TLS configuration the last registered stream used, and the error about the files last
+/// logged while it stands in for them (each said once).
+#[derive(Default)]
+struct KeptTls {
+    config: Option<tonic::transport::ClientTlsConfig>,
+    told: Option<String>,
+}
+
 /// How long a stream closed on purpose waits for the manager to read what was queued on it.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
@@ -522,6 +535,7 @@ async fn connect_and_serve<S: AgentState>(
     seq: &mut u64,
     carry: &mut Option<Outgoing>,
     unacknowledged: &mut Unacknowledged,
+    kept: &mut KeptTls,
     shutdown: &CancellationToken,
 ) -> Result<(), SessionError> {
     let endpoint = tonic::transport::Endpoint::from_shared(config.manager_endpoint.clone())
@@ -534,9 +548,32 @@ async fn connect_and_serve<S: AgentState>(
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(5));
     let plain = endpoint.clone();
+    let mut using = None;
     let (endpoint, mut stamp) = match &config.tls {
         Some(tls) => {
-            let (endpoint, stamp) = tls.endpoint(endpoint).map_err(SessionError::Tls)?;
+            let (read, stamp) = tls.config();
+            let tls_config = match (read, &kept.config) {
+                (Ok(c), _) => {
+                    kept.told = None;
+                    c
+                }
+                // A rotation caught half-written, or one gone wrong: the agent goes on with
+                // what worked, as an open stream does, rather than lose its manager (and its
+                // jobs, once the manager counts the worker lost) over files it can wait for.
+                (Err(e), Some(previous)) => {
+                    let reason = e.to_string();
+                    if kept.told.as_ref() != Some(&reason) {
+                        warn!(error = %reason, "the TLS files cannot be used; connecting with the last ones that worked until the files change again");
+                        kept.told = Some(reason);
+                    }
+                    previous.clone()
+                }
+                (Err(e), None) => return Err(SessionError::Tls(e)),
+            };
+            let endpoint = tls
+                .with(endpoint, tls_config.clone())
+                .map_err(SessionError::Tls)?;
+            using = Some(tls_config);
             (endpoint, Some(stamp))
         }
         None => (endpoint, None),
@@ -569,6 +606,9 @@ async fn connect_and_serve<S: AgentState>(
     let metrics = &config.metrics;
     metrics.registrations.inc();
     metrics.sent(Some("register"));
+    if let Some(worked) = using {
+        kept.config = Some(worked);
+    }
     status.send_modify(|s| {
         s.connected = true;
         s.registrations += 1;

@@ -18,8 +18,13 @@
 //! configuration, closes its stream gently (what it queued is sent first) and reconnects with
 //! them, registering again with its running containers (as a kubelet reconnects when its
 //! client certificate rotates). Files that cannot be used (one written, its key not yet) are
-//! reported and the previous ones kept until the files change again. Nothing is restarted: no
-//! process, no job.
+//! reported and the previous ones kept until the files change again: an agent's open stream
+//! goes on, and a reconnect meanwhile uses the configuration of the last stream that
+//! registered (`crate::agent`). Nothing is restarted: no process, no job.
+//!
+//! Files are written by a rename ([`write_public`], [`write_private`]), so a reader sees a
+//! whole file, old or new; a process therefore sees a rotation only through the file's name,
+//! which in a container means a mounted directory, not a bind mount of each file.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -120,7 +125,10 @@ pub enum Mismatch {
     TlsServer,
     /// A TLS client met a plaintext server.
     PlaintextServer,
-    /// The manager's certificate is not signed by the CA the client trusts.
+    /// The manager's certificate is not signed by the CA the client trusts: a CA of another
+    /// name (rustls' `UnknownIssuer`), or one of the same name with another key (its
+    /// `BadSignature`), which is what a CA file left from before a rotation is (every
+    /// testbed CA has the same name).
     UnknownIssuer,
 }
 
@@ -138,7 +146,10 @@ impl Mismatch {
             Some(Mismatch::TlsServer)
         } else if words.contains("InvalidContentType") {
             Some(Mismatch::PlaintextServer)
-        } else if words.contains("UnknownIssuer") {
+        } else if ["UnknownIssuer", "BadSignature"]
+            .iter()
+            .any(|w| words.contains(w))
+        {
             Some(Mismatch::UnknownIssuer)
         } else {
             None
@@ -150,6 +161,20 @@ impl Mismatch {
 /// made so before the text goes in, then renamed over the old one. Not written into the old
 /// file: a reader that opened it when it was readable by all would read the new secret.
 pub fn write_private(path: &Path, text: &str) -> Result<(), TlsError> {
+    write_atomic(path, text, 0o600)
+}
+
+/// Writes a public file (a certificate) as [`write_private`] writes a secret: a reader sees
+/// the old text or the new, never half of it (a key read half-written, or a certificate
+/// ahead of its key, is only refused and tried again when the files change again; a file
+/// truncated and written in place could be read between the two and look unchanged since).
+/// So a reader must open the file by its name each time: a bind mount of the file alone
+/// (`docker run -v a/ca.pem:/certs/ca.pem`) keeps the old one; mount its directory.
+pub fn write_public(path: &Path, text: &str) -> Result<(), TlsError> {
+    write_atomic(path, text, 0o644)
+}
+
+fn write_atomic(path: &Path, text: &str, mode: u32) -> Result<(), TlsError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let io = |source| TlsError::Io {
@@ -164,20 +189,13 @@ pub fn write_private(path: &Path, text: &str) -> Result<(), TlsError> {
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o600)
+        .mode(mode)
         .open(&new)
         .map_err(io)?;
     file.write_all(text.as_bytes())
         .and_then(|()| file.sync_all())
         .and_then(|()| std::fs::rename(&new, path))
         .map_err(io)
-}
-
-fn write(path: &Path, text: &str) -> Result<(), TlsError> {
-    std::fs::write(path, text).map_err(|source| TlsError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
 }
 
 /// PEM files of one side: its certificate and key, and the CA it trusts.
@@ -228,12 +246,11 @@ impl TlsFiles {
 
     /// When the three files last changed, to notice a rotation.
     pub fn stamp(&self) -> Stamp {
-        let of = |p: &Path| {
-            std::fs::metadata(p)
-                .ok()
-                .map(|m| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()))
-        };
-        Stamp([of(&self.ca), of(&self.cert), of(&self.key)])
+        Stamp([
+            FileStamp::of(&self.ca),
+            FileStamp::of(&self.cert),
+            FileStamp::of(&self.key),
+        ])
     }
 
     /// The manager's TLS: its identity; client certificates asked for, from the CA, but not
@@ -301,10 +318,30 @@ impl TlsFiles {
     }
 }
 
-/// The modification times and sizes of a side's three files (`None` for one that is missing):
-/// when it differs from the last one read, the files were rotated.
+/// The [`FileStamp`]s of a side's three files: when it differs from the last one read, the
+/// files were rotated.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Stamp([Option<(SystemTime, u64)>; 3]);
+pub struct Stamp([FileStamp; 3]);
+
+/// What tells a file's versions apart without reading it: its inode (a file renamed over it
+/// is another, even written within the same clock tick at the same size), modification time
+/// and size; all `None` for a file that is missing. One `stat`, cheap enough for every call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileStamp(Option<(u64, SystemTime, u64)>);
+
+impl FileStamp {
+    /// `path`'s stamp now.
+    pub fn of(path: &Path) -> FileStamp {
+        use std::os::unix::fs::MetadataExt;
+        FileStamp(std::fs::metadata(path).ok().map(|m| {
+            (
+                m.ino(),
+                m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                m.len(),
+            )
+        }))
+    }
+}
 
 /// An agent's TLS, read from its files at each connection (module doc).
 #[derive(Debug, Clone, PartialEq)]
@@ -322,14 +359,27 @@ impl ClientTls {
         &self,
         endpoint: tonic::transport::Endpoint,
     ) -> Result<(tonic::transport::Endpoint, Stamp), TlsError> {
-        // Stamped before reading, so that a change while reading is noticed next time.
+        let (config, stamp) = self.config();
+        Ok((self.with(endpoint, config?)?, stamp))
+    }
+
+    /// The TLS the files make now, and their stamp, taken before reading them (so that a
+    /// change while reading is noticed next time), also when they cannot be used.
+    pub fn config(&self) -> (Result<ClientTlsConfig, TlsError>, Stamp) {
         let stamp = self.files.stamp();
-        let config = self.files.client(&self.domain)?;
-        let endpoint = endpoint.tls_config(config).map_err(|e| TlsError::Invalid {
+        (self.files.client(&self.domain), stamp)
+    }
+
+    /// `endpoint` with `config` (one [`ClientTls::config`] made, now or before).
+    pub fn with(
+        &self,
+        endpoint: tonic::transport::Endpoint,
+        config: ClientTlsConfig,
+    ) -> Result<tonic::transport::Endpoint, TlsError> {
+        endpoint.tls_config(config).map_err(|e| TlsError::Invalid {
             what: self.files.cert.display().to_string(),
             why: e.to_string(),
-        })?;
-        Ok((endpoint, stamp))
+        })
     }
 
     /// Whether the files make a usable TLS for a connection to `manager` (a URL).
@@ -455,52 +505,108 @@ pub fn names(der: &[u8]) -> Vec<String> {
     out
 }
 
+/// A new cluster's CA and certificates, as PEM text, before they are written anywhere.
+#[derive(Debug, Clone)]
+pub struct Credentials {
+    /// The CA certificate.
+    pub ca: String,
+    /// The CA's key.
+    pub ca_key: String,
+    /// The manager's certificate and key.
+    pub manager: (String, String),
+    /// Each worker's id, certificate and key.
+    pub workers: Vec<(String, String, String)>,
+}
+
+impl Credentials {
+    /// A new cluster CA, a manager certificate valid for `manager_names` (host names or IP
+    /// addresses) and one client certificate per worker id.
+    pub fn new(manager_names: &[String], workers: &[String]) -> Result<Credentials, TlsError> {
+        use rcgen::{
+            BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+            KeyPair, KeyUsagePurpose,
+        };
+        let mut ca = CertificateParams::new(Vec::<String>::new())?;
+        ca.distinguished_name
+            .push(DnType::CommonName, "Converge cluster CA");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca_key = KeyPair::generate()?;
+        let ca_cert = ca.self_signed(&ca_key)?;
+        let (ca_pem, ca_key_pem) = (ca_cert.pem(), ca_key.serialize_pem());
+        let issuer = Issuer::new(ca, ca_key);
+        let leaf = |cn: &str, sans: Vec<String>, usage: ExtendedKeyUsagePurpose| {
+            let mut p = CertificateParams::new(sans)?;
+            p.distinguished_name.push(DnType::CommonName, cn);
+            p.extended_key_usages = vec![usage];
+            let key = KeyPair::generate()?;
+            let cert = p.signed_by(&key, &issuer)?;
+            Ok::<_, rcgen::Error>((cert.pem(), key.serialize_pem()))
+        };
+        let manager = leaf(
+            "converge-manager",
+            manager_names.to_vec(),
+            ExtendedKeyUsagePurpose::ServerAuth,
+        )?;
+        let workers = workers
+            .iter()
+            .map(|w| {
+                let (cert, key) = leaf(w, vec![w.clone()], ExtendedKeyUsagePurpose::ClientAuth)?;
+                Ok((w.clone(), cert, key))
+            })
+            .collect::<Result<_, rcgen::Error>>()?;
+        Ok(Credentials {
+            ca: ca_pem,
+            ca_key: ca_key_pem,
+            manager,
+            workers,
+        })
+    }
+
+    /// Writes the CA's certificate into `dir`, and the manager's files (`manager`) or one
+    /// worker's (`Some(id)`), as [`TlsFiles::manager`] and [`TlsFiles::worker`] name them:
+    /// the CA first, each key after its certificate, so that a reader that sees a key sees
+    /// its certificate too (module doc). Fails for a worker it has no certificate for.
+    pub fn write_side(&self, dir: &Path, worker: Option<&str>) -> Result<(), TlsError> {
+        let ((cert_name, key_name), (cert, key)) = match worker {
+            None => (
+                (files::MANAGER.0.to_string(), files::MANAGER.1.to_string()),
+                (&self.manager.0, &self.manager.1),
+            ),
+            Some(id) => {
+                let (_, cert, key) =
+                    self.workers.iter().find(|(w, ..)| w == id).ok_or_else(|| {
+                        TlsError::Invalid {
+                            what: id.to_string(),
+                            why: "no certificate was made for this worker".into(),
+                        }
+                    })?;
+                (files::worker(id), (cert, key))
+            }
+        };
+        std::fs::create_dir_all(dir).map_err(|source| TlsError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        write_public(&dir.join(files::CA), &self.ca)?;
+        write_public(&dir.join(cert_name), cert)?;
+        write_private(&dir.join(key_name), key)
+    }
+}
+
 /// Writes a new cluster CA into `dir`, a manager certificate valid for `manager_names`
-/// (host names or IP addresses) and one client certificate per worker id. Existing files
-/// are overwritten (that is a rotation).
+/// (host names or IP addresses) and one client certificate per worker id ([`Credentials`]),
+/// all in one directory. Existing files are replaced (that is a rotation).
 pub fn generate(dir: &Path, manager_names: &[String], workers: &[String]) -> Result<(), TlsError> {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-        KeyPair, KeyUsagePurpose,
-    };
-    std::fs::create_dir_all(dir).map_err(|source| TlsError::Io {
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    let mut ca = CertificateParams::new(Vec::<String>::new())?;
-    ca.distinguished_name
-        .push(DnType::CommonName, "Converge cluster CA");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca_key = KeyPair::generate()?;
-    let ca_cert = ca.self_signed(&ca_key)?;
-    write(&dir.join(files::CA), &ca_cert.pem())?;
-    write_private(&dir.join(files::CA_KEY), &ca_key.serialize_pem())?;
-    let issuer = Issuer::new(ca, ca_key);
-    let leaf = |cn: &str, sans: Vec<String>, usage: ExtendedKeyUsagePurpose| {
-        let mut p = CertificateParams::new(sans)?;
-        p.distinguished_name.push(DnType::CommonName, cn);
-        p.extended_key_usages = vec![usage];
-        let key = KeyPair::generate()?;
-        let cert = p.signed_by(&key, &issuer)?;
-        Ok::<_, rcgen::Error>((cert.pem(), key.serialize_pem()))
-    };
-    let (cert, key) = leaf(
-        "converge-manager",
-        manager_names.to_vec(),
-        ExtendedKeyUsagePurpose::ServerAuth,
-    )?;
-    write(&dir.join(files::MANAGER.0), &cert)?;
-    write_private(&dir.join(files::MANAGER.1), &key)?;
+    let made = Credentials::new(manager_names, workers)?;
+    made.write_side(dir, None)?;
+    write_private(&dir.join(files::CA_KEY), &made.ca_key)?;
     for w in workers {
-        let (cert, key) = leaf(w, vec![w.clone()], ExtendedKeyUsagePurpose::ClientAuth)?;
-        let (c, k) = files::worker(w);
-        write(&dir.join(c), &cert)?;
-        write_private(&dir.join(k), &key)?;
+        made.write_side(dir, Some(w))?;
     }
     Ok(())
 }
