@@ -4,8 +4,10 @@
 //! `viewer` (GetJob, ListJobs, WatchEvents, ListWorkers, JobLogs: what Kubernetes' `view`
 //! role reads, pod logs included) or `operator` (also SubmitJob, CancelJob, DrainWorker,
 //! UndrainWorker, ForgetWorker, Backup); `#` starts a comment. A file rather than a database: a cluster has
-//! a handful of callers, the file is what a secret store mounts, and rotating a token is
-//! editing a line and restarting the manager (jobs run on meanwhile).
+//! a handful of callers, and the file is what a secret store mounts. Rotating a token is
+//! writing the file again ([`TokensFile`]): the manager notices at the next call (one `stat`
+//! a call) and reads it, as it does its TLS files; a file that cannot be used is logged and
+//! the previous tokens kept until it changes again. Nothing restarts.
 //!
 //! [`AuthLayer`] wraps the whole server but only looks at `ControlService` calls: health and
 //! reflection stay open for tooling (reflection reveals the API's schema, which is public in
@@ -13,10 +15,11 @@
 //! Every operator call, accepted or refused, is logged with the caller's name.
 
 use std::collections::HashMap;
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
+use converge_messenger::tls::FileStamp;
 use tonic::Status;
 use tracing::{info, warn};
 
@@ -135,17 +138,66 @@ impl Tokens {
     }
 }
 
-/// The tower layer that checks every ControlService call (module doc).
-#[derive(Clone)]
-pub struct AuthLayer {
+/// The tokens of a file, read again when it changes (module doc).
+#[derive(Debug)]
+pub struct TokensFile {
+    path: PathBuf,
+    read: Mutex<Read>,
+}
+
+/// The file as last seen, and the tokens last read from it that could be used.
+#[derive(Debug)]
+struct Read {
+    stamp: FileStamp,
     tokens: Arc<Tokens>,
 }
 
+impl TokensFile {
+    /// Reads `path`; fails as [`Tokens::load`] does, for a manager that must not start.
+    pub fn open(path: &Path) -> Result<TokensFile, String> {
+        // Stamped before reading, so that a change while reading is noticed at the next call.
+        let stamp = FileStamp::of(path);
+        let tokens = Arc::new(Tokens::load(path)?);
+        Ok(TokensFile {
+            path: path.to_path_buf(),
+            read: Mutex::new(Read { stamp, tokens }),
+        })
+    }
+
+    /// The tokens now: the file read again if it changed since it was last seen, the
+    /// previous tokens kept (and the reason logged, once) if it cannot be used.
+    pub fn current(&self) -> Arc<Tokens> {
+        let now = FileStamp::of(&self.path);
+        let mut read = self.read.lock().unwrap_or_else(|e| e.into_inner());
+        if now != read.stamp {
+            // Noted even when unusable: a file caught half-written is read again once it
+            // changes again, not at every call.
+            read.stamp = now;
+            match Tokens::load(&self.path) {
+                Ok(tokens) => {
+                    info!(path = %self.path.display(), tokens = tokens.0.len(), "tokens file changed: calls are checked against it");
+                    read.tokens = Arc::new(tokens);
+                }
+                Err(e) => {
+                    warn!(error = %e, "tokens file changed but cannot be used; keeping the previous tokens");
+                }
+            }
+        }
+        read.tokens.clone()
+    }
+}
+
+/// The tower layer that checks every ControlService call (module doc).
+#[derive(Clone)]
+pub struct AuthLayer {
+    tokens: Arc<TokensFile>,
+}
+
 impl AuthLayer {
-    /// Checks calls against `tokens`.
-    pub fn new(tokens: Tokens) -> Self {
+    /// Checks calls against the tokens of `file`, as it is at each call.
+    pub fn new(file: TokensFile) -> Self {
         Self {
-            tokens: Arc::new(tokens),
+            tokens: Arc::new(file),
         }
     }
 }
@@ -165,7 +217,7 @@ impl<S> tower::Layer<S> for AuthLayer {
 #[derive(Clone)]
 pub struct Auth<S> {
     inner: S,
-    tokens: Arc<Tokens>,
+    tokens: Arc<TokensFile>,
 }
 
 impl<S, B, R> tower::Service<http::Request<B>> for Auth<S>
@@ -194,7 +246,8 @@ where
             .get(http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
         let need = required(&method);
-        let verdict = match self.tokens.authenticate(header) {
+        let tokens = self.tokens.current();
+        let verdict = match tokens.authenticate(header) {
             Err(status) => Err((status, "unknown".to_string())),
             Ok(c) if c.role < need => Err((
                 Status::permission_denied(format!(
@@ -268,6 +321,66 @@ mod tests {
             let e = Tokens::parse(text).unwrap_err();
             assert!(e.contains(want), "{e}");
         }
+    }
+
+    /// The documented rotation (`cargo xtask certs` writes a new tokens file, by rename):
+    /// the next call is checked against the new file, with no restart; a file that cannot
+    /// be used keeps the tokens before it, and one that can be used again is taken.
+    #[tokio::test]
+    async fn a_rewritten_tokens_file_is_taken_at_the_next_call() {
+        use tower::{Layer, ServiceExt};
+        let dir = std::env::temp_dir().join(format!("converge-tokens-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tokens");
+        let write = |text: &str| converge_messenger::tls::write_private(&path, text).unwrap();
+        let (old, new, newer) = (
+            "0123456789abcdef0old",
+            "0123456789abcdef0new",
+            "0123456789abcdefnewer",
+        );
+        write(&format!("{old} operator alice\n"));
+        let layer = AuthLayer::new(TokensFile::open(&path).unwrap());
+        // The code the layer answers with: none when the call reached the service.
+        let call = |token: &str| {
+            let service = layer.layer(tower::service_fn(|_: http::Request<()>| async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(()))
+            }));
+            let request = http::Request::builder()
+                .uri(format!("{CONTROL}SubmitJob"))
+                .header("authorization", format!("Bearer {token}"))
+                .body(())
+                .unwrap();
+            async move {
+                let response = service.oneshot(request).await.unwrap();
+                response
+                    .headers()
+                    .get("grpc-status")
+                    .map(|v| v.to_str().unwrap().to_string())
+            }
+        };
+        let unauthenticated = Some((tonic::Code::Unauthenticated as i32).to_string());
+        assert_eq!(call(old).await, None);
+        write(&format!("{new} operator alice\n"));
+        assert_eq!(call(new).await, None, "the new token is refused");
+        assert_eq!(
+            call(old).await,
+            unauthenticated,
+            "the old token still passes"
+        );
+        write("# nobody\n");
+        assert_eq!(
+            call(new).await,
+            None,
+            "a file that cannot be used dropped the tokens"
+        );
+        write(&format!("{newer} operator alice\n"));
+        assert_eq!(
+            call(newer).await,
+            None,
+            "a usable file after a bad one is not read"
+        );
+        assert_eq!(call(new).await, unauthenticated);
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

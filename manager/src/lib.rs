@@ -149,8 +149,8 @@ pub async fn serve(
     // Before "listening": a tokens file that cannot be used stops the manager first.
     let auth = match &config.tokens {
         Some(path) => {
-            let tokens = auth::Tokens::load(path).map_err(|e| Error::invalid("--tokens", e))?;
-            info!(path = %path.display(), "control API requires bearer tokens");
+            let tokens = auth::TokensFile::open(path).map_err(|e| Error::invalid("--tokens", e))?;
+            info!(path = %path.display(), "control API requires bearer tokens (the file is read again when it changes)");
             Some(auth::AuthLayer::new(tokens))
         }
         None => {
