@@ -51,9 +51,11 @@ enum Cmd {
     Measure(measure::Args),
     /// A cluster CA, a manager certificate and one client certificate per worker (mTLS
     /// between agents and manager), and a tokens file with an operator and a viewer token;
-    /// writing over existing files rotates them.
+    /// writing over existing files rotates them, and running services take them. Each
+    /// service's files go in a subdirectory of its own (`manager/`, `worker-1/`...), which
+    /// compose mounts; `ca.pem` and `tokens` for users' tools stay at the top.
     Certs {
-        /// Where the PEM files go.
+        /// Where the files go.
         #[arg(long, default_value = "target/certs")]
         dir: std::path::PathBuf,
         /// Worker ids, one certificate each (its name is the worker id).
@@ -91,10 +93,12 @@ fn main() -> Result<()> {
             let dir = root.join(dir);
             testbed::write_credentials(&dir, &manager_names, &workers)?;
             println!(
-                "xtask: CA, manager ({}) and worker ({}) certificates, and a tokens file, in {}",
+                "xtask: CA, manager ({}) and worker ({}) certificates, and a tokens file, in {} \
+                 (ca.pem and tokens at the top, each service's files in {}/ and a directory per worker)",
                 manager_names.join(", "),
                 workers.join(", "),
-                dir.display()
+                dir.display(),
+                testbed::MANAGER_DIR,
             );
             Ok(())
         }
