@@ -98,8 +98,15 @@ pub use converge_contract::{JOB_TMPFS, parse_user};
 /// worker's cgroup parent (the worker's capacity) and no privileges. A training job needs none,
 /// and a job that escapes its process should find nothing to use (issue 15): no capabilities,
 /// no new privileges, a read-only root with a bounded private tmpfs, a bounded process count.
+///
+/// And an init process (Docker's `docker-init`) as PID 1, passing signals on to the job: the
+/// kernel drops a signal that has no handler sent to a PID 1, so a job process that is PID 1
+/// and has no SIGTERM handler (yet: one stopped while it starts, or an image that never
+/// installs one) ignores a stop, and only the SIGKILL at the stop's deadline ends it, its CPU
+/// held until then. Under an init SIGTERM ends such a process at once.
 pub fn unprivileged(cgroup_parent: &str, pids_limit: i64) -> HostConfig {
     HostConfig {
+        init: Some(true),
         cgroup_parent: Some(cgroup_parent.to_string()),
         cap_drop: Some(vec!["ALL".into()]),
         security_opt: Some(vec!["no-new-privileges:true".into()]),

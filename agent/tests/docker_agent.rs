@@ -472,6 +472,46 @@ async fn a_save_past_its_deadline_kills_the_container() {
     agent.await.unwrap().unwrap();
 }
 
+/// A job process with no SIGTERM handler (an image that never installs one, or any job
+/// stopped while it starts) stops at the stop's SIGTERM: an init is its PID 1 and passes the
+/// signal on. As PID 1 itself the kernel would drop the signal and the job would hold its CPU
+/// until the deadline's SIGKILL (exit 137), which is what a new user saw of a job cancelled
+/// as it started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_without_a_sigterm_handler_ends_at_the_stops_sigterm() {
+    require_docker_and_trainer().await;
+    let worker = TestWorker::new("unhandled");
+    let (mut m, token, agent) = agent_for(&worker, 1.0, T).await;
+    let mut start = start_trainer(5_000_000, 500, 0.5);
+    if let Action::Start(s) = &mut start {
+        let args = &mut s.spec.as_mut().unwrap().args;
+        args.push("--unhandled-sigterm".into());
+    }
+    m.send(command("u1", "job-u", 1, start));
+    let started = m.result("u1", T).await;
+    assert!(started.ok, "the Start failed: {}", started.error);
+    m.samples("job-u", 1, T).await;
+    m.send(command(
+        "u2",
+        "job-u",
+        1,
+        Action::Stop(pb::Stop {
+            reason: "test".into(),
+            remove: true,
+            discard: false,
+        }),
+    ));
+    let (r, exited) = m.result_and_exit("u2", "job-u", T).await;
+    assert!(r.ok, "{r:?}");
+    assert!(exited.requested);
+    assert_eq!(
+        exited.exit_code, 143,
+        "ended by SIGTERM (128 + 15), not by the deadline's SIGKILL (137)"
+    );
+    token.cancel();
+    agent.await.unwrap().unwrap();
+}
+
 /// An agent that fails to start after it made its worker cgroup (here, a checkpoint root it
 /// cannot create) removes the cgroup again: a new user found one left for every failed start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -91,6 +91,15 @@ pub struct TrainArgs {
     /// path can be tested with a real workload. SIGINT still stops it.
     #[arg(long, env = "CONVERGE_FAULT_IGNORE_SIGTERM")]
     pub ignore_sigterm: bool,
+    /// Fault injection: leave SIGTERM's default action, as an image written without signals in
+    /// mind. Under an init process SIGTERM ends it at once, unsaved; as a container's PID 1 the
+    /// kernel drops the signal and only the stop deadline's SIGKILL ends it.
+    #[arg(
+        long,
+        env = "CONVERGE_FAULT_UNHANDLED_SIGTERM",
+        conflicts_with = "ignore_sigterm"
+    )]
+    pub unhandled_sigterm: bool,
 }
 
 /// Largest accepted `--size`: width 64x the default is already minutes per step on one core.

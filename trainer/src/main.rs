@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use converge_trainer::{Cli, Command, Config, ModelKind, calibrate};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
 use signal_hook::consts::{SIGINT, SIGTERM};
 
 /// Writes one line to stderr in a single `write`, so log collectors that interleave a
@@ -70,13 +71,18 @@ fn main() -> ExitCode {
 
 fn train(args: &converge_trainer::TrainArgs) -> ExitCode {
     let wall = Instant::now();
+    // A stop that comes before its handler is in place waits for it (below).
+    hold_stop_signals(SigmaskHow::SIG_BLOCK);
     let cfg = match Config::from_args(args) {
         Ok(c) => c,
         Err(e) => return fail(&e),
     };
     pin_runtime_env(cfg.threads);
     let stop = Arc::new(AtomicBool::new(false));
-    let stopping_signals: &[i32] = if args.ignore_sigterm {
+    let stopping_signals: &[i32] = if args.unhandled_sigterm {
+        log!("converge-trainer: fault injection: SIGTERM left unhandled");
+        &[SIGINT]
+    } else if args.ignore_sigterm {
         // A handler that only sets an unused flag: the signal is caught (as PID 1 or not) and
         // changes nothing.
         let ignored = Arc::new(AtomicBool::new(false));
@@ -99,6 +105,8 @@ fn train(args: &converge_trainer::TrainArgs) -> ExitCode {
             return ExitCode::from(71);
         }
     }
+    // A stop that came meanwhile is handled now.
+    hold_stop_signals(SigmaskHow::SIG_UNBLOCK);
     let mut stdout = std::io::stdout();
     let result = converge_trainer::train(&cfg, &|_| stop.load(Ordering::SeqCst), &mut stdout);
     match result {
@@ -175,6 +183,24 @@ fn pin_runtime_env(threads: usize) {
         "converge-trainer: could not re-exec with CANDLE_NUM_THREADS={want} and malloc \
          tunables ({err}); element-wise ops may use more than --threads cores"
     );
+}
+
+/// Blocks or unblocks SIGTERM and SIGINT for this thread (and the threads it starts later).
+///
+/// A run blocks them first thing and unblocks them once their handlers are in place: a stop
+/// sent between (an orchestrator's stop right after the start) stays pending, across the
+/// re-exec of [`pin_runtime_env`] (which keeps the mask and pending signals but resets
+/// handlers), and is handled as any stop, with a checkpoint. Unblocked with no handler it
+/// would be lost: the kernel drops a signal that has no handler sent to a container's PID 1,
+/// and only the stop deadline's SIGKILL would end the process, unsaved. A blocked signal is
+/// never dropped.
+fn hold_stop_signals(how: SigmaskHow) {
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGTERM);
+    set.add(Signal::SIGINT);
+    if let Err(e) = pthread_sigmask(how, Some(&set), None) {
+        log!("converge-trainer: cannot {how:?} the stop signals: {e}");
+    }
 }
 
 fn fail(e: &converge_trainer::Error) -> ExitCode {

@@ -116,6 +116,46 @@ fn sigterm_finishes_the_step_saves_and_exits_0_then_resumes() {
     assert_eq!(p.step, saved.step);
 }
 
+/// A stop that comes while the trainer starts, before its handlers are in place (an
+/// orchestrator's stop right after its start), is handled as any stop: it saves at once and
+/// exits 0. Made certain here by starting the trainer with SIGTERM already pending and
+/// blocked, as it is in a trainer that blocked it itself before the signal came; the trainer
+/// must unblock it once it can handle it. Without that the signal is never seen (or, in a
+/// container's PID 1 with no handler, dropped) and the run trains on to its end.
+#[test]
+#[allow(unsafe_code)]
+fn a_sigterm_sent_before_the_handlers_are_in_place_is_handled() {
+    use std::os::unix::process::CommandExt;
+
+    use nix::sys::signal::{SigSet, SigmaskHow, Signal, raise, sigprocmask};
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = trainer();
+    cmd.args(["--model", "mlp-digits", "--steps", "300", "--threads", "1"])
+        .env("CONVERGE_CHECKPOINT_DIR", dir.path());
+    // SAFETY: between fork and exec only async-signal-safe calls (sigprocmask, raise), no
+    // allocation.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut term = SigSet::empty();
+            term.add(Signal::SIGTERM);
+            sigprocmask(SigmaskHow::SIG_BLOCK, Some(&term), None)?;
+            raise(Signal::SIGTERM)?;
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = parse_line(stdout.lines().last().expect("a line"), None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(last.checkpoint, Some(CheckpointEvent::Saved), "{stdout}");
+    assert!(last.step < 300, "it trained to the end: {stdout}");
+    assert!(stderr.contains("stopped at step"), "{stderr}");
+}
+
 #[test]
 fn ignore_sigterm_keeps_training_through_sigterm_and_still_checkpoints() {
     let dir = tempfile::tempdir().unwrap();
