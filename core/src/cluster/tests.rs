@@ -736,6 +736,17 @@ fn cancel_is_final_in_every_state() {
     }
 }
 
+/// The outcome a step's migration event gives its move, if it has one: a move that began
+/// must end in one (a new user saw `started` with nothing after it once a move was cancelled).
+fn move_outcome(out: &[Effect]) -> Option<&str> {
+    out.iter().find_map(|e| match e {
+        Effect::Event(ev) if ev.kind == EventKind::Migration => {
+            ev.attributes.get("outcome").map(String::as_str)
+        }
+        _ => None,
+    })
+}
+
 #[test]
 fn cancel_while_saving_stops_the_source_and_never_restores() {
     let (mut f, save) = Fixture::saving();
@@ -745,6 +756,7 @@ fn cancel_while_saving_stops_the_source_and_never_restores() {
     });
     let (conn, stop) = Fixture::sent(&out, "a", "stop").expect("source told to stop");
     assert_eq!((conn, stop.epoch), (1, 1));
+    assert_eq!(move_outcome(&out), Some("abandoned"), "{out:?}");
     let out = f.ok(1, &save, Fixture::saved());
     assert!(Fixture::sent(&out, "a", "start").is_none(), "{out:?}");
     assert_eq!(f.state("a"), JobState::Cancelled);
@@ -767,6 +779,7 @@ fn cancel_while_restoring_stops_the_new_incarnation() {
         })
         .collect();
     assert!(stops.contains(&(2, 2)), "target told to stop: {stops:?}");
+    assert_eq!(move_outcome(&out), Some("abandoned"), "{out:?}");
     // The restore's Started arrives late: still cancelled, and a reconnect of w2 reporting the
     // container gets it stopped.
     f.ok(2, &start, Fixture::started(2));
