@@ -43,6 +43,7 @@ impl Core {
             alpha: None,
             interval_s: None,
             jobs: Default::default(),
+            shared_since: now,
             stops_owed: Vec::new(),
         });
         // Written through the one door, new or not: the store and the placement index hear.
@@ -390,6 +391,7 @@ impl Core {
             if let Some(t) = j.view_at.get() {
                 j.cpu_s += j.view.cpu_usage.max(0.0) * (now - t).max(0.0) * speed;
             }
+            j.view_from = j.view_at;
             j.view_at = now.into();
             let view = WorkerView {
                 category: s.category,

@@ -43,6 +43,8 @@ impl Core {
             points_estimate: Default::default(),
             view: WorkerView::default(),
             view_at: OptF64::NONE,
+            view_from: OptF64::NONE,
+            cap_read: OptF64::NONE,
             cpu_s: 0.0,
             assigned_cpus: OptF64::NONE,
             predicted_at: [OptF64::NONE; 3],

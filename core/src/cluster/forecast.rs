@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use converge_policy::estimate::Basis;
 use converge_policy::share::weighted_water_fill_into;
 
-use super::lifecycle::{Job, JobPhase, Worker};
+use super::lifecycle::{Job, JobPhase, OptF64, Worker};
 use super::types::Time;
 use super::{Core, Eta};
 
@@ -148,6 +148,11 @@ pub fn finish_in(
 /// A job using less than this part of the share its weight gives it is held back by its own
 /// parallelism, not by its neighbours: what it uses now is all it can use.
 const CAPPED_BELOW: f64 = 0.8;
+
+/// The smallest share (cores) whose use shows a cap: a job given less, starved by its
+/// neighbours, uses next to nothing whatever it could use, and read as a cap that use would
+/// hold it back long after they end (a new user saw `eta 482h` of a job that ran 37 s).
+const READABLE_PART: f64 = 0.1;
 
 /// ETAs at one moment, each worker's forecast run once and kept for the jobs asked after.
 pub struct Etas<'a> {
@@ -279,21 +284,7 @@ impl<'a> Etas<'a> {
     fn worker(&mut self, w: &'a Worker) -> &BTreeMap<&'a str, Option<f64>> {
         let core = self.core;
         self.workers.entry(w.id.as_str()).or_insert_with(|| {
-            let view = core.view();
-            let jobs = view.sharing(w);
-            let mut loads: Vec<Load<'_>> = jobs
-                .iter()
-                .map(|j| Load {
-                    job: j.id.as_str(),
-                    remaining: view.remaining_work(j),
-                    attained: j.cpu_s,
-                    demand: w.cpu_capacity,
-                })
-                .collect();
-            if let Some(weights) = core.policy.forecast_weights(w.cpu_capacity, &loads) {
-                let used: Vec<f64> = jobs.iter().map(|j| j.view.cpu_usage).collect();
-                infer_demand(w.cpu_capacity, &mut loads, &used, &weights);
-            }
+            let (jobs, loads) = loads(core, w);
             let current: Vec<f64> = jobs.iter().map(|j| cores_now(j)).collect();
             let finish = finish_in(w.cpu_capacity, w.calibration, &loads, &current, |l| {
                 core.policy.forecast_weights(w.cpu_capacity, l)
@@ -303,12 +294,64 @@ impl<'a> Etas<'a> {
     }
 }
 
-/// What each job can use, read off what it uses now. The use was measured under the weights
-/// of the last heartbeat: just after a job ahead of it ended, a job promoted from a small part
-/// still shows the use of that part and is taken to be held by itself until its next report
-/// (its ETA is then too late for a heartbeat or two). Worth it on the whole: measured on
-/// 2026-11-25, the simulator's median ETA error at a quarter of each job's run under
-/// `converge` (`sim/CONVERGE.md`) was 23.7% without this reading and 8.4% with it.
+/// The jobs sharing `w`'s CPU, and their loads, each job's demand read off its use
+/// ([`infer_demand`]).
+///
+/// A use measured before a job left the worker (its report averages over a time when that
+/// job still ran) is what it had of another split: read against the split it had then, when
+/// that job left ([`caps_read`], kept in [`Job::cap_read`]), not against the one it has now.
+/// Read against the one it has now, the use of a job held back by the one that left was
+/// taken for all it can use: a new user saw an ETA of 24 s jump to 2 minutes, and back, as
+/// a neighbour ended.
+fn loads<'c>(core: &'c Core, w: &'c Worker) -> (Vec<&'c Job>, Vec<Load<'c>>) {
+    let view = core.view();
+    let jobs = view.sharing(w);
+    let mut loads: Vec<Load<'_>> = jobs
+        .iter()
+        .map(|j| Load {
+            job: j.id.as_str(),
+            remaining: view.remaining_work(j),
+            attained: j.cpu_s,
+            demand: w.cpu_capacity,
+        })
+        .collect();
+    if let Some(weights) = core.policy.forecast_weights(w.cpu_capacity, &loads) {
+        let used: Vec<f64> = jobs
+            .iter()
+            .map(|j| match settled(j, w) {
+                true => j.view.cpu_usage,
+                false => j.cap_read.get().unwrap_or(0.0),
+            })
+            .collect();
+        infer_demand(w.cpu_capacity, &mut loads, &used, &weights);
+    }
+    (jobs, loads)
+}
+
+/// Whether `j`'s use was measured while `w`'s jobs were the ones it has now (its report
+/// before the last came after the last job left).
+fn settled(j: &Job, w: &Worker) -> bool {
+    j.view_from.get().is_some_and(|t| t >= w.shared_since)
+}
+
+/// What the uses of `w`'s jobs show them to be able to use, read as a job is about to leave
+/// it, against the split they have before it does: each job whose use is of that split, and
+/// the cores it is held to by its own parallelism (none when it is not).
+pub(super) fn caps_read<'c>(core: &'c Core, w: &'c Worker) -> Vec<(&'c str, OptF64)> {
+    let (jobs, loads) = loads(core, w);
+    (jobs.iter().zip(&loads))
+        .filter(|(j, _)| settled(j, w))
+        .map(|(j, l)| {
+            let capped = l.demand < w.cpu_capacity;
+            (j.id.as_str(), capped.then_some(l.demand).into())
+        })
+        .collect()
+}
+
+/// What each job can use, read off what it uses now (`used`: 0 where the use is not to be
+/// read; [`loads`] says which). Worth it on the whole: measured on 2026-11-25, the simulator's
+/// median ETA error at a quarter of each job's run under `converge` (`sim/CONVERGE.md`) was
+/// 23.7% without this reading and 8.4% with it.
 /// CFS gives a job its weight's part of the
 /// worker, plus its part of what capped jobs leave, up to what it can use. So a job using
 /// well under the part the water-fill gives it is held by its own parallelism, and that use is
@@ -327,7 +370,7 @@ fn infer_demand(capacity: f64, loads: &mut [Load<'_>], used: &[f64], weights: &[
         weighted_water_fill_into(capacity, &caps, &weights, &mut order, &mut parts);
         let mut changed = false;
         for ((l, &u), &part) in loads.iter_mut().zip(used).zip(&parts) {
-            if u > 0.0 && u < l.demand && u < CAPPED_BELOW * part {
+            if u > 0.0 && u < l.demand && part >= READABLE_PART && u < CAPPED_BELOW * part {
                 l.demand = u;
                 changed = true;
             }
@@ -500,6 +543,11 @@ mod tests {
         let mut loads = vec![load("a", 1.0, 4.0), load("b", 1.0, 4.0)];
         infer_demand(4.0, &mut loads, &[0.0, 4.0], &[1.0, 1.0]);
         assert_eq!(loads[0].demand, 4.0);
+        // A job its weight starves (1 part in 1025 of a core, as `value` gives a job worth
+        // little) uses next to nothing whatever it could use: no cap is read off that.
+        let mut loads = vec![load("starved", 1.0, 1.0), load("b", 1.0, 1.0)];
+        infer_demand(1.0, &mut loads, &[0.0005, 0.99], &[1.0, 1024.0]);
+        assert_eq!(loads[0].demand, 1.0);
     }
 
     #[test]

@@ -154,6 +154,11 @@ impl JobPhase {
         awaited == id
     }
 
+    /// Whether the job shares its worker's CPU in this phase: it runs, or is starting there.
+    pub fn shares_cpu(&self) -> bool {
+        matches!(self, JobPhase::Running { .. } | JobPhase::Starting { .. })
+    }
+
     /// Whether a phase change to `to` starts a new incarnation (the epoch goes up): a Start,
     /// or a restore with a command other than the one in flight.
     pub fn starts_incarnation(&self, to: &JobPhase) -> bool {
@@ -416,6 +421,16 @@ pub struct Job {
     pub view: WorkerView,
     /// When `view` was last reported (its CPU use counts from then).
     pub view_at: OptF64,
+    /// When the report before it was: `view`'s CPU use is the average since about then
+    /// (the ETA's forecast reads it only if the worker's jobs were the same all that time).
+    /// Not stored.
+    #[serde(skip)]
+    pub view_from: OptF64,
+    /// The cores `view`'s use showed it can use (none: not held by itself), read against the
+    /// split it was measured under when a job left its worker since (the forecast's
+    /// `caps_read`). Read only while that use is the newest. Not stored.
+    #[serde(skip)]
+    pub cap_read: OptF64,
     /// Reference core-seconds used in all incarnations (heartbeats' CPU use × time × the
     /// worker's speed): the service the job has had.
     pub cpu_s: f64,
@@ -531,6 +546,13 @@ pub struct Worker {
     /// placed would be rewritten in full at every placement.
     #[serde(skip)]
     pub jobs: JobSet,
+    /// When a job last stopped sharing its CPU (moved, paused, ended): the others' parts grew
+    /// then, and a job's CPU use measured before says what it had of the old split, not what
+    /// it can use. (A job that comes shrinks the others' parts: a use below the new part was
+    /// below the old one too, and still shows a cap.) Not stored (a restarted manager reads
+    /// every use as it comes).
+    #[serde(skip)]
+    pub shared_since: Time,
     /// Stops sent here that no answer or exit has shown to be carried out: a Stop sent to a
     /// stream that was gone, or that broke before its agent read it. Kept apart from the jobs
     /// because a stopped job may be archived (`Core::archive`) before its agent is back, and

@@ -683,9 +683,26 @@ impl Core {
     /// step with the phase. A refused transition is counted and logged, never applied.
     pub fn transition(&mut self, id: &str, to: JobPhase, reason: impl Into<String>) -> bool {
         let now = self.now;
-        let Some(job) = self.jobs.get_mut(id) else {
+        let Some(job) = self.jobs.get(id) else {
             return false;
         };
+        // It leaves its worker's CPU to the others, whose parts grow: what their uses show is
+        // read now, against the split they were measured under.
+        let leaves = job.phase.shares_cpu()
+            && (!to.shares_cpu() || job.phase.worker() != to.worker())
+            && lifecycle::allowed(&job.phase, &to);
+        if leaves && let Some(w) = job.phase.worker().and_then(|w| self.workers.get(w)) {
+            let caps: Vec<(JobId, OptF64)> = forecast::caps_read(self, w)
+                .into_iter()
+                .map(|(j, cap)| (j.into(), cap))
+                .collect();
+            for (j, cap) in caps {
+                if let Some(j) = self.jobs.get_mut(&j) {
+                    j.cap_read = cap;
+                }
+            }
+        }
+        let job = self.jobs.get_mut(id).expect("just found");
         // The job's own id, shared by every set and queue that names it.
         let id = job.id.clone();
         if let Some(changes) = &mut self.changes {
@@ -718,6 +735,8 @@ impl Core {
             job.container_id.clear();
             job.view = WorkerView::default();
             job.view_at = OptF64::NONE;
+            job.view_from = OptF64::NONE;
+            job.cap_read = OptF64::NONE;
             job.assigned_cpus = OptF64::NONE;
         }
         if from_state == JobState::Pending {
@@ -763,6 +782,9 @@ impl Core {
         // rebuilding it anyway walked every job of the worker for each Start's answer (29% of
         // a `store_bench` round's samples, 15% after; `docs/performance.md`).
         let moved = old_worker != new_worker;
+        if leaves && let Some(w) = old_worker.as_ref().and_then(|w| self.workers.get_mut(w)) {
+            w.shared_since = now;
+        }
         if moved || new_incarnation {
             for w in old_worker.iter().chain(&new_worker) {
                 self.index.touch(w);

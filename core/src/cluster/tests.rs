@@ -102,12 +102,13 @@ impl Shadow {
 
     /// Every stored record is the core's own: nothing changed unreported.
     fn assert_complete(&self, core: &Core) {
-        // What a store keeps of a worker: not its stream, nor its job index (rebuilt), nor the
-        // stops it is owed.
+        // What a store keeps of a worker: not its stream, nor its job index (rebuilt) and
+        // when that last changed, nor the stops it is owed.
         let unlinked = |w: &Worker| {
             let mut w = w.clone();
             w.conn = None;
             w.jobs.clear();
+            w.shared_since = 0.0;
             w.last_heard = 0.0;
             w.stops_owed.clear();
             format!("{w:?}")
@@ -117,10 +118,16 @@ impl Shadow {
             core.jobs().len() + self.archived.len(),
             "jobs stored: those in memory and those archived"
         );
+        // What a store keeps of a job: not what a neighbour's leaving read off its use.
+        let kept = |j: &Job| {
+            let mut j = j.clone();
+            j.cap_read = OptF64::NONE;
+            format!("{j:?}")
+        };
         for (id, j) in core.jobs().iter() {
             assert_eq!(
-                self.jobs.get(id).map(|s| format!("{s:?}")),
-                Some(format!("{j:?}")),
+                self.jobs.get(id).map(kept),
+                Some(kept(j)),
                 "job {id} changed without telling the store"
             );
         }
@@ -459,6 +466,27 @@ impl Fixture {
                     cpu_limit: None,
                     cpu_usage,
                 }],
+                ..Heartbeat::default()
+            }),
+        )
+    }
+
+    /// A heartbeat reporting that each job (at epoch 1) used its cores.
+    fn heartbeat_uses(&mut self, conn: ConnId, uses: &[(&str, f64)]) -> Vec<Effect> {
+        let jobs = (uses.iter())
+            .map(|(j, u)| JobStatus {
+                job: (*j).into(),
+                epoch: 1,
+                category: None,
+                growth_efficiency: None,
+                cpu_limit: None,
+                cpu_usage: *u,
+            })
+            .collect();
+        self.msg(
+            conn,
+            AgentMessage::Heartbeat(Heartbeat {
+                jobs,
                 ..Heartbeat::default()
             }),
         )
@@ -3364,24 +3392,7 @@ fn converge_gives_the_shortest_predicted_job_the_cpu_and_las_the_least_served() 
                 (Some(m), Some((a, b))) if !warm => f64::from(m) / f64::from(a + b),
                 _ => default,
             };
-            let jobs = [("near", use_of(a, 0.9)), ("far", use_of(b, 0.1))]
-                .iter()
-                .map(|(j, u)| JobStatus {
-                    job: (*j).into(),
-                    epoch: 1,
-                    category: None,
-                    growth_efficiency: None,
-                    cpu_limit: None,
-                    cpu_usage: *u,
-                })
-                .collect();
-            f.msg(
-                1,
-                AgentMessage::Heartbeat(Heartbeat {
-                    jobs,
-                    ..Heartbeat::default()
-                }),
-            )
+            f.heartbeat_uses(1, &[("near", use_of(a, 0.9)), ("far", use_of(b, 0.1))])
         };
         for _ in 0..=20 {
             heartbeat(&mut f, true);
@@ -4322,6 +4333,54 @@ fn a_running_job_has_an_eta_from_its_steps_and_is_measured_against_its_finish() 
         .unwrap();
     let err: f64 = done.attributes["eta_error_50"].parse().unwrap();
     assert!(err < 0.05, "the half-way prediction was off by {err}");
+}
+
+/// A job held back by one ahead of it (here `converge` gives the short one nearly all of the
+/// core) is forecast at the whole core once that one ends, not at the little it used while
+/// held back: a new user saw an ETA of 24 s jump to 2 minutes as a neighbour ended, because
+/// that use was read as all it could use. Once it has run a whole report interval on its own,
+/// its use is read again.
+#[test]
+fn a_job_promoted_when_the_one_ahead_ends_is_forecast_at_its_new_share() {
+    let mut f = Fixture::new("converge");
+    f.register(1, "w1", 1.0);
+    for id in ["short", "long"] {
+        let out = f.submit(id, 0.5);
+        let (_, start) = Fixture::sent(&out, id, "start").unwrap();
+        f.ok(1, &start, Fixture::started(1));
+    }
+    // 100 steps a core-second each: short has 1000 steps, long 10,000. converge's split of
+    // one core between two jobs gives the second 0.17 cores (a floor of 1/16 and an eighth
+    // of the rest), and long uses all of it.
+    let hb = |f: &mut Fixture, uses: &[(&str, f64)]| {
+        f.heartbeat_uses(1, uses);
+    };
+    for i in 1..=10u64 {
+        hb(&mut f, &[("short", 0.83), ("long", 0.17)]);
+        f.progress_of(1, "short", 1, 83 * i, 1000);
+        f.progress_of(1, "long", 1, 17 * i, 10_000);
+        f.now += 1.0;
+    }
+    f.progress_of(1, "short", 1, 1000, 1000);
+    f.exited(1, "short", 1, 0, false);
+    assert_eq!(f.state("short"), JobState::Completed);
+    // 9,830 steps left at 100 a core-second: about 100 s on the whole core, 580 at 0.17.
+    let eta = f.core.eta("long", f.now).expect("an ETA");
+    assert!(
+        eta.remaining_s < 150.0,
+        "held at the use of its old share: {eta:?}"
+    );
+    // Its next report still averages over the time short ran; the one after is its own.
+    f.now += 1.0;
+    hb(&mut f, &[("long", 0.5)]);
+    let eta = f.core.eta("long", f.now).expect("an ETA");
+    assert!(eta.remaining_s < 150.0, "{eta:?}");
+    // Running on its own a whole interval at a third of a core, by its own parallelism:
+    // that use is all it can use.
+    f.now += 1.0;
+    hb(&mut f, &[("long", 0.3)]);
+    let eta = f.core.eta("long", f.now).expect("an ETA");
+    assert!(eta.remaining_s > 250.0, "its own cap not read: {eta:?}");
 }
 
 /// By the progress contract, exit 0 without the final `done` line before the last step is a

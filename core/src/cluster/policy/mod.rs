@@ -34,7 +34,7 @@ use converge_policy::estimate::{self, Estimate, Known, Point, ServiceHistory};
 
 use super::forecast::Load;
 use super::index::PlacementIndex;
-use super::lifecycle::{Job, JobPhase, Jobs, Worker, Workers};
+use super::lifecycle::{Job, Jobs, Worker, Workers};
 use super::types::{JobId, JobSpec, MoveReason, Time, WorkerId, WorkerMode};
 
 /// What the policies see: the core's workers and jobs, read-only.
@@ -98,12 +98,7 @@ impl<'a> ClusterView<'a> {
         w.jobs
             .iter()
             .filter_map(|id| jobs.get(id))
-            .filter(|j| {
-                matches!(
-                    j.phase,
-                    JobPhase::Running { .. } | JobPhase::Starting { .. }
-                )
-            })
+            .filter(|j| j.phase.shares_cpu())
             .collect()
     }
 
