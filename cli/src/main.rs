@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use converge_cli::client::{Bearer, Client};
-use converge_cli::view::{Board, duration};
+use converge_cli::view::{self, Board, duration};
 use converge_messenger::pb::{self, control_service_client::ControlServiceClient};
 
 #[derive(Parser)]
@@ -524,14 +524,11 @@ async fn run(cli: Cli) -> Result<()> {
                     j.spec.as_ref().map(|s| s.name.as_str()).unwrap_or(""),
                     pb::JobState::label_of(j.state),
                     j.worker_id,
-                    format!("{}/{}", j.step, j.total_steps),
+                    view::steps(j.step, j.total_steps),
                     j.metric_value
                         .map(|v| format!("{v:.4}"))
                         .unwrap_or_default(),
-                    j.eta
-                        .as_ref()
-                        .map(|e| duration(e.remaining_s))
-                        .unwrap_or_else(|| "-".into())
+                    j.eta.as_ref().map(view::eta).unwrap_or_else(|| "-".into())
                 );
             }
         }
@@ -817,16 +814,19 @@ impl Away {
         {
             return Err(e.expect("an error"));
         }
+        // Why, in each message: a manager that is back but refuses the connection (its CA
+        // rotated, say) looks gone, and only the cause tells the two apart.
+        let why = (e.as_ref()).map_or("it ended the stream".to_string(), |e| format!("{e:#}"));
         let since = match self.0 {
             Some(since) => since,
             None => {
-                eprintln!("convergectl: lost the manager; reconnecting ({what})");
+                eprintln!("convergectl: lost the manager ({why}); reconnecting ({what})");
                 *self.0.insert(std::time::Instant::now())
             }
         };
         if since.elapsed() >= RECONNECT_FOR {
             let gone = format!(
-                "the manager has not come back for {}s",
+                "the manager has not come back for {}s (the last attempt: {why})",
                 RECONNECT_FOR.as_secs()
             );
             return Err(match e {

@@ -1,19 +1,22 @@
 //! The live view: one line per job with a progress bar, its state, worker, CPU and ETA.
 //!
 //! `convergectl top` and `cargo xtask demo` both draw jobs through [`Board`], so what the demo
-//! shows is what a user's `top` shows. On a terminal the lines are indicatif bars redrawn in
-//! place; anywhere else (a pipe, a log file, a test) each refresh prints the same lines as a
-//! plain frame, so nothing is lost when the output is not a terminal.
+//! shows is what a user's `top` shows. On a terminal the frame is redrawn in place, in one
+//! write per refresh; anywhere else (a pipe, a log file, a test) each refresh that changed a
+//! job's line prints the lines as a plain frame, so nothing is lost when the output is not a
+//! terminal.
 
-use std::collections::HashMap;
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 
 use converge_messenger::pb;
-use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// The basis of an ETA shown as a guess (`eta ~9s`): finished jobs' sizes given the service
 /// the job has had, with nothing of its own.
 const GUESS: &str = "attained-service";
+
+/// How often a plain frame that says what the last one said is printed all the same: a log
+/// shows `top` is alive, and a reader gone (`top | head`) is found at the write and ends it.
+const SAME_FRAME_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Width of the plain frame's bar, in characters.
 const BAR: usize = 24;
@@ -59,17 +62,13 @@ impl Row {
                 duration((j.finished_unix_ms - j.submitted_unix_ms) as f64 / 1000.0)
             )
         } else {
-            // A guess from other jobs' sizes (the job has no progress of its own to go by) is
-            // marked, so that "eta 9s" for a job that runs 20 is not read as a forecast.
-            let rough = |e: &pb::Eta| if e.basis == GUESS { "~" } else { "" };
             match &j.eta {
                 Some(e) if pending && e.start_unix_ms > 0 => format!(
-                    "starts in {}, eta {}{}",
+                    "starts in {}, eta {}",
                     duration((e.start_unix_ms - now_ms) as f64 / 1000.0),
-                    rough(e),
-                    duration(e.remaining_s)
+                    eta(e)
                 ),
-                Some(e) => format!("eta {}{}", rough(e), duration(e.remaining_s)),
+                Some(e) => format!("eta {}", eta(e)),
                 None => "eta -".into(),
             }
         };
@@ -117,7 +116,7 @@ impl Row {
             "{:<9} {:<9} {:>11} {:<14} {}",
             self.state,
             self.worker,
-            format!("{}/{}", self.step, self.total),
+            steps(self.step, self.total),
             cpu,
             self.eta
         );
@@ -141,6 +140,23 @@ impl Row {
     }
 }
 
+/// A job's time left: `1m05s`, or `~9s` for a guess from other jobs' sizes (basis
+/// [`GUESS`]: the job has no progress of its own to go by), so that `9s` for a job that runs
+/// 20 is not read as a forecast.
+pub fn eta(e: &pb::Eta) -> String {
+    let rough = if e.basis == GUESS { "~" } else { "" };
+    format!("{rough}{}", duration(e.remaining_s))
+}
+
+/// `400/1600`; `400/?` when the job does not say how many; `-` before its first report.
+pub fn steps(step: u64, total: u64) -> String {
+    match (step, total) {
+        (0, 0) => "-".into(),
+        (s, 0) => format!("{s}/?"),
+        (s, t) => format!("{s}/{t}"),
+    }
+}
+
 /// `1h02m`, `4m05s`, `12s` (a negative time is `0s`).
 pub fn duration(s: f64) -> String {
     let s = s.max(0.0).round() as u64;
@@ -151,77 +167,107 @@ pub fn duration(s: f64) -> String {
     }
 }
 
-/// The view of a set of jobs: bars in place on a terminal, plain frames elsewhere.
+/// The view of a set of jobs: a frame redrawn in place on a terminal, plain frames elsewhere.
 pub struct Board {
     title: String,
     /// `None` when stdout is not a terminal.
-    bars: Option<Bars>,
-}
-
-/// A terminal's drawing: the header line and one bar per job id.
-struct Bars {
-    multi: MultiProgress,
-    header: ProgressBar,
-    style: ProgressStyle,
-    jobs: HashMap<String, ProgressBar>,
+    term: Option<console::Term>,
+    /// Lines the last terminal frame drew (the cursor is below them).
+    drawn: usize,
+    /// The job lines of the last plain frame, and when it was printed: one that would say the
+    /// same is not printed again for [`SAME_FRAME_EVERY`].
+    last: Option<(Vec<String>, std::time::Instant)>,
 }
 
 impl Board {
-    /// A board whose header line says `title`; bars when stdout is a terminal.
+    /// A board whose header line says `title`; redrawn in place when stdout is a terminal.
     pub fn new(title: &str) -> Board {
-        let bars = std::io::stdout().is_terminal().then(|| {
-            let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stdout());
-            let header = multi.add(ProgressBar::new_spinner());
-            header.set_style(ProgressStyle::with_template("{msg}").expect("a valid template"));
-            header.set_message(title.to_string());
-            Bars {
-                multi,
-                header,
-                style: ProgressStyle::with_template(
-                    "{prefix:<12} [{bar:24.cyan/blue}] {percent:>3}% {msg}",
-                )
-                .expect("a valid template")
-                .progress_chars("#>."),
-                jobs: HashMap::new(),
-            }
-        });
         Board {
             title: title.to_string(),
-            bars,
+            term: std::io::stdout().is_terminal().then(console::Term::stdout),
+            drawn: 0,
+            last: None,
         }
     }
 
-    /// Shows `jobs` (in the order given; jobs seen before keep their line) with `status` on
-    /// the header line.
+    /// Shows `jobs` (in the order given) with `status` on the header line.
     pub fn update(&mut self, jobs: &[pb::Job], now_ms: i64, status: &str) {
-        let Some(bars) = &mut self.bars else {
-            println!("--- {} {status}", self.title);
-            for j in jobs {
-                println!("  {}", Row::of(j, now_ms).line());
+        let rows: Vec<String> = jobs.iter().map(|j| Row::of(j, now_ms).line()).collect();
+        let header = format!("{} {status}", self.title);
+        let Some(term) = &self.term else {
+            if let Some(text) = self.plain(&header, rows, std::time::Instant::now()) {
+                print!("{text}");
             }
             return;
         };
-        bars.header.set_message(format!("{} {status}", self.title));
-        for j in jobs {
-            let r = Row::of(j, now_ms);
-            let bar = bars.jobs.entry(j.id.clone()).or_insert_with(|| {
-                let b = bars.multi.add(ProgressBar::new(1000));
-                b.set_style(bars.style.clone());
-                b.set_prefix(r.name.clone());
-                b
-            });
-            bar.set_position((r.done() * 1000.0).round() as u64);
-            bar.set_message(r.detail());
-        }
+        let (height, width) = term.size();
+        let lines: Vec<String> = std::iter::once(header).chain(rows).collect();
+        let (text, shown) = frame(self.drawn, &lines, usize::from(width), usize::from(height));
+        self.drawn = shown;
+        // One write: the terminal shows the new frame whole, never half of it.
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(text.as_bytes());
+        let _ = out.flush();
     }
 
     /// Leaves the last drawing on screen.
-    pub fn finish(&mut self) {
-        if let Some(bars) = &self.bars {
-            bars.header.finish();
-            bars.jobs.values().for_each(ProgressBar::finish);
+    pub fn finish(&mut self) {}
+
+    /// A plain frame, for a log of frames: one where a job's line changed (the header's clock
+    /// changes every time), the first, or the same again after [`SAME_FRAME_EVERY`]. A log of
+    /// `top` with nothing running printed the same frame twice a second.
+    fn plain(
+        &mut self,
+        header: &str,
+        rows: Vec<String>,
+        now: std::time::Instant,
+    ) -> Option<String> {
+        if let Some((last, at)) = &self.last
+            && *last == rows
+            && now.duration_since(*at) < SAME_FRAME_EVERY
+        {
+            return None;
         }
+        let mut text = format!("--- {header}\n");
+        for r in &rows {
+            text.push_str(&format!("  {r}\n"));
+        }
+        self.last = Some((rows, now));
+        Some(text)
     }
+}
+
+/// The bytes that redraw a frame of `lines` over the `drawn` lines above the cursor, on a
+/// terminal of `width` columns and `height` rows: each line cut to the width (a wrapped line
+/// would take two rows and the next redraw would start one too low), and a frame taller than
+/// the screen cut to it with the number of lines left out, for the same reason. Lines of the
+/// last frame below this one's are cleared. Returns the bytes and the lines drawn.
+fn frame(drawn: usize, lines: &[String], width: usize, height: usize) -> (String, usize) {
+    let room = height.saturating_sub(1).max(1);
+    let mut shown: Vec<String> = lines.to_vec();
+    if shown.len() > room {
+        let left = shown.len() - (room - 1);
+        shown.truncate(room - 1);
+        shown.push(format!(
+            "... and {left} more lines (a taller terminal shows them)"
+        ));
+    }
+    let mut text = String::new();
+    if drawn > 0 {
+        text.push_str(&format!("\x1b[{drawn}A"));
+    }
+    for l in &shown {
+        text.push_str("\r\x1b[2K");
+        text.push_str(&console::truncate_str(l, width.max(1), ""));
+        text.push('\n');
+    }
+    for _ in shown.len()..drawn {
+        text.push_str("\r\x1b[2K\n");
+    }
+    if drawn > shown.len() {
+        text.push_str(&format!("\x1b[{}A", drawn - shown.len()));
+    }
+    (text, shown.len())
 }
 
 #[cfg(test)]
@@ -327,5 +373,91 @@ mod tests {
             "{line}"
         );
         assert!(line.ends_with("eta -"), "{line}");
+        // No step reported yet: not "0/0".
+        assert!(!line.contains("0/0") && line.contains(" - "), "{line}");
+    }
+
+    #[test]
+    fn a_frame_is_redrawn_over_the_last_cut_to_the_terminal() {
+        let lines = |n: usize| {
+            (0..n)
+                .map(|i| format!("line {i} {}", "x".repeat(30)))
+                .collect::<Vec<_>>()
+        };
+        // The first: no move up; each line cleared, cut to 10 columns.
+        let (text, shown) = frame(0, &lines(2), 10, 24);
+        assert_eq!(shown, 2);
+        assert_eq!(text, "\r\x1b[2Kline 0 xxx\n\r\x1b[2Kline 1 xxx\n");
+        // The next, over it.
+        let (text, _) = frame(2, &lines(2), 10, 24);
+        assert!(text.starts_with("\x1b[2A\r\x1b[2Kline 0"), "{text:?}");
+        // Shorter: what is left of the last one is cleared, and the cursor is back under it.
+        let (text, shown) = frame(3, &lines(1), 80, 24);
+        assert_eq!(shown, 1);
+        assert!(text.ends_with("\r\x1b[2K\n\r\x1b[2K\n\x1b[2A"), "{text:?}");
+        // Taller than the screen: cut to it, saying how much is not shown.
+        let (text, shown) = frame(0, &lines(10), 80, 5);
+        assert_eq!(shown, 4);
+        assert!(
+            text.contains("line 2") && !text.contains("line 3"),
+            "{text:?}"
+        );
+        assert!(text.contains("... and 7 more lines"), "{text:?}");
+    }
+
+    #[test]
+    fn a_plain_frame_is_printed_only_when_a_job_line_changed() {
+        let mut board = Board {
+            title: "top".into(),
+            term: None,
+            drawn: 0,
+            last: None,
+        };
+        let t = std::time::Instant::now();
+        let s = std::time::Duration::from_secs;
+        assert!(
+            board.plain("at 10:00:00", Vec::new(), t).is_some(),
+            "the first"
+        );
+        assert!(
+            board.plain("at 10:00:01", Vec::new(), t + s(1)).is_none(),
+            "still no job"
+        );
+        assert!(
+            board
+                .plain("at 10:00:02", vec!["a".into()], t + s(2))
+                .is_some()
+        );
+        assert!(
+            board
+                .plain("at 10:00:03", vec!["a".into()], t + s(3))
+                .is_none()
+        );
+        assert!(
+            board
+                .plain("at 10:00:04", vec!["b".into()], t + s(4))
+                .is_some()
+        );
+        // The same, long after: printed again.
+        assert!(
+            board
+                .plain("at 10:00:14", vec!["b".into()], t + s(14))
+                .is_some()
+        );
+    }
+
+    /// `list` and `top` say the same of steps and ETAs: a guess is marked in both.
+    #[test]
+    fn steps_and_etas_read_the_same_everywhere() {
+        assert_eq!(steps(0, 0), "-");
+        assert_eq!(steps(40, 0), "40/?");
+        assert_eq!(steps(40, 100), "40/100");
+        let mut e = pb::Eta {
+            remaining_s: 0.0027,
+            ..Default::default()
+        };
+        assert_eq!(eta(&e), "0s");
+        e.basis = GUESS.into();
+        assert_eq!(eta(&e), "~0s");
     }
 }
