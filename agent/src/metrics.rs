@@ -71,7 +71,14 @@ impl AgentMetrics {
              (counted and reported, never fatal)",
             progress_lines.clone(),
         );
+        // Every series at 0 from the start, whatever the worker's policy: a series that appears
+        // only at its first count breaks `rate()` and an alert on its absence.
         let limits = Family::default();
+        for source in ["flowcon", "command"] {
+            for outcome in ["ok", "error"] {
+                let _ = limits.get_or_create(&LimitLabel { source, outcome });
+            }
+        }
         r.register(
             "limits_applied",
             "CPU limit updates sent to Docker, by source (flowcon round, set_limits command) \
@@ -88,6 +95,9 @@ impl AgentMetrics {
         let rounds = Family::<RoundLabel, Histogram>::new_with_constructor(
             (|| Histogram::new(exponential_buckets(1e-5, 4.0, 12))) as fn() -> Histogram,
         );
+        for round in ["flowcon", "specon"] {
+            let _ = rounds.get_or_create(&RoundLabel { round });
+        }
         r.register(
             "policy_round_seconds",
             "Worker policy rounds, decision and limit updates included, by round (flowcon, \
@@ -139,5 +149,24 @@ impl AgentMetrics {
         self.rounds
             .get_or_create(&RoundLabel { round })
             .observe(took.as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_series_an_agent_may_count_is_shown_at_0_from_the_start() {
+        let m = AgentMetrics::new();
+        let text = converge_messenger::telemetry::encode_metrics(&m.registry());
+        for series in [
+            r#"converge_agent_limits_applied_total{source="flowcon",outcome="ok"} 0"#,
+            r#"converge_agent_limits_applied_total{source="command",outcome="error"} 0"#,
+            r#"converge_agent_policy_round_seconds_count{round="specon"} 0"#,
+            r#"converge_agent_progress_lines_total{result="malformed"} 0"#,
+        ] {
+            assert!(text.contains(series), "{series} missing from:\n{text}");
+        }
     }
 }

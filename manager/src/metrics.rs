@@ -304,6 +304,9 @@ impl ManagerMetrics {
                 .get_or_create(&RejectionLabel { policy, stage });
         }
         for reason in converge_core::cluster::types::MoveReason::ALL {
+            let _ = self.downtime.get_or_create(&ReasonLabel {
+                reason: reason.as_str(),
+            });
             for outcome in MIGRATION_OUTCOMES {
                 let reason = reason.as_str();
                 let _ = self
@@ -461,6 +464,7 @@ mod tests {
             r#"converge_manager_migrations_total{reason="drain",outcome="abandoned"} 0"#,
             r#"converge_manager_commands_sent_total{action="set_limits"} 0"#,
             r#"converge_manager_refused_total{kind="second_agent"} 0"#,
+            r#"converge_manager_migration_downtime_seconds_count{reason="rebalance"} 0"#,
         ] {
             assert!(text.contains(series), "{series} missing from:\n{text}");
         }

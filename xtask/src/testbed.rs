@@ -58,7 +58,7 @@ pub fn write_credentials(dir: &Path, manager_names: &[String], workers: &[String
     let token = || uuid::Uuid::new_v4().simple().to_string();
     write_private(
         &manager.join(TOKENS),
-        &format!("{} operator xtask\n{} viewer viewer\n", token(), token()),
+        &format!("{} operator operator\n{} viewer viewer\n", token(), token()),
     )?;
     // One tokens file, where users have always read it and where the manager does.
     let link = dir.join(TOKENS);
