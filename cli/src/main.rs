@@ -361,7 +361,6 @@ async fn main() {
         } else {
             causes(&e)
         };
-        eprintln!("convergectl: {text}");
         let chain = format!("{e:#}");
         // A plaintext request to a TLS port fails in more than one way (a frame too big, a
         // broken pipe), depending on who closes first: asked directly instead.
@@ -369,9 +368,12 @@ async fn main() {
             && (chain.contains("transport error") || chain.contains("h2 protocol error"))
             && speaks_tls(&manager).await;
         let mismatch = converge_messenger::tls::Mismatch::of(e.as_ref());
+        // What to fix first, then what failed (whose words, an HTTP/2 error for a plaintext
+        // request to a TLS port, name nothing a user set).
         if let Some(hint) = connection_hint(&manager, mismatch, tls) {
             eprintln!("convergectl: {hint}");
         }
+        eprintln!("convergectl: {text}");
         let code = match code {
             Some(tonic::Code::NotFound) => exit::NOT_FOUND,
             Some(tonic::Code::InvalidArgument | tonic::Code::FailedPrecondition) => exit::INVALID,

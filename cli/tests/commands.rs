@@ -1092,8 +1092,10 @@ async fn connection_settings_that_cannot_work_name_the_fix() {
 
     let (code, _, err) = ctl(&format!("http://{}", secure.addr), &["list"]).await;
     assert_eq!(code, 1, "{err}");
+    // The fix first: the HTTP/2 error after it names nothing a user set.
     assert!(
-        err.contains(&format!("use --manager https://{}", secure.addr)),
+        (err.lines().next().unwrap_or_default())
+            .contains(&format!("use --manager https://{}", secure.addr)),
         "{err}"
     );
     let (code, _, err) = ctl(&format!("https://{}", plain.addr), &["--ca", &ca, "list"]).await;
