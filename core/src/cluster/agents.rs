@@ -702,9 +702,18 @@ impl Core {
     }
 
     pub(super) fn exited(&mut self, worker: &str, e: ContainerExited) {
+        // A job told to stop or save left the split when it was told (the others' uses were
+        // read then, against the split with it) but ran on until now: only now is its CPU
+        // free. (One that still shares leaves it in the transition this exit makes.)
+        let sharing = (self.jobs.get(&e.job))
+            .is_some_and(|j| j.phase.shares_cpu() && j.worker().is_some_and(|w| w == worker));
+        let now = self.now;
         if let Some(w) = self.workers.get_mut(worker) {
             w.stops_owed
                 .retain(|o| o.job != e.job || o.epoch != e.epoch);
+            if !sharing {
+                w.shared_since = now;
+            }
         }
         if !self.may_speak(worker, &e.job, e.epoch) {
             return;

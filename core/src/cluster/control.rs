@@ -86,16 +86,7 @@ impl Core {
         // restores (the source has stopped by then).
         let (worker, epoch) = (job.worker().cloned(), job.epoch);
         let reason = format!("cancelled by {}", if by.is_empty() { "user" } else { by });
-        // A move under way ends here too, and says so: its metrics and trace would otherwise
-        // show it started and never ended.
-        if let JobPhase::Migrating(m) = &job.phase {
-            let attributes = BTreeMap::from([
-                ("outcome".to_string(), "abandoned".to_string()),
-                ("reason".to_string(), m.reason.as_str().to_string()),
-            ]);
-            let from = m.from.clone();
-            self.migration_event(id, &from, format!("abandoned: {reason}"), attributes);
-        }
+        self.abandon_move(id, &reason);
         if let Some(w) = worker {
             let reason = reason.clone();
             let stop = Action::Stop {

@@ -291,6 +291,8 @@ impl Core {
                         continue;
                     }
                     info!(%job, %reason, "dropping");
+                    self.abandon_move(&job, &reason);
+                    let j = &self.jobs[&job];
                     if let Some(w) = j.worker().cloned() {
                         let epoch = j.epoch;
                         self.send_to(

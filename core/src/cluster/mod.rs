@@ -932,6 +932,25 @@ impl Core {
         self.out.push(Effect::Event(e));
     }
 
+    /// Ends job `id`'s move, if it is moving, as `abandoned` (`why`): the job is cancelled,
+    /// dropped or lost with its worker. A move that began ends in an outcome, in its events,
+    /// metrics and trace, however it ends (a new user saw one `started` and never ended).
+    pub(super) fn abandon_move(&mut self, id: &str, why: &str) {
+        let Some(JobPhase::Migrating(m)) = self.jobs.get(id).map(|j| &j.phase) else {
+            return;
+        };
+        let attributes = BTreeMap::from([
+            ("outcome".to_string(), "abandoned".to_string()),
+            ("reason".to_string(), m.reason.as_str().to_string()),
+        ]);
+        // Where its incarnation is: the source while it saves, the target once it restores.
+        let worker = self.jobs[id]
+            .worker()
+            .cloned()
+            .unwrap_or_else(|| m.from.clone());
+        self.migration_event(id, &worker, format!("abandoned: {why}"), attributes);
+    }
+
     pub(super) fn migration_event(
         &mut self,
         id: &str,

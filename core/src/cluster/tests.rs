@@ -4383,6 +4383,43 @@ fn a_job_promoted_when_the_one_ahead_ends_is_forecast_at_its_new_share() {
     assert!(eta.remaining_s > 250.0, "its own cap not read: {eta:?}");
 }
 
+/// A neighbour told to stop runs on until its container exits (a save, SIGTERM's grace): the
+/// others' uses reported meanwhile are of the split it still had a part of, and are not read
+/// against the one without it until a whole report after its exit.
+#[test]
+fn a_neighbour_leaves_the_split_when_its_container_exits_not_when_it_is_told_to_stop() {
+    let mut f = Fixture::new("converge");
+    f.register(1, "w1", 1.0);
+    for id in ["short", "long"] {
+        let out = f.submit(id, 0.5);
+        let (_, start) = Fixture::sent(&out, id, "start").unwrap();
+        f.ok(1, &start, Fixture::started(1));
+    }
+    // As in the test above: long has 0.17 of the core, all it is given.
+    for i in 1..=10u64 {
+        f.heartbeat_uses(1, &[("short", 0.83), ("long", 0.17)]);
+        f.progress_of(1, "short", 1, 83 * i, 1000);
+        f.progress_of(1, "long", 1, 17 * i, 10_000);
+        f.now += 1.0;
+    }
+    f.step(Input::Cancel {
+        id: "short".into(),
+        by: String::new(),
+    });
+    // short saves and stops for a second and a half, its share still taken.
+    f.now += 1.0;
+    f.heartbeat_uses(1, &[("short", 0.83), ("long", 0.17)]);
+    f.now += 0.5;
+    f.exited(1, "short", 1, 143, true);
+    f.now += 0.5;
+    f.heartbeat_uses(1, &[("long", 0.17)]);
+    let eta = f.core.eta("long", f.now).expect("an ETA");
+    assert!(
+        eta.remaining_s < 150.0,
+        "held at the use of its old share: {eta:?}"
+    );
+}
+
 /// By the progress contract, exit 0 without the final `done` line before the last step is a
 /// checkpoint on SIGTERM (say, one its restarted agent did not ask for): restart it, do not
 /// call it completed. A job that never printed progress and exits 0 has completed.

@@ -61,13 +61,7 @@ impl Core {
             if matches!(phase, JobPhase::Lost { .. }) {
                 continue;
             }
-            if let JobPhase::Migrating(m) = &phase {
-                let attributes = BTreeMap::from([
-                    ("outcome".to_string(), "abandoned".to_string()),
-                    ("reason".to_string(), m.reason.as_str().to_string()),
-                ]);
-                self.migration_event(&j, id, format!("abandoned: worker {id} lost"), attributes);
-            }
+            self.abandon_move(&j, &format!("worker {id} lost"));
             self.transition(
                 &j,
                 JobPhase::Lost {
