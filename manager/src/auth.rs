@@ -120,6 +120,17 @@ impl Tokens {
         Ok(Tokens(tokens))
     }
 
+    /// Those of these tokens that `text` still holds (as a word of it), each with its role
+    /// and name as they were: what a file that cannot be used leaves ([`TokensFile::current`]).
+    fn still_in(&self, text: &str) -> Tokens {
+        let words: std::collections::HashSet<&str> = text.split_whitespace().collect();
+        let kept = (self.0.iter())
+            .filter(|(token, _)| words.contains(token.as_str()))
+            .map(|(token, caller)| (token.clone(), caller.clone()))
+            .collect();
+        Tokens(kept)
+    }
+
     /// Who `authorization` (the header's value) is, or why it is refused.
     pub fn authenticate(&self, authorization: Option<&str>) -> Result<&Caller, Status> {
         let Some(value) = authorization else {
@@ -164,23 +175,38 @@ impl TokensFile {
         })
     }
 
-    /// The tokens now: the file read again if it changed since it was last seen, the
-    /// previous tokens kept (and the reason logged, once) if it cannot be used.
+    /// The tokens now: the file read again if it changed since it was last seen. A file that
+    /// cannot be used still revokes: of the previous tokens, only those it still holds are
+    /// kept (and the reason is logged, once). An operator who removes a leaked token and
+    /// mistypes another line, or empties the file to shut everyone out, must not leave the
+    /// leaked token working. A file that cannot be read at all keeps the previous tokens.
     pub fn current(&self) -> Arc<Tokens> {
-        let now = FileStamp::of(&self.path);
         let mut read = self.read.lock().unwrap_or_else(|e| e.into_inner());
+        // Under the lock: a caller with an older look must not write it back.
+        let now = FileStamp::of(&self.path);
         if now != read.stamp {
             // Noted even when unusable: a file caught half-written is read again once it
             // changes again, not at every call.
             read.stamp = now;
-            match Tokens::load(&self.path) {
-                Ok(tokens) => {
-                    info!(path = %self.path.display(), tokens = tokens.0.len(), "tokens file changed: calls are checked against it");
-                    read.tokens = Arc::new(tokens);
-                }
-                Err(e) => {
-                    warn!(error = %e, "tokens file changed but cannot be used; keeping the previous tokens");
-                }
+            match std::fs::read_to_string(&self.path) {
+                Err(e) => warn!(
+                    path = %self.path.display(), error = %e,
+                    "tokens file changed but cannot be read; keeping the previous tokens"
+                ),
+                Ok(text) => match Tokens::parse(&text) {
+                    Ok(tokens) => {
+                        info!(path = %self.path.display(), tokens = tokens.0.len(), "tokens file changed: calls are checked against it");
+                        read.tokens = Arc::new(tokens);
+                    }
+                    Err(e) => {
+                        let kept = read.tokens.still_in(&text);
+                        warn!(
+                            path = %self.path.display(), error = %e, kept = kept.0.len(),
+                            "tokens file changed but cannot be used; keeping only the previous tokens it still holds"
+                        );
+                        read.tokens = Arc::new(kept);
+                    }
+                },
             }
         }
         read.tokens.clone()
@@ -367,12 +393,25 @@ mod tests {
             unauthenticated,
             "the old token still passes"
         );
-        write("# nobody\n");
+        // A leaked token removed, and another line mistyped: the file cannot be used, but
+        // what it no longer holds is revoked all the same; what it holds still passes.
+        let leaked = "0123456789abcdefleaked";
+        write(&format!("{new} operator alice\n{leaked} operator bob\n"));
+        assert_eq!(call(leaked).await, None);
+        write(&format!("{new} operator alice\nshort operator carol\n"));
+        assert_eq!(
+            call(leaked).await,
+            unauthenticated,
+            "a removed token passes"
+        );
         assert_eq!(
             call(new).await,
             None,
-            "a file that cannot be used dropped the tokens"
+            "a file that cannot be used dropped the tokens it holds"
         );
+        // Emptied (to shut everyone out): nobody passes.
+        write("# nobody\n");
+        assert_eq!(call(new).await, unauthenticated);
         write(&format!("{newer} operator alice\n"));
         assert_eq!(
             call(newer).await,
