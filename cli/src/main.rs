@@ -790,14 +790,21 @@ async fn logs(
 /// connection broke) before they give up.
 const RECONNECT_FOR: Duration = Duration::from_secs(60);
 
-/// A manager away, for `watch` and `top`: since when, and whether that is too long.
+/// A manager away, for `watch` and `top`: since when, why, and whether that is too long.
 #[derive(Default)]
-struct Away(Option<std::time::Instant>);
+struct Away {
+    since: Option<std::time::Instant>,
+    /// Why the last attempt failed.
+    why: String,
+    /// Say nothing on stderr: `top` on a terminal shows it in its header, and a line written
+    /// below its frame would be drawn over at the next refresh.
+    quiet: bool,
+}
 
 impl Away {
     /// The manager answered.
     fn back(&mut self) {
-        self.0 = None;
+        self.since = None;
     }
 
     /// A call failed with `e`, or the manager ended a stream (`e` None). A refusal (NotFound,
@@ -819,13 +826,16 @@ impl Away {
         // Why, in each message: a manager that is back but refuses the connection (its CA
         // rotated, say) looks gone, and only the cause tells the two apart.
         let why = (e.as_ref()).map_or("it ended the stream".to_string(), |e| format!("{e:#}"));
-        let since = match self.0 {
+        let since = match self.since {
             Some(since) => since,
             None => {
-                eprintln!("convergectl: lost the manager ({why}); reconnecting ({what})");
-                *self.0.insert(std::time::Instant::now())
+                if !self.quiet {
+                    eprintln!("convergectl: lost the manager ({why}); reconnecting ({what})");
+                }
+                *self.since.insert(std::time::Instant::now())
             }
         };
+        self.why.clone_from(&why);
         if since.elapsed() >= RECONNECT_FOR {
             let gone = format!(
                 "the manager has not come back for {}s (the last attempt: {why})",
@@ -919,7 +929,10 @@ async fn top(
     let mut shown = Shown::default();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut away = Away::default();
+    let mut away = Away {
+        quiet: board.on_terminal() && !json,
+        ..Away::default()
+    };
     let mut last: Vec<pb::Job> = Vec::new();
     loop {
         // A manager gone (restarted): the last frame stays, saying so, until it is back.
@@ -953,21 +966,17 @@ async fn top(
             let all: Vec<_> = jobs.iter().map(job_json).collect();
             println!("{}", serde_json::json!({ "unix_ms": now, "jobs": all }));
         } else {
-            let status = match away.0 {
+            let status = match away.since {
                 Some(since) => format!(
-                    "at {}: the manager is unreachable ({}s); reconnecting",
-                    clock(now),
-                    since.elapsed().as_secs()
+                    "the manager is unreachable ({}s: {}); reconnecting",
+                    since.elapsed().as_secs(),
+                    away.why
                 ),
-                None => format!(
-                    "at {}: {running} of {} jobs not ended",
-                    clock(now),
-                    jobs.len()
-                ),
+                None => format!("{running} of {} jobs not ended", jobs.len()),
             };
-            board.update(&jobs, now, &status);
+            board.update(&jobs, now, &format!("at {}: ", clock(now)), &status);
         }
-        let current = away.0.is_none();
+        let current = away.since.is_none();
         if until_done && current && jobs.is_empty() {
             // Nothing to wait for (no job not ended yet, none asked for by --job).
             board.finish();

@@ -172,10 +172,12 @@ pub struct Board {
     title: String,
     /// `None` when stdout is not a terminal.
     term: Option<console::Term>,
-    /// Lines the last terminal frame drew (the cursor is below them).
+    /// Lines the last terminal frame drew (the cursor is below them), and the terminal's
+    /// size then.
     drawn: usize,
-    /// The job lines of the last plain frame, and when it was printed: one that would say the
-    /// same is not printed again for [`SAME_FRAME_EVERY`].
+    size: (u16, u16),
+    /// The status and job lines of the last plain frame, and when it was printed: one that
+    /// would say the same is not printed again for [`SAME_FRAME_EVERY`].
     last: Option<(Vec<String>, std::time::Instant)>,
 }
 
@@ -186,23 +188,43 @@ impl Board {
             title: title.to_string(),
             term: std::io::stdout().is_terminal().then(console::Term::stdout),
             drawn: 0,
+            size: (0, 0),
             last: None,
         }
     }
 
-    /// Shows `jobs` (in the order given) with `status` on the header line.
-    pub fn update(&mut self, jobs: &[pb::Job], now_ms: i64, status: &str) {
-        let rows: Vec<String> = jobs.iter().map(|j| Row::of(j, now_ms).line()).collect();
-        let header = format!("{} {status}", self.title);
+    /// Whether the board is drawn in place on a terminal.
+    pub fn on_terminal(&self) -> bool {
+        self.term.is_some()
+    }
+
+    /// Shows `jobs` (in the order given) with `stamp` (the time, which a plain frame alone
+    /// does not print again for) and `status` on the header line.
+    pub fn update(&mut self, jobs: &[pb::Job], now_ms: i64, stamp: &str, status: &str) {
+        let mut rows: Vec<String> = jobs.iter().map(|j| Row::of(j, now_ms).line()).collect();
+        let header = format!("{} {stamp}{status}", self.title);
         let Some(term) = &self.term else {
+            // The status is compared with the rows: "the manager is unreachable" is news.
+            rows.insert(0, status.to_string());
             if let Some(text) = self.plain(&header, rows, std::time::Instant::now()) {
                 print!("{text}");
             }
             return;
         };
-        let (height, width) = term.size();
+        let size = term.size();
+        // Resized: lines drawn at the old width may have been wrapped or moved by the
+        // terminal, so the count of lines to go back over is no longer known. Drawn again
+        // from the top of a cleared screen.
+        let mut text = String::new();
+        if size != self.size && self.drawn > 0 {
+            text.push_str("\x1b[H\x1b[2J");
+            self.drawn = 0;
+        }
+        self.size = size;
+        let (height, width) = size;
         let lines: Vec<String> = std::iter::once(header).chain(rows).collect();
-        let (text, shown) = frame(self.drawn, &lines, usize::from(width), usize::from(height));
+        let (frame, shown) = frame(self.drawn, &lines, usize::from(width), usize::from(height));
+        text.push_str(&frame);
         self.drawn = shown;
         // One write: the terminal shows the new frame whole, never half of it.
         let mut out = std::io::stdout().lock();
@@ -229,7 +251,7 @@ impl Board {
             return None;
         }
         let mut text = format!("--- {header}\n");
-        for r in &rows {
+        for r in rows.iter().skip(1) {
             text.push_str(&format!("  {r}\n"));
         }
         self.last = Some((rows, now));
@@ -238,10 +260,12 @@ impl Board {
 }
 
 /// The bytes that redraw a frame of `lines` over the `drawn` lines above the cursor, on a
-/// terminal of `width` columns and `height` rows: each line cut to the width (a wrapped line
-/// would take two rows and the next redraw would start one too low), and a frame taller than
-/// the screen cut to it with the number of lines left out, for the same reason. Lines of the
-/// last frame below this one's are cleared. Returns the bytes and the lines drawn.
+/// terminal of `width` columns and `height` rows: each line cut short of the width (a wrapped
+/// line would take two rows and the next redraw would start one too low; some terminals wrap
+/// a line that fills the width exactly), and a frame taller than the screen cut to it with
+/// the number of lines left out, for the same reason. What the last frame drew below this
+/// one's is erased (erasing scrolls nothing, as new lines at the screen's foot would).
+/// Returns the bytes and the lines drawn.
 fn frame(drawn: usize, lines: &[String], width: usize, height: usize) -> (String, usize) {
     let room = height.saturating_sub(1).max(1);
     let mut shown: Vec<String> = lines.to_vec();
@@ -258,15 +282,14 @@ fn frame(drawn: usize, lines: &[String], width: usize, height: usize) -> (String
     }
     for l in &shown {
         text.push_str("\r\x1b[2K");
-        text.push_str(&console::truncate_str(l, width.max(1), ""));
+        text.push_str(&console::truncate_str(
+            l,
+            width.saturating_sub(1).max(1),
+            "",
+        ));
         text.push('\n');
     }
-    for _ in shown.len()..drawn {
-        text.push_str("\r\x1b[2K\n");
-    }
-    if drawn > shown.len() {
-        text.push_str(&format!("\x1b[{}A", drawn - shown.len()));
-    }
+    text.push_str("\x1b[J");
     (text, shown.len())
 }
 
@@ -384,17 +407,22 @@ mod tests {
                 .map(|i| format!("line {i} {}", "x".repeat(30)))
                 .collect::<Vec<_>>()
         };
-        // The first: no move up; each line cleared, cut to 10 columns.
+        // The first: no move up; each line cleared, cut short of 10 columns; below erased.
         let (text, shown) = frame(0, &lines(2), 10, 24);
         assert_eq!(shown, 2);
-        assert_eq!(text, "\r\x1b[2Kline 0 xxx\n\r\x1b[2Kline 1 xxx\n");
+        assert_eq!(text, "\r\x1b[2Kline 0 xx\n\r\x1b[2Kline 1 xx\n\x1b[J");
         // The next, over it.
         let (text, _) = frame(2, &lines(2), 10, 24);
         assert!(text.starts_with("\x1b[2A\r\x1b[2Kline 0"), "{text:?}");
-        // Shorter: what is left of the last one is cleared, and the cursor is back under it.
+        // Shorter: what is left of the last one is erased, without a new line (which at the
+        // screen's foot would scroll the frame up).
         let (text, shown) = frame(3, &lines(1), 80, 24);
         assert_eq!(shown, 1);
-        assert!(text.ends_with("\r\x1b[2K\n\r\x1b[2K\n\x1b[2A"), "{text:?}");
+        assert!(
+            text.starts_with("\x1b[3A") && text.ends_with("x\n\x1b[J"),
+            "{text:?}"
+        );
+        assert_eq!(text.matches('\n').count(), 1, "{text:?}");
         // Taller than the screen: cut to it, saying how much is not shown.
         let (text, shown) = frame(0, &lines(10), 80, 5);
         assert_eq!(shown, 4);
@@ -411,39 +439,33 @@ mod tests {
             title: "top".into(),
             term: None,
             drawn: 0,
+            size: (0, 0),
             last: None,
         };
         let t = std::time::Instant::now();
         let s = std::time::Duration::from_secs;
+        // Each frame: the status, then the job lines.
+        let rows = |status: &str, jobs: &[&str]| {
+            let mut r = vec![status.to_string()];
+            r.extend(jobs.iter().map(|j| j.to_string()));
+            r
+        };
+        let first = board.plain("at 10:00:00: ok", rows("ok", &[]), t);
+        assert_eq!(first.as_deref(), Some("--- at 10:00:00: ok\n"), "the first");
         assert!(
-            board.plain("at 10:00:00", Vec::new(), t).is_some(),
-            "the first"
-        );
-        assert!(
-            board.plain("at 10:00:01", Vec::new(), t + s(1)).is_none(),
+            board
+                .plain("at 10:00:01", rows("ok", &[]), t + s(1))
+                .is_none(),
             "still no job"
         );
-        assert!(
-            board
-                .plain("at 10:00:02", vec!["a".into()], t + s(2))
-                .is_some()
-        );
-        assert!(
-            board
-                .plain("at 10:00:03", vec!["a".into()], t + s(3))
-                .is_none()
-        );
-        assert!(
-            board
-                .plain("at 10:00:04", vec!["b".into()], t + s(4))
-                .is_some()
-        );
-        // The same, long after: printed again.
-        assert!(
-            board
-                .plain("at 10:00:14", vec!["b".into()], t + s(14))
-                .is_some()
-        );
+        let a = board.plain("at 10:00:02: ok", rows("ok", &["a"]), t + s(2));
+        assert_eq!(a.as_deref(), Some("--- at 10:00:02: ok\n  a\n"));
+        assert!(board.plain("h", rows("ok", &["a"]), t + s(3)).is_none());
+        assert!(board.plain("h", rows("ok", &["b"]), t + s(4)).is_some());
+        // The status is news too (the manager gone), and the same frame long after.
+        assert!(board.plain("h", rows("away", &["b"]), t + s(5)).is_some());
+        assert!(board.plain("h", rows("away", &["b"]), t + s(6)).is_none());
+        assert!(board.plain("h", rows("away", &["b"]), t + s(16)).is_some());
     }
 
     /// `list` and `top` say the same of steps and ETAs: a guess is marked in both.

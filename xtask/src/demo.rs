@@ -189,7 +189,7 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
                 let now = converge_messenger::unix_ms(std::time::SystemTime::now());
                 board
                     .get_or_insert_with(|| Board::new(&format!("{policy:>16}")))
-                    .update(jobs, now, &format!("t = {t:>3.0}s"));
+                    .update(jobs, now, &format!("t = {t:>3.0}s"), "");
             },
         ));
         if let Some(b) = &mut board {
