@@ -100,6 +100,16 @@ pub struct TrainArgs {
         conflicts_with = "ignore_sigterm"
     )]
     pub unhandled_sigterm: bool,
+    /// Fault injection: wait this many milliseconds at the start of a run, before the stop
+    /// signals' handlers are in place, as a slow start would (a stop sent then must still be
+    /// handled, with a checkpoint). Said on stderr as it begins.
+    #[arg(
+        long,
+        env = "CONVERGE_FAULT_SLOW_START_MS",
+        default_value_t = 0,
+        hide = true
+    )]
+    pub slow_start_ms: u64,
 }
 
 /// Largest accepted `--size`: width 64x the default is already minutes per step on one core.

@@ -1,6 +1,7 @@
 //! The `converge-trainer` binary: flags in, [`converge_trainer::train`] or
-//! [`converge_trainer::calibrate`], exit status out. As PID 1 in a container it gets no default
-//! signal handling, so SIGTERM and SIGINT are wired to the training loop's stop signal here.
+//! [`converge_trainer::calibrate`], exit status out. SIGTERM and SIGINT are wired to the
+//! training loop's stop signal here: as a container's PID 1 (an image run without an init) it
+//! would get no default signal handling, and under an init the default would end it unsaved.
 
 use std::os::unix::process::CommandExt;
 use std::process::{Command as Process, ExitCode};
@@ -73,6 +74,13 @@ fn train(args: &converge_trainer::TrainArgs) -> ExitCode {
     let wall = Instant::now();
     // A stop that comes before its handler is in place waits for it (below).
     hold_stop_signals(SigmaskHow::SIG_BLOCK);
+    if args.slow_start_ms > 0 {
+        log!(
+            "converge-trainer: fault injection: starting slowly ({} ms)",
+            args.slow_start_ms
+        );
+        std::thread::sleep(std::time::Duration::from_millis(args.slow_start_ms));
+    }
     let cfg = match Config::from_args(args) {
         Ok(c) => c,
         Err(e) => return fail(&e),
@@ -153,8 +161,8 @@ const MALLOC_TUNABLES: &str =
 /// ops, sized once from `CANDLE_NUM_THREADS` (else the physical core count), and picks gemm's
 /// fan-out from `RAYON_NUM_THREADS`; glibc reads its tunables once, at start. Environment
 /// variables can only be changed in-process with `unsafe` (forbidden here), so when they do not
-/// match the binary `exec`s itself with them set: same PID (still PID 1 in a container), same
-/// arguments, no signal handlers yet. If the exec fails the run goes on with the defaults, and
+/// match the binary `exec`s itself with them set: same PID, same arguments, same signal mask,
+/// no signal handlers yet. If the exec fails the run goes on with the defaults, and
 /// says so.
 fn pin_runtime_env(threads: usize) {
     let want = threads.to_string();
@@ -191,9 +199,9 @@ fn pin_runtime_env(threads: usize) {
 /// sent between (an orchestrator's stop right after the start) stays pending, across the
 /// re-exec of [`pin_runtime_env`] (which keeps the mask and pending signals but resets
 /// handlers), and is handled as any stop, with a checkpoint. Unblocked with no handler it
-/// would be lost: the kernel drops a signal that has no handler sent to a container's PID 1,
-/// and only the stop deadline's SIGKILL would end the process, unsaved. A blocked signal is
-/// never dropped.
+/// would end the process unsaved (under an init), or be lost (the kernel drops a signal that
+/// has no handler sent to a container's PID 1, and only the stop deadline's SIGKILL would end
+/// the process). A blocked signal is neither.
 fn hold_stop_signals(how: SigmaskHow) {
     let mut set = SigSet::empty();
     set.add(Signal::SIGTERM);

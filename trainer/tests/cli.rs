@@ -156,6 +156,46 @@ fn a_sigterm_sent_before_the_handlers_are_in_place_is_handled() {
     assert!(stderr.contains("stopped at step"), "{stderr}");
 }
 
+/// The same stop, sent while the trainer itself starts (here slowly, by fault injection),
+/// before its handlers are in place: held until they are, then handled with a checkpoint.
+/// Without the hold it would end the process at once, unsaved (killed by the signal).
+#[test]
+fn a_sigterm_sent_while_the_trainer_starts_is_held_until_it_can_save() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = trainer()
+        .args(["--model", "mlp-digits", "--steps", "300", "--threads", "1"])
+        .env("CONVERGE_CHECKPOINT_DIR", dir.path())
+        .env("CONVERGE_FAULT_SLOW_START_MS", "1000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+    // Its start under way (the first process's, before its re-exec): stop it now.
+    for l in stderr.by_ref() {
+        if l.unwrap().contains("starting slowly") {
+            break;
+        }
+    }
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let rest: Vec<String> = stderr.map(Result::unwrap).collect();
+    let stdout: Vec<String> = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map(Result::unwrap)
+        .collect();
+    let code = child.wait().unwrap();
+    assert_eq!(code.code(), Some(0), "{code:?}: {rest:?}");
+    let last = parse_line(stdout.last().expect("a line"), None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(last.checkpoint, Some(CheckpointEvent::Saved), "{stdout:?}");
+    assert!(last.step < 300, "it trained to the end: {stdout:?}");
+}
+
 #[test]
 fn ignore_sigterm_keeps_training_through_sigterm_and_still_checkpoints() {
     let dir = tempfile::tempdir().unwrap();
