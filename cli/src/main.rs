@@ -898,12 +898,15 @@ async fn watch(client: &mut Client, job: String, from_seq: u64, json: bool) -> R
             // A manager never reached is a wrong address, not one to wait for.
             Err(s) if !connected => return Err(status(s)),
             // Back, but its log ends before the event to resume from: it was restarted
-            // without its state (`--state-dir none`) and numbers from 1 again. Every event it
-            // has is one not shown yet.
+            // without its state (`--state-dir none`) and numbers from 1 again, or from an
+            // older backup. Shown from its first event it has: some may have been shown
+            // before. (One restarted without its state that has made as many events as were
+            // shown by the time the watcher is back is not noticed: its first ones are missed.)
             Err(s) if s.code() == tonic::Code::InvalidArgument && next > 1 => {
                 eprintln!(
                     "convergectl: the manager's event log starts again (restarted without its \
-                     state); its events after {} not shown are gone; going on from its first event",
+                     state, or from an older backup) before event {next}; the events after {} \
+                     not shown are gone; going on from its first event",
                     next - 1
                 );
                 next = 1;

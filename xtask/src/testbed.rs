@@ -45,7 +45,7 @@ pub fn write_credentials(dir: &Path, manager_names: &[String], workers: &[String
     use converge_messenger::tls::{Credentials, files, write_private, write_public};
     if let Some(w) = workers
         .iter()
-        .find(|w| *w == MANAGER_DIR || w.contains('/'))
+        .find(|w| matches!(w.as_str(), MANAGER_DIR | "" | "." | "..") || w.contains('/'))
     {
         bail!("worker id `{w}` cannot name a credentials subdirectory of its own");
     }
@@ -236,6 +236,21 @@ fn compose_command() -> Result<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A worker id that would name no directory of its own (the manager's, this one, the
+    /// parent) is refused before anything is written.
+    #[test]
+    fn a_worker_id_that_is_not_a_directory_of_its_own_is_refused() {
+        let dir = std::env::temp_dir().join(format!("converge-creds-{}", uuid::Uuid::new_v4()));
+        for bad in ["manager", "..", ".", "", "a/b"] {
+            let e = write_credentials(&dir, &["manager".into()], &[bad.into()]).unwrap_err();
+            assert!(
+                e.to_string().contains("cannot name a credentials"),
+                "{bad}: {e}"
+            );
+        }
+        assert!(!dir.exists(), "something was written");
+    }
 
     /// Each compose service mounts one credentials directory as `/certs` (a directory, so a
     /// rotation's renamed files are seen: [`write_credentials`]), and that directory holds
