@@ -66,6 +66,18 @@ pub enum SessionError {
     /// The TLS files changed: the session reconnects with the new ones.
     #[error("the TLS files changed; reconnecting with them")]
     Rotated,
+    /// A connection with the last TLS files that worked, those on disk being unusable, failed
+    /// too: the files are what to fix, whatever the connection says.
+    #[error(
+        "the TLS files cannot be used ({files}), and the last ones that worked failed: {source}"
+    )]
+    Stale {
+        /// Why the files on disk cannot be used.
+        files: String,
+        /// How the connection with the previous ones failed.
+        #[source]
+        source: Box<SessionError>,
+    },
 }
 
 /// The words the manager closes a worker's stream with when another stream of the same worker
@@ -90,7 +102,10 @@ impl SessionError {
     /// before any connection registered with them (read again at every connection; after
     /// one did, files that cannot be used are stood in for by the last ones that worked).
     pub fn is_own_setup(&self) -> bool {
-        matches!(self, SessionError::Endpoint { .. } | SessionError::Tls(_))
+        matches!(
+            self,
+            SessionError::Endpoint { .. } | SessionError::Tls(_) | SessionError::Stale { .. }
+        )
     }
 
     /// What to change when the failure's own words name nothing the operator set: TLS on
@@ -98,6 +113,10 @@ impl SessionError {
     /// whole chain of causes, where the layers below say it).
     pub fn hint(&self, manager: &str) -> Option<&'static str> {
         use crate::tls::Mismatch;
+        if let SessionError::Stale { .. } = self {
+            // Not the CA the old files trusted: the new ones, which cannot be read.
+            return Some("fix the --tls-* files (the error says why they cannot be used)");
+        }
         match Mismatch::of(self)? {
             Mismatch::TlsServer if manager.starts_with("http://") => {
                 Some("if the manager speaks TLS, give an https:// --manager and the --tls-* files")
@@ -549,6 +568,8 @@ async fn connect_and_serve<S: AgentState>(
         .keep_alive_timeout(Duration::from_secs(5));
     let plain = endpoint.clone();
     let mut using = None;
+    // Why the files on disk cannot be used, when the last ones that worked stand in.
+    let mut standing_in: Option<String> = None;
     let (endpoint, mut stamp) = match &config.tls {
         Some(tls) => {
             let (read, stamp) = tls.config();
@@ -564,8 +585,9 @@ async fn connect_and_serve<S: AgentState>(
                     let reason = e.to_string();
                     if kept.told.as_ref() != Some(&reason) {
                         warn!(error = %reason, "the TLS files cannot be used; connecting with the last ones that worked until the files change again");
-                        kept.told = Some(reason);
+                        kept.told = Some(reason.clone());
                     }
+                    standing_in = Some(reason);
                     previous.clone()
                 }
                 (Err(e), None) => return Err(SessionError::Tls(e)),
@@ -578,7 +600,17 @@ async fn connect_and_serve<S: AgentState>(
         }
         None => (endpoint, None),
     };
-    let channel = endpoint.connect().await.map_err(SessionError::Connect)?;
+    // A failure to connect or register with stand-in files is told as theirs.
+    let stale = |e: SessionError| match &standing_in {
+        Some(files) => SessionError::Stale {
+            files: files.clone(),
+            source: Box::new(e),
+        },
+        None => e,
+    };
+    let channel = (endpoint.connect().await)
+        .map_err(SessionError::Connect)
+        .map_err(stale)?;
     let mut client = AgentServiceClient::new(channel);
 
     let (tx, rx) = mpsc::channel::<AgentMessage>(256);
@@ -591,10 +623,12 @@ async fn connect_and_serve<S: AgentState>(
             kind: Some(AgentKind::Register(register)),
         })
         .await;
-    let mut inbound = client.connect(ReceiverStream::new(rx)).await?.into_inner();
+    let mut inbound = (client.connect(ReceiverStream::new(rx)).await)
+        .map_err(|s| stale(s.into()))?
+        .into_inner();
     let registered = match tokio::time::timeout(config.register_timeout, inbound.message()).await {
         Err(_) => return Err(SessionError::RegisterTimeout(config.register_timeout)),
-        Ok(Err(status)) => return Err(status.into()),
+        Ok(Err(status)) => return Err(stale(status.into())),
         Ok(Ok(None)) => return Err(SessionError::Closed),
         Ok(Ok(Some(m))) => match m.kind {
             Some(ManagerKind::Registered(r)) => r,

@@ -157,6 +157,56 @@ async fn an_agent_reconnects_with_the_last_files_that_worked() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// Files that cannot be used, and a connection with the last ones that worked that fails
+/// too (here, the manager gone): the error the agent reports names the files, which are what
+/// to fix, not only the connection's failure.
+#[tokio::test]
+async fn a_failure_with_the_kept_files_names_the_files_that_cannot_be_used() {
+    provider();
+    let dir = temp_dir("stale-tls");
+    tls::generate(&dir, &["localhost".into()], &["w1".into(), "w2".into()]).unwrap();
+    let (stop, manager_stop) = (CancellationToken::new(), CancellationToken::new());
+    let fake = Fake::default();
+    let endpoint = manager(&dir, fake.clone(), manager_stop.clone()).await;
+    let files = TlsFiles::worker(&dir, "w1");
+    let mut config = SessionConfig::new(endpoint);
+    config.heartbeat_interval = Duration::from_millis(50);
+    config.backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(50));
+    config.tls = Some(ClientTls {
+        files: files.clone(),
+        domain: "localhost".into(),
+    });
+    let (commands, _commands) = mpsc::channel(16);
+    let (_outbox, mut status, task) =
+        Session::spawn(config, Arc::new(State), commands, stop.clone());
+    tokio::time::timeout(Duration::from_secs(20), status.wait_for(|s| s.connected))
+        .await
+        .expect("registered")
+        .unwrap();
+    let other_key = std::fs::read_to_string(TlsFiles::worker(&dir, "w2").key).unwrap();
+    tls::write_private(&files.key, &other_key).unwrap();
+    // The manager gone: no new connection, and the open stream broken.
+    manager_stop.cancel();
+    fake.break_stream().await;
+    let said = tokio::time::timeout(
+        Duration::from_secs(20),
+        status.wait_for(|s| (s.last_error.as_deref()).is_some_and(|e| e.contains("last ones"))),
+    )
+    .await
+    .expect("a failure naming the files")
+    .unwrap()
+    .last_error
+    .clone()
+    .unwrap();
+    assert!(
+        said.contains("the TLS files cannot be used") && said.contains("does not go with"),
+        "{said}"
+    );
+    stop.cancel();
+    task.await.unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// After a rotation, a CA file left from before it: every testbed CA has the same name, so
 /// rustls says `BadSignature`, not `UnknownIssuer`. Both are the same mistake, and get the
 /// same hint (give the cluster CA's ca.pem), in the agent and in convergectl.
