@@ -120,6 +120,18 @@ pub fn unprivileged(cgroup_parent: &str, pids_limit: i64) -> HostConfig {
     }
 }
 
+/// What to do about a container start that failed with `why` (Docker's words), when those
+/// words name no fix: empty otherwise. Job containers run under Docker's init
+/// ([`unprivileged`]), and a daemon installed without one fails every start.
+pub fn start_fix(why: &str) -> &'static str {
+    if why.contains("docker-init") {
+        " (job containers run under Docker's init: install docker-init beside dockerd, e.g. \
+         Debian's tini package, or point the daemon's init-path at one)"
+    } else {
+        ""
+    }
+}
+
 /// Turns a `Start` command into a container definition, or says what is wrong with it.
 pub fn plan_container(
     ctx: &PlanContext<'_>,
@@ -320,6 +332,16 @@ mod tests {
             cpus,
             cpu_shares: 0,
         }
+    }
+
+    /// Every job container runs under Docker's init, and a daemon without one is told how
+    /// to get it (Docker's own words name only a missing executable).
+    #[test]
+    fn job_containers_run_under_an_init_and_a_missing_one_names_the_fix() {
+        assert_eq!(unprivileged("/w1", 64).init, Some(true));
+        let why = r#"failed to create task for container: exec: "docker-init": executable file not found in $PATH"#;
+        assert!(start_fix(why).contains("install docker-init"));
+        assert_eq!(start_fix("no space left on device"), "");
     }
 
     #[test]

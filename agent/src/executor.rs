@@ -906,10 +906,9 @@ impl Executor {
         let id = created.id;
         if let Err(e) = self.docker.start_container(&id, None).await {
             self.remove(&id).await;
-            return Err(format!(
-                "cannot start the container: {}",
-                docker::describe(&e)
-            ));
+            let why = docker::describe(&e);
+            let fix = docker::start_fix(&why);
+            return Err(format!("cannot start the container: {why}{fix}"));
         }
         let mut view = ContainerView::new(&cmd.job_id, cmd.epoch, &id, pb::ContainerState::Running);
         view.cpu_limit = Some(plan.cpus);

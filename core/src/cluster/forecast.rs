@@ -329,7 +329,8 @@ fn loads<'c>(core: &'c Core, w: &'c Worker) -> (Vec<&'c Job>, Vec<Load<'c>>) {
 }
 
 /// Whether `j`'s use was measured while `w`'s jobs were the ones it has now (its report
-/// before the last came after the last job left).
+/// before the last came after the last job left). An incarnation's first report is never
+/// read: it averages over the container's start, when a job uses less than it can.
 fn settled(j: &Job, w: &Worker) -> bool {
     j.view_from.get().is_some_and(|t| t >= w.shared_since)
 }
