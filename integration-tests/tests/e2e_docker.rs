@@ -92,9 +92,11 @@ async fn four_jobs_on_two_workers_complete_with_every_transition_in_order() -> a
         let j = job(&mut client, id, true).await?;
         assert_eq!(j.state, JobState::Completed as i32, "{j:#?}");
         assert_eq!(j.exit_code, Some(0));
+        // Every line counted; a point kept a second, and the first and the last (a job of
+        // 150 steps may run in under a second).
         assert!(
-            j.progress.len() >= 5,
-            "job {id} has only {} progress samples",
+            j.progress.len() >= 2,
+            "job {id} has only {} progress points",
             j.progress.len()
         );
         assert!(j.samples >= 5);

@@ -431,15 +431,26 @@ impl Core {
             }
             j.samples += 1;
             // The first line of an incarnation: none of its epoch came before.
-            let first = j.progress.back().is_none_or(|p| p.epoch != s.epoch);
-            let point = ProgressPoint {
-                unix_ms: s.unix_ms,
-                step: s.step,
-                value: s.value,
-                epoch: s.epoch,
-                cpu_s: j.cpu_s,
-            };
-            j.progress.push(point, cap);
+            let newest = j.progress.back();
+            let first = newest.as_ref().is_none_or(|p| p.epoch != s.epoch);
+            // Kept as a point at most every POINT_EVERY_MS (the first line of an incarnation,
+            // a checkpoint's and the last step's always): a job that prints hundreds of lines a second would
+            // otherwise fill its history in a fraction of a second, between two heartbeats
+            // (the points' CPU time), and its estimates would read no CPU or one heartbeat's
+            // against a few hundred steps (a new user saw ETAs jump between 5 s and 10
+            // minutes every second).
+            let spaced = newest.is_none_or(|p| s.unix_ms - p.unix_ms >= POINT_EVERY_MS);
+            let last = s.total_steps.is_some_and(|t| s.step >= t);
+            if first || spaced || s.checkpointed || last {
+                let point = ProgressPoint {
+                    unix_ms: s.unix_ms,
+                    step: s.step,
+                    value: s.value,
+                    epoch: s.epoch,
+                    cpu_s: j.cpu_s,
+                };
+                j.progress.push(point, cap);
+            }
             if s.checkpointed {
                 j.checkpoint_step = j.checkpoint_step.max(Some(s.step));
             }

@@ -64,6 +64,11 @@ use types::*;
 /// and about 1.5 KB of a live job's memory. The manager and the simulator keep the same.
 pub const PROGRESS_HISTORY: usize = 32;
 
+/// The least time between two progress points a job keeps (its lines between are counted, and
+/// move its step, but are not points): the heartbeat's default interval, which is when a
+/// point's CPU time changes.
+pub const POINT_EVERY_MS: i64 = 1_000;
+
 /// Finished jobs a core keeps in memory by default ([`Config::keep_finished`]): enough for late
 /// messages about recent jobs to be recognised, and a few hundred KB.
 pub const KEEP_FINISHED: usize = 1_000;

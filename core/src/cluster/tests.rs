@@ -532,7 +532,7 @@ impl Fixture {
                 samples: vec![ProgressSample {
                     job: job.into(),
                     epoch,
-                    unix_ms: 0,
+                    unix_ms: (self.now * 1000.0) as i64,
                     step,
                     total_steps: Some(total),
                     value: Some(1.0),
@@ -2438,6 +2438,7 @@ fn after_the_grace_a_saved_move_does_not_wait_for_a_silent_target() {
 fn a_restart_with_a_shorter_progress_history_keeps_each_jobs_newest_points() {
     let mut f = Fixture::running();
     for step in 1..=6 {
+        f.now += 1.0;
         f.progress(1, "a", 1, step * 10);
     }
     assert_eq!(f.core.job("a").unwrap().progress.len(), 6);
@@ -3273,7 +3274,7 @@ mod value {
                 samples: vec![ProgressSample {
                     job: "L".into(),
                     epoch: 1,
-                    unix_ms: 0,
+                    unix_ms: (f.now * 1000.0) as i64,
                     step: 150,
                     total_steps: Some(1000),
                     value: None,
@@ -4123,13 +4124,15 @@ fn a_job_that_stops_improving_is_checkpointed_and_completes_with_why() {
     };
     let mut saved = None;
     for k in (0..=1000).step_by(50) {
+        // A line a second: lines closer than that move the step but are not kept as points.
+        f.now += 1.0;
         let out = f.msg(
             1,
             AgentMessage::Progress(ProgressBatch {
                 samples: vec![ProgressSample {
                     job: "a".into(),
                     epoch: 1,
-                    unix_ms: 0,
+                    unix_ms: (f.now * 1000.0) as i64,
                     step: k,
                     total_steps: Some(1_000_000),
                     value: Some(loss(k)),
@@ -4418,6 +4421,32 @@ fn a_neighbour_leaves_the_split_when_its_container_exits_not_when_it_is_told_to_
         eta.remaining_s < 150.0,
         "held at the use of its old share: {eta:?}"
     );
+}
+
+/// A job that prints a hundred lines a second (the trainer's default: one every 10 steps)
+/// keeps a point a second: its history spans the heartbeats that give the points' CPU time,
+/// and its ETA is read off its steps. Kept at every line, the history spanned a third of a
+/// second with no CPU time between its ends, and the ETA fell back to a guess.
+#[test]
+fn a_job_that_reports_many_lines_a_second_keeps_a_point_a_second() {
+    let mut f = Fixture::running();
+    for second in 0..40u64 {
+        f.heartbeat_of(1, "a", 1, 1.0);
+        for i in 1..=100 {
+            f.now += 0.01;
+            f.progress_of(1, "a", 1, second * 100 + i, 100_000);
+        }
+    }
+    let job = f.core.job("a").unwrap();
+    assert!(job.progress.len() <= 41, "{} points", job.progress.len());
+    let eta = f.core.eta("a", f.now).expect("an ETA");
+    assert_eq!(
+        eta.basis,
+        converge_policy::estimate::Basis::Steps,
+        "{eta:?}"
+    );
+    // 96,000 steps left at 100 steps a core-second, on a core: 960 s.
+    assert!((eta.remaining_s - 960.0).abs() < 100.0, "{eta:?}");
 }
 
 /// By the progress contract, exit 0 without the final `done` line before the last step is a
@@ -4949,13 +4978,14 @@ fn a_stop_at_convergence_whose_container_exited_while_its_agent_restarted_comple
     f.ok(1, &start, Fixture::started(1));
     // Flat loss: the rule fires once a window of history is there.
     for k in (0..=200).step_by(50) {
+        f.now += 1.0;
         f.msg(
             1,
             AgentMessage::Progress(ProgressBatch {
                 samples: vec![ProgressSample {
                     job: "a".into(),
                     epoch: 1,
-                    unix_ms: 0,
+                    unix_ms: (f.now * 1000.0) as i64,
                     step: k,
                     total_steps: Some(1_000_000),
                     value: Some(1.0),
