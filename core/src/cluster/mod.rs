@@ -790,6 +790,19 @@ impl Core {
         if leaves && let Some(w) = old_worker.as_ref().and_then(|w| self.workers.get_mut(w)) {
             w.shared_since = now;
         }
+        // A job that comes to run on a draining worker (its Start answered after the drain
+        // began) is one more for the drain to move: without another pass it stayed there.
+        // (One back to running after a failed save is not: the drain tries it again at the
+        // next pass, not at once and again at every step while saves fail.)
+        if from_state == JobState::Starting
+            && to_state == JobState::Running
+            && new_worker
+                .as_ref()
+                .and_then(|w| self.workers.get(w))
+                .is_some_and(|w| w.state.draining())
+        {
+            self.dirty = true;
+        }
         if moved || new_incarnation {
             for w in old_worker.iter().chain(&new_worker) {
                 self.index.touch(w);

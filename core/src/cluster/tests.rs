@@ -4449,6 +4449,32 @@ fn a_job_that_reports_many_lines_a_second_keeps_a_point_a_second() {
     assert!((eta.remaining_s - 960.0).abs() < 100.0, "{eta:?}");
 }
 
+/// A job whose Start is answered after its worker's drain began is moved as the others are:
+/// the drain passed over it while it was starting, and nothing else asked again (a CLI test
+/// waited for the move in vain when the drain came first).
+#[test]
+fn a_job_that_starts_running_on_a_draining_worker_is_moved() {
+    let mut f = Fixture::new("spread");
+    f.register(1, "w1", 2.0);
+    let out = f.submit("a", 1.0);
+    let (conn, start) = Fixture::sent(&out, "a", "start").unwrap();
+    assert_eq!(conn, 1);
+    f.register(2, "w2", 2.0);
+    let out = f.step(Input::Drain {
+        worker: "w1".into(),
+    });
+    assert!(
+        Fixture::sent(&out, "a", "save").is_none(),
+        "a starting job is not saved"
+    );
+    let out = f.ok(1, &start, Fixture::started(1));
+    assert_eq!(
+        Fixture::sent(&out, "a", "save").map(|s| s.0),
+        Some(1),
+        "running on a draining worker, it is moved"
+    );
+}
+
 /// By the progress contract, exit 0 without the final `done` line before the last step is a
 /// checkpoint on SIGTERM (say, one its restarted agent did not ask for): restart it, do not
 /// call it completed. A job that never printed progress and exits 0 has completed.
