@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use converge_cli::client::{Bearer, Client};
-use converge_cli::view::{self, Board, duration};
+use converge_cli::view::{self, Board};
 use converge_messenger::pb::{self, control_service_client::ControlServiceClient};
 
 #[derive(Parser)]
@@ -1386,9 +1386,8 @@ fn print_job(j: &pb::Job) {
         println!("worker:   {} (epoch {})", j.worker_id, j.epoch);
     }
     println!(
-        "progress: step {}/{}  metric {}  ({} samples, {} malformed lines)",
-        j.step,
-        j.total_steps,
+        "progress: step {}  metric {}  ({} samples, {} malformed lines)",
+        view::steps(j.step, j.total_steps),
         j.metric_value
             .map(|v| format!("{v:.6}"))
             .unwrap_or("-".into()),
@@ -1398,7 +1397,7 @@ fn print_job(j: &pb::Job) {
     match &j.eta {
         Some(e) => println!(
             "eta:      {} left, finishing at {} ({}{}, confidence {:.0}%)",
-            duration(e.remaining_s),
+            view::eta(e),
             date_time(e.finish_unix_ms),
             e.basis,
             if e.start_unix_ms > 0 {

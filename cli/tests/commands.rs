@@ -556,12 +556,14 @@ async fn submit_and_start(m: &str, agent: &mut ScriptedAgent, name: &str) -> Str
     id
 }
 
-/// What the scripted agent says of `job`: a progress sample at `step` of 100, read now.
+/// What the scripted agent says of `job`: a progress sample at `step` of 100, read a tenth
+/// of a second a step later than now: lines of steps far apart are read more than a second
+/// apart, and each is one of the manager's points (it keeps one a second).
 fn sample(job: &str, step: u64) -> pb::ProgressSample {
     pb::ProgressSample {
         job_id: job.to_string(),
         epoch: 1,
-        unix_ms: converge_messenger::unix_ms(std::time::SystemTime::now()),
+        unix_ms: converge_messenger::unix_ms(std::time::SystemTime::now()) + 100 * step as i64,
         step,
         total_steps: Some(100),
         metric: "loss".into(),

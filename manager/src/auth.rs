@@ -123,7 +123,10 @@ impl Tokens {
     /// Those of these tokens that `text` still holds (as a word of it), each with its role
     /// and name as they were: what a file that cannot be used leaves ([`TokensFile::current`]).
     fn still_in(&self, text: &str) -> Tokens {
-        let words: std::collections::HashSet<&str> = text.split_whitespace().collect();
+        // Comments hold no token: one commented out is revoked.
+        let words: std::collections::HashSet<&str> = (text.lines())
+            .flat_map(|l| l.split('#').next().unwrap_or("").split_whitespace())
+            .collect();
         let kept = (self.0.iter())
             .filter(|(token, _)| words.contains(token.as_str()))
             .map(|(token, caller)| (token.clone(), caller.clone()))
@@ -403,6 +406,16 @@ mod tests {
             call(leaked).await,
             unauthenticated,
             "a removed token passes"
+        );
+        write(&format!("{new} operator alice\n{leaked} operator bob\n"));
+        assert_eq!(call(leaked).await, None);
+        write(&format!(
+            "{new} operator alice\n# {leaked} operator bob\nbad line\n"
+        ));
+        assert_eq!(
+            call(leaked).await,
+            unauthenticated,
+            "a token commented out passes"
         );
         assert_eq!(
             call(new).await,
