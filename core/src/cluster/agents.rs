@@ -439,7 +439,10 @@ impl Core {
             // (the points' CPU time), and its estimates would read no CPU or one heartbeat's
             // against a few hundred steps (a new user saw ETAs jump between 5 s and 10
             // minutes every second).
-            let spaced = newest.is_none_or(|p| s.unix_ms - p.unix_ms >= POINT_EVERY_MS);
+            // A job with a stop rule keeps every line: its rule reads the best metric a window
+            // of steps back, and points a second apart would widen the window it asked for.
+            let spaced = j.spec.stop.is_some()
+                || newest.is_none_or(|p| s.unix_ms - p.unix_ms >= POINT_EVERY_MS);
             let last = s.total_steps.is_some_and(|t| s.step >= t);
             if first || spaced || s.checkpointed || last {
                 let point = ProgressPoint {
