@@ -282,6 +282,13 @@ async fn a_history_past_a_grpc_answer_is_listed_a_page_at_a_time() {
     manager.stop().await;
 }
 
+/// Submits a job named `name` through convergectl; its id.
+async fn submit_named(m: &str, name: &str) -> String {
+    let (code, out, err) = ctl(m, &["submit", "--image", "x", "--name", name]).await;
+    assert_eq!(code, 0, "{err}");
+    out.trim().to_string()
+}
+
 /// The next line of a running convergectl, as JSON.
 async fn next_json(lines: &mut Lines) -> serde_json::Value {
     json(&lines.next_line().await.expect("read").expect("a line"))
@@ -299,15 +306,7 @@ async fn watch_and_top_go_on_across_a_manager_restart() {
         .await
         .expect("manager");
     let (addr, m) = (first.addr, first.endpoint());
-    let submit = |name: &'static str| {
-        let m = m.clone();
-        async move {
-            let (code, out, err) = ctl(&m, &["submit", "--image", "x", "--name", name]).await;
-            assert_eq!(code, 0, "{err}");
-            out.trim().to_string()
-        }
-    };
-    let before = submit("before").await;
+    let before = submit_named(&m, "before").await;
     let (_watch, mut events) = spawn_ctl(&m, &["watch", "--from-seq", "1", "-o", "json"]);
     let (_top, mut frames) = spawn_ctl(&m, &["top", "-o", "json"]);
     let first_event = next_json(&mut events).await;
@@ -324,7 +323,7 @@ async fn watch_and_top_go_on_across_a_manager_restart() {
     let second = TestManager::start_at(addr, move |c| c.state_dir = Some(state))
         .await
         .expect("the manager again");
-    let after = submit("after").await;
+    let after = submit_named(&m, "after").await;
     // watch: the next events, numbered on from the first manager's, about the new job.
     let mut seqs = vec![1];
     loop {
@@ -382,15 +381,7 @@ async fn watch_past_the_end_of_the_log_is_refused_and_resumes_from_a_stateless_r
         err.contains("from_seq: 1000 is past the end of the event log (there is no event yet)"),
         "{err}"
     );
-    let submit = |name: &'static str| {
-        let m = m.clone();
-        async move {
-            let (code, out, err) = ctl(&m, &["submit", "--image", "x", "--name", name]).await;
-            assert_eq!(code, 0, "{err}");
-            out.trim().to_string()
-        }
-    };
-    let before = submit("before").await;
+    let before = submit_named(&m, "before").await;
     let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_convergectl"))
         .args(["--manager", &m, "watch", "--from-seq", "1", "-o", "json"])
         .env_remove("CONVERGE_TOKEN")
@@ -428,7 +419,7 @@ async fn watch_past_the_end_of_the_log_is_refused_and_resumes_from_a_stateless_r
     tokio::time::timeout(Duration::from_secs(30), told)
         .await
         .expect("watch says the manager's event log starts again");
-    let after = submit("after").await;
+    let after = submit_named(&m, "after").await;
     let e = next_json(&mut events).await;
     assert_eq!(
         (e["seq"].as_u64(), e["job"].as_str()),

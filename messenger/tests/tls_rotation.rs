@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use converge_messenger::agent::{AgentState, Session, SessionConfig, SessionError};
+use converge_messenger::agent::{AgentState, Session, SessionConfig, SessionError, SessionStatus};
 use converge_messenger::backoff::Backoff;
 use converge_messenger::pb::agent_service_server::{AgentService, AgentServiceServer};
 use converge_messenger::pb::manager_message::Kind as MKind;
@@ -97,6 +97,29 @@ async fn manager(dir: &Path, fake: Fake, stop: CancellationToken) -> String {
     format!("https://127.0.0.1:{port}")
 }
 
+/// Worker w1's agent session with `files`, against `endpoint`, beating and retrying fast: its
+/// status, its task, and the receiver of its commands (kept while it runs).
+fn agent_w1(
+    endpoint: String,
+    files: &TlsFiles,
+    stop: &CancellationToken,
+) -> (
+    tokio::sync::watch::Receiver<SessionStatus>,
+    tokio::task::JoinHandle<()>,
+    mpsc::Receiver<pb::Command>,
+) {
+    let mut config = SessionConfig::new(endpoint);
+    config.heartbeat_interval = Duration::from_millis(50);
+    config.backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(50));
+    config.tls = Some(ClientTls {
+        files: files.clone(),
+        domain: "localhost".into(),
+    });
+    let (commands, received) = mpsc::channel(16);
+    let (_outbox, status, task) = Session::spawn(config, Arc::new(State), commands, stop.clone());
+    (status, task, received)
+}
+
 /// A rotation gone wrong (worker w2's key written over w1's: the key does not go with the
 /// certificate), then a reconnect: the agent registers again with the last files that
 /// worked instead of failing until someone fixes them (its workers lost meanwhile), and takes
@@ -110,15 +133,7 @@ async fn an_agent_reconnects_with_the_last_files_that_worked() {
     let fake = Fake::default();
     let endpoint = manager(&dir, fake.clone(), stop.clone()).await;
     let files = TlsFiles::worker(&dir, "w1");
-    let mut config = SessionConfig::new(endpoint);
-    config.heartbeat_interval = Duration::from_millis(50);
-    config.backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(50));
-    config.tls = Some(ClientTls {
-        files: files.clone(),
-        domain: "localhost".into(),
-    });
-    let (commands, _commands) = mpsc::channel(16);
-    let (_outbox, status, task) = Session::spawn(config, Arc::new(State), commands, stop.clone());
+    let (status, task, _commands) = agent_w1(endpoint, &files, &stop);
     let registrations = |n: u64| {
         let (mut status, last) = (status.clone(), status.clone());
         async move {
@@ -169,16 +184,7 @@ async fn a_failure_with_the_kept_files_names_the_files_that_cannot_be_used() {
     let fake = Fake::default();
     let endpoint = manager(&dir, fake.clone(), manager_stop.clone()).await;
     let files = TlsFiles::worker(&dir, "w1");
-    let mut config = SessionConfig::new(endpoint);
-    config.heartbeat_interval = Duration::from_millis(50);
-    config.backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(50));
-    config.tls = Some(ClientTls {
-        files: files.clone(),
-        domain: "localhost".into(),
-    });
-    let (commands, _commands) = mpsc::channel(16);
-    let (_outbox, mut status, task) =
-        Session::spawn(config, Arc::new(State), commands, stop.clone());
+    let (mut status, task, _commands) = agent_w1(endpoint, &files, &stop);
     tokio::time::timeout(Duration::from_secs(20), status.wait_for(|s| s.connected))
         .await
         .expect("registered")

@@ -18,6 +18,15 @@ fn trainer() -> Command {
     c
 }
 
+/// Sends `child` SIGTERM, as `docker stop` would.
+fn sigterm(child: &std::process::Child) {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
 #[test]
 fn invalid_configuration_exits_64_naming_the_flag() {
     for (args, flag) in [
@@ -88,11 +97,7 @@ fn sigterm_finishes_the_step_saves_and_exits_0_then_resumes() {
             break;
         }
     }
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    sigterm(&child);
     let rest: Vec<String> = lines.map(Result::unwrap).collect();
     let code = child.wait().unwrap();
     assert_eq!(code.code(), Some(0), "exit status after SIGTERM");
@@ -177,11 +182,7 @@ fn a_sigterm_sent_while_the_trainer_starts_is_held_until_it_can_save() {
             break;
         }
     }
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    sigterm(&child);
     let rest: Vec<String> = stderr.map(Result::unwrap).collect();
     let stdout: Vec<String> = BufReader::new(child.stdout.take().unwrap())
         .lines()
@@ -229,10 +230,7 @@ fn ignore_sigterm_keeps_training_through_sigterm_and_still_checkpoints() {
             break;
         }
     }
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
+    sigterm(&child);
     // It keeps going well past the step it was at, saving periodically, and never exits.
     let mut periodic_saves = 0;
     for l in lines.by_ref() {
@@ -270,10 +268,7 @@ fn sigterm_without_a_checkpoint_directory_exits_143() {
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     lines.next().unwrap().unwrap();
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
+    sigterm(&child);
     for _ in lines {}
     assert_eq!(child.wait().unwrap().code(), Some(143));
 }

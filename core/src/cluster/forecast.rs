@@ -20,7 +20,7 @@ use converge_policy::estimate::Basis;
 use converge_policy::share::weighted_water_fill_into;
 
 use super::lifecycle::{Job, JobPhase, OptF64, Worker};
-use super::types::Time;
+use super::types::{JobId, Time};
 use super::{Core, Eta};
 
 /// One job of the worker, as the forecast runs it.
@@ -299,7 +299,8 @@ impl<'a> Etas<'a> {
 ///
 /// A use measured before a job left the worker (its report averages over a time when that
 /// job still ran) is what it had of another split: read against the split it had then, when
-/// that job left ([`caps_read`], kept in [`Job::cap_read`]), not against the one it has now.
+/// that job left ([`Core::read_caps`], kept in [`Job::cap_read`]), not against the one it has
+/// now.
 /// Read against the one it has now, the use of a job held back by the one that left was
 /// taken for all it can use: a new user saw an ETA of 24 s jump to 2 minutes, and back, as
 /// a neighbour ended.
@@ -335,18 +336,29 @@ fn settled(j: &Job, w: &Worker) -> bool {
     j.view_from.get().is_some_and(|t| t >= w.shared_since)
 }
 
-/// What the uses of `w`'s jobs show them to be able to use, read as a job is about to leave
-/// it, against the split they have before it does: each job whose use is of that split, and
-/// the cores it is held to by its own parallelism (none when it is not).
-pub(super) fn caps_read<'c>(core: &'c Core, w: &'c Worker) -> Vec<(&'c str, OptF64)> {
-    let (jobs, loads) = loads(core, w);
-    (jobs.iter().zip(&loads))
-        .filter(|(j, _)| settled(j, w))
-        .map(|(j, l)| {
-            let capped = l.demand < w.cpu_capacity;
-            (j.id.as_str(), capped.then_some(l.demand).into())
-        })
-        .collect()
+impl Core {
+    /// Reads what the uses of worker `w`'s jobs show them to be able to use, as a job is about
+    /// to leave it, against the split they have before it does: into [`Job::cap_read`] of
+    /// each job whose use is of that split, the cores it is held to by its own parallelism
+    /// (none when it is not).
+    pub(super) fn read_caps(&mut self, w: &str) {
+        let Some(worker) = self.workers.get(w) else {
+            return;
+        };
+        let (jobs, loads) = loads(self, worker);
+        let caps: Vec<(JobId, OptF64)> = (jobs.iter().zip(&loads))
+            .filter(|(j, _)| settled(j, worker))
+            .map(|(j, l)| {
+                let capped = l.demand < worker.cpu_capacity;
+                (j.id.clone(), capped.then_some(l.demand).into())
+            })
+            .collect();
+        for (j, cap) in caps {
+            if let Some(j) = self.jobs.get_mut(&j) {
+                j.cap_read = cap;
+            }
+        }
+    }
 }
 
 /// What each job can use, read off what it uses now (`used`: 0 where the use is not to be

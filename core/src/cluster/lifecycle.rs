@@ -428,7 +428,7 @@ pub struct Job {
     pub view_from: OptF64,
     /// The cores `view`'s use showed it can use (none: not held by itself), read against the
     /// split it was measured under when a job left its worker since (the forecast's
-    /// `caps_read`). Read only while that use is the newest. Not stored.
+    /// `Core::read_caps`). Read only while that use is the newest. Not stored.
     #[serde(skip)]
     pub cap_read: OptF64,
     /// Reference core-seconds used in all incarnations (heartbeats' CPU use × time × the

@@ -696,16 +696,8 @@ impl Core {
         let leaves = job.phase.shares_cpu()
             && (!to.shares_cpu() || job.phase.worker() != to.worker())
             && lifecycle::allowed(&job.phase, &to);
-        if leaves && let Some(w) = job.phase.worker().and_then(|w| self.workers.get(w)) {
-            let caps: Vec<(JobId, OptF64)> = forecast::caps_read(self, w)
-                .into_iter()
-                .map(|(j, cap)| (j.into(), cap))
-                .collect();
-            for (j, cap) in caps {
-                if let Some(j) = self.jobs.get_mut(&j) {
-                    j.cap_read = cap;
-                }
-            }
+        if leaves && let Some(w) = job.phase.worker().cloned() {
+            self.read_caps(&w);
         }
         let job = self.jobs.get_mut(id).expect("just found");
         // The job's own id, shared by every set and queue that names it.

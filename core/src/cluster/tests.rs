@@ -4338,13 +4338,10 @@ fn a_running_job_has_an_eta_from_its_steps_and_is_measured_against_its_finish() 
     assert!(err < 0.05, "the half-way prediction was off by {err}");
 }
 
-/// A job held back by one ahead of it (here `converge` gives the short one nearly all of the
-/// core) is forecast at the whole core once that one ends, not at the little it used while
-/// held back: a new user saw an ETA of 24 s jump to 2 minutes as a neighbour ended, because
-/// that use was read as all it could use. Once it has run a whole report interval on its own,
-/// its use is read again.
-#[test]
-fn a_job_promoted_when_the_one_ahead_ends_is_forecast_at_its_new_share() {
+/// Two jobs under `converge` on one core, ten seconds in: 100 steps a core-second each, short
+/// 1000 steps in all, long 10,000. converge's split of one core between two jobs gives the
+/// second 0.17 cores (a floor of 1/16 and an eighth of the rest), and long uses all of it.
+fn short_ahead_of_long() -> Fixture {
     let mut f = Fixture::new("converge");
     f.register(1, "w1", 1.0);
     for id in ["short", "long"] {
@@ -4352,18 +4349,23 @@ fn a_job_promoted_when_the_one_ahead_ends_is_forecast_at_its_new_share() {
         let (_, start) = Fixture::sent(&out, id, "start").unwrap();
         f.ok(1, &start, Fixture::started(1));
     }
-    // 100 steps a core-second each: short has 1000 steps, long 10,000. converge's split of
-    // one core between two jobs gives the second 0.17 cores (a floor of 1/16 and an eighth
-    // of the rest), and long uses all of it.
-    let hb = |f: &mut Fixture, uses: &[(&str, f64)]| {
-        f.heartbeat_uses(1, uses);
-    };
     for i in 1..=10u64 {
-        hb(&mut f, &[("short", 0.83), ("long", 0.17)]);
+        f.heartbeat_uses(1, &[("short", 0.83), ("long", 0.17)]);
         f.progress_of(1, "short", 1, 83 * i, 1000);
         f.progress_of(1, "long", 1, 17 * i, 10_000);
         f.now += 1.0;
     }
+    f
+}
+
+/// A job held back by one ahead of it (here `converge` gives the short one nearly all of the
+/// core) is forecast at the whole core once that one ends, not at the little it used while
+/// held back: a new user saw an ETA of 24 s jump to 2 minutes as a neighbour ended, because
+/// that use was read as all it could use. Once it has run a whole report interval on its own,
+/// its use is read again.
+#[test]
+fn a_job_promoted_when_the_one_ahead_ends_is_forecast_at_its_new_share() {
+    let mut f = short_ahead_of_long();
     f.progress_of(1, "short", 1, 1000, 1000);
     f.exited(1, "short", 1, 0, false);
     assert_eq!(f.state("short"), JobState::Completed);
@@ -4375,13 +4377,13 @@ fn a_job_promoted_when_the_one_ahead_ends_is_forecast_at_its_new_share() {
     );
     // Its next report still averages over the time short ran; the one after is its own.
     f.now += 1.0;
-    hb(&mut f, &[("long", 0.5)]);
+    f.heartbeat_uses(1, &[("long", 0.5)]);
     let eta = f.core.eta("long", f.now).expect("an ETA");
     assert!(eta.remaining_s < 150.0, "{eta:?}");
     // Running on its own a whole interval at a third of a core, by its own parallelism:
     // that use is all it can use.
     f.now += 1.0;
-    hb(&mut f, &[("long", 0.3)]);
+    f.heartbeat_uses(1, &[("long", 0.3)]);
     let eta = f.core.eta("long", f.now).expect("an ETA");
     assert!(eta.remaining_s > 250.0, "its own cap not read: {eta:?}");
 }
@@ -4391,20 +4393,7 @@ fn a_job_promoted_when_the_one_ahead_ends_is_forecast_at_its_new_share() {
 /// against the one without it until a whole report after its exit.
 #[test]
 fn a_neighbour_leaves_the_split_when_its_container_exits_not_when_it_is_told_to_stop() {
-    let mut f = Fixture::new("converge");
-    f.register(1, "w1", 1.0);
-    for id in ["short", "long"] {
-        let out = f.submit(id, 0.5);
-        let (_, start) = Fixture::sent(&out, id, "start").unwrap();
-        f.ok(1, &start, Fixture::started(1));
-    }
-    // As in the test above: long has 0.17 of the core, all it is given.
-    for i in 1..=10u64 {
-        f.heartbeat_uses(1, &[("short", 0.83), ("long", 0.17)]);
-        f.progress_of(1, "short", 1, 83 * i, 1000);
-        f.progress_of(1, "long", 1, 17 * i, 10_000);
-        f.now += 1.0;
-    }
+    let mut f = short_ahead_of_long();
     f.step(Input::Cancel {
         id: "short".into(),
         by: String::new(),
