@@ -85,7 +85,8 @@ pub struct WorkerSnapshot {
     pub id: Id,
     /// CPU capacity, in cores.
     pub cpu_capacity: f64,
-    /// Sum of the cpus requested by jobs placed there.
+    /// Sum of the cpus requested by jobs placed there (a job a move is bringing there counts
+    /// from the move's start: its room is taken).
     pub cpu_requested: f64,
     /// Memory capacity, in bytes.
     pub memory_capacity: u64,
@@ -96,7 +97,8 @@ pub struct WorkerSnapshot {
     pub cpu_requested_nonzero: f64,
     /// Sum of [`JobRequest::nonzero`] memory over the jobs placed there.
     pub memory_requested_nonzero: u64,
-    /// Jobs placed there and not finished (including ones still starting).
+    /// Jobs placed there and not finished (including ones still starting, and ones a move is
+    /// bringing there).
     pub running: usize,
     /// Speed relative to the reference worker (1.0).
     pub calibration: f64,

@@ -43,6 +43,7 @@ impl Core {
             alpha: None,
             interval_s: None,
             jobs: Default::default(),
+            inbound: Default::default(),
             shared_since: now,
             stops_owed: Vec::new(),
         });

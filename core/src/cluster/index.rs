@@ -393,6 +393,7 @@ mod tests {
             alpha: None,
             interval_s: None,
             jobs: Default::default(),
+            inbound: Default::default(),
             shared_since: 0.0,
             stops_owed: Vec::new(),
         }

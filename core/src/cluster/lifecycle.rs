@@ -139,6 +139,19 @@ impl JobPhase {
         }
     }
 
+    /// The worker a move is taking the job to while the job still saves on its source: the
+    /// job holds room there from the move's first step ([`Worker::inbound`]).
+    pub fn inbound_to(&self) -> Option<&WorkerId> {
+        match self {
+            JobPhase::Migrating(Move {
+                to,
+                phase: MovePhase::Saving { .. },
+                ..
+            }) => Some(to),
+            _ => None,
+        }
+    }
+
     /// Whether this phase waits for the result of command `id` (the Start, Save or restore
     /// sent to [`JobPhase::worker`] for the current incarnation) to move on.
     pub fn awaits(&self, id: &str) -> bool {
@@ -546,6 +559,14 @@ pub struct Worker {
     /// placed would be rewritten in full at every placement.
     #[serde(skip)]
     pub jobs: JobSet,
+    /// Jobs a move is bringing here that still save on their source
+    /// ([`JobPhase::inbound_to`]). Their requests count here as well as on the source
+    /// (`policy::snapshot`): counted only once their incarnation came, the room a move was
+    /// going to looked free for the whole save, and a pending job placed in it overbooked the
+    /// target (a drain's move and a new job, 1.5 cores of requests on 1 core). Not stored,
+    /// like `jobs`.
+    #[serde(skip)]
+    pub inbound: JobSet,
     /// When a job last stopped sharing its CPU (moved, paused, ended): the others' parts grew
     /// then, and a job's CPU use measured before says what it had of the old split, not what
     /// it can use. (A job that comes shrinks the others' parts: a use below the new part was
@@ -694,6 +715,13 @@ impl WorkerPhase {
 }
 
 impl Worker {
+    /// The jobs placed here: those whose incarnation is here ([`Worker::jobs`]), then those a
+    /// move is bringing ([`Worker::inbound`]). What the placement snapshot counts and what
+    /// `converge` predicts a worker's finishes from: a job on its way will run here.
+    pub fn placed(&self) -> impl Iterator<Item = &JobId> {
+        self.jobs.iter().chain(self.inbound.iter())
+    }
+
     /// When the worker last showed it is alive.
     pub fn alive_at(&self) -> Time {
         self.last_seen.max(self.last_heard)

@@ -570,6 +570,25 @@ impl Core {
             (self.jobs.values()).filter(|j| !j.is_terminal() && j.spec.value_curve.is_some());
         let current_recorded =
             (self.jobs.values()).all(|j| j.worker().is_none_or(|w| j.ran_on(w, j.epoch)));
+        // Each worker's sets of jobs, as its jobs' phases say: each job is in the sets its
+        // phase names, and the sets hold no other.
+        let (mut named, mut held) = (0, 0);
+        let mut sets_follow_phases = true;
+        for j in self.jobs.values() {
+            if let Some(w) = j.phase.worker() {
+                named += 1;
+                sets_follow_phases &= (self.workers.get(w)).is_some_and(|w| w.jobs.contains(&j.id));
+            }
+            if let Some(w) = j.phase.inbound_to() {
+                named += 1;
+                sets_follow_phases &=
+                    (self.workers.get(w)).is_some_and(|w| w.inbound.contains(&j.id));
+            }
+        }
+        for w in self.workers.values() {
+            held += w.jobs.len() + w.inbound.len();
+        }
+        sets_follow_phases &= named == held;
         let pending = (self.pending.iter()).map(|(&seq, id)| {
             let job = &self.jobs[id];
             (seq, self.policy.wait_kind(job), job.reason.as_str())
@@ -579,6 +598,7 @@ impl Core {
             && lost.count() == self.lost
             && valued.count() == self.valued
             && current_recorded
+            && sets_follow_phases
     }
 
     /// A read-only view for policies and shells (between steps its placement index is up to
@@ -717,6 +737,8 @@ impl Core {
         let from_state = job.state();
         let old_worker = job.phase.worker().cloned();
         let new_worker = to.worker().cloned();
+        let old_inbound = job.phase.inbound_to().cloned();
+        let new_inbound = to.inbound_to().cloned();
         let new_incarnation = job.phase.starts_incarnation(&to);
         if new_incarnation {
             job.epoch += 1;
@@ -798,6 +820,16 @@ impl Core {
         if moved || new_incarnation {
             for w in old_worker.iter().chain(&new_worker) {
                 self.index.touch(w);
+            }
+        }
+        if old_inbound != new_inbound {
+            if let Some(w) = old_inbound.as_ref().and_then(|w| self.workers.get_mut(w)) {
+                w.inbound.remove(&id);
+                self.index.touch(&w.id);
+            }
+            if let Some(w) = new_inbound.as_ref().and_then(|w| self.workers.get_mut(w)) {
+                w.inbound.insert(id.clone());
+                self.index.touch(&w.id);
             }
         }
         if moved {

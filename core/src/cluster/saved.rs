@@ -167,6 +167,7 @@ impl Core {
         for mut w in saved.workers {
             w.conn = None;
             w.jobs.clear();
+            w.inbound.clear();
             // Silence while this manager was down says nothing about the worker.
             w.last_seen = w.last_seen.max(now);
             w.last_heard = now;
@@ -194,6 +195,15 @@ impl Core {
                     });
                 };
                 worker.jobs.insert(j.id.clone());
+            }
+            if let Some(w) = j.phase.inbound_to() {
+                let Some(worker) = core.workers.get_mut(w) else {
+                    return Err(RestoreError::UnknownWorker {
+                        job: j.id.clone(),
+                        worker: w.clone(),
+                    });
+                };
+                worker.inbound.insert(j.id.clone());
             }
             if j.state() == JobState::Pending {
                 if core.pending.insert(j.seq, j.id.clone()).is_some() {

@@ -102,12 +102,13 @@ impl Shadow {
 
     /// Every stored record is the core's own: nothing changed unreported.
     fn assert_complete(&self, core: &Core) {
-        // What a store keeps of a worker: not its stream, nor its job index (rebuilt) and
+        // What a store keeps of a worker: not its stream, nor its job indexes (rebuilt) and
         // when that last changed, nor the stops it is owed.
         let unlinked = |w: &Worker| {
             let mut w = w.clone();
             w.conn = None;
             w.jobs.clear();
+            w.inbound.clear();
             w.shared_since = 0.0;
             w.last_heard = 0.0;
             w.stops_owed.clear();
@@ -213,7 +214,7 @@ impl Fixture {
         self.store.assert_complete(&self.core);
         assert!(
             self.core.derived_state_is_fresh(),
-            "a placement snapshot, the Lost count or the valued count is out of date"
+            "a placement snapshot, a worker's job set, the Lost count or the valued count is out of date"
         );
         out
     }
@@ -773,6 +774,27 @@ fn move_outcome(out: &[Effect]) -> Option<&str> {
         }
         _ => None,
     })
+}
+
+/// A move holds its room on the target from its first step: a job submitted while the move
+/// saves is not placed in that room (it was, and overbooked the target: the sixth new user's
+/// walk), and gets it once the move is given up.
+#[test]
+fn a_move_holds_its_room_on_the_target_while_it_saves() {
+    let (mut f, _save) = Fixture::saving();
+    // w2 has 2 cores and `a` (1 core) is on its way there; w1 drains.
+    let out = f.submit("b", 1.5);
+    assert!(Fixture::sent(&out, "b", "start").is_none(), "{out:?}");
+    assert_eq!(f.state("b"), JobState::Pending);
+    let w2 = &f.core.view().snapshots().1[1];
+    assert_eq!((w2.cpu_requested, w2.running), (1.0, 1), "{w2:?}");
+    // Given up (cancelled while saving), the move frees the room for `b`.
+    let out = f.step(Input::Cancel {
+        id: "a".into(),
+        by: String::new(),
+    });
+    let (conn, _) = Fixture::sent(&out, "b", "start").expect("b placed once the room is free");
+    assert_eq!(conn, 2);
 }
 
 #[test]
@@ -2996,7 +3018,7 @@ mod model {
                 }
                 prop_assert!(
                     core.derived_state_is_fresh(),
-                    "a placement snapshot, the Lost count or the valued count is out of date"
+                    "a placement snapshot, a worker's job set, the Lost count or the valued count is out of date"
                 );
                 if let (Some(id), Some(Effect::Reply(Ok(_)))) = (submitted, out.last()) {
                     acknowledged.insert(id);

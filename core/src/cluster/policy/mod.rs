@@ -62,20 +62,25 @@ fn declared_left(job: &Job) -> Option<f64> {
 }
 
 /// What a placer sees of worker `w`: its reservations and its jobs' last reports.
+///
+/// A job a move is bringing here counts as placed here from the move's first step
+/// ([`Worker::inbound`]), though it reports nothing here until it restores.
 pub fn snapshot(w: &Worker, jobs: &Jobs) -> WorkerSnapshot {
-    let jobs: Vec<&Job> = w.jobs.iter().filter_map(|id| jobs.get(id)).collect();
+    let here: Vec<&Job> = w.jobs.iter().filter_map(|id| jobs.get(id)).collect();
+    let inbound = w.inbound.iter().filter_map(|id| jobs.get(id));
+    let placed: Vec<&Job> = here.iter().copied().chain(inbound).collect();
     WorkerSnapshot {
         id: w.id.clone(),
         cpu_capacity: w.cpu_capacity,
-        cpu_requested: jobs.iter().map(|j| j.spec.cpus).sum(),
+        cpu_requested: placed.iter().map(|j| j.spec.cpus).sum(),
         memory_capacity: w.memory_capacity(),
-        memory_requested: jobs.iter().map(|j| j.spec.memory_bytes).sum(),
-        cpu_requested_nonzero: jobs.iter().map(|j| request(&j.spec).nonzero().0).sum(),
-        memory_requested_nonzero: jobs.iter().map(|j| request(&j.spec).nonzero().1).sum(),
-        running: jobs.len(),
+        memory_requested: placed.iter().map(|j| j.spec.memory_bytes).sum(),
+        cpu_requested_nonzero: placed.iter().map(|j| request(&j.spec).nonzero().0).sum(),
+        memory_requested_nonzero: placed.iter().map(|j| request(&j.spec).nonzero().1).sum(),
+        running: placed.len(),
         calibration: w.calibration,
         schedulable: w.schedulable(),
-        jobs: jobs
+        jobs: here
             .iter()
             .filter_map(|j| {
                 let (category, growth_efficiency, cpu_limit) = j.view.shown()?;

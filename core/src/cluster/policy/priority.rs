@@ -165,7 +165,7 @@ impl<'a> Works<'a> {
     /// rebalancing walks each worker once per job it considers moving, so it reads the works
     /// once).
     fn of_worker(&self, w: &Worker) -> Vec<f64> {
-        w.jobs.iter().map(|id| self.get(id)).collect()
+        w.placed().map(|id| self.get(id)).collect()
     }
 }
 
@@ -220,8 +220,7 @@ struct ValueNet {
 /// id `id`: no more work than it, ties broken by id (as [`split`] orders them), so that a job
 /// placed and the job it is placed beside agree on which of them goes first.
 fn served_before(w: &Worker, works: &Works<'_>, (x, id): (f64, &str)) -> f64 {
-    w.jobs
-        .iter()
+    w.placed()
         .filter(|o| o.as_str() != id)
         .map(|o| (works.get(o), o.as_str()))
         .filter(|&other| other <= (x, id))
@@ -263,8 +262,7 @@ fn value_loss(
 ) -> f64 {
     let speed = speed(w);
     let mut order: Vec<(f64, &str)> = w
-        .jobs
-        .iter()
+        .placed()
         .filter(|o| o.as_str() != job)
         .map(|o| (works.get(o), o.as_str()))
         .collect();
@@ -304,7 +302,7 @@ pub(crate) fn per_core_of(w: &converge_policy::cluster::WorkerSnapshot, extra: u
 /// snapshots' crowding against.
 #[cfg(any(test, debug_assertions))]
 fn per_core(w: &Worker, extra: usize) -> f64 {
-    (w.jobs.len() + extra) as f64 / speed(w)
+    (w.placed().count() + extra) as f64 / speed(w)
 }
 
 /// Crowding (jobs per reference core, as placement counts them) within this fraction of
@@ -704,7 +702,7 @@ impl PriorityPolicy {
             let on_record = || {
                 let w = (view.workers.get(&ids[i]))
                     .expect("the placement index holds only workers the core has");
-                marginal(w, w.jobs.iter().map(|id| works.get(id)), new, None)
+                marginal(w, w.placed().map(|id| works.get(id)), new, None)
             };
             // An empty worker adds only the job's own work at its speed, which its snapshot
             // holds: its record, found by hash and read behind a pointer of its own, is not
@@ -765,7 +763,7 @@ impl PriorityPolicy {
         // What the job adds to the sum of completion times on worker `i` ([`marginal`]).
         let marginal_on = |i: usize| {
             let w = workers[i];
-            marginal(w, w.jobs.iter().map(|id| works.get(id)), new, None)
+            marginal(w, w.placed().map(|id| works.get(id)), new, None)
         };
         // Fewest jobs per reference core first (counting this one; [`SAME_CROWD`] apart counts
         // as the same), and only among those the marginal:
