@@ -3928,6 +3928,33 @@ impl Fixture {
     }
 }
 
+/// Under the value policy a drain moves a value job where the allocator says, whatever its
+/// `cpus`, as the job was placed: judged by spread's room for them it waited on the draining
+/// worker for ever, while new value jobs kept landing beside the others (a new user's walk).
+#[test]
+fn a_drain_under_the_value_policy_moves_value_jobs_whatever_their_cpus() {
+    let mut f = Fixture::with(policy::by_name("value", &value_settings()).unwrap());
+    f.register(1, "w1", 1.0);
+    f.register(2, "w2", 1.0);
+    let whole_core = JobSpec {
+        cpus: 1.0,
+        ..value_job(100.0, 100.0, 1000.0, 2000.0)
+    };
+    let on = f.start("a", whole_core.clone());
+    let other = f.start("b", whole_core);
+    assert_ne!(
+        on, other,
+        "the allocator spreads two jobs over two empty workers"
+    );
+    let worker = format!("w{on}");
+    let out = f.step(Input::Drain {
+        worker: worker.into(),
+    });
+    let (conn, _) = Fixture::sent(&out, "a", "save").expect("a drained job is moved");
+    assert_eq!(conn, on);
+    assert_eq!(f.state("a"), JobState::Migrating);
+}
+
 /// `converge` admits a job with a value curve only for more value than it costs the jobs it
 /// would delay (shortest first, a shorter job delays the longer ones by its work), and gives a
 /// placed job up as soon as it can no longer finish before its value runs out, not when it has

@@ -317,6 +317,42 @@ impl ValueAllocator {
         }
     }
 
+    /// Where a running job that must leave its node (a drain's) goes: the schedulable node
+    /// where it, with `remaining_s` of work and its share `shares` kept, adds the most to the
+    /// total expected value, weighed as an arrival is (:104-106; ties by added flow time, then
+    /// the first node). Neither a rejection nor a victim: the job already runs, and its user
+    /// or operator asked for it to leave, so it goes where it costs least even where that
+    /// lowers the total (the allocator drops it later if it becomes worthless, :65). `nodes`
+    /// must not hold the job. `None` when no node is usable.
+    pub fn on_move(
+        &self,
+        now: f64,
+        job: &ValueJob,
+        remaining_s: f64,
+        shares: u32,
+        nodes: &[NodeState],
+    ) -> Option<usize> {
+        let extra = Slot::new(remaining_s, shares, job.released_at, &job.curve);
+        let mut best: Option<Best> = None;
+        for (i, node) in nodes.iter().enumerate().filter(|(_, n)| usable(n)) {
+            let model = NodeModel::new(node);
+            let base = model.evaluate(now, None, None, None);
+            let o = model.evaluate(now, Some(&extra), None, None);
+            let (gain, flow) = gain_and_flow(&o, &base);
+            if best.is_none_or(|b| b.beaten_by(gain, flow)) {
+                best = Some(Best {
+                    node: i,
+                    shares,
+                    victim: None,
+                    gain,
+                    flow,
+                    value: o.extra_value,
+                });
+            }
+        }
+        best.map(|b| b.node)
+    }
+
     /// A container left `nodes[node]` at `now` (finished, stopped or dropped; `nodes` no longer
     /// holds it): drops the node's jobs whose value reached zero, then offers its paused jobs
     /// back (module doc, "Pause or stop").

@@ -74,6 +74,36 @@ fn rejects_when_every_placement_yields_zero() {
     }
 }
 
+/// A job leaving its node goes where it costs the total expected value least, though that
+/// lowers it (an arrival would be rejected), and only to a usable node.
+#[test]
+fn a_moved_job_goes_where_it_costs_least_and_is_never_rejected() {
+    let tight = curve(100.0, 100.0, 120.0);
+    // At 30 s, w1 holds a job with 60 s left that is worth nothing after 120 s: alone it
+    // finishes at 90 s, beside the moved job's 50 s at 140 s, worth nothing. w2 holds one
+    // with plenty of slack.
+    let nodes = [
+        node("w1", 1.0, vec![running("a", 60.0, 1024, tight)]),
+        node(
+            "w2",
+            1.0,
+            vec![running("b", 100.0, 1024, curve(100.0, 1000.0, 2000.0))],
+        ),
+    ];
+    // The job moved is worth nothing by now whatever happens: a rejection at arrival.
+    let j = job("j", 0.0, 50.0, curve(10.0, 10.0, 20.0));
+    assert!(matches!(
+        dwop().on_arrival(30.0, &j, &nodes),
+        ValueDecision::Reject { .. }
+    ));
+    assert_eq!(dwop().on_move(30.0, &j, 50.0, 1024, &nodes), Some(1));
+    let mut only_w1 = nodes.clone();
+    only_w1[1].schedulable = false;
+    assert_eq!(dwop().on_move(30.0, &j, 50.0, 1024, &only_w1), Some(0));
+    only_w1[0].schedulable = false;
+    assert_eq!(dwop().on_move(30.0, &j, 50.0, 1024, &only_w1), None);
+}
+
 #[test]
 fn rejects_with_no_schedulable_worker() {
     let mut n = node("w1", 1.0, vec![]);

@@ -8,7 +8,7 @@
 //!   the allocator (it neither counts in a worker's β, Eq. 1, nor can be preempted).
 //! - **The cluster as the allocator sees it** ([`node_states`]): one `NodeState` per worker in
 //!   id order; speed = calibration (ζ = 1/speed, :57); its containers = its value jobs that
-//!   occupy it, each with its share and remaining work `ET × (1 − step/total_steps)` in
+//!   occupy it or that a move is bringing there (`Worker::placed`), each with its share and remaining work `ET × (1 − step/total_steps)` in
 //!   reference seconds; paused when Paused; release AT_j = submission (:63).
 //! - **Decisions.** Victims are paused (or stopped: Rejected) (:112); after a value job leaves
 //!   a worker, [`ValueAllocator::on_departure`] offers its paused jobs back or drops worthless
@@ -116,7 +116,7 @@ pub fn node_states(view: ClusterView<'_>, shares: &BTreeMap<JobId, u32>) -> Vec<
     view.workers
         .values()
         .map(|w| {
-            let mut jobs: Vec<&Job> = w.jobs.iter().filter_map(|id| view.jobs.get(id)).collect();
+            let mut jobs: Vec<&Job> = w.placed().filter_map(|id| view.jobs.get(id)).collect();
             // Ordered by submission so decisions are deterministic.
             jobs.sort_by_key(|j| j.seq);
             NodeState {
@@ -218,8 +218,21 @@ impl ClusterPolicy for ValuePolicy {
         }
     }
 
-    fn place_move(&mut self, _now: Time, job: &Job, view: ClusterView<'_>) -> Option<WorkerId> {
-        self.fallback.target(job, view)
+    /// A value job goes where the allocator says it costs least ([`ValueAllocator::on_move`]),
+    /// whatever it asks in `cpus`, as it was placed: by spread's room for its `cpus` it
+    /// waited for ever on a draining worker while the allocator kept placing new value jobs
+    /// beside the others (a new user's walk). Other jobs go where spread has room.
+    fn place_move(&mut self, now: Time, job: &Job, view: ClusterView<'_>) -> Option<WorkerId> {
+        let Some(vj) = value_job(job) else {
+            return self.fallback.target(job, view);
+        };
+        let mut nodes = node_states(view, &self.shares);
+        for n in &mut nodes {
+            n.containers.retain(|c| c.job.id != vj.id);
+        }
+        let shares = self.shares.get(&job.id).copied().unwrap_or(DEFAULT_SHARES);
+        let node = (self.allocator).on_move(now, &vj, remaining_s(job), shares, &nodes)?;
+        view.workers.keys().nth(node).cloned()
     }
 
     fn start_shares(&self, job: &str) -> u32 {
