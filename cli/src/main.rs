@@ -55,6 +55,9 @@ mod exit {
     pub const DENIED: i32 = 5;
     /// The manager is busy (a rate limit) or shutting down: try again.
     pub const UNAVAILABLE: i32 = 6;
+    /// The job was created but turned away at admission (a value policy, or `converge`,
+    /// found its result worth nothing): its id is printed, the reason said.
+    pub const REJECTED: i32 = 7;
     /// Whoever read the output stopped (`convergectl top | head`): 128 + SIGPIPE, what a
     /// shell reports for a tool the closed pipe killed.
     pub const CLOSED_PIPE: i32 = 141;
@@ -71,6 +74,20 @@ fn causes(e: &anyhow::Error) -> String {
         }
     }
     out.join(": ")
+}
+
+/// `e` in one short line: what failed, then its root cause, without the links between (a
+/// tonic status printed whole, the transport's wrappers, Debug-printed structs). `top` shows
+/// it in its header every second and `watch` on each loss: the whole chain ran to several
+/// lines of h2 and rustls internals.
+fn brief(e: &anyhow::Error) -> String {
+    let first = e.to_string();
+    let root = e.root_cause().to_string();
+    if first.contains(&root) {
+        first
+    } else {
+        format!("{first}: {root}")
+    }
 }
 
 /// Whether a panic's `message` is `println!` finding stdout's reader gone.
@@ -162,7 +179,14 @@ enum Cmd {
         value: Option<pb::ValueCurve>,
         /// Seconds the job takes alone on a reference worker (what the value policies admit
         /// by; a guess for the ETA until the job reports its own steps).
-        #[arg(long, default_value_t = 0.0, hide_default_value = true)]
+        // A negative number is a value (refused by the manager, naming the field), not a flag:
+        // clap's tip for it would pass it to the job.
+        #[arg(
+            long,
+            default_value_t = 0.0,
+            hide_default_value = true,
+            allow_negative_numbers = true
+        )]
         estimated_runtime: f64,
         /// Arguments for the image's entrypoint (after `--`).
         #[arg(last = true)]
@@ -353,6 +377,10 @@ async fn main() {
         if stdout_closed(&e) {
             std::process::exit(exit::CLOSED_PIPE);
         }
+        if e.downcast_ref::<Rejected>().is_some() {
+            eprintln!("convergectl: {e}");
+            std::process::exit(exit::REJECTED);
+        }
         let code = e.downcast_ref::<tonic::Status>().map(tonic::Status::code);
         // A refused call is said in one line (its code and message); anything else with its
         // causes.
@@ -462,13 +490,26 @@ async fn run(cli: Cli) -> Result<()> {
             for w in &r.warnings {
                 eprintln!("convergectl: warning: {w}");
             }
+            // A job turned away at admission was created (its id names it in `get` and
+            // `why`), but it will never run: a script waiting on it must hear so.
+            let rejected = (r.job.as_ref())
+                .filter(|j| j.state == pb::JobState::Rejected as i32)
+                .map(|j| j.reason.clone());
             if json {
-                println!(
-                    "{}",
-                    serde_json::json!({ "job_id": r.job_id, "warnings": r.warnings })
-                );
+                let mut out = serde_json::json!({ "job_id": r.job_id, "warnings": r.warnings });
+                if let Some(reason) = &rejected {
+                    out["rejected"] = reason.clone().into();
+                }
+                println!("{out}");
             } else {
                 println!("{}", r.job_id);
+            }
+            if let Some(reason) = rejected {
+                return Err(Rejected {
+                    job: r.job_id,
+                    reason,
+                }
+                .into());
             }
         }
         Cmd::Get { job, progress } => {
@@ -825,7 +866,7 @@ impl Away {
         }
         // Why, in each message: a manager that is back but refuses the connection (its CA
         // rotated, say) looks gone, and only the cause tells the two apart.
-        let why = (e.as_ref()).map_or("it ended the stream".to_string(), |e| format!("{e:#}"));
+        let why = (e.as_ref()).map_or("it ended the stream".to_string(), brief);
         let since = match self.since {
             Some(since) => since,
             None => {
@@ -970,8 +1011,10 @@ async fn top(
             println!("{}", serde_json::json!({ "unix_ms": now, "jobs": all }));
         } else {
             let status = match away.since {
+                // What and why on a line of their own: after the title and the clock, an
+                // 80-column header was cut before them.
                 Some(since) => format!(
-                    "the manager is unreachable ({}s: {}); reconnecting",
+                    "reconnecting\n  the manager is unreachable for {}s: {}",
                     since.elapsed().as_secs(),
                     away.why
                 ),
@@ -1256,6 +1299,25 @@ async fn speaks_tls(manager: &str) -> bool {
         .flatten()
         .unwrap_or(false)
 }
+
+/// A submitted job turned away at admission ([`exit::REJECTED`]).
+#[derive(Debug)]
+struct Rejected {
+    job: String,
+    reason: String,
+}
+
+impl std::fmt::Display for Rejected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "job {} was rejected at admission: {}",
+            self.job, self.reason
+        )
+    }
+}
+
+impl std::error::Error for Rejected {}
 
 /// A failed call, kept as the status so that `main` can pick the exit code.
 fn status(s: tonic::Status) -> anyhow::Error {
@@ -1601,5 +1663,8 @@ mod tests {
             causes(&e),
             "cannot reach the manager: tcp connect error: connection refused"
         );
+        assert_eq!(brief(&e), "cannot reach the manager: connection refused");
+        let alone = anyhow::anyhow!("it ended the stream");
+        assert_eq!(brief(&alone), "it ended the stream");
     }
 }

@@ -199,7 +199,8 @@ impl Board {
     }
 
     /// Shows `jobs` (in the order given) with `stamp` (the time, which a plain frame alone
-    /// does not print again for) and `status` on the header line.
+    /// does not print again for) and `status` on the header line; a status of more lines
+    /// continues below it (each cut to the terminal's width as the others are).
     pub fn update(&mut self, jobs: &[pb::Job], now_ms: i64, stamp: &str, status: &str) {
         let mut rows: Vec<String> = jobs.iter().map(|j| Row::of(j, now_ms).line()).collect();
         let header = format!("{} {stamp}{status}", self.title);
@@ -222,7 +223,7 @@ impl Board {
         }
         self.size = size;
         let (height, width) = size;
-        let lines: Vec<String> = std::iter::once(header).chain(rows).collect();
+        let lines: Vec<String> = (header.lines().map(String::from)).chain(rows).collect();
         let (frame, shown) = frame(self.drawn, &lines, usize::from(width), usize::from(height));
         text.push_str(&frame);
         self.drawn = shown;

@@ -248,6 +248,69 @@ async fn each_command_prints_tables_and_json_and_exits_with_a_code_scripts_can_u
     manager.stop().await;
 }
 
+/// A job rejected at admission is created (its id printed) but exits 7 with the reason, so a
+/// script does not wait for it; a negative estimate is the manager's to refuse, by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submission_rejected_at_admission_says_so_and_exits_7() {
+    let manager = TestManager::start(|c| c.policy = "value".into())
+        .await
+        .expect("manager");
+    let m = manager.endpoint();
+    let _w1 = ScriptedAgent::connect(&m, "w1", 2.0, Duration::from_millis(100))
+        .await
+        .expect("agent");
+    // 60 s of work, worth nothing from 10 s after submission.
+    let worthless = [
+        "submit",
+        "--image",
+        "x",
+        "--value",
+        "100,5,10",
+        "--estimated-runtime",
+        "60",
+    ];
+    let (code, out, err) = ctl(&m, &worthless).await;
+    assert_eq!(code, 7, "{err}");
+    let id = out.trim();
+    assert_eq!(id.len(), 36, "its id: {out}");
+    assert!(
+        err.contains(&format!("job {id} was rejected at admission: "))
+            && err.contains("worth nothing from 10.0 s"),
+        "{err}"
+    );
+    let (code, out, _) = ctl(&m, &["get", id, "-o", "json"]).await;
+    assert_eq!(code, 0);
+    assert_eq!(json(&out)["state"], "rejected", "{out}");
+    let mut as_json = worthless.to_vec();
+    as_json.extend(["-o", "json"]);
+    let (code, out, err) = ctl(&m, &as_json).await;
+    assert_eq!(code, 7, "{err}");
+    assert!(
+        json(&out)["rejected"]
+            .as_str()
+            .is_some_and(|r| r.contains("worth nothing")),
+        "{out}"
+    );
+    // A negative estimate reaches the manager, which names the field (clap took it for a
+    // flag and offered to pass it to the job).
+    let (code, _, err) = ctl(
+        &m,
+        &[
+            "submit",
+            "--image",
+            "x",
+            "--value",
+            "10,10,60",
+            "--estimated-runtime",
+            "-5",
+        ],
+    )
+    .await;
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("spec.estimated_runtime_s"), "{err}");
+    manager.stop().await;
+}
+
 /// A history past the 4 MiB a gRPC client takes in one answer (80 jobs of 60 KB of
 /// arguments): `list`, `top` and a job's name still work, a page at a time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

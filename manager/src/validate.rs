@@ -153,6 +153,33 @@ pub struct Limits {
     pub max_memory: Option<u64>,
 }
 
+/// The first bound value curve `vc` breaks, said with the number that breaks it: the whole
+/// rule alone left a user to find which of three numbers was wrong.
+fn curve_fault(vc: &converge_messenger::pb::ValueCurve) -> Option<String> {
+    let (max, full, zero) = (vc.max_value, vc.full_value_until_s, vc.zero_value_at_s);
+    if !(max.is_finite() && max > 0.0) {
+        Some(format!("max_value {max} must be a number above 0"))
+    } else if !(full.is_finite() && full >= 0.0) {
+        Some(format!(
+            "full_value_until_s {full} must be a number of seconds from 0"
+        ))
+    } else if !(zero.is_finite() && zero > 0.0) {
+        Some(format!(
+            "zero_value_at_s {zero} must be a number of seconds above 0 (a job worth nothing \
+             from its submission is refused)"
+        ))
+    } else if zero < full {
+        Some(format!(
+            "zero_value_at_s {zero} comes before full_value_until_s {full}: the value falls \
+             to nothing after its full value ends"
+        ))
+    } else if zero > MAX_SECONDS {
+        Some(format!("zero_value_at_s {zero} is past a year"))
+    } else {
+        None
+    }
+}
+
 /// What a valid `spec` asks that the manager's policy (`policy`, reading value curves or not)
 /// will not do: said back to the user, as Kubernetes' API server says a warning.
 pub fn warnings(spec: &JobSpec, policy: &str, reads_value_curves: bool) -> Vec<String> {
@@ -302,25 +329,14 @@ pub fn validate(spec: Option<JobSpec>, limits: Limits) -> Result<JobSpec> {
     if let Err(e) = converge_contract::parse_user(&spec.user) {
         return Err(Error::invalid("spec.user", e));
     }
-    if let Some(vc) = &spec.value_curve {
-        let ok = vc.max_value.is_finite()
-            && vc.max_value > 0.0
-            && vc.full_value_until_s.is_finite()
-            && vc.full_value_until_s >= 0.0
-            && vc.zero_value_at_s.is_finite()
-            && vc.zero_value_at_s > 0.0
-            && vc.zero_value_at_s >= vc.full_value_until_s
-            && vc.zero_value_at_s <= MAX_SECONDS;
-        if !ok {
-            return Err(Error::invalid(
-                "spec.value_curve",
-                format!(
-                    "needs max_value > 0 and 0 <= full_value_until_s <= zero_value_at_s <= \
-                     {MAX_SECONDS} (a year), with zero_value_at_s > 0 (a job worth nothing \
-                     from its submission is refused)"
-                ),
-            ));
-        }
+    if let Some(fault) = spec.value_curve.as_ref().and_then(curve_fault) {
+        return Err(Error::invalid(
+            "spec.value_curve",
+            format!(
+                "{fault} (a curve needs max_value > 0 and 0 <= full_value_until_s <= \
+                 zero_value_at_s <= {MAX_SECONDS}, a year)"
+            ),
+        ));
     }
     if !(spec.estimated_runtime_s.is_finite()
         && (0.0..=MAX_SECONDS).contains(&spec.estimated_runtime_s))
@@ -630,6 +646,32 @@ mod tests {
             ..spec()
         };
         assert_eq!(field_of(validate(Some(worthless), lim)), "spec.value_curve");
+        // Each broken bound is named with its number.
+        for ((max, full, zero), says) in [
+            ((0.0, 10.0, 60.0), "max_value 0 must be"),
+            ((5.0, -1.0, 60.0), "full_value_until_s -1 must be"),
+            ((5.0, 0.0, 0.0), "zero_value_at_s 0 must be"),
+            (
+                (100.0, 300.0, 60.0),
+                "zero_value_at_s 60 comes before full_value_until_s 300",
+            ),
+            ((5.0, 10.0, 1e300), "is past a year"),
+        ] {
+            let curve = JobSpec {
+                value_curve: Some(converge_messenger::pb::ValueCurve {
+                    max_value: max,
+                    full_value_until_s: full,
+                    zero_value_at_s: zero,
+                }),
+                ..spec()
+            };
+            match validate(Some(curve), lim) {
+                Err(Error::InvalidArgument { message, .. }) => {
+                    assert!(message.contains(says), "{message}")
+                }
+                other => panic!("expected InvalidArgument, got {other:?}"),
+            }
+        }
     }
 
     #[test]

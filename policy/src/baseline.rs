@@ -239,6 +239,20 @@ mod tests {
         }
     }
 
+    /// Requests and free cores as a user wrote them: a quarter core is not "0.2".
+    #[test]
+    fn unschedulable_says_fractions_of_a_core_unrounded() {
+        let mut ws = vec![worker("worker-1", 1.0)];
+        ws[0].cpu_requested = 0.76;
+        match Spread.place(&job(0.25), &ws) {
+            Placement::Unschedulable { reason } => assert_eq!(
+                reason,
+                "no schedulable worker has 0.25 free CPUs (largest free: 0.24 on worker-1)"
+            ),
+            p => panic!("expected unschedulable, got {p:?}"),
+        }
+    }
+
     #[test]
     fn unschedulable_names_memory_when_cpu_fits() {
         let mut ws = vec![worker("worker-1", 4.0)];

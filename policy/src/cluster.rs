@@ -304,9 +304,9 @@ pub fn unschedulable_reason(job: &JobRequest, workers: &[WorkerSnapshot]) -> Str
             })
             .expect("non-empty");
         return format!(
-            "no schedulable worker has {:.1} free CPUs (largest free: {:.1} on {})",
-            job.cpus,
-            best.cpu_free(),
+            "no schedulable worker has {} free CPUs (largest free: {} on {})",
+            fmt_cpus(job.cpus),
+            fmt_cpus(best.cpu_free()),
             best.id
         );
     }
@@ -329,10 +329,22 @@ pub fn unschedulable_reason(job: &JobRequest, workers: &[WorkerSnapshot]) -> Str
         );
     }
     format!(
-        "no schedulable worker has both {:.1} free CPUs and {} free memory",
-        job.cpus,
+        "no schedulable worker has both {} free CPUs and {} free memory",
+        fmt_cpus(job.cpus),
         fmt_bytes(job.memory_bytes)
     )
+}
+
+/// Cores as a user writes them: to the thousandth, without trailing zeros (`0.25`, `2.0`).
+/// One decimal said a 0.25-core job waited for "0.2 free CPUs", and 0.24 free as 0.2.
+fn fmt_cpus(cores: f64) -> String {
+    let text = format!("{cores:.3}");
+    let text = text.trim_end_matches('0');
+    if text.ends_with('.') {
+        format!("{text}0")
+    } else {
+        text.to_string()
+    }
 }
 
 fn fmt_bytes(b: u64) -> String {
