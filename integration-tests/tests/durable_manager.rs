@@ -465,6 +465,51 @@ async fn finished_jobs_beyond_those_kept_are_answered_for_from_the_store() -> an
 /// together (and then answered for as unknown, saying why it may be), while a live job,
 /// however old, stays. Memory keeps finished jobs here, so a GetJob that still finds the job in
 /// either place fails the test.
+/// A cancel asked again is answered as the first (a client whose answer was lost retries),
+/// from memory and once the job has left it for the store alike; a completed job's is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_asked_again_is_answered_as_the_first_from_the_store_too() -> anyhow::Result<()> {
+    let state = tempfile_dir("cancel-again")?;
+    let manager = TestManager::start(|c| {
+        tweak(state.path())(c);
+        c.keep_finished = 1;
+    })
+    .await?;
+    let mut client = manager.control().await?;
+    // No worker yet: it waits, and is cancelled there.
+    let id = submit(&mut client).await?;
+    let cancel = |mut client: pb::control_service_client::ControlServiceClient<_>| {
+        let id = id.clone();
+        async move { client.cancel_job(pb::CancelJobRequest { job_id: id }).await }
+    };
+    for _ in 0..2 {
+        let j = cancel(client.clone()).await?.into_inner();
+        assert_eq!(j.state, pb::JobState::Cancelled as i32, "{j:?}");
+    }
+    // Two jobs finish after it: it leaves memory (one finished job is kept).
+    let mut agent =
+        ScriptedAgent::connect(&manager.endpoint(), "w1", 8.0, Duration::from_millis(100)).await?;
+    let done = complete_one(&mut client, &mut agent, 0).await?;
+    complete_one(&mut client, &mut agent, 1).await?;
+    let j = cancel(client.clone()).await?.into_inner();
+    assert_eq!(
+        j.state,
+        pb::JobState::Cancelled as i32,
+        "from the store: {j:?}"
+    );
+    let refused = client
+        .cancel_job(pb::CancelJobRequest { job_id: done })
+        .await
+        .expect_err("a completed job cannot be cancelled");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    manager.stop().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finished_jobs_past_the_retention_are_pruned_and_live_ones_stay() -> anyhow::Result<()> {
     let state = tempfile_dir("retention")?;

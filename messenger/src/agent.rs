@@ -479,7 +479,11 @@ async fn run<S: AgentState>(
         let error = result.as_ref().err();
         // A failure said once: the same reason again, while nothing succeeds, at debug.
         let again = failing.as_ref() == Some(&reason) && !was_connected;
-        if error.is_some_and(SessionError::is_replaced) {
+        if matches!(error, Some(SessionError::Rotated)) {
+            // Planned: the operator rotated the files, and nothing is wrong (a warning for it
+            // read as a fault in the logs of every rotation).
+            info!(?delay, "reconnecting with the rotated certificate files");
+        } else if error.is_some_and(SessionError::is_replaced) {
             // Each of two agents with one worker id takes the stream from the other when it
             // reconnects: without this, the only sign was the manager's registrations.
             error!(%reason, ?delay, "another agent process registered with this agent's --worker-id and took its stream; give each agent its own --worker-id");

@@ -76,6 +76,11 @@ impl Core {
             .jobs
             .get(id)
             .ok_or_else(|| RequestError::JobNotFound(id.into()))?;
+        // Asking again changes nothing and is answered as the first time: a client whose
+        // answer was lost retries, and was told it had failed.
+        if job.state() == JobState::Cancelled {
+            return Ok(Reply::Job(id.into()));
+        }
         if job.is_terminal() {
             return Err(RequestError::FailedPrecondition(format!(
                 "job {id} is already {}",

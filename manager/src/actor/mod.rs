@@ -39,7 +39,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime};
 
 use converge_core::cluster::saved::Changes;
-use converge_core::cluster::types::{JobId, Time};
+use converge_core::cluster::types::{JobId, JobState, Time};
 use converge_core::cluster::{Core, Effect, Input, Refusal, Reply, RequestError};
 use converge_messenger::manager::{AgentLink, ConnectionId, StreamEvent};
 use converge_messenger::pb::{self, Event, JobSpec, manager_message::Kind as ManagerKind};
@@ -994,8 +994,14 @@ impl Actor {
                     id: id.clone().into(),
                     by,
                 }) {
-                    // Archived: finished long ago, as the core would say of a finished job.
+                    // Archived: finished long ago, as the core would say of a finished job
+                    // (and, for a cancelled one, as the first cancel was answered).
                     Err(Error::JobNotFound(_)) => match self.archived(Some(&id), None) {
+                        Ok(a)
+                            if (a.first()).is_some_and(|a| a.0.state() == JobState::Cancelled) =>
+                        {
+                            Ok(Reply::Job(id.clone().into()))
+                        }
                         Ok(a) if !a.is_empty() => Err(Error::FailedPrecondition(format!(
                             "job {id} is already {}",
                             a[0].0.state().label()
