@@ -248,6 +248,43 @@ async fn each_command_prints_tables_and_json_and_exits_with_a_code_scripts_can_u
     manager.stop().await;
 }
 
+/// A job submitted with the name of a job not ended is created, and the user warned that the
+/// name now means two jobs; a name held only by ended jobs warns of nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_job_of_a_name_is_warned_of() {
+    let manager = TestManager::start(|_| {}).await.expect("manager");
+    let m = manager.endpoint();
+    let submit = ["submit", "--image", "x", "--name", "resnet"];
+    let (code, first, err) = ctl(&m, &submit).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("warning"), "{err}");
+    let first = first.trim().to_string();
+    let (code, second, err) = ctl(&m, &submit).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(&format!(
+            "warning: spec.name `resnet` is also the name of job {first}, not ended"
+        )),
+        "{err}"
+    );
+    let (code, _, err) = ctl(&m, &["get", "resnet"]).await;
+    assert_eq!(code, 4, "the name means two jobs: {err}");
+    // Listed by name (the specs' index): both.
+    let (_, out, _) = ctl(&m, &["list", "--name", "resnet", "-o", "json"]).await;
+    assert_eq!(json(&out).as_array().map(Vec::len), Some(2), "{out}");
+    for id in [&first, second.trim()] {
+        let (code, _, err) = ctl(&m, &["cancel", id]).await;
+        assert_eq!(code, 0, "{err}");
+    }
+    let (code, _, err) = ctl(&m, &submit).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        !err.contains("warning"),
+        "only ended jobs had the name: {err}"
+    );
+    manager.stop().await;
+}
+
 /// A job rejected at admission is created (its id printed) but exits 7 with the reason, so a
 /// script does not wait for it; a negative estimate is the manager's to refuse, by name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -797,17 +797,16 @@ impl Actor {
         let named = |spec: &Option<pb::JobSpec>| {
             name.is_empty() || spec.as_ref().is_some_and(|s| s.name == name)
         };
-        // Specs are decoded only where they are read: for a name filter, or for the page.
-        let mut jobs: Vec<_> = (self.core.jobs().values())
-            .filter(|j| fits(j))
-            .map(|j| {
-                (
-                    j,
-                    (!name.is_empty()).then(|| self.specs.get(&j.id)).flatten(),
-                )
-            })
-            .filter(|(_, spec)| named(spec))
-            .collect();
+        // A name is looked up in the specs' index (the store's jobs are filtered as read);
+        // specs are decoded only for the page.
+        let held: Box<dyn Iterator<Item = &converge_core::cluster::lifecycle::Job>> =
+            if name.is_empty() {
+                Box::new(self.core.jobs().values())
+            } else {
+                Box::new((self.specs.named(&name).iter()).filter_map(|id| self.core.job(id)))
+            };
+        let mut jobs: Vec<(_, Option<pb::JobSpec>)> =
+            held.filter(|j| fits(j)).map(|j| (j, None)).collect();
         jobs.sort_by_key(|(j, _)| j.seq);
         jobs.truncate(take.unwrap_or(usize::MAX));
         for (j, spec) in jobs.iter_mut() {
@@ -1165,6 +1164,26 @@ impl Actor {
             .ok_or_else(|| Error::JobNotFound(id.to_string()))
     }
 
+    /// A warning for a job `id` named `name` when other jobs not ended have the name: a
+    /// command given the name will ask which it means (names are not unique here, as Slurm's
+    /// are not; Kubernetes refuses a second).
+    fn same_name(&self, id: &str, name: &str) -> Option<String> {
+        let others: Vec<&str> = (self.specs.named(name).iter())
+            .filter(|o| o.as_str() != id)
+            .filter(|o| self.core.job(o).is_some_and(|j| !j.is_terminal()))
+            .map(|o| o.as_str())
+            .collect();
+        let first = others.first()?;
+        let more = match others.len() {
+            1 => String::new(),
+            n => format!(" and {} more", n - 1),
+        };
+        Some(format!(
+            "spec.name `{name}` is also the name of job {first}{more}, not ended: a command \
+             given the name will ask which job it means; give this one's id"
+        ))
+    }
+
     fn submit(&mut self, spec: Option<Box<JobSpec>>) -> Result<Submitted> {
         let policy = self.core.policy_name();
         // The root of the job's trace: everything the job goes through hangs below it.
@@ -1215,7 +1234,8 @@ impl Actor {
                 self.metrics.job_submitted();
                 info!(job = %id, "job submitted");
                 let reads = self.core.policy_reads_value_curves();
-                let warnings = validate::warnings(&spec, policy, reads);
+                let mut warnings = validate::warnings(&spec, policy, reads);
+                warnings.extend(self.same_name(&id, &spec.name));
                 for w in &warnings {
                     info!(job = %id, warning = %w, "submission warned");
                 }
