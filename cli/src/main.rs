@@ -899,6 +899,8 @@ async fn watch(client: &mut Client, job: String, from_seq: u64, json: bool) -> R
     let mut next = from_seq;
     let mut away = Away::default();
     let mut connected = false;
+    // The name of the log the events shown were read from ([`converge_messenger::EVENT_LOG_HEADER`]).
+    let mut log: Option<String> = None;
     loop {
         let request = pb::WatchEventsRequest {
             job_id: job.clone(),
@@ -908,6 +910,27 @@ async fn watch(client: &mut Client, job: String, from_seq: u64, json: bool) -> R
             Ok(events) => {
                 away.back();
                 connected = true;
+                let named = (events.metadata().get(converge_messenger::EVENT_LOG_HEADER))
+                    .and_then(|v| v.to_str().ok())
+                    .map(String::from);
+                // Another log: the manager was restarted without its state, and its numbers
+                // began again; those from `next` on may be past events it made since. Read
+                // from its first event instead (a manager that names no log is not judged).
+                if let (Some(was), Some(now)) = (&log, &named)
+                    && was != now
+                    && next > 1
+                {
+                    eprintln!(
+                        "convergectl: the manager's event log is a new one (restarted without \
+                         its state); the events after {} not shown are gone; going on from its \
+                         first event",
+                        next - 1
+                    );
+                    log = named;
+                    next = 1;
+                    continue;
+                }
+                log = named.or(log);
                 let mut events = events.into_inner();
                 let ended = loop {
                     match events.message().await {
@@ -938,11 +961,9 @@ async fn watch(client: &mut Client, job: String, from_seq: u64, json: bool) -> R
             }
             // A manager never reached is a wrong address, not one to wait for.
             Err(s) if !connected => return Err(status(s)),
-            // Back, but its log ends before the event to resume from: it was restarted
-            // without its state (`--state-dir none`) and numbers from 1 again, or from an
-            // older backup. Shown from its first event it has: some may have been shown
-            // before. (One restarted without its state that has made as many events as were
-            // shown by the time the watcher is back is not noticed: its first ones are missed.)
+            // Back, but its log ends before the event to resume from: it was restarted from
+            // an older backup (or without its state, by a manager that names no log). Shown
+            // from its first event it has: some may have been shown before.
             Err(s) if s.code() == tonic::Code::InvalidArgument && next > 1 => {
                 eprintln!(
                     "convergectl: the manager's event log starts again (restarted without its \

@@ -394,6 +394,50 @@ async fn next_json(lines: &mut Lines) -> serde_json::Value {
     json(&lines.next_line().await.expect("read").expect("a line"))
 }
 
+/// A manager restarted without its state numbers its events from 1 again, under a new log
+/// name: a watcher back after the new manager made more events than it had shown reads the
+/// new log from its first event. (Judged by the number alone, it went on from the
+/// number after the last it showed, and missed the new log's first events.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_reads_a_new_log_from_its_first_event_however_far_it_has_got() {
+    let first = TestManager::start(|_| {}).await.expect("manager");
+    let addr = first.addr;
+    // The watcher reaches the managers through a proxy that can keep it away while the
+    // second one makes its events.
+    let proxy = converge_integration_tests::proxy::Proxy::start(addr)
+        .await
+        .expect("proxy");
+    let before = submit_named(&first.endpoint(), "before").await;
+    let (mut watch, mut events) = spawn_ctl(
+        &proxy.endpoint(),
+        &["watch", "--from-seq", "1", "-o", "json"],
+    );
+    let e = next_json(&mut events).await;
+    assert_eq!(
+        (e["seq"].as_u64(), e["job"].as_str()),
+        (Some(1), Some(before.as_str()))
+    );
+    proxy.hold();
+    first.stop().await;
+    let second = TestManager::start_at(addr, |_| {})
+        .await
+        .expect("the manager again, without its state");
+    let mut after = Vec::new();
+    for name in ["a", "b", "c"] {
+        after.push(submit_named(&second.endpoint(), name).await);
+    }
+    // Let the watcher through: its next call asks for event 2, which the new log has.
+    proxy.cut();
+    let e = next_json(&mut events).await;
+    assert_eq!(
+        (e["seq"].as_u64(), e["job"].as_str()),
+        (Some(1), Some(after[0].as_str())),
+        "the new log's first event: {e}"
+    );
+    watch.kill().await.expect("kill watch");
+    second.stop().await;
+}
+
 /// A manager restart (on the same address and store) is a pause for `watch` and `top`, not
 /// their end: `watch` goes on after the last event it printed, none missed or said twice,
 /// and `top` shows the jobs submitted since.

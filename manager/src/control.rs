@@ -264,7 +264,7 @@ impl ControlService for ManagerHandle {
         let permit = self.stream_slot()?;
         let r = request.into_inner();
         let job_id = r.job_id.clone();
-        let (history, live) = self
+        let crate::actor::Watched { history, live, log } = self
             .ask(|reply| ActorRequest::Watch {
                 job_id: r.job_id,
                 from_seq: r.from_seq,
@@ -301,7 +301,14 @@ impl ControlService for ManagerHandle {
             item
         });
         let all = stream::iter(history.into_iter().map(Ok)).chain(live);
-        Ok(Response::new(Box::pin(all)))
+        let mut response = Response::new(Box::pin(all) as Self::WatchEventsStream);
+        // A UUID is always a valid header value.
+        if let Ok(value) = log.parse() {
+            response
+                .metadata_mut()
+                .insert(converge_messenger::EVENT_LOG_HEADER, value);
+        }
+        Ok(response)
     }
 
     type JobLogsStream = Pin<Box<dyn Stream<Item = Result<pb::JobLogsResponse, Status>> + Send>>;

@@ -19,6 +19,8 @@ const LIVE_BUFFER: usize = 8192;
 
 /// Numbered, replayable, broadcast events.
 pub struct EventLog {
+    /// The log's name ([`EventLog::name`]).
+    name: String,
     /// Events kept in memory.
     capacity: usize,
     next_seq: u64,
@@ -36,6 +38,7 @@ impl EventLog {
     /// An empty log keeping the newest `capacity` events in memory.
     pub fn with_capacity(capacity: usize) -> Self {
         Self {
+            name: uuid::Uuid::new_v4().to_string(),
             capacity: capacity.max(1),
             next_seq: 1,
             history: VecDeque::new(),
@@ -47,6 +50,8 @@ impl EventLog {
     pub fn recovered(history: Vec<Event>, next_seq: u64, capacity: usize) -> Self {
         let skip = history.len().saturating_sub(capacity);
         Self {
+            // Named by the caller after the store ([`EventLog::named`]).
+            name: String::new(),
             capacity: capacity.max(1),
             next_seq: next_seq.max(1),
             history: history.into_iter().skip(skip).collect(),
@@ -98,5 +103,18 @@ impl EventLog {
     /// The sequence number the next event will get.
     pub fn next_seq(&self) -> u64 {
         self.next_seq
+    }
+
+    /// The log's name: a store's (`Recovered::event_log`), kept across restarts, or a new
+    /// one for a manager without a store. A watcher that finds another name after a
+    /// reconnect knows the numbers began again ([`converge_messenger::EVENT_LOG_HEADER`]).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Names the log (after a store's).
+    pub fn named(mut self, name: String) -> Self {
+        self.name = name;
+        self
     }
 }

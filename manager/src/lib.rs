@@ -258,10 +258,16 @@ fn recover(
     let got = store.load(events_in_memory, core_config.keep_finished)?;
     if got.is_empty() {
         info!(%path, "state store is empty: a new cluster");
+        // Nothing to restore but the event log's name, kept from the first start on.
+        let events = events::EventLog::with_capacity(events_in_memory).named(got.event_log);
         return Ok(Started {
             core: Core::new(core_config, policy),
             store: Some(Box::new(store)),
-            restored: None,
+            restored: Some(actor::Restored {
+                specs: actor::Specs::default(),
+                events,
+                job_states: Vec::new(),
+            }),
         });
     }
     let bad = |why: String| Error::Recovery {
@@ -293,7 +299,8 @@ fn recover(
     );
     let restored = actor::Restored {
         specs,
-        events: events::EventLog::recovered(history, got.next_event_seq, events_in_memory),
+        events: events::EventLog::recovered(history, got.next_event_seq, events_in_memory)
+            .named(got.event_log),
         job_states: got.job_states,
     };
     Ok(Started {

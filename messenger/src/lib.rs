@@ -98,6 +98,11 @@ impl pb::JobState {
     }
 }
 
+/// The response header of a `WatchEvents` stream that names the manager's event log: kept
+/// across restarts with a state store, new at every start without one. A watcher that finds
+/// another name after a reconnect knows the events were numbered from 1 again.
+pub const EVENT_LOG_HEADER: &str = "converge-event-log";
+
 /// Milliseconds since the Unix epoch, the wire's timestamp unit.
 pub fn unix_ms(t: std::time::SystemTime) -> i64 {
     t.duration_since(std::time::UNIX_EPOCH)

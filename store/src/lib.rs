@@ -87,6 +87,10 @@ pub struct Recovered {
     pub events: Vec<StoredEvent>,
     /// The number the next event gets.
     pub next_event_seq: u64,
+    /// The event log's name, made when the store was first opened (a random UUID): a
+    /// watcher that finds another name after a reconnect knows the numbering started again
+    /// (a manager restarted without this store, or on another).
+    pub event_log: String,
     /// How many stored jobs are in each state (by [`JobState::label`]), loaded or left on
     /// disk: what the manager's gauge of jobs per state starts from.
     ///

@@ -446,6 +446,20 @@ impl Store for Sqlite {
             saved.counters.history = serde_json::from_str(&h)
                 .map_err(|e| self.record_error("finished sizes".into(), e))?;
         }
+        // Named at the first open (a store from before names had none: named now).
+        let event_log = match meta("event_log")? {
+            Some(name) => name,
+            None => {
+                let name = uuid::Uuid::new_v4().to_string();
+                self.conn
+                    .execute(
+                        "INSERT INTO meta (key, value) VALUES ('event_log', ?1)",
+                        [name.as_str()],
+                    )
+                    .map_err(self.sql())?;
+                name
+            }
+        };
         let mut specs = Vec::new();
         {
             // Only the loaded jobs' specs: the archived ones are read when asked for.
@@ -505,6 +519,7 @@ impl Store for Sqlite {
             specs,
             events,
             next_event_seq,
+            event_log,
             job_states,
         })
     }

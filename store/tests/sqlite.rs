@@ -634,6 +634,28 @@ fn a_reopened_store_keeps_no_shared_memory_file() {
 /// A backup of a store in use (its manager holds the file exclusively, so no other process can
 /// read it) is a store of its own: opened from another directory while the first stays open,
 /// it loads the same jobs, workers and counters.
+/// The event log's name is made at the first open and kept: by a reopen and by a backup
+/// taken after it (a manager loads its store before any backup); another store's differs.
+#[test]
+fn the_event_log_keeps_its_name_and_another_store_has_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Sqlite::open(dir.path()).unwrap();
+    let name = store.load(10, 10).unwrap().event_log;
+    assert_eq!(name.len(), 36, "a UUID: {name}");
+    let copy = store.backup().unwrap().write().unwrap();
+    let restored = tempfile::tempdir().unwrap();
+    std::fs::rename(copy.keep(), restored.path().join(FILE_NAME)).unwrap();
+    drop(store);
+    let again = Sqlite::open(dir.path()).unwrap().load(10, 10).unwrap();
+    assert_eq!(again.event_log, name);
+    assert!(again.is_empty(), "naming the log is not history");
+    let from_backup = Sqlite::open(restored.path()).unwrap().load(10, 10).unwrap();
+    assert_eq!(from_backup.event_log, name);
+    let other = tempfile::tempdir().unwrap();
+    let other = Sqlite::open(other.path()).unwrap().load(10, 10).unwrap();
+    assert_ne!(other.event_log, name);
+}
+
 #[test]
 fn a_backup_taken_while_the_store_is_held_opens_as_the_same_store() {
     let dir = tempfile::tempdir().unwrap();

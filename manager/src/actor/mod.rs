@@ -139,7 +139,7 @@ pub enum Request {
         from_seq: u64,
         /// History and live receiver; an error when the store cannot give the history asked
         /// for (a replay with a gap is no answer).
-        reply: oneshot::Sender<Result<(Vec<Event>, broadcast::Receiver<Event>)>>,
+        reply: oneshot::Sender<Result<Watched>>,
     },
     /// A job's output, through the agents (`logs`).
     Logs {
@@ -249,8 +249,20 @@ const SOFT_MIN: usize = 1_000;
 /// Finished jobs deleted from the store in one tick (`Actor::prune`).
 const PRUNE_BATCH: usize = 1_000;
 
-/// What a restarted manager recovered besides the core: the specs the Starts carry and the
-/// event log.
+/// A watch's start: the events since the one asked for, the live ones after them, and the
+/// log's name (`EventLog::name`).
+#[derive(Debug)]
+pub struct Watched {
+    /// Recorded events from the one asked for, oldest first.
+    pub history: Vec<Event>,
+    /// Every event after them.
+    pub live: broadcast::Receiver<Event>,
+    /// The log's name.
+    pub log: String,
+}
+
+/// What a manager with a store recovered besides the core: the specs the Starts carry and the
+/// event log (at a first start, an empty log under the store's name).
 pub struct Restored {
     /// The full spec of every job the core holds.
     pub specs: Specs,
@@ -1104,7 +1116,8 @@ impl Actor {
                         },
                     );
                 }
-                self.answer_later(reply, r.map(|()| (history, live)));
+                let log = self.events.name().to_string();
+                self.answer_later(reply, r.map(|()| Watched { history, live, log }));
             }
             Request::Backup { turn, reply } => {
                 // The copy is what the last commit left, and every answer given so far waited
