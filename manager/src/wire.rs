@@ -383,9 +383,10 @@ pub fn worker(
         memory_bytes: w.memory_bytes,
         calibration: w.calibration,
         labels: w.labels.clone().into_iter().collect::<HashMap<_, _>>(),
+        // What placement counts: the jobs a move is bringing here too (`Worker::placed`),
+        // so that a waiting job's "largest free" and this agree.
         cpu_requested: w
-            .jobs
-            .iter()
+            .placed()
             .filter_map(|id| jobs.get(id))
             .map(|j| j.spec.cpus)
             .sum(),

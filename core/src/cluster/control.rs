@@ -173,6 +173,16 @@ impl Core {
                 self.config.recover_lost_after
             )));
         }
+        // A move saving toward it names it (its restore finds it gone and goes elsewhere):
+        // forgotten now, a restart found a job moving to a worker it does not know.
+        if !w.inbound.is_empty() {
+            let jobs: Vec<&str> = w.inbound.iter().map(|j| j.as_ref()).collect();
+            return Err(RequestError::FailedPrecondition(format!(
+                "worker {worker} is the target of a move that is saving: {}; once the save \
+                 ends the job goes elsewhere, and the worker can be forgotten then",
+                jobs.join(", ")
+            )));
+        }
         let id = self.worker_id(worker);
         let place = self
             .index

@@ -776,6 +776,39 @@ fn move_outcome(out: &[Effect]) -> Option<&str> {
     })
 }
 
+/// A worker a move is saving toward is not forgotten until the save ends: forgotten, it left a
+/// job moving to a worker the records did not hold, and the next start refused the store.
+#[test]
+fn a_moves_target_is_not_forgotten_while_the_move_saves() {
+    let (mut f, save) = Fixture::saving();
+    f.step(Input::Disconnected {
+        conn: 2,
+        reason: "agent killed".into(),
+    });
+    for _ in 0..30 {
+        f.heartbeat(1);
+        f.advance(1.0);
+    }
+    assert!(
+        matches!(f.core.worker("w2").unwrap().state, WorkerPhase::Lost { .. }),
+        "w2 lost"
+    );
+    let out = f.step(Input::Forget {
+        worker: "w2".into(),
+    });
+    assert!(
+        matches!(out.last(), Some(Effect::Reply(Err(RequestError::FailedPrecondition(m))))
+            if m.contains("target of a move that is saving: a")),
+        "{out:?}"
+    );
+    // Saved, the job goes elsewhere (w1 drains: it waits) and w2 can be forgotten.
+    f.ok(1, &save, Fixture::saved());
+    let out = f.step(Input::Forget {
+        worker: "w2".into(),
+    });
+    assert!(matches!(out.last(), Some(Effect::Reply(Ok(_)))), "{out:?}");
+}
+
 /// A move holds its room on the target from its first step: a job submitted while the move
 /// saves is not placed in that room (it was, and overbooked the target: the sixth new user's
 /// walk), and gets it once the move is given up.
@@ -3934,25 +3967,43 @@ impl Fixture {
 #[test]
 fn a_drain_under_the_value_policy_moves_value_jobs_whatever_their_cpus() {
     let mut f = Fixture::with(policy::by_name("value", &value_settings()).unwrap());
-    f.register(1, "w1", 1.0);
-    f.register(2, "w2", 1.0);
+    for (conn, id) in [(1, "w1"), (2, "w2"), (3, "w3")] {
+        f.register(conn, id, 1.0);
+    }
     let whole_core = JobSpec {
         cpus: 1.0,
         ..value_job(100.0, 100.0, 1000.0, 2000.0)
     };
     let on = f.start("a", whole_core.clone());
-    let other = f.start("b", whole_core);
-    assert_ne!(
-        on, other,
-        "the allocator spreads two jobs over two empty workers"
+    let mut others: Vec<ConnId> = ["b", "c"]
+        .into_iter()
+        .map(|id| f.start(id, whole_core.clone()))
+        .collect();
+    others.sort_unstable();
+    let mut all = vec![on];
+    all.extend(&others);
+    all.sort_unstable();
+    assert_eq!(
+        all,
+        [1, 2, 3],
+        "the allocator spreads three jobs over three workers"
     );
-    let worker = format!("w{on}");
     let out = f.step(Input::Drain {
-        worker: worker.into(),
+        worker: format!("w{on}").into(),
     });
-    let (conn, _) = Fixture::sent(&out, "a", "save").expect("a drained job is moved");
-    assert_eq!(conn, on);
+    let (_, save) = Fixture::sent(&out, "a", "save").expect("a drained job is moved");
     assert_eq!(f.state("a"), JobState::Migrating);
+    let out = f.ok(on, &save, Fixture::saved());
+    let (first, restore) = Fixture::sent(&out, "a", "start").expect("restored elsewhere");
+    assert!(
+        others.contains(&first),
+        "to a full worker, by value: {first}"
+    );
+    // That restore fails: the other full worker, not the one that failed (chosen again, it
+    // was refused and the job waited as a new one).
+    let out = f.fail(first, &restore, "image not found");
+    let (second, _) = Fixture::sent(&out, "a", "start").expect("restored again");
+    assert!(others.contains(&second) && second != first, "{second}");
 }
 
 /// `converge` admits a job with a value curve only for more value than it costs the jobs it

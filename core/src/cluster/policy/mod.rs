@@ -67,17 +67,18 @@ fn declared_left(job: &Job) -> Option<f64> {
 /// ([`Worker::inbound`]), though it reports nothing here until it restores.
 pub fn snapshot(w: &Worker, jobs: &Jobs) -> WorkerSnapshot {
     let here: Vec<&Job> = w.jobs.iter().filter_map(|id| jobs.get(id)).collect();
-    let inbound = w.inbound.iter().filter_map(|id| jobs.get(id));
-    let placed: Vec<&Job> = here.iter().copied().chain(inbound).collect();
+    // Walked for each sum rather than gathered: a rebuild is on the placement path, and
+    // there is almost never a job on its way.
+    let placed = || (here.iter().copied()).chain(w.inbound.iter().filter_map(|id| jobs.get(id)));
     WorkerSnapshot {
         id: w.id.clone(),
         cpu_capacity: w.cpu_capacity,
-        cpu_requested: placed.iter().map(|j| j.spec.cpus).sum(),
+        cpu_requested: placed().map(|j| j.spec.cpus).sum(),
         memory_capacity: w.memory_capacity(),
-        memory_requested: placed.iter().map(|j| j.spec.memory_bytes).sum(),
-        cpu_requested_nonzero: placed.iter().map(|j| request(&j.spec).nonzero().0).sum(),
-        memory_requested_nonzero: placed.iter().map(|j| request(&j.spec).nonzero().1).sum(),
-        running: placed.len(),
+        memory_requested: placed().map(|j| j.spec.memory_bytes).sum(),
+        cpu_requested_nonzero: placed().map(|j| request(&j.spec).nonzero().0).sum(),
+        memory_requested_nonzero: placed().map(|j| request(&j.spec).nonzero().1).sum(),
+        running: placed().count(),
         calibration: w.calibration,
         schedulable: w.schedulable(),
         jobs: here

@@ -426,6 +426,8 @@ impl PriorityPolicy {
         let mut targets_at: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
         let mut best: Option<(f64, f64, &Job, &Worker, f64, f64)> = None;
         for (s, (src, here_works)) in live.iter().zip(&lists).enumerate() {
+            // Positions in `src.jobs` are positions in `here_works` too: `placed()` lists the
+            // jobs here before those on their way.
             let on_src = (src.jobs.iter().enumerate())
                 .filter_map(|(k, id)| Some((k, view.jobs.get(id)?)))
                 .filter(|(_, j)| {

@@ -8,7 +8,7 @@
 //!   the allocator (it neither counts in a worker's β, Eq. 1, nor can be preempted).
 //! - **The cluster as the allocator sees it** ([`node_states`]): one `NodeState` per worker in
 //!   id order; speed = calibration (ζ = 1/speed, :57); its containers = its value jobs that
-//!   occupy it or that a move is bringing there (`Worker::placed`), each with its share and remaining work `ET × (1 − step/total_steps)` in
+//!   occupy it, each with its share and remaining work `ET × (1 − step/total_steps)` in
 //!   reference seconds; paused when Paused; release AT_j = submission (:63).
 //! - **Decisions.** Victims are paused (or stopped: Rejected) (:112); after a value job leaves
 //!   a worker, [`ValueAllocator::on_departure`] offers its paused jobs back or drops worthless
@@ -116,7 +116,10 @@ pub fn node_states(view: ClusterView<'_>, shares: &BTreeMap<JobId, u32>) -> Vec<
     view.workers
         .values()
         .map(|w| {
-            let mut jobs: Vec<&Job> = w.placed().filter_map(|id| view.jobs.get(id)).collect();
+            // Only the jobs whose incarnation is here: the allocator may pick any of them as
+            // a victim, and a job still saving elsewhere cannot be paused (counted here, it
+            // was picked, its pause refused, and the new job sized for its absence).
+            let mut jobs: Vec<&Job> = w.jobs.iter().filter_map(|id| view.jobs.get(id)).collect();
             // Ordered by submission so decisions are deterministic.
             jobs.sort_by_key(|j| j.seq);
             NodeState {
@@ -226,9 +229,14 @@ impl ClusterPolicy for ValuePolicy {
         let Some(vj) = value_job(job) else {
             return self.fallback.target(job, view);
         };
+        // Never back to the worker it is on: a drained one is not schedulable anyway, but one
+        // whose restore just failed was as good as when it was chosen, and chosen again (and
+        // refused by the caller) the job waited as new instead of trying the next best.
+        let leaving = job.worker().map(|w| w.as_str());
         let mut nodes = node_states(view, &self.shares);
         for n in &mut nodes {
             n.containers.retain(|c| c.job.id != vj.id);
+            n.schedulable &= Some(n.id.as_str()) != leaving;
         }
         let shares = self.shares.get(&job.id).copied().unwrap_or(DEFAULT_SHARES);
         let node = (self.allocator).on_move(now, &vj, remaining_s(job), shares, &nodes)?;
