@@ -169,6 +169,7 @@ fn value_cluster() -> Vec<NodeState> {
                         shares: 1 + ((i * 97 + k * 389) % 1024) as u32,
                         remaining_s: et * (0.2 + 0.2 * k as f64),
                         paused: false,
+                        pinned: false,
                     }
                 })
                 .collect(),

@@ -3369,6 +3369,24 @@ mod value {
         assert_eq!(f.state("L"), JobState::Running);
     }
 
+    /// The same arrival while L still starts: L cannot be paused yet, so it is no victim (it
+    /// was picked, its pause refused, and H started with a share sized for L's absence).
+    /// H is weighed beside L as it is: on the one worker, with no victim, and L not paused.
+    #[test]
+    fn a_job_still_starting_is_no_victim() {
+        let mut f = fixture(0.9);
+        let out = submit_value(&mut f, "L", 40.0, (10.0, 0.0, 100.0));
+        assert!(Fixture::sent(&out, "L", "start").is_some(), "L placed");
+        f.now = T0 + 3.0;
+        let out = submit_value(&mut f, "H", 120.0, (100.0, 0.0, 600.0));
+        assert!(Fixture::sent(&out, "L", "pause").is_none(), "{out:?}");
+        assert!(
+            !out.iter().any(|e| matches!(e, Effect::Refused { .. })),
+            "a refused transition: {out:?}"
+        );
+        assert_eq!(f.state("L"), JobState::Starting);
+    }
+
     #[test]
     fn a_job_worth_nothing_anywhere_is_rejected_and_never_started() {
         let mut f = fixture(0.5);

@@ -124,6 +124,12 @@ pub struct Container {
     pub remaining_s: f64,
     /// Paused (docker pause): on the node, using no CPU.
     pub paused: bool,
+    /// Not to be preempted now: only a running container can be paused, and one still
+    /// starting (or stopping) cannot. It runs and counts as the others do. Picked as a
+    /// victim, its pause was refused and the new job started with a share sized for its
+    /// absence.
+    #[serde(default)]
+    pub pinned: bool,
 }
 
 /// One node N_i as the allocator sees it.

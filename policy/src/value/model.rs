@@ -152,7 +152,7 @@ pub fn select_victim(now: f64, node: &NodeState, criterion: VictimCriterion) -> 
         }
     };
     (0..node.containers.len())
-        .filter(|&i| expected[i].is_some())
+        .filter(|&i| expected[i].is_some() && !node.containers[i].pinned)
         .map(|i| (score(i), i))
         .min_by(|a, b| {
             a.0.total_cmp(&b.0).then_with(|| {
@@ -303,6 +303,7 @@ mod tests {
             shares,
             remaining_s: remaining,
             paused: false,
+            pinned: false,
         }
     }
 
@@ -518,6 +519,18 @@ mod tests {
         }
         assert_eq!(
             select_victim(0.0, &node(1.0, vec![]), VictimCriterion::LowestValueDensity),
+            None
+        );
+        // A pinned one (still starting: it cannot be paused) is passed over for the next.
+        let mut n = n;
+        n.containers[2].pinned = true;
+        assert_eq!(
+            select_victim(0.0, &n, VictimCriterion::LowestExpectedValue),
+            Some(1)
+        );
+        n.containers[1].pinned = true;
+        assert_eq!(
+            select_victim(0.0, &n, VictimCriterion::LowestExpectedValue),
             None
         );
     }

@@ -23,6 +23,7 @@ fn running(id: &str, remaining: f64, shares: u32, c: ValueCurve) -> Container {
         shares,
         remaining_s: remaining,
         paused: false,
+        pinned: false,
     }
 }
 
@@ -467,6 +468,7 @@ fn arb_container() -> impl Strategy<Value = Container> {
             shares,
             remaining_s: rem,
             paused,
+            pinned: false,
         })
 }
 
@@ -574,6 +576,7 @@ proptest! {
                     shares: cpu_shares,
                     remaining_s: et,
                     paused: false,
+                    pinned: false,
                 });
                 prop_assert!(node_value(0.0, &after) >= before - 1e-6);
             }
@@ -619,6 +622,7 @@ proptest! {
                         shares: cpu_shares,
                         remaining_s: et,
                         paused: false,
+                        pinned: false,
                     });
                 }
                 ValueDecision::Reject { .. } => rejected.push(j.id),

@@ -134,6 +134,11 @@ pub fn node_states(view: ClusterView<'_>, shares: &BTreeMap<JobId, u32>) -> Vec<
                             shares: shares.get(&j.id).copied().unwrap_or(DEFAULT_SHARES),
                             remaining_s: remaining_s(j),
                             paused: matches!(j.phase, JobPhase::Paused { .. }),
+                            // Only a running job can be paused (`lifecycle::allowed`).
+                            pinned: !matches!(
+                                j.phase,
+                                JobPhase::Running { .. } | JobPhase::Paused { .. }
+                            ),
                         })
                     })
                     .collect(),
