@@ -576,7 +576,7 @@ async fn run(cli: Cli) -> Result<()> {
             }
         }
         Cmd::Cancel { job } => {
-            let job = resolve(&mut client, job).await?;
+            let job = resolve_or(&mut client, job, true).await?;
             let j = client
                 .cancel_job(pb::CancelJobRequest { job_id: job })
                 .await
@@ -1170,6 +1170,13 @@ async fn top_jobs(
 /// listing them. Ids are not matched by their start: they begin with their submission time
 /// (UUIDv7), so jobs submitted together share it.
 async fn resolve(client: &mut Client, given: String) -> Result<String> {
+    resolve_or(client, given, false).await
+}
+
+/// [`resolve`], but where no job of the name is live and several ended ones have it, the
+/// newest of them if `newest_ended`: what `cancel` retried after its answer was lost means
+/// (the first cancel ended the one live job; refused as ambiguous, the retry failed).
+async fn resolve_or(client: &mut Client, given: String, newest_ended: bool) -> Result<String> {
     let is_id = given.len() == 36 && given.chars().all(|c| c.is_ascii_hexdigit() || c == '-');
     if is_id || given.is_empty() {
         return Ok(given);
@@ -1179,6 +1186,10 @@ async fn resolve(client: &mut Client, given: String) -> Result<String> {
     let mut matches = named_jobs(client, true, &given).await?;
     if matches.is_empty() {
         matches = named_jobs(client, false, &given).await?;
+        // Listed in submission order.
+        if newest_ended && let Some(newest) = matches.pop() {
+            return Ok(newest.id);
+        }
     }
     match matches.as_slice() {
         [one] => Ok(one.id.clone()),

@@ -276,6 +276,12 @@ async fn a_second_job_of_a_name_is_warned_of() {
         let (code, _, err) = ctl(&m, &["cancel", id]).await;
         assert_eq!(code, 0, "{err}");
     }
+    // A cancel by the name retried once nothing of the name is live: the newest, answered
+    // as the first time (it was refused as ambiguous).
+    let (code, out, err) = ctl(&m, &["cancel", "resnet", "-o", "json"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json(&out)["id"], second.trim(), "{out}");
+    assert_eq!(json(&out)["state"], "cancelled", "{out}");
     let (code, _, err) = ctl(&m, &submit).await;
     assert_eq!(code, 0, "{err}");
     assert!(

@@ -271,16 +271,33 @@ impl Core {
                 _ => {
                     // Nothing of it runs here any more, and how it ended was not reported:
                     // restart it from its checkpoint rather than lose it.
-                    self.transition(
-                        &id,
-                        JobPhase::Pending,
-                        format!(
-                            "its container is no longer on {worker}; restarting from its checkpoint"
-                        ),
-                    );
+                    self.restart(&id, &format!("its container is no longer on {worker}"));
                 }
             }
         }
+    }
+
+    /// Job `id`, of which nothing runs, waits to start again from its checkpoint (or from
+    /// the start), and says so, `why` first, with the steps lost. Its step is where it starts
+    /// again: a job without a checkpoint was said to restart "from its checkpoint", and
+    /// listed at the lost copy's step until its new copy's first line set it back to 0.
+    pub(super) fn restart(&mut self, id: &str, why: &str) {
+        let Some(j) = self.job_mut(id) else {
+            return;
+        };
+        let (from, lost) = match j.checkpoint_step {
+            Some(c) => (
+                format!("its checkpoint at step {c}"),
+                j.step.saturating_sub(c),
+            ),
+            None => ("the start (it has no checkpoint)".to_string(), j.step),
+        };
+        j.step = j.checkpoint_step.unwrap_or(0);
+        self.transition(
+            id,
+            JobPhase::Pending,
+            format!("{why}; restarting from {from}, {lost} steps lost"),
+        );
     }
 
     pub(super) fn disconnected(&mut self, conn: ConnId, reason: &str) {

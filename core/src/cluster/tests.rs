@@ -939,6 +939,67 @@ fn draining_worker_that_goes_silent_is_lost_and_its_job_recovered() {
     assert_eq!((conn, stop.epoch), (5, 1));
 }
 
+/// A job of a lost worker waits to start again saying from where and what is lost, and
+/// shows the step it starts again from: said to restart "from its checkpoint" though it had
+/// none, it was listed at the lost copy's step until its new copy set it back to 0 (a new
+/// user's walk).
+#[test]
+fn a_lost_workers_jobs_say_where_they_start_again_and_what_is_lost() {
+    let mut f = Fixture::new("spread");
+    f.register(1, "w1", 4.0);
+    f.run_all(&["a", "b"], 1.0);
+    f.progress(1, "a", 1, 250);
+    f.msg(
+        1,
+        AgentMessage::Progress(ProgressBatch {
+            samples: vec![ProgressSample {
+                job: "b".into(),
+                epoch: 1,
+                step: 100,
+                checkpointed: true,
+                ..ProgressSample::default()
+            }],
+            malformed: vec![],
+        }),
+    );
+    f.progress(1, "b", 1, 180);
+    f.step(Input::Disconnected {
+        conn: 1,
+        reason: "agent killed".into(),
+    });
+    for _ in 0..90 {
+        f.advance(1.0);
+    }
+    let (a, b) = (f.core.job("a").unwrap(), f.core.job("b").unwrap());
+    assert_eq!(
+        (a.state(), b.state()),
+        (JobState::Pending, JobState::Pending)
+    );
+    assert_eq!((a.step, b.step), (0, 100), "where each starts again");
+    // What its last state event says (its reason is the wait's since).
+    let pending = |job: &str| {
+        (f.effects.iter().rev())
+            .find_map(|e| match e {
+                Effect::Event(ev)
+                    if ev.job.as_deref() == Some(job) && ev.to == Some(JobState::Pending) =>
+                {
+                    Some(ev.reason.clone())
+                }
+                _ => None,
+            })
+            .expect("a state event to pending")
+    };
+    let (a, b) = (pending("a"), pending("b"));
+    assert!(
+        a.ends_with("restarting from the start (it has no checkpoint), 250 steps lost"),
+        "{a}"
+    );
+    assert!(
+        b.ends_with("restarting from its checkpoint at step 100, 80 steps lost"),
+        "{b}"
+    );
+}
+
 #[test]
 fn a_drain_resumes_when_capacity_appears() {
     let mut f = Fixture::running();

@@ -108,12 +108,8 @@ impl Core {
                     discard: true,
                 },
             );
-            info!(job = %id, %old, "restarting a lost job elsewhere from its checkpoint");
-            self.transition(
-                &id,
-                JobPhase::Pending,
-                format!("worker {old} lost for {grace:.0}s; restarting from its checkpoint"),
-            );
+            info!(job = %id, %old, "restarting a lost job elsewhere");
+            self.restart(&id, &format!("worker {old} lost for {grace:.0}s"));
         }
     }
 }

@@ -275,7 +275,7 @@ impl ValueAllocator {
             return ValueDecision::Reject {
                 reason: format!(
                     "running it would lower the total expected value on every worker \
-                     (best: {} with {} CPU shares, its value {:.1} costs the others {:.1})",
+                     (best: {} with a CPU share of {}, its value {:.1} costs the others {:.1})",
                     nodes[b.node].id,
                     b.shares,
                     b.value,
@@ -310,7 +310,7 @@ impl ValueAllocator {
             cpu_shares: b.shares,
             expected_value: b.value,
             reason: format!(
-                "placed on {} with {} CPU shares: expected value {:.1} of {}",
+                "placed on {} with a CPU share of {}: expected value {:.1} of {}",
                 node.id, b.shares, b.value, job.curve.max_value
             ),
             victims,
@@ -429,7 +429,7 @@ impl ValueAllocator {
                 cpu_shares: shares,
                 expected_value: value,
                 reason: format!(
-                    "resumed: {} has room again (expected value {:.1} with {} CPU shares)",
+                    "resumed: {} has room again (expected value {:.1} with a CPU share of {})",
                     node.id, value, shares
                 ),
             });

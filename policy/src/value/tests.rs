@@ -140,7 +140,7 @@ fn a_lone_job_goes_to_the_faster_idle_node_with_the_smallest_share() {
             assert_eq!(expected_value, 100.0);
             assert_eq!(
                 reason,
-                "placed on w2 with 1 CPU shares: expected value 100.0 of 100"
+                "placed on w2 with a CPU share of 1: expected value 100.0 of 100"
             );
         }
         other => panic!("{other:?}"),
@@ -298,7 +298,7 @@ fn rejects_when_running_it_costs_the_others_more_than_it_is_worth() {
         dwop().on_arrival(0.0, &n, &nodes),
         ValueDecision::Reject {
             reason: "running it would lower the total expected value on every worker \
-                     (best: w1 with 1024 CPU shares, its value 5.0 costs the others 100.0)"
+                     (best: w1 with a CPU share of 1024, its value 5.0 costs the others 100.0)"
                 .into()
         }
     );
@@ -366,7 +366,8 @@ fn paused_job_is_resumed_when_capacity_frees_up() {
             node: 0,
             cpu_shares: 1,
             expected_value: 100.0,
-            reason: "resumed: w1 has room again (expected value 100.0 with 1 CPU shares)".into(),
+            reason: "resumed: w1 has room again (expected value 100.0 with a CPU share of 1)"
+                .into(),
         }]
     );
     // A tick with nothing dropped does not resume (only a departure frees capacity).
