@@ -527,21 +527,40 @@ impl Fixture {
         step: u64,
         total: u64,
     ) -> Vec<Effect> {
-        self.msg(
+        let unix_ms = (self.now * 1000.0) as i64;
+        self.sample(
             conn,
-            AgentMessage::Progress(ProgressBatch {
-                samples: vec![ProgressSample {
-                    job: job.into(),
-                    epoch,
-                    unix_ms: (self.now * 1000.0) as i64,
-                    step,
-                    total_steps: Some(total),
-                    value: Some(1.0),
-                    checkpointed: false,
-                }],
-                malformed: vec![],
-            }),
+            ProgressSample {
+                job: job.into(),
+                epoch,
+                unix_ms,
+                step,
+                total_steps: Some(total),
+                value: Some(1.0),
+                checkpointed: false,
+            },
         )
+    }
+
+    /// Job `job`'s incarnation `epoch` on `conn` reports a checkpoint at `step`.
+    fn checkpointed(&mut self, conn: ConnId, job: &str, epoch: u64, step: u64) -> Vec<Effect> {
+        let sample = ProgressSample {
+            job: job.into(),
+            epoch,
+            step,
+            checkpointed: true,
+            ..ProgressSample::default()
+        };
+        self.sample(conn, sample)
+    }
+
+    /// One progress line from `conn`.
+    fn sample(&mut self, conn: ConnId, sample: ProgressSample) -> Vec<Effect> {
+        let batch = ProgressBatch {
+            samples: vec![sample],
+            malformed: vec![],
+        };
+        self.msg(conn, AgentMessage::Progress(batch))
     }
 
     fn exited(
@@ -949,19 +968,7 @@ fn a_lost_workers_jobs_say_where_they_start_again_and_what_is_lost() {
     f.register(1, "w1", 4.0);
     f.run_all(&["a", "b"], 1.0);
     f.progress(1, "a", 1, 250);
-    f.msg(
-        1,
-        AgentMessage::Progress(ProgressBatch {
-            samples: vec![ProgressSample {
-                job: "b".into(),
-                epoch: 1,
-                step: 100,
-                checkpointed: true,
-                ..ProgressSample::default()
-            }],
-            malformed: vec![],
-        }),
-    );
+    f.checkpointed(1, "b", 1, 100);
     f.progress(1, "b", 1, 180);
     f.step(Input::Disconnected {
         conn: 1,
@@ -4720,19 +4727,7 @@ fn converge_evens_out_predicted_finishes_moving_the_job_with_least_work_at_risk(
         f.progress_of(1, "b", 1, 10 * i, 1000);
     }
     // b has just checkpointed; a never has.
-    f.msg(
-        1,
-        AgentMessage::Progress(ProgressBatch {
-            samples: vec![ProgressSample {
-                job: "b".into(),
-                epoch: 1,
-                step: 100,
-                checkpointed: true,
-                ..ProgressSample::default()
-            }],
-            malformed: vec![],
-        }),
-    );
+    f.checkpointed(1, "b", 1, 100);
     f.register(2, "w2", 1.0);
     let mut save = None;
     for _ in 0..40 {
