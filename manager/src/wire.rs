@@ -383,13 +383,9 @@ pub fn worker(
         memory_bytes: w.memory_bytes,
         calibration: w.calibration,
         labels: w.labels.clone().into_iter().collect::<HashMap<_, _>>(),
-        // What placement counts: the jobs a move is bringing here too (`Worker::placed`),
-        // so that a waiting job's "largest free" and this agree.
-        cpu_requested: w
-            .placed()
-            .filter_map(|id| jobs.get(id))
-            .map(|j| j.spec.cpus)
-            .sum(),
+        // What placement counts (jobs on their way here, containers still stopping), so that
+        // a waiting job's "largest free" and this agree.
+        cpu_requested: converge_core::cluster::policy::snapshot(w, jobs).cpu_requested,
         job_ids: w.jobs.iter().map(|j| j.to_string()).collect(),
         last_heartbeat_unix_ms: ms(Some(w.last_seen)),
         policy: policy.to_string(),

@@ -223,11 +223,11 @@ impl Core {
             }
         }
         // What the agent does not report running has exited: no stop is owed for it.
-        if let Some(w) = self.workers.get_mut(worker) {
-            w.stops_owed.retain(|o| {
+        self.owed_stops(worker, |owed| {
+            owed.retain(|o| {
                 (reported.iter()).any(|c| c.running && c.job == o.job && c.epoch == o.epoch)
-            });
-        }
+            })
+        });
         // Current incarnations placed here that the agent does not report.
         let missing: Vec<JobId> = self.workers[worker]
             .jobs
@@ -617,9 +617,7 @@ impl Core {
         // stopped the container, or with an error if there was none to stop (a job cancelled
         // while starting: the Started result that follows gets its container stopped,
         // `result` below).
-        if let Some(w) = self.workers.get_mut(worker) {
-            w.stops_owed.retain(|o| o.command != r.command);
-        }
+        self.owed_stops(worker, |owed| owed.retain(|o| o.command != r.command));
         if !self.may_speak(worker, &r.job, r.epoch) {
             return;
         }
@@ -740,12 +738,11 @@ impl Core {
         let sharing = (self.jobs.get(&e.job))
             .is_some_and(|j| j.phase.shares_cpu() && j.worker().is_some_and(|w| w == worker));
         let now = self.now;
-        if let Some(w) = self.workers.get_mut(worker) {
-            w.stops_owed
-                .retain(|o| o.job != e.job || o.epoch != e.epoch);
-            if !sharing {
-                w.shared_since = now;
-            }
+        self.owed_stops(worker, |owed| {
+            owed.retain(|o| o.job != e.job || o.epoch != e.epoch)
+        });
+        if !sharing && let Some(w) = self.workers.get_mut(worker) {
+            w.shared_since = now;
         }
         if !self.may_speak(worker, &e.job, e.epoch) {
             return;

@@ -596,6 +596,9 @@ pub struct OwedStop {
     pub epoch: u64,
     /// The latest Stop sent for it.
     pub command: CommandId,
+    /// What its container holds until it stops: the job's request when the stop was sent
+    /// (kept here: the job may be archived before its container stops).
+    pub request: converge_policy::cluster::JobRequest,
 }
 
 /// A worker's jobs, in id order: a sorted `Vec`. Every heartbeat walks its worker's jobs (the

@@ -927,6 +927,28 @@ impl Core {
     }
 
     /// A new command about incarnation `epoch` of `job`, to `worker`.
+    /// Changes `worker`'s owed stops ([`Worker::stops_owed`]) by `change`. A stopping
+    /// container holds its room in the placement snapshot (`policy::snapshot`), which is
+    /// rebuilt when the stops it holds change; a stop carried out frees room for the jobs
+    /// that wait.
+    pub(super) fn owed_stops(
+        &mut self,
+        worker: &str,
+        change: impl FnOnce(&mut Vec<lifecycle::OwedStop>),
+    ) {
+        let Some(w) = self.workers.get_mut(worker) else {
+            return;
+        };
+        let before = w.stops_owed.len();
+        change(&mut w.stops_owed);
+        let after = w.stops_owed.len();
+        if after != before {
+            let id = w.id.clone();
+            self.index.touch(&id);
+            self.dirty |= after < before;
+        }
+    }
+
     pub(super) fn send_to(&mut self, worker: &str, job: &str, epoch: u64, action: Action) {
         let cmd = Command {
             id: self.next_command_id(),
@@ -942,18 +964,26 @@ impl Core {
     /// until its container is seen to exit ([`Worker::stops_owed`]), sent or not: a stream
     /// can break with the command unread.
     pub(super) fn send(&mut self, worker: &str, command: Command) {
-        if let Action::Stop { .. } = command.action
-            && let Some(w) = self.workers.get_mut(worker)
-        {
+        if let Action::Stop { .. } = command.action {
             let (job, epoch) = (&command.job, command.epoch);
-            match (w.stops_owed.iter_mut()).find(|o| o.job == *job && o.epoch == epoch) {
-                Some(o) => o.command = command.id.clone(),
-                None => w.stops_owed.push(lifecycle::OwedStop {
-                    job: job.clone(),
-                    epoch,
-                    command: command.id.clone(),
-                }),
-            }
+            let request = (self.jobs.get(job)).map_or(
+                converge_policy::cluster::JobRequest {
+                    cpus: 0.0,
+                    memory_bytes: 0,
+                },
+                |j| policy::request(&j.spec),
+            );
+            self.owed_stops(worker, |owed| {
+                match (owed.iter_mut()).find(|o| o.job == *job && o.epoch == epoch) {
+                    Some(o) => o.command = command.id.clone(),
+                    None => owed.push(lifecycle::OwedStop {
+                        job: job.clone(),
+                        epoch,
+                        command: command.id.clone(),
+                        request,
+                    }),
+                }
+            });
         }
         match self.workers.get(worker).and_then(|w| w.conn) {
             Some(conn) => self.out.push(Effect::Send {

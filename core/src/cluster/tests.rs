@@ -849,6 +849,30 @@ fn a_move_holds_its_room_on_the_target_while_it_saves() {
     assert_eq!(conn, 2);
 }
 
+/// A cancelled job's container keeps its room until it is seen to stop, as a terminating pod
+/// does: a waiting job was placed in it at once and ran beside it for up to the stop's
+/// deadline (a new user's walk).
+#[test]
+fn a_cancelled_jobs_room_is_taken_only_once_its_container_stopped() {
+    let mut f = Fixture::new("spread");
+    f.register(1, "w1", 1.0);
+    f.run_all(&["a"], 1.0);
+    f.submit("b", 1.0);
+    assert_eq!(f.state("b"), JobState::Pending);
+    let out = f.step(Input::Cancel {
+        id: "a".into(),
+        by: String::new(),
+    });
+    let (_, stop) = Fixture::sent(&out, "a", "stop").expect("told to stop");
+    assert!(Fixture::sent(&out, "b", "start").is_none(), "{out:?}");
+    let out = f.advance(1.0);
+    assert!(Fixture::sent(&out, "b", "start").is_none(), "{out:?}");
+    assert_eq!(f.state("b"), JobState::Pending);
+    // Its agent answers once Docker has stopped the container: the room is free.
+    let out = f.ok(1, &stop, ResultDetail::None);
+    assert!(Fixture::sent(&out, "b", "start").is_some(), "{out:?}");
+}
+
 #[test]
 fn cancel_while_saving_stops_the_source_and_never_restores() {
     let (mut f, save) = Fixture::saving();

@@ -64,20 +64,32 @@ fn declared_left(job: &Job) -> Option<f64> {
 /// What a placer sees of worker `w`: its reservations and its jobs' last reports.
 ///
 /// A job a move is bringing here counts as placed here from the move's first step
-/// ([`Worker::inbound`]), though it reports nothing here until it restores.
+/// ([`Worker::inbound`]), though it reports nothing here until it restores. A container told
+/// to stop keeps its room until it is seen to stop ([`Worker::stops_owed`]), as a terminating
+/// pod does in Kubernetes: a job placed in the room of a cancelled one ran beside it for up to
+/// the stop's deadline (a new user's walk: 2 cores of containers on a 1-core worker). It does
+/// not count among the jobs (`running`): its job has ended.
 pub fn snapshot(w: &Worker, jobs: &Jobs) -> WorkerSnapshot {
     let here: Vec<&Job> = w.jobs.iter().filter_map(|id| jobs.get(id)).collect();
+    // Each stopping container of a job not here (a job here is counted once, as placed).
+    let mut stopping: Vec<&crate::cluster::lifecycle::OwedStop> = Vec::new();
+    for o in &w.stops_owed {
+        if !w.jobs.contains(&o.job) && !stopping.iter().any(|s| s.job == o.job) {
+            stopping.push(o);
+        }
+    }
     // Walked for each sum rather than gathered: a rebuild is on the placement path, and
-    // there is almost never a job on its way.
+    // there is almost never a job on its way or stopping.
     let placed = || (here.iter().copied()).chain(w.inbound.iter().filter_map(|id| jobs.get(id)));
+    let holding = || (placed().map(|j| request(&j.spec))).chain(stopping.iter().map(|o| o.request));
     WorkerSnapshot {
         id: w.id.clone(),
         cpu_capacity: w.cpu_capacity,
-        cpu_requested: placed().map(|j| j.spec.cpus).sum(),
+        cpu_requested: holding().map(|r| r.cpus).sum(),
         memory_capacity: w.memory_capacity(),
-        memory_requested: placed().map(|j| j.spec.memory_bytes).sum(),
-        cpu_requested_nonzero: placed().map(|j| request(&j.spec).nonzero().0).sum(),
-        memory_requested_nonzero: placed().map(|j| request(&j.spec).nonzero().1).sum(),
+        memory_requested: holding().map(|r| r.memory_bytes).sum(),
+        cpu_requested_nonzero: holding().map(|r| r.nonzero().0).sum(),
+        memory_requested_nonzero: holding().map(|r| r.nonzero().1).sum(),
         running: placed().count(),
         calibration: w.calibration,
         schedulable: w.schedulable(),
