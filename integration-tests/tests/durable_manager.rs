@@ -461,10 +461,6 @@ async fn finished_jobs_beyond_those_kept_are_answered_for_from_the_store() -> an
     Ok(())
 }
 
-/// `--finished-retention`: a job finished longer ago than it is forgotten by memory and store
-/// together (and then answered for as unknown, saying why it may be), while a live job,
-/// however old, stays. Memory keeps finished jobs here, so a GetJob that still finds the job in
-/// either place fails the test.
 /// A cancel asked again is answered as the first (a client whose answer was lost retries),
 /// from memory and once the job has left it for the store alike; a completed job's is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -510,6 +506,10 @@ async fn a_cancel_asked_again_is_answered_as_the_first_from_the_store_too() -> a
     Ok(())
 }
 
+/// `--finished-retention`: a job finished longer ago than it is forgotten by memory and store
+/// together (and then answered for as unknown, saying why it may be), while a live job,
+/// however old, stays. Memory keeps finished jobs here, so a GetJob that still finds the job in
+/// either place fails the test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finished_jobs_past_the_retention_are_pruned_and_live_ones_stay() -> anyhow::Result<()> {
     let state = tempfile_dir("retention")?;

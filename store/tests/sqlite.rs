@@ -631,9 +631,6 @@ fn a_reopened_store_keeps_no_shared_memory_file() {
     assert!(!files.iter().any(|f| f.ends_with("-shm")), "{files:?}");
 }
 
-/// A backup of a store in use (its manager holds the file exclusively, so no other process can
-/// read it) is a store of its own: opened from another directory while the first stays open,
-/// it loads the same jobs, workers and counters.
 /// The event log's name is made at the first open and kept: by a reopen and by a backup
 /// taken after it (a manager loads its store before any backup); another store's differs.
 #[test]
@@ -656,6 +653,9 @@ fn the_event_log_keeps_its_name_and_another_store_has_another() {
     assert_ne!(other.event_log, name);
 }
 
+/// A backup of a store in use (its manager holds the file exclusively, so no other process can
+/// read it) is a store of its own: opened from another directory while the first stays open,
+/// it loads the same jobs, workers and counters.
 #[test]
 fn a_backup_taken_while_the_store_is_held_opens_as_the_same_store() {
     let dir = tempfile::tempdir().unwrap();

@@ -282,7 +282,7 @@ impl Core {
     /// again: a job without a checkpoint was said to restart "from its checkpoint", and
     /// listed at the lost copy's step until its new copy's first line set it back to 0.
     pub(super) fn restart(&mut self, id: &str, why: &str) {
-        let Some(j) = self.job_mut(id) else {
+        let Some(j) = self.jobs.get(id) else {
             return;
         };
         let (from, lost) = match j.checkpoint_step {
@@ -292,12 +292,12 @@ impl Core {
             ),
             None => ("the start (it has no checkpoint)".to_string(), j.step),
         };
-        j.step = j.checkpoint_step.unwrap_or(0);
-        self.transition(
-            id,
-            JobPhase::Pending,
-            format!("{why}; restarting from {from}, {lost} steps lost"),
-        );
+        let why = format!("{why}; restarting from {from}, {lost} steps lost");
+        if self.transition(id, JobPhase::Pending, why)
+            && let Some(j) = self.job_mut(id)
+        {
+            j.step = j.checkpoint_step.unwrap_or(0);
+        }
     }
 
     pub(super) fn disconnected(&mut self, conn: ConnId, reason: &str) {
@@ -613,11 +613,21 @@ impl Core {
     }
 
     pub(super) fn result(&mut self, worker: &str, r: CommandResult) {
-        // An answer to a Stop shows that its agent got it: it answers once Docker has
-        // stopped the container, or with an error if there was none to stop (a job cancelled
-        // while starting: the Started result that follows gets its container stopped,
-        // `result` below).
-        self.owed_stops(worker, |owed| owed.retain(|o| o.command != r.command));
+        // A Stop answered ok was carried out: the agent answers once Docker has stopped the
+        // container. One answered with an error found no container: settled, unless a
+        // Start was under way when it was sent (a job cancelled while starting), whose
+        // container may yet come (its success gets another Stop, below; freed at the error,
+        // the room went to another job while the container started and ran on). That
+        // Start's failure settles it: no container will come.
+        self.owed_stops(worker, |owed| {
+            owed.retain(|o| {
+                if o.command == r.command {
+                    !r.ok && o.start.is_some()
+                } else {
+                    r.ok || o.start.as_ref() != Some(&r.command)
+                }
+            })
+        });
         if !self.may_speak(worker, &r.job, r.epoch) {
             return;
         }

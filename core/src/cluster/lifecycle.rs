@@ -599,6 +599,9 @@ pub struct OwedStop {
     /// What its container holds until it stops: the job's request when the stop was sent
     /// (kept here: the job may be archived before its container stops).
     pub request: converge_policy::cluster::JobRequest,
+    /// The Start (or restore) that was under way when the stop was sent: its container may
+    /// come after the stop found none.
+    pub start: Option<CommandId>,
 }
 
 /// A worker's jobs, in id order: a sorted `Vec`. Every heartbeat walks its worker's jobs (the

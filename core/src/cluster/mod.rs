@@ -926,7 +926,6 @@ impl Core {
         }
     }
 
-    /// A new command about incarnation `epoch` of `job`, to `worker`.
     /// Changes `worker`'s owed stops ([`Worker::stops_owed`]) by `change`. A stopping
     /// container holds its room in the placement snapshot (`policy::snapshot`), which is
     /// rebuilt when the stops it holds change; a stop carried out frees room for the jobs
@@ -949,6 +948,7 @@ impl Core {
         }
     }
 
+    /// A new command about incarnation `epoch` of `job`, to `worker`.
     pub(super) fn send_to(&mut self, worker: &str, job: &str, epoch: u64, action: Action) {
         let cmd = Command {
             id: self.next_command_id(),
@@ -966,21 +966,34 @@ impl Core {
     pub(super) fn send(&mut self, worker: &str, command: Command) {
         if let Action::Stop { .. } = command.action {
             let (job, epoch) = (&command.job, command.epoch);
-            let request = (self.jobs.get(job)).map_or(
+            let j = self.jobs.get(job);
+            let request = j.map_or(
                 converge_policy::cluster::JobRequest {
                     cpus: 0.0,
                     memory_bytes: 0,
                 },
                 |j| policy::request(&j.spec),
             );
+            let start = j.and_then(|j| match &j.phase {
+                JobPhase::Starting { command, .. }
+                | JobPhase::Migrating(Move {
+                    phase: MovePhase::Restoring { command },
+                    ..
+                }) if j.epoch == epoch => Some(command.clone()),
+                _ => None,
+            });
             self.owed_stops(worker, |owed| {
                 match (owed.iter_mut()).find(|o| o.job == *job && o.epoch == epoch) {
-                    Some(o) => o.command = command.id.clone(),
+                    Some(o) => {
+                        o.command = command.id.clone();
+                        o.start = start;
+                    }
                     None => owed.push(lifecycle::OwedStop {
                         job: job.clone(),
                         epoch,
                         command: command.id.clone(),
                         request,
+                        start,
                     }),
                 }
             });

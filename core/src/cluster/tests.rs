@@ -873,6 +873,65 @@ fn a_cancelled_jobs_room_is_taken_only_once_its_container_stopped() {
     assert!(Fixture::sent(&out, "b", "start").is_some(), "{out:?}");
 }
 
+/// A job cancelled while its Start is under way: the agent finds no container to stop, but
+/// one may come. Its room is held until the Start's outcome settles it: a second Stop
+/// carried out, or the Start failed (the review found the room given away at the error, and
+/// two containers on a worker of one core).
+#[test]
+fn a_job_cancelled_while_starting_holds_its_room_until_its_start_settles() {
+    for start_succeeds in [true, false] {
+        let mut f = Fixture::new("spread");
+        f.register(1, "w1", 1.0);
+        let out = f.submit("a", 1.0);
+        let (_, start) = Fixture::sent(&out, "a", "start").expect("a placed");
+        f.submit("b", 1.0);
+        let out = f.step(Input::Cancel {
+            id: "a".into(),
+            by: String::new(),
+        });
+        let (_, stop) = Fixture::sent(&out, "a", "stop").expect("told to stop");
+        let out = f.fail(1, &stop, "no container for job a");
+        assert!(Fixture::sent(&out, "b", "start").is_none(), "{out:?}");
+        if start_succeeds {
+            let out = f.ok(1, &start, Fixture::started(1));
+            let (_, again) = Fixture::sent(&out, "a", "stop").expect("its container stopped");
+            assert!(Fixture::sent(&out, "b", "start").is_none(), "{out:?}");
+            let out = f.ok(1, &again, ResultDetail::None);
+            assert!(Fixture::sent(&out, "b", "start").is_some(), "{out:?}");
+        } else {
+            let out = f.fail(1, &start, "image not found");
+            assert!(Fixture::sent(&out, "b", "start").is_some(), "{out:?}");
+        }
+    }
+}
+
+/// Under the value policies a job a move is bringing to a worker counts there (its room is
+/// held), and cannot be a victim there.
+#[test]
+fn the_value_allocator_sees_a_job_on_its_way_pinned() {
+    let (f, _) = Fixture::saving();
+    let nodes = policy::value::node_states(f.core.view(), &BTreeMap::new());
+    // `a` has no value curve in this fixture: the allocator sees only value jobs.
+    assert!(nodes.iter().all(|n| n.containers.is_empty()));
+    let mut f = Fixture::with(policy::by_name("value", &value_settings()).unwrap());
+    f.register(1, "w1", 1.0);
+    f.start("a", value_job(100.0, 100.0, 1000.0, 2000.0));
+    f.register(2, "w2", 1.0);
+    let out = f.step(Input::Drain {
+        worker: "w1".into(),
+    });
+    assert!(Fixture::sent(&out, "a", "save").is_some(), "{out:?}");
+    let nodes = policy::value::node_states(f.core.view(), &BTreeMap::new());
+    let on = |n: usize| -> Vec<(String, bool)> {
+        (nodes[n].containers.iter())
+            .map(|c| (c.job.id.clone(), c.pinned))
+            .collect()
+    };
+    // Saving on w1 and on its way to w2: on both, and a victim on neither.
+    assert_eq!(on(0), [("a".to_string(), true)]);
+    assert_eq!(on(1), [("a".to_string(), true)], "on its way to w2");
+}
+
 #[test]
 fn cancel_while_saving_stops_the_source_and_never_restores() {
     let (mut f, save) = Fixture::saving();

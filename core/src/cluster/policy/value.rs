@@ -8,8 +8,9 @@
 //!   the allocator (it neither counts in a worker's β, Eq. 1, nor can be preempted).
 //! - **The cluster as the allocator sees it** ([`node_states`]): one `NodeState` per worker in
 //!   id order; speed = calibration (ζ = 1/speed, :57); its containers = its value jobs that
-//!   occupy it, each with its share and remaining work `ET × (1 − step/total_steps)` in
-//!   reference seconds; paused when Paused; release AT_j = submission (:63).
+//!   occupy it or that a move is bringing there, each with its share and remaining work
+//!   `ET × (1 − step/total_steps)` in reference seconds; paused when Paused, pinned (no
+//!   victim) when it cannot be paused; release AT_j = submission (:63).
 //! - **Decisions.** Victims are paused (or stopped: Rejected) (:112); after a value job leaves
 //!   a worker, [`ValueAllocator::on_departure`] offers its paused jobs back or drops worthless
 //!   ones; on every tick [`ValueAllocator::on_tick`] drops jobs whose value reached zero (:65).
@@ -116,10 +117,10 @@ pub fn node_states(view: ClusterView<'_>, shares: &BTreeMap<JobId, u32>) -> Vec<
     view.workers
         .values()
         .map(|w| {
-            // Only the jobs whose incarnation is here: the allocator may pick any of them as
-            // a victim, and a job still saving elsewhere cannot be paused (counted here, it
-            // was picked, its pause refused, and the new job sized for its absence).
-            let mut jobs: Vec<&Job> = w.jobs.iter().filter_map(|id| view.jobs.get(id)).collect();
+            // With the jobs a move is bringing here: their room is held from the move's start
+            // (a job placed beside one was sized as if alone). They cannot be paused, and
+            // are pinned below.
+            let mut jobs: Vec<&Job> = w.placed().filter_map(|id| view.jobs.get(id)).collect();
             // Ordered by submission so decisions are deterministic.
             jobs.sort_by_key(|j| j.seq);
             NodeState {
@@ -134,7 +135,8 @@ pub fn node_states(view: ClusterView<'_>, shares: &BTreeMap<JobId, u32>) -> Vec<
                             shares: shares.get(&j.id).copied().unwrap_or(DEFAULT_SHARES),
                             remaining_s: remaining_s(j),
                             paused: matches!(j.phase, JobPhase::Paused { .. }),
-                            // Only a running job can be paused (`lifecycle::allowed`).
+                            // Only a running job can be paused (`lifecycle::allowed`); a job
+                            // on its way here is migrating.
                             pinned: !matches!(
                                 j.phase,
                                 JobPhase::Running { .. } | JobPhase::Paused { .. }
