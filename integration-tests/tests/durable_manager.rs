@@ -217,6 +217,17 @@ async fn a_restarted_manager_knows_every_job_readopts_what_runs_and_numbers_even
         matches!(stop.action, Some(pb::command::Action::Stop(_))) && stop.job_id == cancelled,
         "{stop:?}"
     );
+    // Its agent answers once Docker has stopped it: the room it held is free for the next.
+    agent
+        .outbox
+        .send(Kind::Result(pb::CommandResult {
+            command_id: stop.command_id.clone(),
+            job_id: cancelled.clone(),
+            epoch: 1,
+            ok: true,
+            ..Default::default()
+        }))
+        .await;
     let third = submit(&mut client).await?;
     loop {
         let c = next_command(&mut agent).await?;
