@@ -643,7 +643,10 @@ impl Store for Sqlite {
             self.conn
                 .execute("VACUUM INTO ?1", [to.path().to_string_lossy()])
                 .map_err(self.sql())?;
-            return Ok(PendingBackup::new(move || Ok(to)));
+            return Ok(PendingBackup::new(move || {
+                rename_event_log(to.path())?;
+                Ok(to)
+            }));
         }
         if self.checkpoints_held.is_none() {
             let every: i64 = self
@@ -679,6 +682,7 @@ impl Store for Sqlite {
                 path: to.path().to_path_buf(),
                 source,
             })?;
+            rename_event_log(to.path())?;
             Ok(to)
         }))
     }
@@ -764,6 +768,25 @@ fn terminal_labels() -> String {
         .map(|s| format!("'{}'", s.label()))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// Gives the store copied to `path` an event log of its own name. A manager restored from a
+/// backup numbers its events on from the backup's last: under the live store's name, a
+/// watcher that had seen further took them for events it had shown, and skipped them.
+fn rename_event_log(path: &Path) -> Result<()> {
+    let sql = |e: rusqlite::Error| Error::Unreadable {
+        path: path.to_path_buf(),
+        why: sqlite_why(&e),
+    };
+    let conn = Connection::open(path).map_err(sql)?;
+    conn.execute(
+        "INSERT OR REPLACE INTO meta (key, value) VALUES ('event_log', ?1)",
+        [uuid::Uuid::new_v4().to_string()],
+    )
+    .map_err(sql)?;
+    // Closed, the last connection folds its log back into the file and removes it: the copy
+    // is one file again.
+    conn.close().map_err(|(_, e)| sql(e))
 }
 
 /// Copies all of `from` into a new file `to`, by offset: `from`'s own position is shared
