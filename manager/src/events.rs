@@ -46,12 +46,12 @@ impl EventLog {
         }
     }
 
-    /// A log that goes on from a store: `history` (oldest first) and the next number.
-    pub fn recovered(history: Vec<Event>, next_seq: u64, capacity: usize) -> Self {
+    /// A log that goes on from a store: `history` (oldest first), the next number and the
+    /// store's `name` for it.
+    pub fn recovered(history: Vec<Event>, next_seq: u64, capacity: usize, name: String) -> Self {
         let skip = history.len().saturating_sub(capacity);
         Self {
-            // Named by the caller after the store ([`EventLog::named`]).
-            name: String::new(),
+            name,
             capacity: capacity.max(1),
             next_seq: next_seq.max(1),
             history: history.into_iter().skip(skip).collect(),
@@ -110,11 +110,5 @@ impl EventLog {
     /// reconnect knows the numbers began again ([`converge_messenger::EVENT_LOG_HEADER`]).
     pub fn name(&self) -> &str {
         &self.name
-    }
-
-    /// Names the log (after a store's).
-    pub fn named(mut self, name: String) -> Self {
-        self.name = name;
-        self
     }
 }

@@ -259,7 +259,12 @@ fn recover(
     if got.is_empty() {
         info!(%path, "state store is empty: a new cluster");
         // Nothing to restore but the event log's name, kept from the first start on.
-        let events = events::EventLog::with_capacity(events_in_memory).named(got.event_log);
+        let events = events::EventLog::recovered(
+            Vec::new(),
+            got.next_event_seq,
+            events_in_memory,
+            got.event_log,
+        );
         return Ok(Started {
             core: Core::new(core_config, policy),
             store: Some(Box::new(store)),
@@ -299,8 +304,12 @@ fn recover(
     );
     let restored = actor::Restored {
         specs,
-        events: events::EventLog::recovered(history, got.next_event_seq, events_in_memory)
-            .named(got.event_log),
+        events: events::EventLog::recovered(
+            history,
+            got.next_event_seq,
+            events_in_memory,
+            got.event_log,
+        ),
         job_states: got.job_states,
     };
     Ok(Started {

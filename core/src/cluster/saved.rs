@@ -187,23 +187,24 @@ impl Core {
                     seq: j.seq,
                 });
             }
-            if let Some(w) = j.worker() {
+            // The worker of its incarnation, and the one a move is bringing it to.
+            let here = j.worker().map(|w| (w, false));
+            for (w, inbound) in here
+                .into_iter()
+                .chain(j.phase.inbound_to().map(|w| (w, true)))
+            {
                 let Some(worker) = core.workers.get_mut(w) else {
                     return Err(RestoreError::UnknownWorker {
                         job: j.id.clone(),
                         worker: w.clone(),
                     });
                 };
-                worker.jobs.insert(j.id.clone());
-            }
-            if let Some(w) = j.phase.inbound_to() {
-                let Some(worker) = core.workers.get_mut(w) else {
-                    return Err(RestoreError::UnknownWorker {
-                        job: j.id.clone(),
-                        worker: w.clone(),
-                    });
+                let set = if inbound {
+                    &mut worker.inbound
+                } else {
+                    &mut worker.jobs
                 };
-                worker.inbound.insert(j.id.clone());
+                set.insert(j.id.clone());
             }
             if j.state() == JobState::Pending {
                 if core.pending.insert(j.seq, j.id.clone()).is_some() {

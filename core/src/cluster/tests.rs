@@ -909,10 +909,6 @@ fn a_job_cancelled_while_starting_holds_its_room_until_its_start_settles() {
 /// held), and cannot be a victim there.
 #[test]
 fn the_value_allocator_sees_a_job_on_its_way_pinned() {
-    let (f, _) = Fixture::saving();
-    let nodes = policy::value::node_states(f.core.view(), &BTreeMap::new());
-    // `a` has no value curve in this fixture: the allocator sees only value jobs.
-    assert!(nodes.iter().all(|n| n.containers.is_empty()));
     let mut f = Fixture::with(policy::by_name("value", &value_settings()).unwrap());
     f.register(1, "w1", 1.0);
     f.start("a", value_job(100.0, 100.0, 1000.0, 2000.0));

@@ -190,6 +190,13 @@ impl Best {
     fn beaten_by(&self, gain: f64, flow: f64) -> bool {
         gain > self.gain + EPS || (gain >= self.gain - EPS && flow < self.flow - EPS)
     }
+
+    /// Keeps `candidate` in `best` if it beats what `best` holds ([`Best::beaten_by`]).
+    fn offer(best: &mut Option<Best>, candidate: Best) {
+        if best.is_none_or(|b| b.beaten_by(candidate.gain, candidate.flow)) {
+            *best = Some(candidate);
+        }
+    }
 }
 
 /// Value-based allocation: one type for DwoP and DwP, called by the manager or the simulator.
@@ -248,16 +255,15 @@ impl ValueAllocator {
                     if o.extra_value <= EPS {
                         continue;
                     }
-                    if best.is_none_or(|b| b.beaten_by(gain, flow)) {
-                        best = Some(Best {
-                            node: i,
-                            shares,
-                            victim: skip,
-                            gain,
-                            flow,
-                            value: o.extra_value,
-                        });
-                    }
+                    let candidate = Best {
+                        node: i,
+                        shares,
+                        victim: skip,
+                        gain,
+                        flow,
+                        value: o.extra_value,
+                    };
+                    Best::offer(&mut best, candidate);
                 }
             }
         }
@@ -339,16 +345,15 @@ impl ValueAllocator {
             let base = model.evaluate(now, None, None, None);
             let o = model.evaluate(now, Some(&extra), None, None);
             let (gain, flow) = gain_and_flow(&o, &base);
-            if best.is_none_or(|b| b.beaten_by(gain, flow)) {
-                best = Some(Best {
-                    node: i,
-                    shares,
-                    victim: None,
-                    gain,
-                    flow,
-                    value: o.extra_value,
-                });
-            }
+            let candidate = Best {
+                node: i,
+                shares,
+                victim: None,
+                gain,
+                flow,
+                value: o.extra_value,
+            };
+            Best::offer(&mut best, candidate);
         }
         best.map(|b| b.node)
     }
@@ -447,16 +452,15 @@ impl ValueAllocator {
             let extra = Slot::new(c.remaining_s, shares, c.job.released_at, &c.job.curve);
             let o = model.evaluate(now, Some(&extra), None, None);
             let (gain, flow) = gain_and_flow(&o, &base);
-            if best.is_none_or(|b| b.beaten_by(gain, flow)) {
-                best = Some(Best {
-                    node: 0,
-                    shares: clamp_shares(shares),
-                    victim: None,
-                    gain,
-                    flow,
-                    value: o.extra_value,
-                });
-            }
+            let candidate = Best {
+                node: 0,
+                shares: clamp_shares(shares),
+                victim: None,
+                gain,
+                flow,
+                value: o.extra_value,
+            };
+            Best::offer(&mut best, candidate);
         }
         best.map(|b| (b.shares, b.gain, b.value))
     }
