@@ -227,9 +227,8 @@ impl Core {
                 .cloned()
                 .collect();
             for id in jobs {
-                let view = policy_view!(self);
-                match self.policy.place_move(self.now, &self.jobs[&id], view) {
-                    Some(to) if to != worker => {
+                match self.place_elsewhere(&id, &worker) {
+                    Some(to) => {
                         self.begin_move(&id, &to, MoveReason::Drain, BTreeMap::new());
                     }
                     _ => {

@@ -174,6 +174,29 @@ impl PlacementIndex {
         }
     }
 
+    /// Shows worker `id` as not schedulable, in its snapshot and every order, until the
+    /// caller touches it and refreshes: what a placement asked to look past one worker reads
+    /// (`Core::place_elsewhere`). Every placer reads schedulability from the snapshots or
+    /// from these orders, so hiding it here keeps it out of every placer's answer, fast paths
+    /// included, instead of each policy filtering it out its own way.
+    pub(crate) fn hide(&mut self, id: &str) {
+        let Some(&i) = self.places.get(id) else {
+            return;
+        };
+        let s = &self.snaps[i];
+        if !s.schedulable {
+            return;
+        }
+        self.by_running.remove(&(s.running, i));
+        if let (Some(order), Some(key)) = (&mut self.by_crowd, crowd_key(s, i)) {
+            order.remove(&key);
+        }
+        self.snaps[i].schedulable = false;
+        if let Some(p) = &mut self.placer {
+            p.set(i, &self.snaps[i]);
+        }
+    }
+
     /// Places of the schedulable workers with cores, least crowded first, each with its
     /// crowding; `None` unless the policy asked for the order. At each crowding come the
     /// workers with jobs, in id order, then the empty ones, in groups of workers alike in

@@ -150,6 +150,27 @@ impl Core {
         }
     }
 
+    /// Where job `id`, which must leave worker `leaving` (drained, or its restore there just
+    /// failed), goes: the policy's [`ClusterPolicy::place_move`] with that worker hidden from
+    /// it ([`index::PlacementIndex::hide`]). A worker whose restore failed was as good a choice as
+    /// when it was chosen, and chosen again the job waited as a new one instead of trying the
+    /// next best worker; each policy filtering it out its own way missed the placers' fast
+    /// paths, which read the index's orders.
+    pub(super) fn place_elsewhere(&mut self, id: &str, leaving: &str) -> Option<WorkerId> {
+        self.index.refresh(&self.workers, &self.jobs);
+        self.index.hide(leaving);
+        let view = policy_view!(self);
+        let to = self.policy.place_move(self.now, &self.jobs[id], view);
+        // Shown as it is again before anything else reads the index.
+        if let Some(w) = self.workers.get(leaving) {
+            let w = w.id.clone();
+            self.index.touch(&w);
+            self.index.refresh(&self.workers, &self.jobs);
+        }
+        debug_assert!(to.as_deref() != Some(leaving), "a hidden worker was chosen");
+        to
+    }
+
     /// A new incarnation on `to`, from the checkpoint. Only ever after the source saved (or
     /// its container is gone), never while the old incarnation may run.
     pub(super) fn restore(&mut self, id: &str, to: &str) {
@@ -244,10 +265,7 @@ impl Core {
         let next = if source_ok {
             Some(m.from.clone())
         } else {
-            let view = policy_view!(self);
-            self.policy
-                .place_move(self.now, &self.jobs[id], view)
-                .filter(|w| w != worker)
+            self.place_elsewhere(id, worker)
         };
         match next {
             Some(to) => self.restore(id, &to),

@@ -1579,6 +1579,38 @@ fn restore_failure_retries_on_the_source_then_elsewhere_then_fails() {
     );
 }
 
+/// A restore that failed on a worker tries the next best worker, under every policy that
+/// moves jobs: the failed one was as good as when it was chosen, and (each policy asked as
+/// before) chosen again, refused, the job waited as a new one while another worker had room.
+#[test]
+fn a_failed_restore_tries_the_next_best_worker_under_every_policy() {
+    for name in ["spread", "specon", "converge", "las", "flowcon"] {
+        let mut f = Fixture::new(name);
+        f.register(1, "w1", 2.0);
+        f.register(2, "w2", 2.0);
+        for (job, conn) in [("a", 1), ("b", 2)] {
+            let out = f.submit(job, 1.0);
+            let (to, start) = Fixture::sent(&out, job, "start").expect("started");
+            assert_eq!(to, conn, "{name}: {job} placed alone");
+            f.ok(conn, &start, Fixture::started(1));
+        }
+        // An empty worker, first in id order: the drain's target, and after the failure as
+        // good as w2 (one job each, a's room held there), and first.
+        f.register(3, "w0", 2.0);
+        let out = f.step(Input::Drain {
+            worker: "w1".into(),
+        });
+        let (_, save) = Fixture::sent(&out, "a", "save").expect("drain saves");
+        let out = f.ok(1, &save, Fixture::saved());
+        let (conn, start) = Fixture::sent(&out, "a", "start").expect("restore");
+        assert_eq!(conn, 3, "{name}: restored on the empty worker first");
+        let out = f.fail(3, &start, "no such image");
+        let next = Fixture::sent(&out, "a", "start").map(|(conn, _)| conn);
+        assert_eq!(next, Some(2), "{name}: {}", f.core.job("a").unwrap().reason);
+        assert_eq!(f.state("a"), JobState::Migrating, "{name}");
+    }
+}
+
 #[test]
 fn restore_prefers_the_source_when_it_can_take_the_job() {
     let mut f = Fixture::running();

@@ -114,9 +114,9 @@ fn remaining_s(job: &Job) -> f64 {
 
 /// The cluster as the allocator sees it, in worker id order.
 pub fn node_states(view: ClusterView<'_>, shares: &BTreeMap<JobId, u32>) -> Vec<NodeState> {
-    view.workers
-        .values()
-        .map(|w| {
+    let snaps = view.snapshots().1;
+    (view.workers.values().zip(snaps))
+        .map(|(w, snap)| {
             // With the jobs a move is bringing here: their room is held from the move's start
             // (a job placed beside one was sized as if alone). They cannot be paused, and
             // are pinned below.
@@ -126,7 +126,9 @@ pub fn node_states(view: ClusterView<'_>, shares: &BTreeMap<JobId, u32>) -> Vec<
             NodeState {
                 id: w.id.to_string(),
                 speed: w.calibration,
-                schedulable: w.schedulable(),
+                // The snapshot's: what every placer reads, and where the core hides a worker
+                // a job must leave.
+                schedulable: snap.schedulable,
                 containers: jobs
                     .into_iter()
                     .filter_map(|j| {
@@ -236,14 +238,11 @@ impl ClusterPolicy for ValuePolicy {
         let Some(vj) = value_job(job) else {
             return self.fallback.target(job, view);
         };
-        // Never back to the worker it is on: a drained one is not schedulable anyway, but one
-        // whose restore just failed was as good as when it was chosen, and chosen again (and
-        // refused by the caller) the job waited as new instead of trying the next best.
-        let leaving = job.worker().map(|w| w.as_str());
+        // Sized as if it were not there yet. The worker it leaves is hidden from this view
+        // by the core (`Core::place_elsewhere`).
         let mut nodes = node_states(view, &self.shares);
         for n in &mut nodes {
             n.containers.retain(|c| c.job.id != vj.id);
-            n.schedulable &= Some(n.id.as_str()) != leaving;
         }
         let shares = self.shares.get(&job.id).copied().unwrap_or(DEFAULT_SHARES);
         let node = (self.allocator).on_move(now, &vj, remaining_s(job), shares, &nodes)?;
