@@ -122,6 +122,9 @@ impl Core {
         restarted: bool,
     ) {
         for c in reported {
+            if c.running && self.readopt(worker, c) {
+                continue;
+            }
             let Some(job) = self.jobs.get(&c.job) else {
                 let owed = (self.workers[worker].stops_owed.iter())
                     .any(|o| o.job == c.job && o.epoch == c.epoch);
@@ -281,6 +284,47 @@ impl Core {
     /// the start), and says so, `why` first, with the steps lost. Its step is where it starts
     /// again: a job without a checkpoint was said to restart "from its checkpoint", and
     /// listed at the lost copy's step until its new copy's first line set it back to 0.
+    /// Re-adopts the running container `c` of a lost worker's job that comes back before
+    /// the job has started anywhere else, if its stop never left ([`OwedStop::withdrawable`]):
+    /// the stop is withdrawn and the job runs on where it was, with the steps it made.
+    /// Returns whether it did.
+    fn readopt(&mut self, worker: &str, c: &ContainerReport) -> bool {
+        let Some(job) = self.jobs.get(&c.job) else {
+            return false;
+        };
+        let waiting = matches!(job.phase, JobPhase::Pending)
+            && job.epoch == c.epoch
+            && job.incarnations.last().is_some_and(|i| i.worker == worker);
+        let withdrawable = (self.workers[worker].stops_owed.iter())
+            .any(|o| o.job == c.job && o.epoch == c.epoch && o.withdrawable);
+        if !(waiting && withdrawable) {
+            return false;
+        }
+        let was_at = job.step;
+        self.owed_stops(worker, |owed| {
+            owed.retain(|o| !(o.job == c.job && o.epoch == c.epoch))
+        });
+        if let Some(j) = self.job_mut(&c.job) {
+            j.container_id = c.container_id.clone();
+            if let Some(s) = c.last_step {
+                j.step = j.step.max(s);
+            }
+        }
+        info!(%worker, job = %c.job, epoch = c.epoch, "re-adopting a lost worker's job: it had not restarted elsewhere");
+        let at = (c.last_step)
+            .filter(|&s| s > was_at)
+            .map_or(String::new(), |s| format!(" at step {s}"));
+        self.transition(
+            &c.job,
+            JobPhase::Running {
+                worker: self.worker_id(worker),
+            },
+            format!(
+                "re-adopted on {worker}{at}: its worker came back before it restarted elsewhere; no steps lost"
+            ),
+        )
+    }
+
     pub(super) fn restart(&mut self, id: &str, why: &str) {
         let Some(j) = self.jobs.get(id) else {
             return;

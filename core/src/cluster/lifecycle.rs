@@ -203,6 +203,9 @@ pub fn allowed(from: &JobPhase, to: &JobPhase) -> bool {
         // Anything live can be cancelled, can fail, or (under a value policy) be given up.
         (_, S::Cancelled | S::Failed | S::Rejected) => true,
         (S::Pending, S::Starting) => true,
+        // A lost worker's job, still running there when the worker came back before it had
+        // started elsewhere (`OwedStop::withdrawable`).
+        (S::Pending, S::Running) => true,
         (S::Starting, S::Running | S::Lost | S::Completed | S::Pending) => true,
         (
             S::Running,
@@ -602,6 +605,13 @@ pub struct OwedStop {
     /// The Start (or restore) that was under way when the stop was sent: its container may
     /// come after the stop found none.
     pub start: Option<CommandId>,
+    /// A lost worker's job restarted elsewhere, whose stop never left: its worker had no
+    /// stream. If the worker comes back with the container still running before the job
+    /// has started anywhere else, the stop is withdrawn and the job re-adopted there
+    /// (`Core::reconcile`): killing it lost every step since its checkpoint (a new user's
+    /// walk: 259,640 steps of a job without checkpoints) to save a restart that had not
+    /// begun. Not kept across a manager's restart: a restarted manager stops it as before.
+    pub withdrawable: bool,
 }
 
 /// A worker's jobs, in id order: a sorted `Vec`. Every heartbeat walks its worker's jobs (the
@@ -777,16 +787,18 @@ mod tests {
         }
     }
 
+    /// A pending job starts a new incarnation, or (a lost worker's job re-adopted where it
+    /// still runs) runs on as the incarnation it was.
     #[test]
-    fn pending_cannot_run_without_starting() {
-        assert!(!allowed(&JobPhase::Pending, &running()));
-        assert!(allowed(
-            &JobPhase::Pending,
-            &JobPhase::Starting {
-                worker: "w1".into(),
-                command: "c".into()
-            }
-        ));
+    fn pending_starts_a_new_incarnation_or_runs_on_as_the_old_one() {
+        let starting = JobPhase::Starting {
+            worker: "w1".into(),
+            command: "c".into(),
+        };
+        assert!(allowed(&JobPhase::Pending, &starting));
+        assert!(JobPhase::Pending.starts_incarnation(&starting));
+        assert!(allowed(&JobPhase::Pending, &running()));
+        assert!(!JobPhase::Pending.starts_incarnation(&running()));
     }
 
     #[test]

@@ -987,6 +987,7 @@ impl Core {
                     Some(o) => {
                         o.command = command.id.clone();
                         o.start = start;
+                        o.withdrawable = false;
                     }
                     None => owed.push(lifecycle::OwedStop {
                         job: job.clone(),
@@ -994,6 +995,7 @@ impl Core {
                         command: command.id.clone(),
                         request,
                         start,
+                        withdrawable: false,
                     }),
                 }
             });

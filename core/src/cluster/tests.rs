@@ -1311,6 +1311,73 @@ fn a_superseded_incarnation_is_discarded_and_a_cancelled_one_stopped() {
     );
 }
 
+/// A lost worker's job that had not started anywhere else (no other worker had room) when its
+/// worker came back is re-adopted there with the steps it made, not killed and started from
+/// the beginning. Not when its stop reached the worker (a stalled agent whose stream stayed
+/// open is stopping it), nor once the user cancelled it.
+#[test]
+fn a_lost_workers_job_not_yet_restarted_is_readopted_when_the_worker_returns() {
+    // `silent`: the agent's stream ends (no stop can reach it) or stays open (the stop is
+    // sent down it). `cancel`: the user cancels the job while it waits.
+    for (silent, cancel, readopted) in [
+        (true, false, true),
+        (false, false, false),
+        (true, true, false),
+    ] {
+        let case = format!("stream ended: {silent}, cancelled: {cancel}");
+        let mut f = Fixture::new("spread");
+        f.register(1, "w1", 2.0);
+        let out = f.submit("a", 1.0);
+        let (_, start) = Fixture::sent(&out, "a", "start").expect("started");
+        f.ok(1, &start, Fixture::started(1));
+        f.progress(1, "a", 1, 100);
+        if silent {
+            f.step(Input::Disconnected {
+                conn: 1,
+                reason: "network cut".into(),
+            });
+        }
+        for _ in 0..14 {
+            f.advance(1.0);
+        }
+        assert_eq!(f.state("a"), JobState::Pending, "{case}");
+        // To restart from the beginning: it has no checkpoint.
+        assert_eq!(f.core.job("a").unwrap().step, 0, "{case}");
+        if cancel {
+            f.step(Input::Cancel {
+                id: "a".into(),
+                by: String::new(),
+            });
+        }
+        // w1 comes back, its container of epoch 1 still running, at step 150.
+        let out = f.reregister(5, "w1", 2.0, &[("a", 1, 150)]);
+        let stopped = Fixture::sent(&out, "a", "stop");
+        let job = f.core.job("a").unwrap();
+        if readopted {
+            assert!(stopped.is_none(), "{case}: {stopped:?}");
+            assert_eq!(f.state("a"), JobState::Running, "{case}");
+            assert_eq!((job.epoch, job.step), (1, 150), "{case}");
+            assert!(
+                job.reason.contains("no steps lost"),
+                "{case}: {}",
+                job.reason
+            );
+            assert!(f.core.worker("w1").unwrap().stops_owed.is_empty(), "{case}");
+            // Running, it is placed nowhere else: one Start in all.
+            f.advance(1.0);
+            assert_eq!(f.starts("a"), 1, "{case}");
+        } else {
+            let (conn, stop) = stopped.expect("the old copy is stopped");
+            assert_eq!((conn, stop.epoch), (5, 1), "{case}");
+            assert!(
+                matches!(&stop.action, Action::Stop { discard: true, .. }),
+                "{case}: {stop:?}"
+            );
+            assert_ne!(f.state("a"), JobState::Running, "{case}");
+        }
+    }
+}
+
 /// A worker lost while its stream stayed open (its agent stalled, its connection alive) is
 /// forgotten with that stream closed, so that the agent, should it wake, registers again.
 #[test]

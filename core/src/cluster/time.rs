@@ -97,6 +97,7 @@ impl Core {
             })
             .collect();
         for (id, old, epoch) in lost {
+            let unsent = self.workers.get(&old).is_some_and(|w| w.conn.is_none());
             self.send_to(
                 &old,
                 &id,
@@ -108,6 +109,13 @@ impl Core {
                     discard: true,
                 },
             );
+            if unsent {
+                self.owed_stops(&old, |owed| {
+                    (owed.iter_mut())
+                        .filter(|o| o.job == id && o.epoch == epoch)
+                        .for_each(|o| o.withdrawable = true)
+                });
+            }
             info!(job = %id, %old, "restarting a lost job elsewhere");
             self.restart(&id, &format!("worker {old} lost for {grace:.0}s"));
         }
