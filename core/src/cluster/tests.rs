@@ -4270,6 +4270,55 @@ fn a_drain_under_the_value_policy_moves_value_jobs_whatever_their_cpus() {
     assert!(others.contains(&second) && second != first, "{second}");
 }
 
+/// A value job a drain moves is given a CPU share for the jobs it meets where it goes. Placed
+/// alone it got the smallest share (every share is worth the same to a job alone), and kept
+/// beside another it was all but starved (a new user's walk: 15 s to start).
+#[test]
+fn a_value_job_moved_by_a_drain_gets_a_share_for_where_it_goes() {
+    let mut f = Fixture::with(policy::by_name("value", &value_settings()).unwrap());
+    f.register(1, "w1", 1.0);
+    f.register(2, "w2", 1.0);
+    let shares = |out: &[Effect], job: &str| match Fixture::sent(out, job, "start") {
+        Some((
+            conn,
+            Command {
+                action: Action::Start { cpu_shares },
+                ..
+            },
+        )) => (conn, cpu_shares),
+        other => panic!("{job} not started: {other:?}"),
+    };
+    // a is worth its all only if done within 150 s; b has slack to spare.
+    let out = f.step(Input::Submit {
+        id: "a".into(),
+        spec: value_job(100.0, 100.0, 150.0, 300.0),
+    });
+    assert_eq!(
+        shares(&out, "a"),
+        (1, 1),
+        "a alone on w1, at the smallest share"
+    );
+    let (_, start) = Fixture::sent(&out, "a", "start").unwrap();
+    f.ok(1, &start, Fixture::started(1));
+    let out = f.step(Input::Submit {
+        id: "b".into(),
+        spec: value_job(100.0, 100.0, 1000.0, 2000.0),
+    });
+    assert_eq!(shares(&out, "b"), (2, 1), "b alone on w2");
+    let (_, start) = Fixture::sent(&out, "b", "start").unwrap();
+    f.ok(2, &start, Fixture::started(2));
+    let out = f.step(Input::Drain {
+        worker: "w1".into(),
+    });
+    let (_, save) = Fixture::sent(&out, "a", "save").expect("a drained job is moved");
+    let out = f.ok(1, &save, Fixture::saved());
+    // Beside b at a share of 1, a would get half of w2 and end at 200 s, past its full
+    // value; with a larger share it ends sooner, and b (with slack) loses nothing.
+    let (conn, restored) = shares(&out, "a");
+    assert_eq!(conn, 2);
+    assert!(restored > 1, "restored at a share of {restored}");
+}
+
 /// `converge` admits a job with a value curve only for more value than it costs the jobs it
 /// would delay (shortest first, a shorter job delays the longer ones by its work), and gives a
 /// placed job up as soon as it can no longer finish before its value runs out, not when it has

@@ -323,39 +323,43 @@ impl ValueAllocator {
         }
     }
 
-    /// Where a running job that must leave its node (a drain's) goes: the schedulable node
-    /// where it, with `remaining_s` of work and its share `shares` kept, adds the most to the
-    /// total expected value, weighed as an arrival is (:104-106; ties by added flow time, then
-    /// the first node). Neither a rejection nor a victim: the job already runs, and its user
-    /// or operator asked for it to leave, so it goes where it costs least even where that
-    /// lowers the total (the allocator drops it later if it becomes worthless, :65). `nodes`
-    /// must not hold the job. `None` when no node is usable.
+    /// Where a running job that must leave its node (a drain's) goes, and with what CPU
+    /// share: the schedulable node × share (with the stride) where it, with `remaining_s` of
+    /// work, adds the most to the total expected value, weighed as an arrival is (:104-106;
+    /// ties by added flow time, then the first node, then the smaller share). Its share is
+    /// chosen again because it meets other jobs there: one placed alone got the smallest share
+    /// (every share is worth the same to a job alone), and kept beside a job of 1024 it was
+    /// all but starved (a new user's walk: 15 s to start). Neither a rejection nor a victim:
+    /// the job already runs, and its user or operator asked for it to leave, so it goes where
+    /// it costs least even where that lowers the total (the allocator drops it later if it
+    /// becomes worthless, :65). `nodes` must not hold the job. `None` when no node is usable.
     pub fn on_move(
         &self,
         now: f64,
         job: &ValueJob,
         remaining_s: f64,
-        shares: u32,
         nodes: &[NodeState],
-    ) -> Option<usize> {
-        let extra = Slot::new(remaining_s, shares, job.released_at, &job.curve);
+    ) -> Option<(usize, u32)> {
         let mut best: Option<Best> = None;
         for (i, node) in nodes.iter().enumerate().filter(|(_, n)| usable(n)) {
             let model = NodeModel::new(node);
             let base = model.evaluate(now, None, None, None);
-            let o = model.evaluate(now, Some(&extra), None, None);
-            let (gain, flow) = gain_and_flow(&o, &base);
-            let candidate = Best {
-                node: i,
-                shares,
-                victim: None,
-                gain,
-                flow,
-                value: o.extra_value,
-            };
-            Best::offer(&mut best, candidate);
+            for shares in share_candidates(self.config.stride) {
+                let extra = Slot::new(remaining_s, shares, job.released_at, &job.curve);
+                let o = model.evaluate(now, Some(&extra), None, None);
+                let (gain, flow) = gain_and_flow(&o, &base);
+                let candidate = Best {
+                    node: i,
+                    shares,
+                    victim: None,
+                    gain,
+                    flow,
+                    value: o.extra_value,
+                };
+                Best::offer(&mut best, candidate);
+            }
         }
-        best.map(|b| b.node)
+        best.map(|b| (b.node, b.shares))
     }
 
     /// A container left `nodes[node]` at `now` (finished, stopped or dropped; `nodes` no longer

@@ -79,10 +79,11 @@ fn rejects_when_every_placement_yields_zero() {
 /// lowers it (an arrival would be rejected), and only to a usable node.
 #[test]
 fn a_moved_job_goes_where_it_costs_least_and_is_never_rejected() {
-    let tight = curve(100.0, 100.0, 120.0);
-    // At 30 s, w1 holds a job with 60 s left that is worth nothing after 120 s: alone it
-    // finishes at 90 s, beside the moved job's 50 s at 140 s, worth nothing. w2 holds one
-    // with plenty of slack.
+    let tight = curve(100.0, 90.0, 120.0);
+    // At 30 s, w1 holds a job with 60 s left whose full value lasts until 90 s and is gone
+    // at 120 s: alone it finishes at 90 s; whatever share the moved job takes there costs it
+    // (beside it at 1024, it would finish at 140 s, worth nothing). w2 holds one with plenty
+    // of slack.
     let nodes = [
         node("w1", 1.0, vec![running("a", 60.0, 1024, tight)]),
         node(
@@ -97,12 +98,35 @@ fn a_moved_job_goes_where_it_costs_least_and_is_never_rejected() {
         dwop().on_arrival(30.0, &j, &nodes),
         ValueDecision::Reject { .. }
     ));
-    assert_eq!(dwop().on_move(30.0, &j, 50.0, 1024, &nodes), Some(1));
+    let node_of = |nodes: &[NodeState]| dwop().on_move(30.0, &j, 50.0, nodes).map(|(n, _)| n);
+    assert_eq!(node_of(&nodes), Some(1));
     let mut only_w1 = nodes.clone();
     only_w1[1].schedulable = false;
-    assert_eq!(dwop().on_move(30.0, &j, 50.0, 1024, &only_w1), Some(0));
+    assert_eq!(node_of(&only_w1), Some(0));
     only_w1[0].schedulable = false;
-    assert_eq!(dwop().on_move(30.0, &j, 50.0, 1024, &only_w1), None);
+    assert_eq!(node_of(&only_w1), None);
+}
+
+/// A moved job's CPU share is chosen again for the jobs it meets: one placed alone got the
+/// smallest share, which beside a job of 1024 would leave it all but no CPU.
+#[test]
+fn a_moved_job_gets_the_share_it_is_worth_where_it_goes() {
+    // b has 100 s left at 1024 and slack to spare (full value for 1000 s). j has 50 s left
+    // and is worth nothing after 120 s: at a share of 1 it runs after b, ending at 150 s,
+    // worth nothing; at 1024 beside b it ends at 100 s, worth most of its value, and b
+    // (ending at 150 s) loses nothing.
+    let nodes = [node(
+        "w1",
+        1.0,
+        vec![running("b", 100.0, 1024, curve(100.0, 1000.0, 2000.0))],
+    )];
+    let j = job("j", 0.0, 50.0, curve(100.0, 60.0, 120.0));
+    let (at, shares) = dwop().on_move(0.0, &j, 50.0, &nodes).expect("w1 is usable");
+    assert_eq!(at, 0);
+    assert!(shares >= 512, "a moved job given a share of {shares}");
+    // Alone, every share is worth the same to it: the smallest, as at an arrival.
+    let alone = [node("w2", 1.0, vec![])];
+    assert_eq!(dwop().on_move(0.0, &j, 50.0, &alone), Some((0, 1)));
 }
 
 #[test]

@@ -601,7 +601,8 @@ pub trait ClusterPolicy: Send {
         }
     }
 
-    /// The CPU weight every Start of `job` carries (a restore keeps what it was given).
+    /// The CPU weight a Start of `job` carries, asked at each Start (a restore too: the value
+    /// policies choose a moved job's share again for where it goes).
     fn start_shares(&self, _job: &str) -> u32 {
         0
     }

@@ -244,8 +244,9 @@ impl ClusterPolicy for ValuePolicy {
         for n in &mut nodes {
             n.containers.retain(|c| c.job.id != vj.id);
         }
-        let shares = self.shares.get(&job.id).copied().unwrap_or(DEFAULT_SHARES);
-        let node = (self.allocator).on_move(now, &vj, remaining_s(job), shares, &nodes)?;
+        let (node, shares) = (self.allocator).on_move(now, &vj, remaining_s(job), &nodes)?;
+        // Its restore's Start carries the share chosen for where it goes (`start_shares`).
+        self.shares.insert(job.id.clone(), shares);
         view.workers.keys().nth(node).cloned()
     }
 
