@@ -274,16 +274,16 @@ impl Core {
                 _ => {
                     // Nothing of it runs here any more, and how it ended was not reported:
                     // restart it from its checkpoint rather than lose it.
-                    self.restart(&id, &format!("its container is no longer on {worker}"));
+                    self.restart(
+                        &id,
+                        &format!("its container is no longer on {worker}"),
+                        false,
+                    );
                 }
             }
         }
     }
 
-    /// Job `id`, of which nothing runs, waits to start again from its checkpoint (or from
-    /// the start), and says so, `why` first, with the steps lost. Its step is where it starts
-    /// again: a job without a checkpoint was said to restart "from its checkpoint", and
-    /// listed at the lost copy's step until its new copy's first line set it back to 0.
     /// Re-adopts the running container `c` of a lost worker's job that comes back before
     /// the job has started anywhere else, if its stop never left ([`OwedStop::withdrawable`]):
     /// the stop is withdrawn and the job runs on where it was, with the steps it made.
@@ -325,18 +325,34 @@ impl Core {
         )
     }
 
-    pub(super) fn restart(&mut self, id: &str, why: &str) {
+    /// Job `id`, of which nothing runs, waits to start again from its checkpoint (or from
+    /// the start), and says so, `why` first, with the steps lost. Its step is where it starts
+    /// again: a job without a checkpoint was said to restart "from its checkpoint", and
+    /// listed at the lost copy's step until its new copy's first line set it back to 0.
+    /// `cut_off`: its worker was lost, and its agent, cut off from this manager, may have
+    /// checkpointed it before stopping it (`--fence-after`): the new copy resumes from the
+    /// newest checkpoint in its directory, which may be later than any known here (a walk:
+    /// told "from the start, 20090 steps lost" of a job that resumed at step 81471).
+    pub(super) fn restart(&mut self, id: &str, why: &str, cut_off: bool) {
         let Some(j) = self.jobs.get(id) else {
             return;
         };
-        let (from, lost) = match j.checkpoint_step {
-            Some(c) => (
-                format!("its checkpoint at step {c}"),
-                j.step.saturating_sub(c),
+        let lost = j.step.saturating_sub(j.checkpoint_step.unwrap_or(0));
+        let why = match (j.checkpoint_step, cut_off) {
+            (Some(c), false) => {
+                format!("{why}; restarting from its checkpoint at step {c}, {lost} steps lost")
+            }
+            (None, false) => format!(
+                "{why}; restarting from the start (it has no checkpoint), {lost} steps lost"
             ),
-            None => ("the start (it has no checkpoint)".to_string(), j.step),
+            (known, true) => format!(
+                "{why}; restarting from its newest checkpoint: {}, but its agent saves one when \
+                 cut off from the manager; up to {lost} steps lost",
+                known.map_or("none is known here".to_string(), |c| {
+                    format!("step {c} is known here")
+                })
+            ),
         };
-        let why = format!("{why}; restarting from {from}, {lost} steps lost");
         if self.transition(id, JobPhase::Pending, why)
             && let Some(j) = self.job_mut(id)
         {

@@ -1076,12 +1076,19 @@ fn a_lost_workers_jobs_say_where_they_start_again_and_what_is_lost() {
             .expect("a state event to pending")
     };
     let (a, b) = (pending("a"), pending("b"));
+    // Its agent, cut off, may have checkpointed it since (`--fence-after`): said so.
     assert!(
-        a.ends_with("restarting from the start (it has no checkpoint), 250 steps lost"),
+        a.ends_with(
+            "restarting from its newest checkpoint: none is known here, but its agent saves \
+             one when cut off from the manager; up to 250 steps lost"
+        ),
         "{a}"
     );
     assert!(
-        b.ends_with("restarting from its checkpoint at step 100, 80 steps lost"),
+        b.ends_with(
+            "restarting from its newest checkpoint: step 100 is known here, but its agent \
+             saves one when cut off from the manager; up to 80 steps lost"
+        ),
         "{b}"
     );
 }

@@ -117,7 +117,7 @@ impl Core {
                 });
             }
             info!(job = %id, %old, "restarting a lost job elsewhere");
-            self.restart(&id, &format!("worker {old} lost for {grace:.0}s"));
+            self.restart(&id, &format!("worker {old} lost for {grace:.0}s"), true);
         }
     }
 }
