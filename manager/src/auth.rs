@@ -141,12 +141,21 @@ impl Tokens {
                 "no `authorization` header: send `authorization: Bearer TOKEN` (grpcurl: -H 'authorization: Bearer TOKEN'; convergectl: --token or CONVERGE_TOKEN)",
             ));
         };
-        let Some(token) = value.strip_prefix("Bearer ") else {
+        // The scheme's name is case-insensitive (RFC 9110 §11.1): `bearer TOKEN` was refused.
+        let value = value.trim();
+        let (scheme, token) = value.split_once(' ').unwrap_or((value, ""));
+        if !scheme.eq_ignore_ascii_case("bearer") {
             return Err(Status::unauthenticated(
                 "the `authorization` header must be `Bearer TOKEN`",
             ));
-        };
-        self.0.get(token.trim()).ok_or_else(|| {
+        }
+        let token = token.trim();
+        if token.is_empty() {
+            return Err(Status::unauthenticated(
+                "the bearer token is empty: set --token or CONVERGE_TOKEN to a token of the manager's tokens file",
+            ));
+        }
+        self.0.get(token).ok_or_else(|| {
             Status::unauthenticated("the bearer token is not one this manager knows")
         })
     }
@@ -320,6 +329,13 @@ mod tests {
         let t = Tokens::parse(FILE).unwrap();
         let alice = t.authenticate(Some("Bearer fedcba9876543210fedc")).unwrap();
         assert_eq!((alice.name.as_str(), alice.role), ("alice", Role::Operator));
+        // The scheme in any case, as HTTP reads it.
+        let again = t.authenticate(Some("bearer fedcba9876543210fedc")).unwrap();
+        assert_eq!(again.name, "alice");
+        for header in ["Bearer ", "Bearer"] {
+            let empty = t.authenticate(Some(header)).unwrap_err();
+            assert!(empty.message().contains("is empty"), "{}", empty.message());
+        }
         assert_eq!(
             t.authenticate(None).unwrap_err().code(),
             tonic::Code::Unauthenticated

@@ -272,7 +272,9 @@ impl AgentService for AgentStreams {
                         Ok(Some(AgentMessage { kind: None })) => {
                             debug!("ignoring an empty or newer agent message");
                         }
-                        Ok(None) => break "agent closed the stream".to_string(),
+                        // Also what a connection cut or a paused agent ends in (its keepalive times
+                        // out): "the agent closed it" blamed an agent that did nothing.
+                        Ok(None) => break "the stream ended (the agent closed it, or its connection was lost)".to_string(),
                         Err(status) => break format!("stream error: {}", status.message()),
                     }
                 };

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use converge_core::cluster::saved::Changes;
 use converge_core::cluster::types::{JobId, JobState, Time};
-use converge_core::cluster::{Core, Effect, Input, Refusal, Reply, RequestError};
+use converge_core::cluster::{Core, Effect, Input, Reply, RequestError};
 use converge_messenger::manager::{AgentLink, ConnectionId, StreamEvent};
 use converge_messenger::pb::{self, Event, JobSpec, manager_message::Kind as ManagerKind};
 use converge_store::{Batch, JobQuery, PendingBackup, Store, StoredEvent};
@@ -555,15 +555,9 @@ impl Actor {
                     self.record(e, numbered);
                 }
                 Effect::Reply(_) => {}
-                Effect::Refused { what, worker } => {
-                    self.metrics.refused(what.as_str());
-                    if what == Refusal::ForeignJob {
-                        warn!(
-                            worker = worker.as_deref().unwrap_or_default(),
-                            "refused a message about another worker's job"
-                        );
-                    }
-                }
+                // Counted here; the core has logged it, naming the job (a second line
+                // without it only doubled the log).
+                Effect::Refused { what, .. } => self.metrics.refused(what.as_str()),
             }
         }
         self.traces.end_step();
