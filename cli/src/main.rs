@@ -168,7 +168,9 @@ enum Cmd {
         labels: Vec<(String, String)>,
         /// Memory limit: bytes, or with a unit (`512m`, `4g` as Docker reads them, `512MiB`,
         /// `1GB`); none by default.
-        #[arg(long, value_parser = bytes)]
+        // A negative number is a value (said to be one below), not a flag: clap's tip for it
+        // would pass it to the job.
+        #[arg(long, value_parser = bytes, allow_negative_numbers = true)]
         memory: Option<u64>,
         /// What the result is worth over time, `MAX,FULL_UNTIL_S,ZERO_AT_S`: MAX until
         /// FULL_UNTIL_S seconds after submission, falling to nothing at ZERO_AT_S (the value
@@ -305,6 +307,11 @@ fn key_value(s: &str) -> Result<(String, String), String> {
 /// `docker run --memory` and the agent's `--memory` read them), `KiB`, `MiB`, `GiB` the same,
 /// and `KB`, `MB`, `GB` powers of 1000.
 fn bytes(s: &str) -> Result<u64, String> {
+    if s.starts_with('-') {
+        return Err(format!(
+            "`{s}` is negative: a memory limit is a number of bytes (e.g. 512m), or leave it out for none"
+        ));
+    }
     let at = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(s.len());
@@ -1646,6 +1653,7 @@ mod tests {
                 .contains("more bytes")
         );
         assert!(bytes("0.4").unwrap_err().contains("less than a byte"));
+        assert!(bytes("-5").unwrap_err().contains("is negative"));
         assert!(bytes("2 parsecs").unwrap_err().contains("not a unit"));
         assert!(bytes("lots").unwrap_err().contains("not a number"));
         let curve = value_curve("10, 60,300").unwrap();

@@ -206,6 +206,11 @@ async fn each_command_prints_tables_and_json_and_exits_with_a_code_scripts_can_u
     let (code, _, err) = ctl(&m, &["submit", "--image", "x", "--memory", "1KiB"]).await;
     assert_eq!(code, 4, "{err}");
     assert!(err.contains("spec.memory_bytes"), "{err}");
+    // A negative limit is named as one, not taken for a flag (clap's tip for a flag-like
+    // value would pass it to the job).
+    let (code, _, err) = ctl(&m, &["submit", "--image", "x", "--memory", "-5"]).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("`-5` is negative"), "{err}");
     // 2 for a command line that does not parse, values included, naming those accepted.
     let (code, _, err) = ctl(&m, &["list", "--state", "runing"]).await;
     assert_eq!(code, 2, "{err}");
