@@ -70,6 +70,7 @@ pub fn register(r: pb::Register) -> core::Register {
             .into_iter()
             .map(|c| core::ContainerReport {
                 running: c.state() != pb::ContainerState::Exited,
+                paused: c.state() == pb::ContainerState::Paused,
                 job: c.job_id.into(),
                 epoch: c.epoch,
                 container_id: c.container_id,

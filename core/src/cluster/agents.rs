@@ -178,13 +178,8 @@ impl Core {
                             j.step = j.step.max(s);
                         }
                     }
-                    self.transition(
-                        &id,
-                        JobPhase::Running {
-                            worker: self.worker_id(worker),
-                        },
-                        format!("re-adopted on {worker}"),
-                    );
+                    let phase = self.adopted(worker, c);
+                    self.transition(&id, phase, format!("re-adopted on {worker}"));
                 }
                 // A save, or its result, may have been lost with the old stream: the same
                 // command again (the agent answers a repeated id from its cache, or when the
@@ -314,15 +309,29 @@ impl Core {
         let at = (c.last_step)
             .filter(|&s| s > was_at)
             .map_or(String::new(), |s| format!(" at step {s}"));
+        let phase = self.adopted(worker, c);
         self.transition(
             &c.job,
-            JobPhase::Running {
-                worker: self.worker_id(worker),
-            },
+            phase,
             format!(
                 "re-adopted on {worker}{at}: its worker came back before it restarted elsewhere; no steps lost"
             ),
         )
+    }
+
+    /// The phase of a job whose container `c` on `worker` is adopted again: paused if its
+    /// agent reports it paused (a value policy's victim, which the policy resumes when there
+    /// is room), else running. Taken for running, a frozen container stayed frozen with its
+    /// job said to run (a review).
+    fn adopted(&self, worker: &str, c: &ContainerReport) -> JobPhase {
+        let worker = self.worker_id(worker);
+        let paused = c.paused
+            && matches!(self.jobs.get(&c.job), Some(j) if !matches!(j.phase, JobPhase::Starting { .. }));
+        if paused {
+            JobPhase::Paused { worker }
+        } else {
+            JobPhase::Running { worker }
+        }
     }
 
     /// Job `id`, of which nothing runs, waits to start again from its checkpoint (or from

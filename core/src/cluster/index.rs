@@ -174,9 +174,10 @@ impl PlacementIndex {
         }
     }
 
-    /// Shows worker `id` as not schedulable, in its snapshot and every order, until the
-    /// caller touches it and refreshes: what a placement asked to look past one worker reads
-    /// (`Core::place_elsewhere`). Every placer reads schedulability from the snapshots or
+    /// Shows schedulable worker `id` as not schedulable, in its snapshot and every order,
+    /// until [`PlacementIndex::unhide`]: what a placement asked to look past one worker reads
+    /// (`Core::place_elsewhere`). Neither touches it: nothing changed that a waiting job's
+    /// answer depends on, and a touch made every waiting job be asked again. Every placer reads schedulability from the snapshots or
     /// from these orders, so hiding it here keeps it out of every placer's answer, fast paths
     /// included, instead of each policy filtering it out its own way.
     pub(crate) fn hide(&mut self, id: &str) {
@@ -194,6 +195,17 @@ impl PlacementIndex {
         self.snaps[i].schedulable = false;
         if let Some(p) = &mut self.placer {
             p.set(i, &self.snaps[i]);
+        }
+    }
+
+    /// Shows worker `id`, hidden by [`PlacementIndex::hide`], as it is again.
+    pub(crate) fn unhide(&mut self, id: &str) {
+        let Some(&i) = self.places.get(id) else {
+            return;
+        };
+        if !self.snaps[i].schedulable {
+            self.snaps[i].schedulable = true;
+            self.rank(i);
         }
     }
 

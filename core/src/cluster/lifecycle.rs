@@ -205,7 +205,8 @@ pub fn allowed(from: &JobPhase, to: &JobPhase) -> bool {
         (S::Pending, S::Starting) => true,
         // A lost worker's job, still running there when the worker came back before it had
         // started elsewhere (`OwedStop::withdrawable`).
-        (S::Pending, S::Running) => true,
+        // Paused when its container was (a value policy's victim, frozen).
+        (S::Pending, S::Running | S::Paused) => true,
         (S::Starting, S::Running | S::Lost | S::Completed | S::Pending) => true,
         (
             S::Running,
@@ -215,7 +216,7 @@ pub fn allowed(from: &JobPhase, to: &JobPhase) -> bool {
         (S::Stopping, S::Completed | S::Running | S::Lost) => true,
         // Saving -> Restoring, a retried restore, or back to Running (save failed, restored).
         (S::Migrating, S::Migrating | S::Running | S::Lost | S::Completed | S::Pending) => true,
-        (S::Lost, S::Running | S::Pending | S::Completed) => true,
+        (S::Lost, S::Running | S::Paused | S::Pending | S::Completed) => true,
         (S::Paused, S::Running | S::Lost | S::Completed | S::Pending) => true,
         _ => false,
     }

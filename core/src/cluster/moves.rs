@@ -157,15 +157,17 @@ impl Core {
     /// next best worker; each policy filtering it out its own way missed the placers' fast
     /// paths, which read the index's orders.
     pub(super) fn place_elsewhere(&mut self, id: &str, leaving: &str) -> Option<WorkerId> {
+        // A drained worker is not schedulable already: nothing to hide.
+        let hide = self.workers.get(leaving).is_some_and(|w| w.schedulable());
         self.index.refresh(&self.workers, &self.jobs);
-        self.index.hide(leaving);
+        if hide {
+            self.index.hide(leaving);
+        }
         let view = policy_view!(self);
         let to = self.policy.place_move(self.now, &self.jobs[id], view);
         // Shown as it is again before anything else reads the index.
-        if let Some(w) = self.workers.get(leaving) {
-            let w = w.id.clone();
-            self.index.touch(&w);
-            self.index.refresh(&self.workers, &self.jobs);
+        if hide {
+            self.index.unhide(leaving);
         }
         debug_assert!(to.as_deref() != Some(leaving), "a hidden worker was chosen");
         to
@@ -206,7 +208,7 @@ impl Core {
             job: id.into(),
             epoch,
             action: Action::Start {
-                cpu_shares: self.policy.start_shares(id),
+                cpu_shares: self.policy.restore_shares(id, &self.worker_id(to)),
             },
         };
         self.send(to, cmd);

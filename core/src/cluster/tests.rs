@@ -262,6 +262,7 @@ impl Fixture {
                         epoch: *epoch,
                         container_id: format!("{job}-{epoch}"),
                         running: true,
+                        paused: false,
                         last_step: Some(*step),
                     })
                     .collect(),
@@ -604,6 +605,7 @@ impl Fixture {
                     epoch: 1,
                     container_id: format!("{job}-1"),
                     running: false,
+                    paused: false,
                     last_step: Some(step),
                 }],
                 ..Register::default()
@@ -1651,6 +1653,32 @@ fn restore_failure_retries_on_the_source_then_elsewhere_then_fails() {
             .reason
             .contains("checkpoint is kept")
     );
+}
+
+/// A drain that finds no room (a job it cannot move yet) changes no snapshot: a backlog
+/// waiting for room is not asked again at each submission because of it (a review: the
+/// worker hidden from each drain's placement was touched after it, and every submission
+/// then asked about every waiting job again).
+#[test]
+fn a_stuck_drain_does_not_make_the_backlog_be_asked_again() {
+    let (policy, asked, _answer) = Scripted::new(false);
+    let mut f = Fixture::with(Box::new(policy));
+    f.register(1, "w1", 4.0);
+    f.start("r0", spec(1.0));
+    let take = || std::mem::take(&mut *asked.lock().unwrap());
+    take();
+    f.step(Input::Drain {
+        worker: "w1".into(),
+    });
+    assert_eq!(f.state("r0"), JobState::Running);
+    let touches = f.core.index.touches();
+    f.submit("j0", 1.0);
+    assert_eq!(take(), vec![JobId::from("j0")]);
+    for k in 1..5 {
+        f.submit(&format!("j{k}"), 1.0);
+        assert_eq!(take(), vec![JobId::from(format!("j{k}"))], "submission {k}");
+    }
+    assert_eq!(f.core.index.touches(), touches, "no snapshot changed");
 }
 
 /// A restore that failed on a worker tries the next best worker, under every policy that
@@ -3400,6 +3428,7 @@ mod model {
                     epoch: *e,
                     container_id: format!("{j}-{e}"),
                     running: true,
+                    paused: false,
                     last_step: None,
                 })
                 .collect(),
@@ -3562,6 +3591,50 @@ mod value {
                 ..JobSpec::default()
             },
         })
+    }
+
+    /// A paused victim whose worker was lost, and which comes back frozen, is adopted again
+    /// as paused, within the grace or after (re-adopted while it waits to restart): taken
+    /// for running, its job was said to run while its container stayed frozen (a review).
+    #[test]
+    fn a_paused_victim_comes_back_paused() {
+        for wait in [5, 14] {
+            let mut f = fixture(0.9);
+            let out = submit_value(&mut f, "L", 40.0, (10.0, 0.0, 100.0));
+            let (_, start) = Fixture::sent(&out, "L", "start").expect("L placed");
+            f.ok(1, &start, Fixture::started(1));
+            f.now = T0 + 3.0;
+            let out = submit_value(&mut f, "H", 120.0, (100.0, 0.0, 600.0));
+            assert!(Fixture::sent(&out, "L", "pause").is_some(), "{out:?}");
+            let (_, h) = Fixture::sent(&out, "H", "start").expect("H started");
+            f.ok(1, &h, Fixture::started(1));
+            f.step(Input::Disconnected {
+                conn: 1,
+                reason: "cut".into(),
+            });
+            for _ in 0..wait {
+                f.advance(1.0);
+            }
+            let report = |job: &str, paused: bool| ContainerReport {
+                job: job.into(),
+                epoch: 1,
+                container_id: format!("{job}-1"),
+                running: true,
+                paused,
+                last_step: Some(10),
+            };
+            f.step(Input::Connected {
+                conn: 2,
+                register: Register {
+                    worker: "w1".into(),
+                    cpu_capacity: 1.0,
+                    containers: vec![report("H", false), report("L", true)],
+                    ..Register::default()
+                },
+            });
+            assert_eq!(f.state("L"), JobState::Paused, "after {wait} s");
+            assert_eq!(f.state("H"), JobState::Running, "after {wait} s");
+        }
     }
 
     /// L (ET 40 s, worth 10 falling to 0 at 100 s) has run 3 s of its 40 when H (ET 120 s, worth
@@ -4324,6 +4397,41 @@ fn a_value_job_moved_by_a_drain_gets_a_share_for_where_it_goes() {
     let (conn, restored) = shares(&out, "a");
     assert_eq!(conn, 2);
     assert!(restored > 1, "restored at a share of {restored}");
+}
+
+/// The share chosen for a value job's move becomes its share only with the restore: a drain
+/// whose save failed leaves the job running on its source at the share it had (a review:
+/// taken at the answer, the policy believed the target's share, in its model of the worker
+/// and in the ETA, while the container ran at the old one).
+#[test]
+fn a_failed_drain_save_leaves_the_value_jobs_share_as_it_runs() {
+    let mut f = Fixture::with(policy::by_name("value", &value_settings()).unwrap());
+    f.register(1, "w1", 1.0);
+    f.register(2, "w2", 1.0);
+    for (id, curve, conn) in [("a", (150.0, 300.0), 1), ("b", (1000.0, 2000.0), 2)] {
+        let out = f.step(Input::Submit {
+            id: id.into(),
+            spec: value_job(100.0, 100.0, curve.0, curve.1),
+        });
+        let (_, start) = Fixture::sent(&out, id, "start").unwrap();
+        f.ok(conn, &start, Fixture::started(conn));
+    }
+    assert_eq!(f.core.policy.start_shares("a"), 1);
+    let out = f.step(Input::Drain {
+        worker: "w1".into(),
+    });
+    let (_, save) = Fixture::sent(&out, "a", "save").expect("a drained job is moved");
+    f.fail(1, &save, "checkpoint volume full");
+    assert_eq!(f.state("a"), JobState::Running);
+    f.step(Input::Undrain {
+        worker: "w1".into(),
+    });
+    assert_eq!(f.state("a"), JobState::Running);
+    assert_eq!(
+        f.core.policy.start_shares("a"),
+        1,
+        "the share a's container runs with"
+    );
 }
 
 /// `converge` admits a job with a value curve only for more value than it costs the jobs it
@@ -5668,6 +5776,7 @@ fn a_started_result_sent_again_for_a_job_that_ended_since_sends_no_stop() {
                 epoch: 1,
                 container_id: "a-1".into(),
                 running: false,
+                paused: false,
                 last_step: None,
             }],
             ..Register::default()

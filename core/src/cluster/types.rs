@@ -189,6 +189,8 @@ pub struct ContainerReport {
     pub container_id: String,
     /// Whether it still runs (created, running or paused).
     pub running: bool,
+    /// Whether it is paused (frozen by its agent for a value policy's preemption).
+    pub paused: bool,
     /// Last progress step the agent saw from it.
     pub last_step: Option<u64>,
 }

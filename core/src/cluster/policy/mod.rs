@@ -601,10 +601,16 @@ pub trait ClusterPolicy: Send {
         }
     }
 
-    /// The CPU weight a Start of `job` carries, asked at each Start (a restore too: the value
-    /// policies choose a moved job's share again for where it goes).
+    /// The CPU weight a Start of `job` carries (a restore's: [`ClusterPolicy::restore_shares`]).
     fn start_shares(&self, _job: &str) -> u32 {
         0
+    }
+
+    /// The CPU weight the restore of `job` on `to` carries: by default what its Starts carry.
+    /// The value policies choose a moved job's share again for where it goes
+    /// ([`ClusterPolicy::place_move`]), and it becomes the job's here, as the restore is sent.
+    fn restore_shares(&mut self, job: &str, _to: &WorkerId) -> u32 {
+        self.start_shares(job)
     }
 
     /// A worker's report.

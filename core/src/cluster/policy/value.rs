@@ -40,6 +40,11 @@ pub struct ValuePolicy {
     fallback: Placing,
     /// ξ_j of each value job that holds a place (given at placement or resumption).
     shares: BTreeMap<JobId, u32>,
+    /// The share chosen for a value job's move, with the worker it was chosen for: the job's
+    /// share only once its restore is sent there ([`ClusterPolicy::restore_shares`]). Taken
+    /// at the answer, it stayed the job's though the move never happened (its save failed)
+    /// and the job ran on at its old share (a review).
+    moving: BTreeMap<JobId, (WorkerId, u32)>,
 }
 
 impl ValuePolicy {
@@ -50,6 +55,7 @@ impl ValuePolicy {
             allocator: ValueAllocator::new(config)?,
             fallback: Placing::new(Box::new(Spread), WorkerMode::Free),
             shares: BTreeMap::new(),
+            moving: BTreeMap::new(),
         })
     }
 
@@ -245,13 +251,23 @@ impl ClusterPolicy for ValuePolicy {
             n.containers.retain(|c| c.job.id != vj.id);
         }
         let (node, shares) = (self.allocator).on_move(now, &vj, remaining_s(job), &nodes)?;
-        // Its restore's Start carries the share chosen for where it goes (`start_shares`).
-        self.shares.insert(job.id.clone(), shares);
-        view.workers.keys().nth(node).cloned()
+        let to = view.workers.keys().nth(node).cloned()?;
+        self.moving.insert(job.id.clone(), (to.clone(), shares));
+        Some(to)
     }
 
     fn start_shares(&self, job: &str) -> u32 {
         self.shares.get(job).copied().unwrap_or(0)
+    }
+
+    fn restore_shares(&mut self, job: &str, to: &WorkerId) -> u32 {
+        match self.moving.remove(job) {
+            Some((chosen, shares)) if chosen == *to => {
+                self.shares.insert(job.into(), shares);
+                shares
+            }
+            _ => self.start_shares(job),
+        }
     }
 
     fn forecast_weights(&self, _capacity: f64, jobs: &[Load<'_>]) -> Option<Vec<f64>> {
@@ -273,6 +289,7 @@ impl ClusterPolicy for ValuePolicy {
         let ended = view.jobs.get(job).is_none_or(|j| j.is_terminal());
         if ended {
             self.shares.remove(job);
+            self.moving.remove(job);
         }
         let Some(index) = view.index_of(worker) else {
             return Vec::new();
