@@ -73,9 +73,12 @@ impl Core {
         });
         info!(worker = %id, cpus = reg.cpu_capacity, containers = reg.containers.len(), reconnect = known, "worker registered");
         let reason = if known {
+            // How many still run: a fenced worker comes back with its containers exited.
+            let n = reg.containers.len();
             format!(
-                "re-registered with {} containers{}",
-                reg.containers.len(),
+                "re-registered with {n} container{}, {} running{}",
+                if n == 1 { "" } else { "s" },
+                reg.containers.iter().filter(|c| c.running).count(),
                 if restarted { " (agent restarted)" } else { "" }
             )
         } else {
@@ -308,7 +311,9 @@ impl Core {
         info!(%worker, job = %c.job, epoch = c.epoch, "re-adopting a lost worker's job: it had not restarted elsewhere");
         let at = (c.last_step)
             .filter(|&s| s > was_at)
-            .map_or(String::new(), |s| format!(" at step {s}"));
+            .map_or(String::new(), |s| {
+                format!(" (its agent last read step {s})")
+            });
         let phase = self.adopted(worker, c);
         self.transition(
             &c.job,
@@ -338,8 +343,8 @@ impl Core {
     /// the start), and says so, `why` first, with the steps lost. Its step is where it starts
     /// again: a job without a checkpoint was said to restart "from its checkpoint", and
     /// listed at the lost copy's step until its new copy's first line set it back to 0.
-    /// `cut_off`: its worker was lost, and its agent, cut off from this manager, may have
-    /// checkpointed it before stopping it (`--fence-after`): the new copy resumes from the
+    /// `cut_off`: its worker was lost, and its agent, if only cut off from this manager (not
+    /// dead or paused), has checkpointed it before stopping it (`--fence-after`): the new copy resumes from the
     /// newest checkpoint in its directory, which may be later than any known here (a walk:
     /// told "from the start, 20090 steps lost" of a job that resumed at step 81471).
     pub(super) fn restart(&mut self, id: &str, why: &str, cut_off: bool) {
@@ -355,8 +360,8 @@ impl Core {
                 "{why}; restarting from the start (it has no checkpoint), {lost} steps lost"
             ),
             (known, true) => format!(
-                "{why}; restarting from its newest checkpoint: {}, but its agent saves one when \
-                 cut off from the manager; up to {lost} steps lost",
+                "{why}; restarting from its newest checkpoint: {}, but an agent cut off from \
+                 the manager saves one before it stops its jobs; up to {lost} steps lost",
                 known.map_or("none is known here".to_string(), |c| {
                     format!("step {c} is known here")
                 })

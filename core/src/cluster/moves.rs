@@ -196,20 +196,24 @@ impl Core {
         }
         // The phase changes within Migrating, which a state event does not show.
         let step = self.jobs[id].checkpoint_step.unwrap_or(0);
+        let cpu_shares = self.policy.restore_shares(id, &self.worker_id(to));
+        let mut attributes = BTreeMap::from([("phase".to_string(), "restoring".to_string())]);
+        // A share chosen for where it goes (the value policies), said as a placement says it.
+        if cpu_shares > 0 {
+            attributes.insert("cpu_shares".to_string(), cpu_shares.to_string());
+        }
         self.migration_event(
             id,
             to,
             format!("restoring on {to} from its checkpoint (step {step})"),
-            BTreeMap::from([("phase".to_string(), "restoring".to_string())]),
+            attributes,
         );
         let epoch = self.jobs[id].epoch;
         let cmd = Command {
             id: command,
             job: id.into(),
             epoch,
-            action: Action::Start {
-                cpu_shares: self.policy.restore_shares(id, &self.worker_id(to)),
-            },
+            action: Action::Start { cpu_shares },
         };
         self.send(to, cmd);
     }

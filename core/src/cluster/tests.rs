@@ -1081,15 +1081,15 @@ fn a_lost_workers_jobs_say_where_they_start_again_and_what_is_lost() {
     // Its agent, cut off, may have checkpointed it since (`--fence-after`): said so.
     assert!(
         a.ends_with(
-            "restarting from its newest checkpoint: none is known here, but its agent saves \
-             one when cut off from the manager; up to 250 steps lost"
+            "restarting from its newest checkpoint: none is known here, but an agent cut off \
+             from the manager saves one before it stops its jobs; up to 250 steps lost"
         ),
         "{a}"
     );
     assert!(
         b.ends_with(
-            "restarting from its newest checkpoint: step 100 is known here, but its agent \
-             saves one when cut off from the manager; up to 80 steps lost"
+            "restarting from its newest checkpoint: step 100 is known here, but an agent cut \
+             off from the manager saves one before it stops its jobs; up to 80 steps lost"
         ),
         "{b}"
     );
@@ -4397,6 +4397,16 @@ fn a_value_job_moved_by_a_drain_gets_a_share_for_where_it_goes() {
     let (conn, restored) = shares(&out, "a");
     assert_eq!(conn, 2);
     assert!(restored > 1, "restored at a share of {restored}");
+    // Said in its restore's event, as a placement's share is.
+    let said = (f.effects.iter().rev()).find_map(|e| match e {
+        Effect::Event(ev)
+            if ev.kind == EventKind::Migration && ev.reason.starts_with("restoring") =>
+        {
+            ev.attributes.get("cpu_shares").cloned()
+        }
+        _ => None,
+    });
+    assert_eq!(said, Some(restored.to_string()));
 }
 
 /// The share chosen for a value job's move becomes its share only with the restore: a drain
