@@ -86,7 +86,28 @@ pub struct Throughput {
 /// Throughput over the points of the last `window` core-seconds (at least two points). Steps
 /// per *core*-second rather than per second, so that a job measured under one share predicts
 /// correctly under another.
+///
+/// Read within one run of the job: where its steps went back (a restart from a checkpoint or
+/// from the start), the points before and after are two runs, and their difference is no
+/// rate. A run with no rate yet (its first point) reads the run before it: the same job at
+/// the same work per step. Across a restart the rate read none, and the ETA fell back on
+/// attained service (a new user's walk: "1m30s left, confidence 5%" of a 20-minute job).
 pub fn throughput(points: &[Point], window: f64) -> Option<Throughput> {
+    let mut end = points.len();
+    while end > 0 {
+        let start = (points[..end].windows(2))
+            .rposition(|w| w[1].step < w[0].step)
+            .map_or(0, |i| i + 1);
+        if let Some(t) = run_throughput(&points[start..end], window) {
+            return Some(t);
+        }
+        end = start;
+    }
+    None
+}
+
+/// [`throughput`] of one run (points whose steps never go back).
+fn run_throughput(points: &[Point], window: f64) -> Option<Throughput> {
     let last = points.last()?;
     let first = points
         .iter()
@@ -493,6 +514,32 @@ mod tests {
             .collect();
         let t = throughput(&pts, 5.0).unwrap();
         assert!((t.steps_per_core_s - 100.0).abs() < 1e-9, "{t:?}");
+    }
+
+    /// Across a restart the rate is the current run's, or the run before's until the current
+    /// one has two points: steps that went back told no rate (or a wrong one).
+    #[test]
+    fn throughput_reads_one_run_of_the_job() {
+        let point = |step: u64, cpu_s: f64| Point {
+            time: cpu_s,
+            step,
+            value: None,
+            cpu_s,
+        };
+        // 10 steps per core-second up to step 1000, then a restart from step 200.
+        let mut pts: Vec<Point> = (0..=10).map(|i| point(i * 100, i as f64 * 10.0)).collect();
+        pts.push(point(200, 101.0));
+        let t = throughput(&pts, 30.0).expect("the run before's");
+        assert!((t.steps_per_core_s - 10.0).abs() < 1e-9, "{t:?}");
+        // The new run goes at 20 a core-second: its own rate, not one across the restart.
+        pts.push(point(400, 111.0));
+        let t = throughput(&pts, 30.0).unwrap();
+        assert!((t.steps_per_core_s - 20.0).abs() < 1e-9, "{t:?}");
+        // Past where the old run ended, the difference across the restart (from step 900 at
+        // 90 core-s to step 1200 at 151) would have read a rate of 4.9.
+        pts.extend((1..=4).map(|i| point(400 + i * 200, 111.0 + i as f64 * 10.0)));
+        let t = throughput(&pts, 60.0).unwrap();
+        assert!((t.steps_per_core_s - 20.0).abs() < 1e-9, "{t:?}");
     }
 
     #[test]
