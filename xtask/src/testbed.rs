@@ -175,6 +175,7 @@ impl Testbed {
             .args(["down", "-v", "--remove-orphans", "-t", "5"])
             .output();
         remove_job_containers();
+        remove_worker_cgroups();
     }
 }
 
@@ -189,6 +190,30 @@ impl Drop for Testbed {
 pub fn remove_job_containers() {
     for w in WORKERS {
         remove_containers(&format!("converge.worker={w}"));
+    }
+}
+
+/// Removes the worker cgroups the testbed's agents made (`/converge/<worker>` in every cgroup
+/// hierarchy), once their jobs are gone. An agent removes its own when it stops with none
+/// left in it, but compose stops the agents while their jobs still run, and the cgroups
+/// outlived every testbed (a new user's walk). `rmdir` removes only an empty cgroup: one
+/// another testbed's jobs still use stays.
+pub fn remove_worker_cgroups() {
+    let root = std::path::Path::new("/sys/fs/cgroup");
+    let hierarchies: Vec<std::path::PathBuf> = if root.join("cgroup.controllers").exists() {
+        vec![root.to_path_buf()]
+    } else {
+        (std::fs::read_dir(root).into_iter().flatten().flatten())
+            .map(|e| e.path())
+            .filter(|p| p.is_dir())
+            .collect()
+    };
+    for h in hierarchies {
+        let top = h.join("converge");
+        for w in WORKERS {
+            let _ = std::fs::remove_dir(top.join(w));
+        }
+        let _ = std::fs::remove_dir(&top);
     }
 }
 
