@@ -181,8 +181,7 @@ impl Core {
                             j.step = j.step.max(s);
                         }
                     }
-                    let phase = self.adopted(worker, c);
-                    self.transition(&id, phase, format!("re-adopted on {worker}"));
+                    self.adopt(worker, c, format!("re-adopted on {worker}"));
                 }
                 // A save, or its result, may have been lost with the old stream: the same
                 // command again (the agent answers a repeated id from its cache, or when the
@@ -200,6 +199,15 @@ impl Core {
                 ) if running || !restarted => {
                     let cmd = self.save_command(command.clone(), &id, c.epoch);
                     self.send(worker, cmd);
+                }
+                // A Pause or Resume may have been lost with the old stream (each is sent
+                // without waiting for an answer, the job's phase changed as it was sent): sent
+                // again, or a job said to run stayed frozen (a review).
+                (JobPhase::Running { .. }, true) if c.paused => {
+                    self.send_to(worker, &id, c.epoch, Action::Resume);
+                }
+                (JobPhase::Paused { .. }, true) if !c.paused => {
+                    self.send_to(worker, &id, c.epoch, Action::Pause);
                 }
                 // The restore runs but its result may have been lost with the old stream (or
                 // the old manager): the same Start again, answered from the agent's cache.
@@ -314,29 +322,37 @@ impl Core {
             .map_or(String::new(), |s| {
                 format!(" (its agent last read step {s})")
             });
-        let phase = self.adopted(worker, c);
-        self.transition(
-            &c.job,
-            phase,
+        self.adopt(
+            worker,
+            c,
             format!(
                 "re-adopted on {worker}{at}: its worker came back before it restarted elsewhere; no steps lost"
             ),
         )
     }
 
-    /// The phase of a job whose container `c` on `worker` is adopted again: paused if its
-    /// agent reports it paused (a value policy's victim, which the policy resumes when there
-    /// is room), else running. Taken for running, a frozen container stayed frozen with its
-    /// job said to run (a review).
-    fn adopted(&self, worker: &str, c: &ContainerReport) -> JobPhase {
-        let worker = self.worker_id(worker);
+    /// Adopts the job of container `c` on `worker` again: paused if its agent reports it
+    /// paused (a value policy's victim), else running. Taken for running, a frozen container
+    /// stayed frozen with its job said to run (a review). A paused one is offered the
+    /// worker's room as a departure offers it ([`ClusterPolicy::on_departure`]): the jobs it
+    /// was paused for may have left while it was away, and no departure would come to
+    /// resume it (a review: it stayed paused on an empty worker until its value ran out).
+    fn adopt(&mut self, worker: &str, c: &ContainerReport, reason: String) -> bool {
+        let id = self.worker_id(worker);
         let paused = c.paused
-            && matches!(self.jobs.get(&c.job), Some(j) if !matches!(j.phase, JobPhase::Starting { .. }));
-        if paused {
-            JobPhase::Paused { worker }
+            && (self.jobs.get(&c.job))
+                .is_some_and(|j| !matches!(j.phase, JobPhase::Starting { .. }));
+        let phase = if paused {
+            JobPhase::Paused { worker: id.clone() }
         } else {
-            JobPhase::Running { worker }
+            JobPhase::Running { worker: id.clone() }
+        };
+        let adopted = self.transition(&c.job, phase, reason);
+        if adopted && paused {
+            self.departures.push_back((id, c.job.clone()));
+            self.dirty = true;
         }
+        adopted
     }
 
     /// Job `id`, of which nothing runs, waits to start again from its checkpoint (or from
@@ -536,7 +552,12 @@ impl Core {
             let spaced = j.spec.stop.is_some()
                 || newest.is_none_or(|p| s.unix_ms - p.unix_ms >= POINT_EVERY_MS);
             let last = s.total_steps.is_some_and(|t| s.step >= t);
-            if first || spaced || s.checkpointed || last {
+            // Lines of an incarnation before the current one (a lost worker's agent flushing
+            // them after the job restarted elsewhere) are no points of the current run: among
+            // its points they read as its steps, and its rate as theirs (a review). Their
+            // checkpoint still counts, below.
+            let current = s.epoch == j.epoch;
+            if current && (first || spaced || s.checkpointed || last) {
                 let point = ProgressPoint {
                     unix_ms: s.unix_ms,
                     step: s.step,

@@ -946,14 +946,22 @@ impl ClusterPolicy for PriorityPolicy {
     }
 
     fn forecast_weights(&self, capacity: f64, jobs: &[Load<'_>]) -> Option<Vec<f64>> {
-        // The split `limits` sends as weights, with each job's key as the forecast has it.
-        let claims: Vec<Claim<'_>> = jobs
+        // The split `limits` sends as weights, with each job's key as the forecast has it,
+        // and the first job held first as `limits` holds it: forecast without the hold, a
+        // job held second read as one that cannot use more than its part (a review).
+        let mut claims: Vec<Claim<'_>> = jobs
             .iter()
             .map(|l| Claim {
                 job: l.job,
                 key: self.key_of(|| l.remaining, l.attained),
             })
             .collect();
+        if self.key == Key::Remaining {
+            let given: Vec<u32> = (jobs.iter())
+                .map(|l| self.given.get(l.job).map_or(0, |&(_, shares)| shares))
+                .collect();
+            hold_first(&given, &mut claims);
+        }
         Some(split(capacity, &claims, BETA))
     }
 
@@ -1123,6 +1131,25 @@ mod tests {
         // Nothing given yet, or alike: the shorter.
         assert_eq!(first(&[0, 0], [100.0, 95.0]), "b");
         assert_eq!(first(&[1024, 1024], [100.0, 95.0]), "b");
+    }
+
+    /// The forecast splits a worker as `limits` does, the first job held first.
+    #[test]
+    fn the_forecast_splits_as_the_held_limits_do() {
+        let mut p = PriorityPolicy::converge(60.0);
+        p.given.insert("a".into(), (1, 1800));
+        p.given.insert("b".into(), (1, 250));
+        let load = |job, remaining| Load {
+            job,
+            remaining: Some(remaining),
+            attained: 0.0,
+            demand: 1.0,
+        };
+        let forecast = (p.forecast_weights(1.0, &[load("a", 100.0), load("b", 95.0)])).unwrap();
+        let mut claims = [claim("a", Some(100.0)), claim("b", Some(95.0))];
+        hold_first(&[1800, 250], &mut claims);
+        assert_eq!(forecast, split(1.0, &claims, BETA));
+        assert!(forecast[0] > forecast[1], "a held first: {forecast:?}");
     }
 
     #[test]

@@ -38,13 +38,8 @@ pub struct ValuePolicy {
     name: &'static str,
     allocator: ValueAllocator,
     fallback: Placing,
-    /// ξ_j of each value job that holds a place (given at placement or resumption).
-    shares: BTreeMap<JobId, u32>,
-    /// The share chosen for a value job's move, with the worker it was chosen for: the job's
-    /// share only once its restore is sent there ([`ClusterPolicy::restore_shares`]). Taken
-    /// at the answer, it stayed the job's though the move never happened (its save failed)
-    /// and the job ran on at its old share (a review).
-    moving: BTreeMap<JobId, (WorkerId, u32)>,
+    /// Given shares, and those chosen for moves under way.
+    shares: Shares,
 }
 
 impl ValuePolicy {
@@ -54,8 +49,7 @@ impl ValuePolicy {
             name,
             allocator: ValueAllocator::new(config)?,
             fallback: Placing::new(Box::new(Spread), WorkerMode::Free),
-            shares: BTreeMap::new(),
-            moving: BTreeMap::new(),
+            shares: Shares::default(),
         })
     }
 
@@ -71,7 +65,7 @@ impl ValuePolicy {
                     ..
                 } => {
                     let job: JobId = job.into();
-                    self.shares.insert(job.clone(), cpu_shares);
+                    self.shares.given.insert(job.clone(), cpu_shares);
                     Decision::Resume {
                         job,
                         cpu_shares,
@@ -118,8 +112,35 @@ fn remaining_s(job: &Job) -> f64 {
     et * (1.0 - done)
 }
 
+/// The shares of value jobs: those given, and those chosen for moves under way.
+#[derive(Debug, Default)]
+pub struct Shares {
+    /// ξ_j of each value job that holds a place (given at placement or resumption).
+    given: BTreeMap<JobId, u32>,
+    /// The share chosen for a value job's move, with the worker it was chosen for: the job's
+    /// share only once its restore is sent there ([`ClusterPolicy::restore_shares`]). Taken
+    /// at the answer, it stayed the job's though the move never happened (its save failed)
+    /// and the job ran on at its old share (a review).
+    moving: BTreeMap<JobId, (WorkerId, u32)>,
+}
+
+impl Shares {
+    /// Job `j`'s share as counted on worker `w`: on the worker a move takes it to, the one
+    /// chosen for there from the move's start (its room is held there from then: a job placed
+    /// beside it during the save was sized against its old share, a review); elsewhere the
+    /// one it was given; Docker's default for a job given none.
+    pub fn on(&self, j: &Job, w: &WorkerId) -> u32 {
+        let moving =
+            (self.moving.get(&j.id)).filter(|(to, _)| to == w && j.phase.inbound_to() == Some(w));
+        match moving {
+            Some(&(_, shares)) => shares,
+            None => self.given.get(&j.id).copied().unwrap_or(DEFAULT_SHARES),
+        }
+    }
+}
+
 /// The cluster as the allocator sees it, in worker id order.
-pub fn node_states(view: ClusterView<'_>, shares: &BTreeMap<JobId, u32>) -> Vec<NodeState> {
+pub fn node_states(view: ClusterView<'_>, shares: &Shares) -> Vec<NodeState> {
     let snaps = view.snapshots().1;
     (view.workers.values().zip(snaps))
         .map(|(w, snap)| {
@@ -140,7 +161,7 @@ pub fn node_states(view: ClusterView<'_>, shares: &BTreeMap<JobId, u32>) -> Vec<
                     .filter_map(|j| {
                         Some(Container {
                             job: value_job(j)?,
-                            shares: shares.get(&j.id).copied().unwrap_or(DEFAULT_SHARES),
+                            shares: shares.on(j, &w.id),
                             remaining_s: remaining_s(j),
                             paused: matches!(j.phase, JobPhase::Paused { .. }),
                             // Only a running job can be paused (`lifecycle::allowed`); a job
@@ -199,7 +220,7 @@ impl ClusterPolicy for ValuePolicy {
                 victims,
                 reason,
             } => {
-                self.shares.insert(job.id.clone(), cpu_shares);
+                self.shares.given.insert(job.id.clone(), cpu_shares);
                 Admission::Place {
                     worker: ids[node].clone(),
                     cpu_shares,
@@ -252,18 +273,20 @@ impl ClusterPolicy for ValuePolicy {
         }
         let (node, shares) = (self.allocator).on_move(now, &vj, remaining_s(job), &nodes)?;
         let to = view.workers.keys().nth(node).cloned()?;
-        self.moving.insert(job.id.clone(), (to.clone(), shares));
+        self.shares
+            .moving
+            .insert(job.id.clone(), (to.clone(), shares));
         Some(to)
     }
 
     fn start_shares(&self, job: &str) -> u32 {
-        self.shares.get(job).copied().unwrap_or(0)
+        self.shares.given.get(job).copied().unwrap_or(0)
     }
 
     fn restore_shares(&mut self, job: &str, to: &WorkerId) -> u32 {
-        match self.moving.remove(job) {
+        match self.shares.moving.remove(job) {
             Some((chosen, shares)) if chosen == *to => {
-                self.shares.insert(job.into(), shares);
+                self.shares.given.insert(job.into(), shares);
                 shares
             }
             _ => self.start_shares(job),
@@ -274,7 +297,15 @@ impl ClusterPolicy for ValuePolicy {
         // Each value job keeps the ξ_j it was given; the others run at Docker's default.
         Some(
             jobs.iter()
-                .map(|l| f64::from(self.shares.get(l.job).copied().unwrap_or(DEFAULT_SHARES)))
+                .map(|l| {
+                    f64::from(
+                        self.shares
+                            .given
+                            .get(l.job)
+                            .copied()
+                            .unwrap_or(DEFAULT_SHARES),
+                    )
+                })
                 .collect(),
         )
     }
@@ -288,8 +319,8 @@ impl ClusterPolicy for ValuePolicy {
     ) -> Vec<Decision> {
         let ended = view.jobs.get(job).is_none_or(|j| j.is_terminal());
         if ended {
-            self.shares.remove(job);
-            self.moving.remove(job);
+            self.shares.given.remove(job);
+            self.shares.moving.remove(job);
         }
         let Some(index) = view.index_of(worker) else {
             return Vec::new();
