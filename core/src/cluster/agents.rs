@@ -360,9 +360,10 @@ impl Core {
     /// again: a job without a checkpoint was said to restart "from its checkpoint", and
     /// listed at the lost copy's step until its new copy's first line set it back to 0.
     /// `cut_off`: its worker was lost, and its agent, if only cut off from this manager (not
-    /// dead or paused), has checkpointed it before stopping it (`--fence-after`): the new copy resumes from the
-    /// newest checkpoint in its directory, which may be later than any known here (a walk:
-    /// told "from the start, 20090 steps lost" of a job that resumed at step 81471).
+    /// dead or paused), has checkpointed it before stopping it (`--fence-after`): the new copy
+    /// resumes from the newest checkpoint in its directory, which may be later than any known
+    /// here (a walk: told "from the start, 20090 steps lost" of a job that resumed at step
+    /// 81471).
     pub(super) fn restart(&mut self, id: &str, why: &str, cut_off: bool) {
         let Some(j) = self.jobs.get(id) else {
             return;

@@ -176,10 +176,11 @@ impl PlacementIndex {
 
     /// Shows schedulable worker `id` as not schedulable, in its snapshot and every order,
     /// until [`PlacementIndex::unhide`]: what a placement asked to look past one worker reads
-    /// (`Core::place_elsewhere`). Neither touches it: nothing changed that a waiting job's
-    /// answer depends on, and a touch made every waiting job be asked again. Every placer reads schedulability from the snapshots or
+    /// (`Core::place_elsewhere`). Every placer reads schedulability from the snapshots or
     /// from these orders, so hiding it here keeps it out of every placer's answer, fast paths
-    /// included, instead of each policy filtering it out its own way.
+    /// included, instead of each policy filtering it out its own way. Neither touches it:
+    /// nothing changed that a waiting job's answer depends on, and a touch made every waiting
+    /// job be asked again.
     pub(crate) fn hide(&mut self, id: &str) {
         let Some(&i) = self.places.get(id) else {
             return;

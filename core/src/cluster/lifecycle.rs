@@ -204,8 +204,8 @@ pub fn allowed(from: &JobPhase, to: &JobPhase) -> bool {
         (_, S::Cancelled | S::Failed | S::Rejected) => true,
         (S::Pending, S::Starting) => true,
         // A lost worker's job, still running there when the worker came back before it had
-        // started elsewhere (`OwedStop::withdrawable`).
-        // Paused when its container was (a value policy's victim, frozen).
+        // started elsewhere (`OwedStop::withdrawable`); paused if its container was (a value
+        // policy's victim, frozen).
         (S::Pending, S::Running | S::Paused) => true,
         (S::Starting, S::Running | S::Lost | S::Completed | S::Pending) => true,
         (

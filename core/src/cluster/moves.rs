@@ -152,10 +152,10 @@ impl Core {
 
     /// Where job `id`, which must leave worker `leaving` (drained, or its restore there just
     /// failed), goes: the policy's [`ClusterPolicy::place_move`] with that worker hidden from
-    /// it ([`index::PlacementIndex::hide`]). A worker whose restore failed was as good a choice as
-    /// when it was chosen, and chosen again the job waited as a new one instead of trying the
-    /// next best worker; each policy filtering it out its own way missed the placers' fast
-    /// paths, which read the index's orders.
+    /// it ([`index::PlacementIndex::hide`]). A worker whose restore failed was as good a
+    /// choice as when it was chosen, and chosen again the job waited as a new one instead of
+    /// trying the next best worker; each policy filtering it out its own way missed the
+    /// placers' fast paths, which read the index's orders.
     pub(super) fn place_elsewhere(&mut self, id: &str, leaving: &str) -> Option<WorkerId> {
         // A drained worker is not schedulable already: nothing to hide.
         let hide = self.workers.get(leaving).is_some_and(|w| w.schedulable());
