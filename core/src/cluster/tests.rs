@@ -658,6 +658,18 @@ impl Fixture {
         f
     }
 
+    /// Under `policy`, jobs `ids` of half a core each started on w1, a 1-core worker.
+    fn started_on_w1(policy: &str, ids: &[&str]) -> Self {
+        let mut f = Fixture::new(policy);
+        f.register(1, "w1", 1.0);
+        for id in ids {
+            let out = f.submit(id, 0.5);
+            let (_, start) = Fixture::sent(&out, id, "start").unwrap();
+            f.ok(1, &start, Fixture::started(1));
+        }
+        f
+    }
+
     /// On [`Fixture::running`]: w1's agent dies, and after the grace `a` restarts on w2
     /// (epoch 2, started there). The stream of its Start.
     fn lose_w1(&mut self) -> ConnId {
@@ -5216,13 +5228,7 @@ fn exit_0_before_the_last_step_without_done_is_a_checkpoint_not_a_completion() {
 /// job that has just checkpointed), saying so.
 #[test]
 fn converge_evens_out_predicted_finishes_moving_the_job_with_least_work_at_risk() {
-    let mut f = Fixture::new("converge");
-    f.register(1, "w1", 1.0);
-    for id in ["a", "b"] {
-        let out = f.submit(id, 0.5);
-        let (_, start) = Fixture::sent(&out, id, "start").unwrap();
-        f.ok(1, &start, Fixture::started(1));
-    }
+    let mut f = Fixture::started_on_w1("converge", &["a", "b"]);
     let hb = |f: &mut Fixture, conn: ConnId, jobs: &[&str]| {
         let jobs = jobs
             .iter()
@@ -5979,13 +5985,7 @@ fn a_started_result_sent_again_for_a_job_that_ended_since_sends_no_stop() {
 /// quarter, then four times, of what it was (a walk: 57 min, 2 h, 4 min within 30 s).
 #[test]
 fn an_eta_holds_across_a_manager_restart() {
-    let mut f = Fixture::new("converge");
-    f.register(1, "w1", 1.0);
-    for id in ["a", "b"] {
-        let out = f.submit(id, 0.5);
-        let (_, start) = Fixture::sent(&out, id, "start").unwrap();
-        f.ok(1, &start, Fixture::started(1));
-    }
+    let mut f = Fixture::started_on_w1("converge", &["a", "b"]);
     // Each second both report their steps (100 a core-second, at the parts their weights
     // give them) and a heartbeat their use.
     let mut steps = [0u64, 0u64];
