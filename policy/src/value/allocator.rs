@@ -246,25 +246,16 @@ impl ValueAllocator {
                 }
             }
             for &skip in &variants {
-                for shares in share_candidates(self.config.stride) {
-                    let extra = Slot::new(job.estimated_s, shares, job.released_at, &job.curve);
-                    let o = model.evaluate(now, Some(&extra), skip, None);
-                    let (gain, flow) = gain_and_flow(&o, &base);
-                    // A job expected to be worth nothing is never run (:72), even where
-                    // preempting the victim alone would raise the others' values.
-                    if o.extra_value <= EPS {
-                        continue;
-                    }
-                    let candidate = Best {
-                        node: i,
-                        shares,
-                        victim: skip,
-                        gain,
-                        flow,
-                        value: o.extra_value,
-                    };
-                    Best::offer(&mut best, candidate);
-                }
+                // A job expected to be worth nothing is never run (:72), even where
+                // preempting the victim alone would raise the others' values.
+                let at = Offer {
+                    node: i,
+                    model: &model,
+                    base: &base,
+                    skip,
+                    worthless: false,
+                };
+                self.offer_shares(&mut best, now, &at, job, job.estimated_s);
             }
         }
         if !nodes.iter().any(usable) {
@@ -344,20 +335,14 @@ impl ValueAllocator {
         for (i, node) in nodes.iter().enumerate().filter(|(_, n)| usable(n)) {
             let model = NodeModel::new(node);
             let base = model.evaluate(now, None, None, None);
-            for shares in share_candidates(self.config.stride) {
-                let extra = Slot::new(remaining_s, shares, job.released_at, &job.curve);
-                let o = model.evaluate(now, Some(&extra), None, None);
-                let (gain, flow) = gain_and_flow(&o, &base);
-                let candidate = Best {
-                    node: i,
-                    shares,
-                    victim: None,
-                    gain,
-                    flow,
-                    value: o.extra_value,
-                };
-                Best::offer(&mut best, candidate);
-            }
+            let at = Offer {
+                node: i,
+                model: &model,
+                base: &base,
+                skip: None,
+                worthless: true,
+            };
+            self.offer_shares(&mut best, now, &at, job, remaining_s);
         }
         best.map(|b| (b.node, b.shares))
     }
@@ -452,22 +437,60 @@ impl ValueAllocator {
         let base = model.evaluate(now, None, None, None);
         let c = &node.containers[k];
         let mut best: Option<Best> = None;
+        let at = Offer {
+            node: 0,
+            model: &model,
+            base: &base,
+            skip: None,
+            worthless: true,
+        };
+        self.offer_shares(&mut best, now, &at, &c.job, c.remaining_s);
+        best.map(|b| (clamp_shares(b.shares), b.gain, b.value))
+    }
+
+    /// Offers `job`, with `work_s` of work left, on the node of `at` at every CPU share
+    /// examined (:106, with the stride): the search on_arrival, on_move and a resumption
+    /// each make on one node.
+    fn offer_shares(
+        &self,
+        best: &mut Option<Best>,
+        now: f64,
+        at: &Offer<'_>,
+        job: &ValueJob,
+        work_s: f64,
+    ) {
         for shares in share_candidates(self.config.stride) {
-            let extra = Slot::new(c.remaining_s, shares, c.job.released_at, &c.job.curve);
-            let o = model.evaluate(now, Some(&extra), None, None);
-            let (gain, flow) = gain_and_flow(&o, &base);
+            let extra = Slot::new(work_s, shares, job.released_at, &job.curve);
+            let o = at.model.evaluate(now, Some(&extra), at.skip, None);
+            if !at.worthless && o.extra_value <= EPS {
+                continue;
+            }
+            let (gain, flow) = gain_and_flow(&o, at.base);
             let candidate = Best {
-                node: 0,
-                shares: clamp_shares(shares),
-                victim: None,
+                node: at.node,
+                shares,
+                victim: at.skip,
                 gain,
                 flow,
                 value: o.extra_value,
             };
-            Best::offer(&mut best, candidate);
+            Best::offer(best, candidate);
         }
-        best.map(|b| (b.shares, b.gain, b.value))
     }
+}
+
+/// One node a job is offered on ([`ValueAllocator::offer_shares`]).
+struct Offer<'a> {
+    /// Its index.
+    node: usize,
+    /// Its model, and its outcome without the job.
+    model: &'a NodeModel<'a>,
+    base: &'a Outcome,
+    /// The slot of a victim left out, if any.
+    skip: Option<usize>,
+    /// Whether an option where the job is expected to be worth nothing counts (a move or a
+    /// resumption: the job runs already), or is never taken (an arrival, :72).
+    worthless: bool,
 }
 
 /// A node that can take work: schedulable, with a positive speed.
