@@ -581,29 +581,31 @@ impl PriorityPolicy {
         if lone_stays {
             return Vec::new();
         }
-        let keys: Vec<Option<f64>> = (jobs.iter())
-            .map(|j| self.key_of(|| view.remaining_work(j), j.cpu_s))
-            .collect();
-        let mut claims: Vec<Claim<'_>> = (jobs.iter().zip(&keys))
-            .map(|(j, &key)| Claim {
+        let mut claims: Vec<Claim<'_>> = jobs
+            .iter()
+            .map(|j| Claim {
                 job: j.id.as_str(),
-                key,
+                key: self.key_of(|| view.remaining_work(j), j.cpu_s),
             })
             .collect();
-        if self.key == Key::Remaining {
-            let given: Vec<u32> = (jobs.iter())
-                .map(|j| {
-                    (self.given.get(&j.id))
-                        .filter(|(epoch, _)| *epoch == j.epoch)
+        // The held job and its own key, which its event says.
+        let held = (self.key == Key::Remaining)
+            .then(|| {
+                hold_first(&mut claims, |i| {
+                    (self.given.get(&jobs[i].id))
+                        .filter(|(epoch, _)| *epoch == jobs[i].epoch)
                         .map_or(0, |&(_, shares)| shares)
                 })
-                .collect();
-            hold_first(&given, &mut claims);
-        }
+            })
+            .flatten();
         let cores = split(w.cpu_capacity, &claims, BETA);
         let fair = w.cpu_capacity / jobs.len().max(1) as f64;
         let mut out = Vec::new();
-        for (((j, c), claim), &key) in jobs.iter().zip(cores).zip(&claims).zip(&keys) {
+        for (i, ((j, c), claim)) in jobs.iter().zip(cores).zip(&claims).enumerate() {
+            let key = match held {
+                Some((h, own)) if h == i => Some(own),
+                _ => claim.key,
+            };
             if !matches!(j.phase, JobPhase::Running { .. }) {
                 continue;
             }
@@ -654,19 +656,19 @@ impl PriorityPolicy {
 }
 
 /// Keeps the job a worker serves first there ([`HOLD`]): of `claims`, whose jobs were last
-/// given the CFS weights `given` (0: none yet), the one given the most, alone, orders as if
-/// its key were [`HOLD`] smaller. Its event still says its own key.
-fn hold_first(given: &[u32], claims: &mut [Claim<'_>]) {
-    let Some(&top) = given.iter().max() else {
-        return;
+/// given the CFS weights `given(i)` (0: none yet), the one given the most, alone, orders as
+/// if its key were [`HOLD`] smaller. Returns its place and its own key (what its event says).
+/// Read through `given`, not gathered: `limits` runs at every heartbeat.
+fn hold_first(claims: &mut [Claim<'_>], given: impl Fn(usize) -> u32) -> Option<(usize, f64)> {
+    let top = (0..claims.len()).map(&given).max()?;
+    let mut firsts = (0..claims.len()).filter(|&i| given(i) == top);
+    let (Some(first), None) = (firsts.next(), firsts.next()) else {
+        return None;
     };
-    let mut firsts = (0..given.len()).filter(|&i| given[i] == top);
-    if let (Some(first), None) = (firsts.next(), firsts.next())
-        && top > 0
-        && let Some(k) = &mut claims[first].key
-    {
-        *k *= 1.0 - HOLD;
-    }
+    let key = claims[first].key.as_mut().filter(|_| top > 0)?;
+    let own = *key;
+    *key *= 1.0 - HOLD;
+    Some((first, own))
 }
 
 /// The CFS weight that gives a job `cores` of its worker while every job there competes,
@@ -957,10 +959,9 @@ impl ClusterPolicy for PriorityPolicy {
             })
             .collect();
         if self.key == Key::Remaining {
-            let given: Vec<u32> = (jobs.iter())
-                .map(|l| self.given.get(l.job).map_or(0, |&(_, shares)| shares))
-                .collect();
-            hold_first(&given, &mut claims);
+            hold_first(&mut claims, |i| {
+                (self.given.get(jobs[i].job)).map_or(0, |&(_, shares)| shares)
+            });
         }
         Some(split(capacity, &claims, BETA))
     }
@@ -1121,7 +1122,7 @@ mod tests {
     fn the_first_job_keeps_its_place_until_another_is_clearly_shorter() {
         let first = |given: &[u32], keys: [f64; 2]| {
             let mut claims = [claim("a", Some(keys[0])), claim("b", Some(keys[1]))];
-            hold_first(given, &mut claims);
+            hold_first(&mut claims, |i| given[i]);
             let c = split(1.0, &claims, BETA);
             if c[0] > c[1] { "a" } else { "b" }
         };
@@ -1147,7 +1148,7 @@ mod tests {
         };
         let forecast = (p.forecast_weights(1.0, &[load("a", 100.0), load("b", 95.0)])).unwrap();
         let mut claims = [claim("a", Some(100.0)), claim("b", Some(95.0))];
-        hold_first(&[1800, 250], &mut claims);
+        hold_first(&mut claims, |i| [1800, 250][i]);
         assert_eq!(forecast, split(1.0, &claims, BETA));
         assert!(forecast[0] > forecast[1], "a held first: {forecast:?}");
     }
