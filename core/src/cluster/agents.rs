@@ -497,9 +497,7 @@ impl Core {
                 continue;
             }
             // The service it had since the last report, at the reference speed.
-            if let Some(t) = j.view_at.get() {
-                j.cpu_s += j.view.cpu_usage.max(0.0) * (now - t).max(0.0) * speed;
-            }
+            j.cpu_s = j.service_at(now, speed);
             j.view_from = j.view_at;
             j.view_at = now.into();
             let view = WorkerView {
@@ -568,7 +566,8 @@ impl Core {
                     step: s.step,
                     value: s.value,
                     epoch: s.epoch,
-                    cpu_s: cpu_at(j, s.unix_ms, speed, now),
+                    // As of its line, not its arrival (`Job::service_at`).
+                    cpu_s: j.service_at((s.unix_ms as f64 / 1000.0).min(now), speed),
                 };
                 j.progress.push(point, cap);
             }
@@ -1026,23 +1025,6 @@ fn refused_speaker(what: Refusal, worker: &str, job: &str, epoch: u64) -> Effect
     Effect::Refused {
         what,
         worker: Some(worker.into()),
-    }
-}
-
-/// Job `j`'s service (reference core-seconds) as of a progress line read at `unix_ms`: what
-/// heartbeats had counted, and since the last one, its CPU use then for the time until the
-/// line (never past `now`), as the next heartbeat will count it. Taken as of the line's
-/// arrival, lines buffered across a gap (a manager's restart, a cut connection) came with
-/// the service of before the gap against the steps made during it, and the rate read over
-/// them was several times off either way (a walk: ETAs of 57 min, 2 h and 4 min within
-/// 30 s of a manager's restart).
-fn cpu_at(j: &Job, unix_ms: i64, speed: f64, now: Time) -> f64 {
-    match j.view_at.get() {
-        Some(t) => {
-            let at = (unix_ms as f64 / 1000.0).min(now);
-            j.cpu_s + j.view.cpu_usage.max(0.0) * (at - t).max(0.0) * speed
-        }
-        None => j.cpu_s,
     }
 }
 
