@@ -363,9 +363,28 @@ fn value_curve(s: &str) -> Result<pb::ValueCurve, String> {
     })
 }
 
+/// Parses the command line, each `CONVERGE_*` variable set to the empty string taken as unset,
+/// as shells and compose files mean it (`CONVERGE_CA= convergectl list`): clap reads an empty
+/// one as its flag given no value, and refused the command with a usage line that showed the
+/// flag as required.
+fn parse_cli() -> Cli {
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    let empty: Vec<clap::Id> = (cmd.get_arguments())
+        .filter(|a| {
+            (a.get_env()).is_some_and(|name| std::env::var_os(name).is_some_and(|v| v.is_empty()))
+        })
+        .map(|a| a.get_id().clone())
+        .collect();
+    for id in empty {
+        cmd = cmd.mut_arg(id, |a| a.env(None::<&'static str>));
+    }
+    let matches = cmd.get_matches();
+    <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let cli = Cli::parse();
+    let cli = parse_cli();
     let manager = cli.manager.clone();
     // Rust ignores SIGPIPE, so `println!` panics when the reader of stdout has gone (and
     // `unsafe_code` is forbidden here, which restoring the signal would need): end quietly
@@ -1590,6 +1609,7 @@ fn print_workers(ws: &[pb::Worker], json: bool) {
                     "cpu_capacity": w.cpu_capacity,
                     "cpu_requested": w.cpu_requested,
                     "jobs": w.job_ids,
+                    "stopping": w.stopping_job_ids,
                     "policy": w.policy,
                 })
             })
@@ -1597,18 +1617,21 @@ fn print_workers(ws: &[pb::Worker], json: bool) {
         println!("{}", serde_json::Value::Array(all));
         return;
     }
+    // STOPPING: containers told to stop and not yet seen to (a lost worker's, until it comes
+    // back): REQUESTED counts their room, so a worker of no jobs can show cores requested.
     println!(
-        "{:<12}  {:<8}  {:>6}  {:>9}  {:>5}  POLICY",
-        "ID", "STATE", "CPUS", "REQUESTED", "JOBS"
+        "{:<12}  {:<8}  {:>6}  {:>9}  {:>5}  {:>8}  POLICY",
+        "ID", "STATE", "CPUS", "REQUESTED", "JOBS", "STOPPING"
     );
     for w in ws {
         println!(
-            "{:<12}  {:<8}  {:>6.2}  {:>9.2}  {:>5}  {}",
+            "{:<12}  {:<8}  {:>6.2}  {:>9.2}  {:>5}  {:>8}  {}",
             w.id,
             state(w),
             w.cpu_capacity,
             w.cpu_requested,
             w.job_ids.len(),
+            w.stopping_job_ids.len(),
             w.policy
         );
     }

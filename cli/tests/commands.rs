@@ -9,11 +9,17 @@ use converge_messenger::pb::{self, agent_message::Kind};
 
 /// Runs convergectl against `manager` with `args`: (exit code, stdout, stderr).
 async fn ctl(manager: &str, args: &[&str]) -> (i32, String, String) {
+    ctl_env(manager, args, &[]).await
+}
+
+/// [`ctl`] with the environment variables `env` set.
+async fn ctl_env(manager: &str, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_convergectl"))
         .arg("--manager")
         .arg(manager)
         .args(args)
         .env_remove("CONVERGE_TOKEN")
+        .envs(env.iter().copied())
         .kill_on_drop(true)
         .output()
         .await
@@ -1279,6 +1285,14 @@ async fn connection_settings_that_cannot_work_name_the_fix() {
     // And with every setting right, the same files work.
     let (code, _, err) = ctl(&https, &["--ca", &ca, "list"]).await;
     assert_eq!(code, 0, "{err}");
+    // A variable set to nothing is unset, as a shell means `CONVERGE_CA= convergectl list`:
+    // clap took it for `--ca` given no value, and refused.
+    let empty = [("CONVERGE_CA", ""), ("CONVERGE_MANAGER", "")];
+    let (code, _, err) = ctl_env(&format!("http://{}", plain.addr), &["list"], &empty).await;
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = ctl_env(&https, &["list"], &empty).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("needs --ca (or CONVERGE_CA)"), "{err}");
     secure.stop().await;
     plain.stop().await;
 }
