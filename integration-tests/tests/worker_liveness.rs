@@ -109,3 +109,56 @@ async fn silent_agent_is_marked_lost_after_missed_heartbeats() -> anyhow::Result
     manager.stop().await;
     Ok(())
 }
+
+/// A lost worker's job started elsewhere leaves its container there told to stop: the worker
+/// lists it as stopping, and the cores it requested stay counted until the worker comes back
+/// and stops it. A worker of no jobs showed cores requested, with nothing that said why (a
+/// new user's walk).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_workers_restarted_job_is_listed_as_stopping_there() -> anyhow::Result<()> {
+    let manager = TestManager::start(|c| {
+        c.heartbeat_interval = Duration::from_millis(200);
+        c.lost_after = 3;
+        c.recover_lost_after = Duration::from_millis(300);
+    })
+    .await?;
+    let endpoint = manager.endpoint();
+    let mut silent =
+        ScriptedAgent::connect(&endpoint, "silent", 1.0, Duration::from_secs(3600)).await?;
+    let mut client = manager.control().await?;
+    let spec = converge_integration_tests::one_core_spec();
+    let cpus = spec.cpus;
+    let job = (client
+        .submit_job(pb::SubmitJobRequest { spec: Some(spec) })
+        .await?)
+        .into_inner()
+        .job_id;
+    silent.answer_start(&job, "c1").await?;
+    let mut healthy =
+        ScriptedAgent::connect(&endpoint, "healthy", 1.0, Duration::from_millis(100)).await?;
+    // Once the silent worker is lost and the wait for it is over, the job starts again here.
+    let restart = tokio::time::timeout(Duration::from_secs(10), healthy.commands.recv())
+        .await?
+        .expect("a start command");
+    assert!(matches!(
+        restart.action,
+        Some(pb::command::Action::Start(_))
+    ));
+    assert_eq!(restart.job_id, job);
+
+    let ws = client
+        .list_workers(pb::ListWorkersRequest {})
+        .await?
+        .into_inner()
+        .workers;
+    let of = |id: &str| ws.iter().find(|w| w.id == id).expect("listed").clone();
+    let (silent_w, healthy_w) = (of("silent"), of("healthy"));
+    assert_eq!(silent_w.state, pb::WorkerState::Lost as i32, "{silent_w:?}");
+    assert!(silent_w.job_ids.is_empty(), "{silent_w:?}");
+    assert_eq!(silent_w.stopping_job_ids, vec![job.clone()], "{silent_w:?}");
+    assert_eq!(silent_w.cpu_requested, cpus, "{silent_w:?}");
+    assert_eq!(healthy_w.job_ids, vec![job.clone()], "{healthy_w:?}");
+    assert!(healthy_w.stopping_job_ids.is_empty(), "{healthy_w:?}");
+    manager.stop().await;
+    Ok(())
+}

@@ -388,6 +388,7 @@ pub fn worker(
         // a waiting job's "largest free" and this agree.
         cpu_requested: converge_core::cluster::policy::snapshot(w, jobs).cpu_requested,
         job_ids: w.jobs.iter().map(|j| j.to_string()).collect(),
+        stopping_job_ids: w.stopping().map(|o| o.job.to_string()).collect(),
         last_heartbeat_unix_ms: ms(Some(w.last_seen)),
         policy: policy.to_string(),
         alpha: w.alpha,

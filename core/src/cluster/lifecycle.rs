@@ -753,6 +753,17 @@ impl Worker {
         self.jobs.iter().chain(self.inbound.iter())
     }
 
+    /// The containers here told to stop and not yet seen to, one per job, of jobs not placed
+    /// here ([`Worker::stops_owed`]): a job here is counted once, as placed. What the
+    /// placement snapshot holds room for and what `workers` lists as stopping.
+    pub fn stopping(&self) -> impl Iterator<Item = &OwedStop> {
+        (self.stops_owed.iter().enumerate())
+            .filter(|&(i, o)| {
+                !self.jobs.contains(&o.job) && !self.stops_owed[..i].iter().any(|s| s.job == o.job)
+            })
+            .map(|(_, o)| o)
+    }
+
     /// When the worker last showed it is alive.
     pub fn alive_at(&self) -> Time {
         self.last_seen.max(self.last_heard)

@@ -71,17 +71,10 @@ fn declared_left(job: &Job) -> Option<f64> {
 /// not count among the jobs (`running`): its job has ended.
 pub fn snapshot(w: &Worker, jobs: &Jobs) -> WorkerSnapshot {
     let here: Vec<&Job> = w.jobs.iter().filter_map(|id| jobs.get(id)).collect();
-    // Each stopping container of a job not here (a job here is counted once, as placed).
-    let mut stopping: Vec<&crate::cluster::lifecycle::OwedStop> = Vec::new();
-    for o in &w.stops_owed {
-        if !w.jobs.contains(&o.job) && !stopping.iter().any(|s| s.job == o.job) {
-            stopping.push(o);
-        }
-    }
     // Walked for each sum rather than gathered: a rebuild is on the placement path, and
     // there is almost never a job on its way or stopping.
     let placed = || (here.iter().copied()).chain(w.inbound.iter().filter_map(|id| jobs.get(id)));
-    let holding = || (placed().map(|j| request(&j.spec))).chain(stopping.iter().map(|o| o.request));
+    let holding = || (placed().map(|j| request(&j.spec))).chain(w.stopping().map(|o| o.request));
     WorkerSnapshot {
         id: w.id.clone(),
         cpu_capacity: w.cpu_capacity,
