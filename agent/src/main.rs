@@ -2,7 +2,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use converge_messenger::telemetry::{SpanExport, Telemetry};
 use tokio_util::sync::CancellationToken;
 
@@ -25,7 +24,7 @@ async fn main() -> ExitCode {
         }
         ExitCode::from(EXIT_CONFIG)
     };
-    let cli = match converge_agent::Cli::try_parse_from(&settings.args) {
+    let cli = match converge_messenger::config_file::parse::<converge_agent::Cli>(&settings.args) {
         Ok(cli) => cli,
         // Help and version are not errors.
         Err(e) if !e.use_stderr() => {

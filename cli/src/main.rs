@@ -363,28 +363,11 @@ fn value_curve(s: &str) -> Result<pb::ValueCurve, String> {
     })
 }
 
-/// Parses the command line, each `CONVERGE_*` variable set to the empty string taken as unset,
-/// as shells and compose files mean it (`CONVERGE_CA= convergectl list`): clap reads an empty
-/// one as its flag given no value, and refused the command with a usage line that showed the
-/// flag as required.
-fn parse_cli() -> Cli {
-    let mut cmd = <Cli as clap::CommandFactory>::command();
-    let empty: Vec<clap::Id> = (cmd.get_arguments())
-        .filter(|a| {
-            (a.get_env()).is_some_and(|name| std::env::var_os(name).is_some_and(|v| v.is_empty()))
-        })
-        .map(|a| a.get_id().clone())
-        .collect();
-    for id in empty {
-        cmd = cmd.mut_arg(id, |a| a.env(None::<&'static str>));
-    }
-    let matches = cmd.get_matches();
-    <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
-}
-
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let cli = parse_cli();
+    // An empty CONVERGE_* variable is unset (`CONVERGE_CA= convergectl list`).
+    let cli = converge_messenger::config_file::parse::<Cli>(std::env::args_os())
+        .unwrap_or_else(|e| e.exit());
     let manager = cli.manager.clone();
     // Rust ignores SIGPIPE, so `println!` panics when the reader of stdout has gone (and
     // `unsafe_code` is forbidden here, which restoring the signal would need): end quietly

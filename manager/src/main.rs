@@ -1,6 +1,5 @@
 //! `converge-manager`: parses the configuration and serves until SIGINT/SIGTERM.
 
-use clap::Parser;
 use converge_manager::config::Cli;
 use converge_messenger::telemetry::{SpanExport, Telemetry};
 use tokio_util::sync::CancellationToken;
@@ -24,7 +23,7 @@ async fn main() -> anyhow::Result<()> {
         }
         std::process::exit(EX_USAGE)
     };
-    let cli = match Cli::try_parse_from(&settings.args) {
+    let cli = match converge_messenger::config_file::parse::<Cli>(&settings.args) {
         Ok(cli) => cli,
         // Help and version are not errors.
         Err(e) if !e.use_stderr() => e.exit(),

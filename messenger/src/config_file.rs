@@ -8,6 +8,11 @@
 //! order of precedence is: the command line, then a `CONVERGE_*` variable, then the file, then
 //! the default (a key whose variable is set is left out; a flag given on the command line comes
 //! later and wins, as the parsers let a flag override an earlier one).
+//!
+//! A variable set to the empty string is unset, as shells and compose files mean it
+//! (`CONVERGE_TLS_CA=`, `${CA:-}`): [`parse`] is every binary's parser of flags and
+//! variables. Read as given, an empty one was its flag with no value, refused with an error
+//! that named the flag, not the variable the user had set.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -99,7 +104,7 @@ pub fn read(args: Vec<OsString>) -> Result<Settings, ConfigFileError> {
                 a.strip_prefix("--config=").map(PathBuf::from)
             }
         })
-        .or_else(|| std::env::var_os(ENV).map(PathBuf::from));
+        .or_else(|| set(ENV).map(PathBuf::from));
     let Some(path) = named else {
         return Ok(Settings {
             args,
@@ -110,13 +115,12 @@ pub fn read(args: Vec<OsString>) -> Result<Settings, ConfigFileError> {
         path: path.clone(),
         source,
     })?;
-    let from_file =
-        flags(&text, |key| std::env::var_os(env_name(key)).is_some()).map_err(|why| {
-            ConfigFileError::Invalid {
-                path: path.clone(),
-                why,
-            }
-        })?;
+    let from_file = flags(&text, |key| set(&env_name(key)).is_some()).map_err(|why| {
+        ConfigFileError::Invalid {
+            path: path.clone(),
+            why,
+        }
+    })?;
     let mut out = Vec::with_capacity(args.len() + from_file.len());
     let mut given = args.into_iter();
     out.extend(given.next());
@@ -132,6 +136,34 @@ pub fn read(args: Vec<OsString>) -> Result<Settings, ConfigFileError> {
         file: Some(path),
         keys,
     })
+}
+
+/// Variable `name`'s value, if it is set to something (module doc: empty is unset).
+fn set(name: &str) -> Option<OsString> {
+    std::env::var_os(name).filter(|v| !v.is_empty())
+}
+
+/// Parses `args` (the binary's name first) into `T`, flags first, then the `CONVERGE_*`
+/// variables that are set to something (module doc), then the defaults.
+pub fn parse<T: clap::Parser>(
+    args: impl IntoIterator<Item = impl Into<OsString> + Clone>,
+) -> Result<T, clap::Error> {
+    let mut cmd = T::command();
+    // clap reads each variable as the command is built; those set to nothing are not read.
+    let empty: Vec<clap::Id> = (cmd.get_arguments())
+        .filter(|a| (a.get_env()).is_some_and(set_empty))
+        .map(|a| a.get_id().clone())
+        .collect();
+    for id in empty {
+        cmd = cmd.mut_arg(id, |a| a.env(None::<&'static str>));
+    }
+    let mut matches = cmd.try_get_matches_from_mut(args)?;
+    T::from_arg_matches_mut(&mut matches).map_err(|e| e.format(&mut cmd))
+}
+
+/// Whether variable `name` is set, to the empty string.
+fn set_empty(name: &std::ffi::OsStr) -> bool {
+    std::env::var_os(name).is_some_and(|v| v.is_empty())
 }
 
 /// `CONVERGE_HEARTBEAT_INTERVAL` for `heartbeat-interval`.
