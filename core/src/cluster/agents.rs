@@ -204,11 +204,15 @@ impl Core {
                 // without waiting for an answer, the job's phase changed as it was sent): sent
                 // again, or a job said to run stayed frozen (a review).
                 (JobPhase::Running { .. }, true) if c.paused => {
-                    self.send_to(worker, &id, c.epoch, Action::Resume);
+                    self.freeze(worker, &id, c.epoch, false);
                 }
                 (JobPhase::Paused { .. }, true) if !c.paused => {
-                    self.send_to(worker, &id, c.epoch, Action::Pause);
+                    self.freeze(worker, &id, c.epoch, true);
                 }
+                // The jobs it was paused for may have left while its worker was away, or
+                // while the manager was down (a new user's walk: paused on an idle worker
+                // after a restart, until its value ran out).
+                (JobPhase::Paused { .. }, true) => self.offer_room(worker, &id),
                 // The restore runs but its result may have been lost with the old stream (or
                 // the old manager): the same Start again, answered from the agent's cache.
                 (
@@ -349,10 +353,17 @@ impl Core {
         };
         let adopted = self.transition(&c.job, phase, reason);
         if adopted && paused {
-            self.departures.push_back((id, c.job.clone()));
-            self.dirty = true;
+            self.offer_room(worker, &c.job);
         }
         adopted
+    }
+
+    /// Offers `worker`'s room to its paused job `job`, as a departure offers it
+    /// ([`ClusterPolicy::on_departure`]): where no job leaves, nothing else would resume it.
+    pub(super) fn offer_room(&mut self, worker: &str, job: &JobId) {
+        let worker = self.worker_id(worker);
+        self.departures.push_back((worker, job.clone()));
+        self.dirty = true;
     }
 
     /// Job `id`, of which nothing runs, waits to start again from its checkpoint (or from
@@ -770,6 +781,10 @@ impl Core {
             return;
         }
         let id = r.job.clone();
+        if job.freezing.as_ref() == Some(&r.command) {
+            self.frozen(worker, &r);
+            return;
+        }
         match job.phase.clone() {
             JobPhase::Migrating(m) => match &m.phase {
                 MovePhase::Saving { command } if *command == r.command => {
@@ -819,6 +834,33 @@ impl Core {
             }
             _ => self.other_result(worker, &r),
         }
+    }
+
+    /// The answer to job `r.job`'s last Pause or Resume ([`Core::freeze`]). One that failed
+    /// left its container as it was: a job paused for another runs on beside it, and one
+    /// resumed stays frozen, until the policy decides again (a value policy pauses a victim
+    /// or resumes a job when room changes).
+    fn frozen(&mut self, worker: &str, r: &CommandResult) {
+        if let Some(j) = self.jobs.get_mut(&r.job) {
+            j.freezing = None;
+        }
+        if r.ok {
+            return;
+        }
+        warn!(job = %r.job, %worker, error = %r.error, "pause or resume failed");
+        let id = self.worker_id(worker);
+        let (to, why) = match &self.jobs[&r.job].phase {
+            JobPhase::Paused { worker: on } if *on == id => (
+                JobPhase::Running { worker: id },
+                format!("could not pause on {worker}: {}; it runs on", r.error),
+            ),
+            JobPhase::Running { worker: on } if *on == id => (
+                JobPhase::Paused { worker: id },
+                format!("could not resume on {worker}: {}; it stays paused", r.error),
+            ),
+            _ => return,
+        };
+        self.transition(&r.job, to, why);
     }
 
     pub(super) fn other_result(&mut self, worker: &str, r: &CommandResult) {

@@ -45,6 +45,7 @@ impl Core {
             view_at: OptF64::NONE,
             view_from: OptF64::NONE,
             cap_read: OptF64::NONE,
+            freezing: None,
             cpu_s: 0.0,
             assigned_cpus: OptF64::NONE,
             predicted_at: [OptF64::NONE; 3],
@@ -136,6 +137,12 @@ impl Core {
                 {
                     j.reason = running_on(worker);
                 }
+                // A paused job is offered the room again: a departure while the worker
+                // drained offered it none (a new user's walk: paused on an undrained, idle
+                // worker until its value ran out).
+                if (self.jobs.get(id)).is_some_and(|j| matches!(j.phase, JobPhase::Paused { .. })) {
+                    self.offer_room(worker, id);
+                }
             }
         }
         // A drain to begin, or room for pending jobs.
@@ -209,8 +216,11 @@ impl Core {
         Ok(Reply::Worker(id))
     }
 
-    /// Moves the running jobs of every draining, connected worker elsewhere, as far as the
-    /// policy finds room; the others wait (and say so) until capacity appears.
+    /// Moves the running and paused jobs of every draining, connected worker elsewhere, as far
+    /// as the policy finds room; the others wait (and say so) until capacity appears. A paused
+    /// job (a value policy's victim) is resumed to be saved: a frozen container cannot save,
+    /// and left paused it held the drain for ever, and could not be resumed where it was (a
+    /// new user's walk).
     pub(super) fn continue_drains(&mut self) {
         self.index.refresh(&self.workers, &self.jobs);
         let draining: Vec<WorkerId> = self
@@ -223,12 +233,26 @@ impl Core {
             let jobs: Vec<JobId> = self.workers[&worker]
                 .jobs
                 .iter()
-                .filter(|id| matches!(self.jobs[*id].phase, JobPhase::Running { .. }))
+                .filter(|id| {
+                    let phase = &self.jobs[*id].phase;
+                    matches!(phase, JobPhase::Running { .. } | JobPhase::Paused { .. })
+                })
                 .cloned()
                 .collect();
             for id in jobs {
                 match self.place_elsewhere(&id, &worker) {
                     Some(to) => {
+                        if matches!(self.jobs[&id].phase, JobPhase::Paused { .. }) {
+                            let running = JobPhase::Running {
+                                worker: worker.clone(),
+                            };
+                            let why = format!("resumed to be moved off {worker}, which drains");
+                            if !self.transition(&id, running, why) {
+                                continue;
+                            }
+                            let epoch = self.jobs[&id].epoch;
+                            self.freeze(&worker, &id, epoch, false);
+                        }
                         self.begin_move(&id, &to, MoveReason::Drain, BTreeMap::new());
                     }
                     _ => {

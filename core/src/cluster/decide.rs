@@ -269,7 +269,7 @@ impl Core {
                         reason,
                     ) {
                         let epoch = self.jobs[&job].epoch;
-                        self.send_to(&worker, &job, epoch, Action::Resume);
+                        self.freeze(&worker, &job, epoch, false);
                         // The share chosen for it now; cpus 0 keeps it unlimited within the
                         // worker, as it started.
                         self.send_to(
@@ -329,7 +329,7 @@ impl Core {
                     },
                     v.reason,
                 ) {
-                    self.send_to(&worker, &v.job, epoch, Action::Pause);
+                    self.freeze(&worker, &v.job, epoch, true);
                 }
             }
             Preempt::Stop => {

@@ -448,6 +448,12 @@ pub struct Job {
     /// `Core::read_caps`). Read only while that use is the newest. Not stored.
     #[serde(skip)]
     pub cap_read: OptF64,
+    /// The Pause or Resume last sent to its container, until it is answered
+    /// ([`Core::freeze`](super::Core)): one that fails leaves the container as it was, and
+    /// the job's phase goes back to say so. Not stored: a restarted manager reads the
+    /// container's state from its agent's registration.
+    #[serde(skip)]
+    pub freezing: Option<super::types::CommandId>,
     /// Reference core-seconds used in all incarnations (heartbeats' CPU use × time × the
     /// worker's speed): the service the job has had.
     pub cpu_s: f64,

@@ -949,14 +949,37 @@ impl Core {
     }
 
     /// A new command about incarnation `epoch` of `job`, to `worker`.
-    pub(super) fn send_to(&mut self, worker: &str, job: &str, epoch: u64, action: Action) {
+    /// Sends `action` for `job`'s incarnation `epoch` to `worker`, under a new command id,
+    /// which it returns.
+    pub(super) fn send_to(
+        &mut self,
+        worker: &str,
+        job: &str,
+        epoch: u64,
+        action: Action,
+    ) -> CommandId {
+        let id = self.next_command_id();
         let cmd = Command {
-            id: self.next_command_id(),
+            id: id.clone(),
             job: job.into(),
             epoch,
             action,
         };
         self.send(worker, cmd);
+        id
+    }
+
+    /// Sends job `job`'s container on `worker` a Pause (`pause`) or a Resume, remembered until
+    /// it is answered ([`Job::freezing`]): sent without waiting, with the job's phase changed
+    /// as it goes, one that failed left a job said to be paused running on (Docker's freezer
+    /// failed a Pause on a new user's walk) with nothing but a warning in the log.
+    pub(super) fn freeze(&mut self, worker: &str, job: &str, epoch: u64, pause: bool) {
+        let action = if pause { Action::Pause } else { Action::Resume };
+        let id = self.send_to(worker, job, epoch, action);
+        // Not stored: no store write.
+        if let Some(j) = self.jobs.get_mut(job) {
+            j.freezing = Some(id);
+        }
     }
 
     /// Sends `cmd` to `worker`'s stream. With no stream it is not sent: what must still happen

@@ -119,10 +119,12 @@ impl Shadow {
             core.jobs().len() + self.archived.len(),
             "jobs stored: those in memory and those archived"
         );
-        // What a store keeps of a job: not what a neighbour's leaving read off its use.
+        // What a store keeps of a job: not what a neighbour's leaving read off its use, nor
+        // the Pause or Resume it waits to hear of.
         let kept = |j: &Job| {
             let mut j = j.clone();
             j.cap_read = OptF64::NONE;
+            j.freezing = None;
             format!("{j:?}")
         };
         for (id, j) in core.jobs().iter() {
@@ -3675,6 +3677,114 @@ mod value {
         }
         assert!(Fixture::sent(&out, "L", "resume").is_some(), "{out:?}");
         assert_eq!(f.state("L"), JobState::Running);
+    }
+
+    /// A Pause that fails (Docker's freezer did, on a new user's walk) leaves the job running,
+    /// and says so; a Resume that fails leaves it paused. Both were said done, with only a
+    /// warning in the log: a job shown paused trained on for 80 s.
+    #[test]
+    fn a_failed_pause_or_resume_leaves_the_job_as_its_container_is() {
+        let l_pause = |f: &Fixture| {
+            (f.effects.iter()).find_map(|e| match e {
+                Effect::Send { command, .. }
+                    if command.job == "L" && command.action.name() == "pause" =>
+                {
+                    Some(command.clone())
+                }
+                _ => None,
+            })
+        };
+        let mut f = l_paused_for_h();
+        assert_eq!(f.state("L"), JobState::Paused);
+        let pause = l_pause(&f).expect("L paused for H");
+        f.fail(1, &pause, "OCI runtime pause failed: unable to freeze");
+        assert_eq!(f.state("L"), JobState::Running);
+        let reason = &f.core.job("L").unwrap().reason;
+        assert!(
+            reason.starts_with("could not pause on w1: OCI runtime"),
+            "{reason}"
+        );
+
+        let mut f = l_paused_for_h();
+        f.now = T0 + 5.0;
+        let out = f.exited(1, "H", 1, 0, false);
+        let (_, resume) = Fixture::sent(&out, "L", "resume").expect("L resumed");
+        assert_eq!(f.state("L"), JobState::Running);
+        f.fail(1, &resume, "cannot unpause");
+        assert_eq!(f.state("L"), JobState::Paused);
+        let reason = &f.core.job("L").unwrap().reason;
+        assert!(reason.starts_with("could not resume on w1"), "{reason}");
+        // The answer to a Pause that went well changes nothing.
+        let mut f = l_paused_for_h();
+        let pause = l_pause(&f).expect("L paused for H");
+        f.ok(1, &pause, ResultDetail::None);
+        assert_eq!(f.state("L"), JobState::Paused);
+    }
+
+    /// A paused victim whose worker drained while the job it was paused for ended is offered
+    /// the room when the worker is undrained (a new user's walk: it stayed paused on an idle
+    /// worker until its value ran out), and one on a worker whose stream broke as that job
+    /// was cancelled, when the worker registers again.
+    #[test]
+    fn a_paused_victim_is_offered_the_room_it_missed() {
+        let mut f = l_paused_for_h();
+        f.step(Input::Drain {
+            worker: "w1".into(),
+        });
+        f.now = T0 + 5.0;
+        let out = f.exited(1, "H", 1, 0, false);
+        assert!(Fixture::sent(&out, "L", "resume").is_none(), "{out:?}");
+        assert_eq!(f.state("L"), JobState::Paused);
+        let out = f.step(Input::Undrain {
+            worker: "w1".into(),
+        });
+        assert!(Fixture::sent(&out, "L", "resume").is_some(), "{out:?}");
+        assert_eq!(f.state("L"), JobState::Running);
+
+        let mut f = l_paused_for_h();
+        f.step(Input::Disconnected {
+            conn: 1,
+            reason: "cut".into(),
+        });
+        let out = f.step(Input::Cancel {
+            id: "H".into(),
+            by: String::new(),
+        });
+        assert!(Fixture::sent(&out, "L", "resume").is_none(), "{out:?}");
+        let mut out = f.reregister_listing(
+            2,
+            "w1",
+            1.0,
+            vec![running_on_w1("H", false), running_on_w1("L", true)],
+        );
+        out.extend(f.exited(2, "H", 1, 143, true));
+        assert!(Fixture::sent(&out, "L", "resume").is_some(), "{out:?}");
+        assert_eq!(f.state("L"), JobState::Running);
+    }
+
+    /// A paused victim on a draining worker is resumed to be saved and moved: a frozen
+    /// container cannot save, and the drain waited for it for ever (a new user's walk).
+    #[test]
+    fn a_drain_resumes_a_paused_victim_to_move_it() {
+        let mut f = l_paused_for_h();
+        f.register(2, "w2", 4.0);
+        let out = f.step(Input::Drain {
+            worker: "w1".into(),
+        });
+        let l: Vec<&str> = (out.iter())
+            .filter_map(|e| match e {
+                Effect::Send {
+                    conn: 1, command, ..
+                } if command.job == "L" => Some(command.action.name()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(l, ["resume", "save"], "{out:?}");
+        assert!(
+            matches!(f.core.job("L").unwrap().phase, JobPhase::Migrating(_)),
+            "{:?}",
+            f.core.job("L").unwrap().phase
+        );
     }
 
     /// A Pause or Resume lost with its stream is sent again when the agent registers with
