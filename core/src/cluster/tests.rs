@@ -3998,6 +3998,43 @@ fn converge_keeps_the_first_job_first_until_another_is_clearly_shorter() {
     }
 }
 
+/// Under `las` too the job served first keeps its place until another has had 10% less
+/// service: the job served first gains service fastest, and two jobs of about equal service
+/// swapped the first place every few seconds (a new user's walk). Here b runs alone for 10 s,
+/// then a runs while b idles.
+#[test]
+fn las_keeps_the_first_job_first_until_another_has_had_clearly_less() {
+    let mut f = Fixture::new("las");
+    f.register(1, "w1", 1.0);
+    for id in ["a", "b"] {
+        f.start(
+            id,
+            JobSpec {
+                cpus: 0.5,
+                ..JobSpec::default()
+            },
+        );
+    }
+    let first = |f: &Fixture| match (shares_sent(f, "a"), shares_sent(f, "b")) {
+        (Some(a), Some(b)) if a > b => "a",
+        (Some(a), Some(b)) if b > a => "b",
+        other => panic!("no order: {other:?}"),
+    };
+    for _ in 0..10 {
+        f.now += 1.0;
+        f.heartbeat_uses(1, &[("a", 0.0), ("b", 1.0)]);
+    }
+    assert_eq!(first(&f), "a", "a has had none");
+    for s in 1..=20 {
+        f.now += 1.0;
+        f.heartbeat_uses(1, &[("a", 1.0), ("b", 0.0)]);
+        // A heartbeat counts the use since the one before: a has had s - 1 core-s, and b's 10
+        // are 10% below that from s = 13 on (at 12, 10 against 11 is 9% below).
+        let expected = if s < 13 { "a" } else { "b" };
+        assert_eq!(first(&f), expected, "after {s} s");
+    }
+}
+
 /// Lines of an earlier incarnation, flushed by a lost worker's agent after the job restarted
 /// elsewhere, are no points of the current run (its throughput read them as its own), but
 /// their checkpoint counts.
@@ -4092,8 +4129,9 @@ fn converge_gives_the_shortest_predicted_job_the_cpu_and_las_the_least_served() 
             .find(|e| e.job.as_deref() == Some(favoured))
             .expect("the favoured job's weight is recorded");
         assert!(
-            last.reason.starts_with(&format!("{policy} by "))
-                && last.reason.contains("rank 1 of 2 on w1"),
+            last.reason.starts_with(&format!("{policy}, least "))
+                && last.reason.contains("rank 1 of 2 on w1")
+                && last.reason.contains(" core-s "),
             "{policy}: {}",
             last.reason
         );

@@ -8,6 +8,9 @@
 //!   first, no knowledge of durations, spread placement. The strongest peer that needs no hooks
 //!   into the training framework.
 //!
+//! Under both, the job a worker serves first keeps its place until another's key is
+//! [`HOLD`] below its own.
+//!
 //! The split ([`split`]) is the same for both: every job gets a guard of `capacity / (β·n)`
 //! cores (FlowCon's lower bound, flowcon-icpp2019.txt Alg. 1 line 22), so no job starves;
 //! a job with no estimate (no progress lines, no finished jobs to compare with) gets a fair
@@ -43,10 +46,13 @@ pub const SHARE_CHANGE: f64 = 0.1;
 /// How much more CPU weight each rank of the priority order has than the next (above the
 /// guard): enough that what the first cannot use goes mostly to the second.
 pub const LADDER: f64 = 8.0;
-/// Under `converge`, the job a worker serves first keeps its place until another's predicted
-/// work left is this fraction below its own. Two alike jobs swapped the first place at every
-/// heartbeat (a new user's walk: 59 of 143 events were new limits): their predictions differ
-/// by less than what each one's throughput, measured at 0.83 or at 0.17 of a core, wavers.
+/// The job a worker serves first keeps its place until another's key is this fraction below
+/// its own. Under `converge` two alike jobs swapped the first place at every heartbeat (a new
+/// user's walk: 59 of 143 events were new limits): their predictions differ by less than what
+/// each one's throughput, measured at 0.83 or at 0.17 of a core, wavers. Under `las` the job
+/// served first has the most service at once, and two jobs of about equal service swapped
+/// every 3 to 4 s (another walk), their ETAs swinging by 3 to 7 times; Tiresias discretizes
+/// its queues against the same churn.
 pub const HOLD: f64 = 0.1;
 
 /// What orders a worker's jobs (smaller first).
@@ -589,15 +595,11 @@ impl PriorityPolicy {
             })
             .collect();
         // The held job and its own key, which its event says.
-        let held = (self.key == Key::Remaining)
-            .then(|| {
-                hold_first(&mut claims, |i| {
-                    (self.given.get(&jobs[i].id))
-                        .filter(|(epoch, _)| *epoch == jobs[i].epoch)
-                        .map_or(0, |&(_, shares)| shares)
-                })
-            })
-            .flatten();
+        let held = hold_first(&mut claims, |i| {
+            (self.given.get(&jobs[i].id))
+                .filter(|(epoch, _)| *epoch == jobs[i].epoch)
+                .map_or(0, |&(_, shares)| shares)
+        });
         let cores = split(w.cpu_capacity, &claims, BETA);
         let fair = w.cpu_capacity / jobs.len().max(1) as f64;
         let mut out = Vec::new();
@@ -612,9 +614,10 @@ impl PriorityPolicy {
             let shares = shares_for(c, fair);
             if self.weight_changed(j, shares) {
                 self.given.insert(j.id.clone(), (j.epoch, shares));
-                let what = match self.key {
-                    Key::Remaining => "predicted work left",
-                    Key::Attained => "service had",
+                // "las by service had" read as no sentence (a new user's walk).
+                let (what, order, unit) = match self.key {
+                    Key::Remaining => ("predicted work left", "least predicted work left", "left"),
+                    Key::Attained => ("service had", "least service had", "had"),
                 };
                 let reason = match key {
                     Some(k) => {
@@ -622,7 +625,7 @@ impl PriorityPolicy {
                         let keyed = claims.iter().filter(|o| o.key.is_some());
                         let rank = 1 + keyed.clone().filter(|o| priority(o, claim).is_lt()).count();
                         format!(
-                            "{} by {what}: rank {rank} of {} on {worker} ({k:.1} core-s), {c:.2} of its {:.2} cores while all run",
+                            "{}, {order} first: rank {rank} of {} on {worker} ({k:.1} core-s {unit}), {c:.2} of its {:.2} cores while all run",
                             self.name,
                             keyed.count(),
                             w.cpu_capacity
@@ -958,11 +961,9 @@ impl ClusterPolicy for PriorityPolicy {
                 key: self.key_of(|| l.remaining, l.attained),
             })
             .collect();
-        if self.key == Key::Remaining {
-            hold_first(&mut claims, |i| {
-                (self.given.get(jobs[i].job)).map_or(0, |&(_, shares)| shares)
-            });
-        }
+        hold_first(&mut claims, |i| {
+            (self.given.get(jobs[i].job)).map_or(0, |&(_, shares)| shares)
+        });
         Some(split(capacity, &claims, BETA))
     }
 
