@@ -272,7 +272,10 @@ impl Config {
             _ => {
                 return bad(
                     "manager",
-                    format!("`{}` is not an http://host:port endpoint", self.manager),
+                    format!(
+                        "`{}` is not an http://host:port or https://host:port endpoint",
+                        self.manager
+                    ),
                 );
             }
         }

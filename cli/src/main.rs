@@ -407,10 +407,15 @@ async fn main() {
         let mismatch = converge_messenger::tls::Mismatch::of(e.as_ref());
         // What to fix first, then what failed (whose words, an HTTP/2 error for a plaintext
         // request to a TLS port, name nothing a user set).
-        if let Some(hint) = connection_hint(&manager, mismatch, tls) {
-            eprintln!("convergectl: {hint}");
+        match connection_hint(&manager, mismatch, tls) {
+            // Said as what the connection showed: read as a second error, the HTTP/2 words
+            // after the hint misled a new user.
+            Some(hint) => {
+                eprintln!("convergectl: {hint}");
+                eprintln!("convergectl: (the connection failed with: {text})");
+            }
+            None => eprintln!("convergectl: {text}"),
         }
-        eprintln!("convergectl: {text}");
         let code = match code {
             Some(tonic::Code::NotFound) => exit::NOT_FOUND,
             Some(tonic::Code::InvalidArgument | tonic::Code::FailedPrecondition) => exit::INVALID,

@@ -1252,6 +1252,12 @@ async fn connection_settings_that_cannot_work_name_the_fix() {
             .contains(&format!("use --manager https://{}", secure.addr)),
         "{err}"
     );
+    // What failed after it, said as what the connection showed, not as a second error.
+    assert!(
+        (err.lines().nth(1).unwrap_or_default())
+            .starts_with("convergectl: (the connection failed with: "),
+        "{err}"
+    );
     let (code, _, err) = ctl(&format!("https://{}", plain.addr), &["--ca", &ca, "list"]).await;
     assert_eq!(code, 1, "{err}");
     assert!(
