@@ -73,12 +73,26 @@ impl Core {
         });
         info!(worker = %id, cpus = reg.cpu_capacity, containers = reg.containers.len(), reconnect = known, "worker registered");
         let reason = if known {
-            // How many still run: a fenced worker comes back with its containers exited.
+            // How many still run: a fenced worker comes back with its containers exited. A
+            // paused one is said apart (a new user's walk read "1 running" of a frozen job).
             let n = reg.containers.len();
+            let paused = reg
+                .containers
+                .iter()
+                .filter(|c| c.running && c.paused)
+                .count();
             format!(
-                "re-registered with {n} container{}, {} running{}",
+                "re-registered with {n} container{}, {} running{}{}",
                 if n == 1 { "" } else { "s" },
-                reg.containers.iter().filter(|c| c.running).count(),
+                reg.containers
+                    .iter()
+                    .filter(|c| c.running && !c.paused)
+                    .count(),
+                if paused > 0 {
+                    format!(", {paused} paused")
+                } else {
+                    String::new()
+                },
                 if restarted { " (agent restarted)" } else { "" }
             )
         } else {

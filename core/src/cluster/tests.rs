@@ -3832,6 +3832,16 @@ mod value {
             );
             assert_eq!(f.state("L"), JobState::Paused, "after {wait} s");
             assert_eq!(f.state("H"), JobState::Running, "after {wait} s");
+            let said = (f.effects.iter().rev()).find_map(|e| match e {
+                Effect::Event(ev) if ev.reason.starts_with("re-registered") => {
+                    Some(ev.reason.clone())
+                }
+                _ => None,
+            });
+            assert_eq!(
+                said.as_deref(),
+                Some("re-registered with 2 containers, 1 running, 1 paused (agent restarted)")
+            );
         }
     }
 
