@@ -1293,7 +1293,7 @@ async fn connection_settings_that_cannot_work_name_the_fix() {
     assert_eq!(code, 0, "{err}");
     // A variable set to nothing is unset, as a shell means `CONVERGE_CA= convergectl list`:
     // clap took it for `--ca` given no value, and refused.
-    let empty = [("CONVERGE_CA", ""), ("CONVERGE_MANAGER", "")];
+    let empty = [("CONVERGE_CA", "")];
     let (code, _, err) = ctl_env(&format!("http://{}", plain.addr), &["list"], &empty).await;
     assert_eq!(code, 0, "{err}");
     let (code, _, err) = ctl_env(&https, &["list"], &empty).await;

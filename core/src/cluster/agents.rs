@@ -795,8 +795,13 @@ impl Core {
             return;
         }
         let id = r.job.clone();
-        if job.freezing.as_ref() == Some(&r.command) {
-            self.frozen(worker, &r);
+        // Only the incarnation it was sent to, on its worker, answers a Pause or Resume.
+        let freeze = (job.freezing.as_ref())
+            .filter(|fz| fz.command == r.command && fz.epoch == r.epoch)
+            .filter(|_| job.is_current(worker, r.epoch))
+            .map(|fz| fz.pause);
+        if let Some(pause) = freeze {
+            self.frozen(worker, &r, pause);
             return;
         }
         match job.phase.clone() {
@@ -850,11 +855,11 @@ impl Core {
         }
     }
 
-    /// The answer to job `r.job`'s last Pause or Resume ([`Core::freeze`]). One that failed
-    /// left its container as it was: a job paused for another runs on beside it, and one
-    /// resumed stays frozen, until the policy decides again (a value policy pauses a victim
-    /// or resumes a job when room changes).
-    fn frozen(&mut self, worker: &str, r: &CommandResult) {
+    /// The answer to job `r.job`'s last Pause (`pause`) or Resume ([`Core::freeze`]). One
+    /// that failed left its container as it was: a job paused for another runs on beside it,
+    /// and one resumed stays frozen, until the policy decides again (a value policy pauses a
+    /// victim or resumes a job when room changes). Only the phase the command set is put back.
+    fn frozen(&mut self, worker: &str, r: &CommandResult, pause: bool) {
         if let Some(j) = self.jobs.get_mut(&r.job) {
             j.freezing = None;
         }
@@ -864,11 +869,11 @@ impl Core {
         warn!(job = %r.job, %worker, error = %r.error, "pause or resume failed");
         let id = self.worker_id(worker);
         let (to, why) = match &self.jobs[&r.job].phase {
-            JobPhase::Paused { worker: on } if *on == id => (
+            JobPhase::Paused { worker: on } if pause && *on == id => (
                 JobPhase::Running { worker: id },
                 format!("could not pause on {worker}: {}; it runs on", r.error),
             ),
-            JobPhase::Running { worker: on } if *on == id => (
+            JobPhase::Running { worker: on } if !pause && *on == id => (
                 JobPhase::Paused { worker: id },
                 format!("could not resume on {worker}: {}; it stays paused", r.error),
             ),

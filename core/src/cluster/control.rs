@@ -218,9 +218,10 @@ impl Core {
 
     /// Moves the running and paused jobs of every draining, connected worker elsewhere, as far
     /// as the policy finds room; the others wait (and say so) until capacity appears. A paused
-    /// job (a value policy's victim) is resumed to be saved: a frozen container cannot save,
-    /// and left paused it held the drain for ever, and could not be resumed where it was (a
-    /// new user's walk).
+    /// job (a value policy's victim) was left where it was: it held the drain for ever, and
+    /// could not be resumed there (a new user's walk). It is moved as a running one is,
+    /// resumed first: a move begins from a running job (its agent unpauses a container to
+    /// save it anyway).
     pub(super) fn continue_drains(&mut self) {
         self.index.refresh(&self.workers, &self.jobs);
         let draining: Vec<WorkerId> = self
@@ -257,7 +258,10 @@ impl Core {
                     }
                     _ => {
                         let why = draining_reason(&worker);
-                        if let Some(j) = self.job_mut(&id)
+                        // A paused job keeps saying why it is paused.
+                        let running = matches!(self.jobs[&id].phase, JobPhase::Running { .. });
+                        if running
+                            && let Some(j) = self.job_mut(&id)
                             && j.reason != why
                         {
                             debug!(job = %id, %worker, "no worker can take the job; it stays while the worker drains");

@@ -453,7 +453,7 @@ pub struct Job {
     /// the job's phase goes back to say so. Not stored: a restarted manager reads the
     /// container's state from its agent's registration.
     #[serde(skip)]
-    pub freezing: Option<super::types::CommandId>,
+    pub freezing: Option<Freezing>,
     /// Reference core-seconds used in all incarnations (heartbeats' CPU use × time × the
     /// worker's speed): the service the job has had.
     pub cpu_s: f64,
@@ -609,6 +609,21 @@ pub struct Worker {
     /// their containers from those.
     #[serde(skip)]
     pub stops_owed: Vec<OwedStop>,
+}
+
+/// A Pause or Resume sent and not yet answered ([`Job::freezing`]). Its answer is read by
+/// what it was, not by the job's phase when it comes: an agent sends unacknowledged results
+/// again after a reconnection, and a failed Pause that came back after the job had been
+/// re-adopted running was read as a failed Resume, and paused a job that trained on (a
+/// review).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Freezing {
+    /// The command.
+    pub command: super::types::CommandId,
+    /// A Pause (else a Resume).
+    pub pause: bool,
+    /// The incarnation it was sent to.
+    pub epoch: u64,
 }
 
 /// A Stop sent to a worker and not yet shown to be carried out ([`Worker::stops_owed`]).

@@ -978,7 +978,11 @@ impl Core {
         let id = self.send_to(worker, job, epoch, action);
         // Not stored: no store write.
         if let Some(j) = self.jobs.get_mut(job) {
-            j.freezing = Some(id);
+            j.freezing = Some(lifecycle::Freezing {
+                command: id,
+                pause,
+                epoch,
+            });
         }
     }
 
