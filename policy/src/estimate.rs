@@ -542,6 +542,23 @@ mod tests {
         assert!((t.steps_per_core_s - 20.0).abs() < 1e-9, "{t:?}");
     }
 
+    /// Throughput is measured over the recent window, not the whole run: a job whose rate
+    /// doubled is predicted at its new rate, or its ETA would stay too long.
+    #[test]
+    fn throughput_reads_the_recent_window() {
+        // 10 steps per core-second for 10 core-seconds, then 20.
+        let pts: Vec<Point> = (0..=20u64)
+            .map(|i| Point {
+                time: i as f64,
+                step: if i <= 10 { i * 10 } else { 100 + (i - 10) * 20 },
+                value: None,
+                cpu_s: i as f64,
+            })
+            .collect();
+        let t = throughput(&pts, 5.0).unwrap();
+        assert_eq!((t.steps_per_core_s, t.steps), (20.0, 100), "{t:?}");
+    }
+
     #[test]
     fn steps_basis_predicts_the_work_left_and_trusts_more_evidence() {
         let pts: Vec<Point> = (0..=10)
@@ -619,5 +636,20 @@ mod tests {
         let e = estimate(&known, &h).unwrap();
         assert_eq!((e.basis, e.work), (Basis::AttainedService, 40.0));
         assert!(estimate(&known, &ServiceHistory::default()).is_none());
+    }
+
+    /// A full history of finished sizes drops its oldest to keep the newest: kept the other way,
+    /// the estimates would stop learning from the jobs that finish.
+    #[test]
+    fn a_full_service_history_drops_its_oldest_size() {
+        let mut h = ServiceHistory::default();
+        h.record(500.0);
+        for _ in 1..HISTORY {
+            h.record(1.0);
+        }
+        h.record(1000.0);
+        assert_eq!(h.len(), HISTORY);
+        // Only the newest is larger than 10: the oldest (500) is gone.
+        assert_eq!(h.expected_remaining(10.0), Some(990.0));
     }
 }

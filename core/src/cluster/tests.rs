@@ -598,6 +598,20 @@ impl Fixture {
         )
     }
 
+    /// `job`'s incarnation 1 on `conn` exits 0, unasked, without its `done` line (by the
+    /// progress contract, a checkpoint on SIGTERM).
+    fn exited_0_without_done(&mut self, conn: ConnId, job: &str) -> Vec<Effect> {
+        self.msg(
+            conn,
+            AgentMessage::Exited(ContainerExited {
+                job: job.into(),
+                epoch: 1,
+                exit_code: 0,
+                ..ContainerExited::default()
+            }),
+        )
+    }
+
     /// w1's agent (conn 1) dies and a new one (conn 5, another instance) registers; the
     /// container of `job`'s incarnation 1 exited meanwhile, at `step`, `done` or not. The new
     /// agent lists it exited and reports the exit, which it did not ask for (as
@@ -675,19 +689,25 @@ impl Fixture {
     /// On [`Fixture::running`]: w1's agent dies, and after the grace `a` restarts on w2
     /// (epoch 2, started there). The stream of its Start.
     fn lose_w1(&mut self) -> ConnId {
+        let (conn, start) = self.lose(1, 2, "a").expect("a restarted on w2");
+        self.ok(conn, &start, Fixture::started(2));
+        conn
+    }
+
+    /// The agent of stream `lost` dies; `alive`'s heartbeats go on past the grace: where
+    /// `job` was restarted, with its Start, if it was.
+    fn lose(&mut self, lost: ConnId, alive: ConnId, job: &str) -> Option<(ConnId, Command)> {
         self.step(Input::Disconnected {
-            conn: 1,
+            conn: lost,
             reason: "agent killed".into(),
         });
         let mut restarted = None;
         for _ in 0..14 {
-            self.heartbeat(2);
+            self.heartbeat(alive);
             let out = self.advance(1.0);
-            restarted = restarted.or(Fixture::sent(&out, "a", "start"));
+            restarted = restarted.or(Fixture::sent(&out, job, "start"));
         }
-        let (conn, start) = restarted.expect("a restarted on w2");
-        self.ok(conn, &start, Fixture::started(2));
-        conn
+        restarted
     }
 
     /// [`Fixture::running`], then w1 drained: `a` is saving on w1 for w2.
@@ -1738,20 +1758,58 @@ fn a_failed_restore_tries_the_next_best_worker_under_every_policy() {
     }
 }
 
+impl Fixture {
+    /// Moves `a` (on w1) to w2, not by a drain (w1 stays schedulable), up to its saved
+    /// checkpoint: the restore's Start, sent to w2.
+    fn a_saved_for_w2(&mut self) -> Command {
+        assert!(
+            self.core
+                .begin_move("a", "w2", MoveReason::Rebalance, BTreeMap::new())
+        );
+        let out = std::mem::take(&mut self.core.out);
+        let (_, save) = Fixture::sent(&out, "a", "save").unwrap();
+        let out = self.ok(1, &save, Fixture::saved());
+        Fixture::sent(&out, "a", "start").unwrap().1
+    }
+}
+
 #[test]
 fn restore_prefers_the_source_when_it_can_take_the_job() {
     let mut f = Fixture::running();
-    // A move that is not a drain: the source stays schedulable.
-    assert!(
-        f.core
-            .begin_move("a", "w2", MoveReason::Rebalance, BTreeMap::new())
-    );
-    let out = std::mem::take(&mut f.core.out);
-    let (_, save) = Fixture::sent(&out, "a", "save").unwrap();
-    let out = f.ok(1, &save, Fixture::saved());
-    let (_, start) = Fixture::sent(&out, "a", "start").unwrap();
+    let start = f.a_saved_for_w2();
     let out = f.fail(2, &start, "boom");
     assert_eq!(Fixture::sent(&out, "a", "start").map(|s| s.0), Some(1));
+}
+
+/// After a failed restore on the target and a failed retry on the source, the next try goes
+/// to a third worker, not to the source again: it just failed there, and a job bounced between
+/// the same two workers would spend its attempts on them.
+#[test]
+fn a_failed_retry_on_the_source_goes_elsewhere_not_to_the_source_again() {
+    let mut f = Fixture::running();
+    f.run_all(&["b"], 1.0);
+    // Empty: the best of the workers other than the source.
+    f.register(3, "w3", 2.0);
+    let start = f.a_saved_for_w2();
+    let out = f.fail(2, &start, "boom");
+    let (conn, start) = Fixture::sent(&out, "a", "start").unwrap();
+    assert_eq!(conn, 1, "the source first");
+    let out = f.fail(1, &start, "boom again");
+    assert_eq!(Fixture::sent(&out, "a", "start").map(|s| s.0), Some(3));
+}
+
+/// A failed restore goes back to the source only if the job still fits there: a job placed in
+/// its room since has it, and a restore there would overbook the source.
+#[test]
+fn a_failed_restore_skips_a_source_that_filled_up_since() {
+    let mut f = Fixture::running();
+    let start = f.a_saved_for_w2();
+    // All of w1 (w2 holds a's room): b takes the source's room.
+    let out = f.submit("b", 2.0);
+    assert_eq!(Fixture::sent(&out, "b", "start").map(|s| s.0), Some(1));
+    f.register(3, "w3", 2.0);
+    let out = f.fail(2, &start, "boom");
+    assert_eq!(Fixture::sent(&out, "a", "start").map(|s| s.0), Some(3));
 }
 
 #[test]
@@ -1814,6 +1872,18 @@ fn a_save_that_wrote_nothing_keeps_no_step() {
             );
         }
     }
+}
+
+/// A move's save never takes the job's checkpoint back: a save reporting an older step than a
+/// checkpoint already known keeps the newer one, and a restore told the older step would lose
+/// the steps between.
+#[test]
+fn a_save_of_an_older_step_keeps_the_newer_checkpoint() {
+    let (mut f, save) = Fixture::saving();
+    f.checkpointed(1, "a", 1, 50);
+    // Fixture::saved reports step 10.
+    f.ok(1, &save, Fixture::saved());
+    assert_eq!(f.core.job("a").unwrap().checkpoint_step, Some(50));
 }
 
 #[test]
@@ -1917,6 +1987,23 @@ fn the_step_after_a_move_is_where_the_new_incarnation_starts() {
     f.progress(2, "a", 2, 20);
     f.progress(2, "a", 2, 15);
     assert_eq!(f.core.job("a").unwrap().step, 20);
+}
+
+/// The first line of a new incarnation sets the step even where the job went back to Pending
+/// without `restart` (an exit 0 without its last line): listing the old copy's higher step
+/// would hide the steps it has to do again.
+#[test]
+fn the_first_line_after_an_exit_without_finishing_sets_the_step() {
+    let mut f = Fixture::running();
+    f.progress(1, "a", 1, 40);
+    // Exited 0 at step 40 of 100, unasked, without its `done` line.
+    let out = f.exited_0_without_done(1, "a");
+    let (conn, start) = Fixture::sent(&out, "a", "start").expect("restarted");
+    assert_eq!(start.epoch, 2);
+    assert_eq!(f.core.job("a").unwrap().step, 40);
+    f.ok(conn, &start, Fixture::started(conn));
+    f.progress(conn, "a", 2, 10);
+    assert_eq!(f.core.job("a").unwrap().step, 10);
 }
 
 // ---- NodeRestriction ----
@@ -3633,6 +3720,68 @@ mod value {
         f
     }
 
+    /// w1's stream breaks and stays broken past the lost-after: L is Lost.
+    fn cut_w1_until_l_is_lost(f: &mut Fixture) {
+        f.step(Input::Disconnected {
+            conn: 1,
+            reason: "cut".into(),
+        });
+        for _ in 0..5 {
+            f.advance(1.0);
+        }
+        assert_eq!(f.state("L"), JobState::Lost);
+    }
+
+    /// The Pause sent to L in [`l_paused_for_h`].
+    fn l_pause(f: &Fixture) -> Command {
+        (f.effects.iter())
+            .find_map(|e| match e {
+                Effect::Send { command, .. }
+                    if command.job == "L" && command.action.name() == "pause" =>
+                {
+                    Some(command.clone())
+                }
+                _ => None,
+            })
+            .expect("L paused for H")
+    }
+
+    /// A failed Pause sent again after the worker came back, the job re-adopted running (its
+    /// agent lists it not paused), leaves it running: read by the job's phase, it was taken
+    /// for a failed Resume and paused a job that trained on (a review).
+    #[test]
+    fn a_failed_pause_answered_after_a_readoption_changes_nothing() {
+        let mut f = l_paused_for_h();
+        let pause = l_pause(&f);
+        cut_w1_until_l_is_lost(&mut f);
+        f.reregister_listing(
+            2,
+            "w1",
+            1.0,
+            vec![running_on_w1("H", false), running_on_w1("L", false)],
+        );
+        assert_eq!(f.state("L"), JobState::Running);
+        f.fail(2, &pause, "OCI runtime pause failed: unable to freeze");
+        let reason = &f.core.job("L").unwrap().reason;
+        assert_eq!(f.state("L"), JobState::Running, "{reason}");
+    }
+
+    /// A paused victim on a worker drained and undrained while the job it was paused for
+    /// runs on stays paused and says why, not "running on w1" (a review).
+    #[test]
+    fn an_undrained_paused_victim_says_it_is_paused() {
+        let mut f = l_paused_for_h();
+        let before = f.core.job("L").unwrap().reason.clone();
+        f.step(Input::Drain {
+            worker: "w1".into(),
+        });
+        f.step(Input::Undrain {
+            worker: "w1".into(),
+        });
+        assert_eq!(f.state("L"), JobState::Paused);
+        assert_eq!(f.core.job("L").unwrap().reason, before);
+    }
+
     /// `job`'s first incarnation, still there (paused or not), as w1's agent lists it.
     fn running_on_w1(job: &str, paused: bool) -> ContainerReport {
         ContainerReport {
@@ -3651,14 +3800,7 @@ mod value {
     #[test]
     fn a_readopted_paused_victim_on_a_worker_with_room_is_resumed() {
         let mut f = l_paused_for_h();
-        f.step(Input::Disconnected {
-            conn: 1,
-            reason: "cut".into(),
-        });
-        for _ in 0..5 {
-            f.advance(1.0);
-        }
-        assert_eq!(f.state("L"), JobState::Lost);
+        cut_w1_until_l_is_lost(&mut f);
         f.step(Input::Cancel {
             id: "H".into(),
             by: String::new(),
@@ -3684,19 +3826,9 @@ mod value {
     /// warning in the log: a job shown paused trained on for 80 s.
     #[test]
     fn a_failed_pause_or_resume_leaves_the_job_as_its_container_is() {
-        let l_pause = |f: &Fixture| {
-            (f.effects.iter()).find_map(|e| match e {
-                Effect::Send { command, .. }
-                    if command.job == "L" && command.action.name() == "pause" =>
-                {
-                    Some(command.clone())
-                }
-                _ => None,
-            })
-        };
         let mut f = l_paused_for_h();
         assert_eq!(f.state("L"), JobState::Paused);
-        let pause = l_pause(&f).expect("L paused for H");
+        let pause = l_pause(&f);
         f.fail(1, &pause, "OCI runtime pause failed: unable to freeze");
         assert_eq!(f.state("L"), JobState::Running);
         let reason = &f.core.job("L").unwrap().reason;
@@ -3716,7 +3848,7 @@ mod value {
         assert!(reason.starts_with("could not resume on w1"), "{reason}");
         // The answer to a Pause that went well changes nothing.
         let mut f = l_paused_for_h();
-        let pause = l_pause(&f).expect("L paused for H");
+        let pause = l_pause(&f);
         f.ok(1, &pause, ResultDetail::None);
         assert_eq!(f.state("L"), JobState::Paused);
     }
@@ -4818,6 +4950,26 @@ fn converge_weighs_what_a_job_earns_against_what_it_costs_the_jobs_it_delays() {
     );
 }
 
+/// `converge` weighs a value job's worth only at its first placement: a job that already ran
+/// and must start again (its worker lost) is placed, not turned away with the work it did.
+#[test]
+fn converge_does_not_turn_away_a_value_job_placed_again() {
+    let mut f = Fixture::new("converge");
+    f.register(1, "w1", 1.0);
+    // 100 s of work, worth 100 if done by 100 s and nothing from 120 s.
+    f.start("long", value_job(100.0, 100.0, 100.0, 120.0));
+    f.register(2, "w2", 1.0);
+    // Alone on w2: it costs no one anything.
+    assert_eq!(f.start("small", value_job(50.0, 10.0, 1000.0, 2000.0)), 2);
+    // Its worker reports it: what it had of its work is known.
+    f.heartbeat_of(2, "small", 1, 1.0);
+    // w2 is lost: small must go to w1, where, new, it would be turned away (it would push
+    // `long` past its zero).
+    let restarted = f.lose(2, 1, "small");
+    assert_eq!(restarted.map(|(conn, _)| conn), Some(1));
+    assert_ne!(f.state("small"), JobState::Rejected);
+}
+
 /// `converge` places on the workers with the fewest jobs per core, and only among those by
 /// what the job adds to the sum of completion times: a big worker full of nearly finished jobs
 /// looks fastest by the sum (it would run the job after 40 s of work at four cores), but the
@@ -5041,6 +5193,32 @@ fn a_job_that_stops_improving_is_checkpointed_and_completes_with_why() {
         job.reason
     );
     assert!(job.reason.contains("checkpoint kept"), "{}", job.reason);
+}
+
+/// A job with a stop rule keeps every progress line as a point, however close: thinned to a
+/// point a second, its rule would read a wider window than asked and stop it later.
+#[test]
+fn a_job_with_a_stop_rule_keeps_every_line_so_its_rule_fires_on_time() {
+    let mut f = Fixture::new("spread");
+    f.register(1, "w1", 2.0);
+    let conn = f.start(
+        "a",
+        JobSpec {
+            cpus: 1.0,
+            stop: Some(converge_policy::estimate::StopRule {
+                min_improvement: 0.01,
+                window_steps: 5,
+            }),
+            ..JobSpec::default()
+        },
+    );
+    // A flat metric, a line every 0.1 s.
+    let saved = (0..=20).find(|&k| {
+        f.now += 0.1;
+        let out = f.progress(conn, "a", 1, k);
+        Fixture::sent(&out, "a", "save").is_some()
+    });
+    assert_eq!(saved, Some(5));
 }
 
 /// The estimate kept from a job's points is read again once a new point arrives: never one
@@ -5351,15 +5529,7 @@ fn a_job_that_starts_running_on_a_draining_worker_is_moved() {
 fn exit_0_before_the_last_step_without_done_is_a_checkpoint_not_a_completion() {
     let mut f = Fixture::running();
     f.progress_of(1, "a", 1, 40, 1000);
-    let out = f.msg(
-        1,
-        AgentMessage::Exited(ContainerExited {
-            job: "a".into(),
-            epoch: 1,
-            exit_code: 0,
-            ..ContainerExited::default()
-        }),
-    );
+    let out = f.exited_0_without_done(1, "a");
     assert_ne!(f.state("a"), JobState::Completed);
     assert_eq!(
         Fixture::sent(&out, "a", "start").map(|s| s.1.epoch),
@@ -5760,14 +5930,7 @@ fn a_result_from_a_past_incarnation_for_the_current_command_is_refused() {
 fn a_save_answered_by_a_past_incarnations_worker_starts_no_second_incarnation() {
     let mut f = Fixture::running();
     f.register(3, "w3", 2.0);
-    assert!(
-        f.core
-            .begin_move("a", "w2", MoveReason::Rebalance, BTreeMap::new())
-    );
-    let out = std::mem::take(&mut f.core.out);
-    let (_, save) = Fixture::sent(&out, "a", "save").unwrap();
-    let out = f.ok(1, &save, Fixture::saved());
-    let (_, start) = Fixture::sent(&out, "a", "start").unwrap();
+    let start = f.a_saved_for_w2();
     f.ok(2, &start, Fixture::started(2));
     assert_eq!(
         (f.state("a"), f.epoch("a")),
