@@ -221,6 +221,10 @@ impl<'a> Etas<'a> {
                 })
             }
             p if p.state().is_terminal() => None,
+            // It finishes once the value policy resumes it, which nothing foresees: at the
+            // cores it had, a frozen job showed `eta 2s` for as long as it stayed frozen (a
+            // new user's walk).
+            JobPhase::Paused { .. } => None,
             _ => {
                 let est = est?;
                 let w = core.workers.get(job.worker()?)?;

@@ -3766,6 +3766,25 @@ mod value {
         assert_eq!(f.state("L"), JobState::Running, "{reason}");
     }
 
+    /// A paused job has no ETA: it finishes once it is resumed, which nothing foresees (at the
+    /// cores it had, it showed `eta 2s` for as long as it stayed frozen: a new user's walk).
+    #[test]
+    fn a_paused_job_has_no_eta() {
+        let mut f = fixture(0.9);
+        let out = submit_value(&mut f, "L", 40.0, (10.0, 0.0, 100.0));
+        let (_, start) = Fixture::sent(&out, "L", "start").expect("L placed");
+        f.ok(1, &start, Fixture::started(1));
+        for s in 1..=3u32 {
+            f.now = T0 + f64::from(s);
+            f.heartbeat_uses(1, &[("L", 1.0)]);
+            f.progress_of(1, "L", 1, 50 * u64::from(s), 1000);
+        }
+        assert!(f.core.eta("L", f.now).is_some(), "running, it has one");
+        let out = submit_value(&mut f, "H", 120.0, (100.0, 0.0, 600.0));
+        assert!(Fixture::sent(&out, "L", "pause").is_some(), "{out:?}");
+        assert_eq!(f.core.eta("L", f.now), None);
+    }
+
     /// A paused victim on a worker drained and undrained while the job it was paused for
     /// runs on stays paused and says why, not "running on w1" (a review).
     #[test]
