@@ -948,7 +948,6 @@ impl Core {
         }
     }
 
-    /// A new command about incarnation `epoch` of `job`, to `worker`.
     /// Sends `action` for `job`'s incarnation `epoch` to `worker`, under a new command id,
     /// which it returns.
     pub(super) fn send_to(
