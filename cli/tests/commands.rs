@@ -111,6 +111,12 @@ async fn each_command_prints_tables_and_json_and_exits_with_a_code_scripts_can_u
     let w = json(&out);
     assert_eq!(w[0]["id"], "w1");
     assert_eq!(w[0]["jobs"][0], id.as_str());
+    assert_eq!(w[0]["stopping"], serde_json::json!([]), "{out}");
+    let (_, out, _) = ctl(&m, &["workers"]).await;
+    assert!(
+        out.starts_with("ID") && out.lines().next().unwrap_or_default().contains("STOPPING"),
+        "{out}"
+    );
 
     // why: the decisions recorded about it, in words and as JSON.
     let (code, out, _) = ctl(&m, &["why", &id]).await;
