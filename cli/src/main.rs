@@ -1517,6 +1517,10 @@ fn print_job(j: &pb::Job) {
         ),
         // An ended job has no ETA to wait for: "nothing tells yet" read as if it might.
         None if pb::JobState::ended(j.state) => println!("eta:      - (ended)"),
+        // A paused job finishes once its policy resumes it, which nothing foresees.
+        None if j.state == pb::JobState::Paused as i32 => {
+            println!("eta:      - (paused: it finishes once resumed)")
+        }
         None => println!("eta:      - (nothing tells yet)"),
     }
 }

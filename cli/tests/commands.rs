@@ -113,8 +113,17 @@ async fn each_command_prints_tables_and_json_and_exits_with_a_code_scripts_can_u
     assert_eq!(w[0]["jobs"][0], id.as_str());
     assert_eq!(w[0]["stopping"], serde_json::json!([]), "{out}");
     let (_, out, _) = ctl(&m, &["workers"]).await;
-    assert!(
-        out.starts_with("ID") && out.lines().next().unwrap_or_default().contains("STOPPING"),
+    let header: Vec<&str> = (out.lines().next().unwrap_or_default())
+        .split_whitespace()
+        .collect();
+    let w1: Vec<&str> = (out.lines().find(|l| l.starts_with("w1")))
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    let column = |name: &str| (header.iter().position(|h| *h == name)).and_then(|i| w1.get(i));
+    assert_eq!(
+        (column("JOBS"), column("STOPPING")),
+        (Some(&"1"), Some(&"0")),
         "{out}"
     );
 

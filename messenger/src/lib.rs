@@ -11,6 +11,8 @@
 //!   disconnect, which is an event, not a log line.
 //! - [`backoff`]: the reconnect schedule. [`trace`]: W3C trace context carried in commands.
 //! - [`telemetry`]: logs, OTLP trace export and the `/metrics` endpoint both binaries use.
+//! - [`config_file`]: how the binaries read their settings (flags, `CONVERGE_*` variables, a
+//!   TOML file), shared here as `telemetry` is, by the manager, the agent and `convergectl`.
 //!
 //! Start with [`agent::Session`] and [`manager::AgentStreams`]: they are the two ends of one
 //! stream.

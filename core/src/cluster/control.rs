@@ -243,16 +243,11 @@ impl Core {
             for id in jobs {
                 match self.place_elsewhere(&id, &worker) {
                     Some(to) => {
-                        if matches!(self.jobs[&id].phase, JobPhase::Paused { .. }) {
-                            let running = JobPhase::Running {
-                                worker: worker.clone(),
-                            };
-                            let why = format!("resumed to be moved off {worker}, which drains");
-                            if !self.transition(&id, running, why) {
-                                continue;
-                            }
-                            let epoch = self.jobs[&id].epoch;
-                            self.freeze(&worker, &id, epoch, false);
+                        let why = format!("resumed to be moved off {worker}, which drains");
+                        if matches!(self.jobs[&id].phase, JobPhase::Paused { .. })
+                            && !self.unpause(&id, &worker, why)
+                        {
+                            continue;
                         }
                         self.begin_move(&id, &to, MoveReason::Drain, BTreeMap::new());
                     }

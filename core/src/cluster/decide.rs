@@ -261,15 +261,8 @@ impl Core {
                         continue;
                     };
                     info!(%job, %worker, cpu_shares, "resuming");
-                    if self.transition(
-                        &job,
-                        JobPhase::Running {
-                            worker: worker.clone(),
-                        },
-                        reason,
-                    ) {
+                    if self.unpause(&job, &worker, reason) {
                         let epoch = self.jobs[&job].epoch;
-                        self.freeze(&worker, &job, epoch, false);
                         // The share chosen for it now; cpus 0 keeps it unlimited within the
                         // worker, as it started.
                         self.send_to(

@@ -228,8 +228,8 @@ impl<'a> Etas<'a> {
             _ => {
                 let est = est?;
                 let w = core.workers.get(job.worker()?)?;
-                // A job not running (paused, moving), or one the forecast sees no end of: at
-                // the cores it has.
+                // A job not running (moving), or one the forecast sees no end of: at the cores
+                // it has.
                 let remaining_s = self
                     .worker(w)
                     .get(id)

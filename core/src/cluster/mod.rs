@@ -985,6 +985,20 @@ impl Core {
         }
     }
 
+    /// Job `id`, paused on `worker`, runs again for `why`: its phase, then its container.
+    /// Whether it was resumed (its phase allowed it).
+    pub(super) fn unpause(&mut self, id: &str, worker: &WorkerId, why: String) -> bool {
+        let running = JobPhase::Running {
+            worker: worker.clone(),
+        };
+        if !self.transition(id, running, why) {
+            return false;
+        }
+        let epoch = self.jobs[id].epoch;
+        self.freeze(worker, id, epoch, false);
+        true
+    }
+
     /// Sends `cmd` to `worker`'s stream. With no stream it is not sent: what must still happen
     /// when the agent comes back is re-sent by [`Core::reconcile`]. A Stop is noted as owed
     /// until its container is seen to exit ([`Worker::stops_owed`]), sent or not: a stream

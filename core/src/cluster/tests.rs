@@ -3766,6 +3766,27 @@ mod value {
         assert_eq!(f.state("L"), JobState::Running, "{reason}");
     }
 
+    /// The answer to a Resume puts back only what a Resume set: a failed one that comes while
+    /// the job is paused again (re-adopted paused, say) leaves it paused, not running.
+    #[test]
+    fn a_failed_resume_answered_while_paused_changes_nothing() {
+        let mut f = l_paused_for_h();
+        let resume = Command {
+            id: "resume-1".into(),
+            job: "L".into(),
+            epoch: 1,
+            action: Action::Resume,
+        };
+        (f.core.jobs.get_mut("L").unwrap()).freezing = Some(crate::cluster::lifecycle::Freezing {
+            command: resume.id.clone(),
+            pause: false,
+            epoch: 1,
+        });
+        f.fail(1, &resume, "cannot unpause");
+        assert_eq!(f.state("L"), JobState::Paused);
+        assert!(f.core.job("L").unwrap().freezing.is_none(), "answered");
+    }
+
     /// A paused job has no ETA: it finishes once it is resumed, which nothing foresees (at the
     /// cores it had, it showed `eta 2s` for as long as it stayed frozen: a new user's walk).
     #[test]

@@ -1135,23 +1135,30 @@ mod tests {
         assert_eq!(first(&[1024, 1024], [100.0, 95.0]), "b");
     }
 
-    /// The forecast splits a worker as `limits` does, the first job held first.
+    /// The forecast splits a worker as `limits` does, the first job held first, under
+    /// `converge` (by work left) and `las` (by service had).
     #[test]
     fn the_forecast_splits_as_the_held_limits_do() {
-        let mut p = PriorityPolicy::converge(60.0);
-        p.given.insert("a".into(), (1, 1800));
-        p.given.insert("b".into(), (1, 250));
-        let load = |job, remaining| Load {
-            job,
-            remaining: Some(remaining),
-            attained: 0.0,
-            demand: 1.0,
-        };
-        let forecast = (p.forecast_weights(1.0, &[load("a", 100.0), load("b", 95.0)])).unwrap();
-        let mut claims = [claim("a", Some(100.0)), claim("b", Some(95.0))];
-        hold_first(&mut claims, |i| [1800, 250][i]);
-        assert_eq!(forecast, split(1.0, &claims, BETA));
-        assert!(forecast[0] > forecast[1], "a held first: {forecast:?}");
+        for mut p in [PriorityPolicy::converge(60.0), PriorityPolicy::las()] {
+            p.given.insert("a".into(), (1, 1800));
+            p.given.insert("b".into(), (1, 250));
+            // a's key 100, b's 95: a held first.
+            let load = |job, key| Load {
+                job,
+                remaining: Some(key),
+                attained: key,
+                demand: 1.0,
+            };
+            let forecast = (p.forecast_weights(1.0, &[load("a", 100.0), load("b", 95.0)])).unwrap();
+            let mut claims = [claim("a", Some(100.0)), claim("b", Some(95.0))];
+            hold_first(&mut claims, |i| [1800, 250][i]);
+            assert_eq!(forecast, split(1.0, &claims, BETA), "{}", p.name);
+            assert!(
+                forecast[0] > forecast[1],
+                "{}: a held first: {forecast:?}",
+                p.name
+            );
+        }
     }
 
     #[test]
