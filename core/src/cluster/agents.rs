@@ -76,18 +76,12 @@ impl Core {
             // How many still run: a fenced worker comes back with its containers exited. A
             // paused one is said apart (a new user's walk read "1 running" of a frozen job).
             let n = reg.containers.len();
-            let paused = reg
-                .containers
-                .iter()
-                .filter(|c| c.running && c.paused)
-                .count();
+            let live = reg.containers.iter().filter(|c| c.running);
+            let paused = live.clone().filter(|c| c.paused).count();
             format!(
                 "re-registered with {n} container{}, {} running{}{}",
                 if n == 1 { "" } else { "s" },
-                reg.containers
-                    .iter()
-                    .filter(|c| c.running && !c.paused)
-                    .count(),
+                live.count() - paused,
                 if paused > 0 {
                     format!(", {paused} paused")
                 } else {

@@ -243,10 +243,9 @@ impl Core {
             for id in jobs {
                 match self.place_elsewhere(&id, &worker) {
                     Some(to) => {
-                        let why = format!("resumed to be moved off {worker}, which drains");
-                        if matches!(self.jobs[&id].phase, JobPhase::Paused { .. })
-                            && !self.unpause(&id, &worker, why)
-                        {
+                        let paused = matches!(self.jobs[&id].phase, JobPhase::Paused { .. });
+                        let why = || format!("resumed to be moved off {worker}, which drains");
+                        if paused && !self.unpause(&id, &worker, why()) {
                             continue;
                         }
                         self.begin_move(&id, &to, MoveReason::Drain, BTreeMap::new());
