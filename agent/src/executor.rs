@@ -1349,19 +1349,21 @@ impl Executor {
                 } else {
                     String::new()
                 };
-                let delivered = outbox
-                    .send_confirmed(Kind::Exited(pb::ContainerExited {
-                        job_id,
-                        epoch,
-                        container_id: id.clone(),
-                        exit_code,
-                        oom_killed,
-                        done,
-                        last_step,
-                        requested,
-                        stderr_tail,
-                    }))
-                    .await;
+                let exit = pb::ContainerExited {
+                    job_id,
+                    epoch,
+                    container_id: id.clone(),
+                    exit_code,
+                    oom_killed,
+                    done,
+                    last_step,
+                    requested,
+                    stderr_tail,
+                };
+                if let Some(mut v) = views.get_mut(&id) {
+                    v.exit = Some(exit.clone());
+                }
+                let delivered = outbox.send_confirmed(Kind::Exited(exit)).await;
                 // Until the manager has it, registrations keep listing the container as
                 // exited (its view stays): a manager that registers us in between must not
                 // take a finished job for a lost one. The session sends it again on a new

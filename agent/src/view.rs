@@ -50,6 +50,10 @@ pub struct ContainerView {
     pub done: bool,
     /// Checkpoint bytes of the last checkpoint line.
     pub checkpoint_bytes: Option<u64>,
+    /// Its exit as reported to the manager, once made and until the manager has it:
+    /// registrations list it with the container, so that a manager reads the exit before it
+    /// decides anything about the job.
+    pub exit: Option<pb::ContainerExited>,
 }
 
 impl ContainerView {
@@ -72,6 +76,7 @@ impl ContainerView {
             direction: None,
             done: false,
             checkpoint_bytes: None,
+            exit: None,
         }
     }
 }
@@ -132,6 +137,7 @@ impl AgentState for WorkerState {
                 state: v.state as i32,
                 exit_code: v.exit_code,
                 last_step: v.last_step,
+                exit: v.exit.clone(),
             })
             .collect();
         containers.sort_by(|a, b| a.job_id.cmp(&b.job_id).then(a.epoch.cmp(&b.epoch)));

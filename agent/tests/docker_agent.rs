@@ -301,6 +301,17 @@ async fn a_finished_job_reports_done_then_its_exit() {
         "the done sample precedes the exit"
     );
 
+    // This manager never acknowledges the exit: after a break the agent lists the container
+    // exited with that exit (it is sent again next), so that a manager reads the exit with
+    // the registration, before it decides anything about a job that no longer runs.
+    m.cut();
+    let reg = m.registered(T).await;
+    let listed = (reg.containers.iter())
+        .find(|c| c.job_id == "job-d")
+        .expect("the exited container is listed until its exit is acknowledged");
+    assert_eq!(listed.state, pb::ContainerState::Exited as i32);
+    assert_eq!(listed.exit.as_ref(), Some(&exited), "{listed:?}");
+
     token.cancel();
     agent.await.unwrap().unwrap();
 }

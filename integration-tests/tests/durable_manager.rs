@@ -205,6 +205,7 @@ async fn a_restarted_manager_knows_every_job_readopts_what_runs_and_numbers_even
             state: pb::ContainerState::Running as i32,
             exit_code: None,
             last_step: Some(7),
+            exit: None,
         })
         .collect();
     let mut agent =

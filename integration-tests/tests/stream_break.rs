@@ -76,6 +76,7 @@ async fn an_exit_lost_with_its_stream_is_sent_again_and_the_job_completes() -> a
         state: pb::ContainerState::Exited as i32,
         exit_code: Some(0),
         last_step: None,
+        exit: None,
     }]);
     proxy.cut();
 

@@ -75,8 +75,23 @@ pub fn register(r: pb::Register) -> core::Register {
                 epoch: c.epoch,
                 container_id: c.container_id,
                 last_step: c.last_step,
+                exit: c.exit.map(exited),
             })
             .collect(),
+    }
+}
+
+/// A container's exit, on its own or in a registration's list.
+fn exited(e: pb::ContainerExited) -> core::ContainerExited {
+    core::ContainerExited {
+        job: e.job_id.into(),
+        epoch: e.epoch,
+        exit_code: e.exit_code,
+        oom_killed: e.oom_killed,
+        done: e.done,
+        last_step: e.last_step,
+        requested: e.requested,
+        stderr_tail: bounded(e.stderr_tail, MAX_STDERR_TAIL),
     }
 }
 
@@ -148,16 +163,7 @@ pub fn agent_message(kind: AgentKind) -> Option<core::AgentMessage> {
             ok: r.ok,
             error: r.error,
         }),
-        AgentKind::Exited(e) => core::AgentMessage::Exited(core::ContainerExited {
-            job: e.job_id.into(),
-            epoch: e.epoch,
-            exit_code: e.exit_code,
-            oom_killed: e.oom_killed,
-            done: e.done,
-            last_step: e.last_step,
-            requested: e.requested,
-            stderr_tail: bounded(e.stderr_tail, MAX_STDERR_TAIL),
-        }),
+        AgentKind::Exited(e) => core::AgentMessage::Exited(exited(e)),
         AgentKind::MigrationRequest(m) => core::AgentMessage::MigrationRequest {
             job: m.job_id.into(),
             epoch: m.epoch,

@@ -111,6 +111,14 @@ impl Manager {
             .expect("agent link open");
     }
 
+    /// Ends the agent's stream with an error, as a manager that went away: the agent
+    /// registers again.
+    pub fn cut(&self) {
+        (self.link.lock().unwrap().as_ref())
+            .expect("no agent connected")
+            .close_with(tonic::Status::unavailable("cut by the test"));
+    }
+
     /// Waits for the first message `f` accepts, panicking after `timeout` with a summary.
     pub async fn wait_for<T>(
         &mut self,

@@ -180,6 +180,18 @@ impl Core {
                 }
                 continue;
             }
+            if let (false, Some(e)) = (c.running, &c.exit) {
+                // Its exit, read now rather than when the message that follows comes (then
+                // it changes nothing): until then the job was held as running, or paused, on
+                // a worker where nothing of it ran, and the policies acted on it. A walk: an
+                // agent that fenced its jobs while the manager was down came back; the first
+                // exit read freed the worker, and the value policy resumed the other job (its
+                // container already gone) and paused it again before its exit was read.
+                self.exited(worker, e.clone());
+            }
+            let Some(job) = self.jobs.get(&c.job) else {
+                continue;
+            };
             let id = c.job.clone();
             match (&job.phase, c.running) {
                 (JobPhase::Starting { .. } | JobPhase::Lost { .. }, true) => {

@@ -260,6 +260,7 @@ impl Fixture {
                 running: true,
                 paused: false,
                 last_step: Some(*step),
+                exit: None,
             })
             .collect();
         self.reregister_listing(conn, w, cpus, containers)
@@ -634,6 +635,7 @@ impl Fixture {
                     running: false,
                     paused: false,
                     last_step: Some(step),
+                    exit: None,
                 }],
                 ..Register::default()
             },
@@ -3542,6 +3544,7 @@ mod model {
                     running: true,
                     paused: false,
                     last_step: None,
+                    exit: None,
                 })
                 .collect(),
             ..Register::default()
@@ -3831,7 +3834,54 @@ mod value {
             running: true,
             paused,
             last_step: Some(10),
+            exit: None,
         }
+    }
+
+    /// w1's agent fenced both jobs while the manager was away (checkpointed and stopped,
+    /// asked for by no manager) and registers again, listing them exited with their exits,
+    /// whose messages follow. Both exits are read with the registration: read one by one
+    /// after it, H's freed the worker, and the value policy resumed L (its container already
+    /// gone), then paused it again for H's new copy, before L's exit was read (a walk).
+    #[test]
+    fn a_fenced_workers_exits_are_read_with_its_registration() {
+        let mut f = l_paused_for_h();
+        f.step(Input::Disconnected {
+            conn: 1,
+            reason: "cut".into(),
+        });
+        f.advance(1.0);
+        let fenced = |job: &str| ContainerExited {
+            job: job.into(),
+            epoch: 1,
+            last_step: Some(10),
+            requested: true,
+            ..ContainerExited::default()
+        };
+        let listed = |job: &str| ContainerReport {
+            running: false,
+            exit: Some(fenced(job)),
+            ..running_on_w1(job, false)
+        };
+        let mut out = f.reregister_listing(2, "w1", 1.0, vec![listed("H"), listed("L")]);
+        assert!(Fixture::sent(&out, "L", "resume").is_none(), "{out:?}");
+        let l_left = (out.iter()).any(|e| {
+            matches!(e, Effect::Event(ev) if ev.job.as_deref() == Some("L")
+                && ev.from == Some(JobState::Paused) && ev.to == Some(JobState::Pending))
+        });
+        assert!(l_left, "L's exit read at registration: {out:?}");
+        // The messages that follow change nothing: the jobs have moved on.
+        let before = (f.state("H"), f.state("L"), f.epoch("H"), f.epoch("L"));
+        out = f.exited(2, "H", 1, 0, true);
+        out.extend(f.exited(2, "L", 1, 0, true));
+        assert!(
+            !out.iter().any(|e| matches!(e, Effect::Event(_))),
+            "{out:?}"
+        );
+        assert_eq!(
+            (f.state("H"), f.state("L"), f.epoch("H"), f.epoch("L")),
+            before
+        );
     }
 
     /// A paused victim re-adopted on a worker whose other jobs left while it was away is
@@ -6327,6 +6377,7 @@ fn a_started_result_sent_again_for_a_job_that_ended_since_sends_no_stop() {
                 running: false,
                 paused: false,
                 last_step: None,
+                exit: None,
             }],
             ..Register::default()
         },

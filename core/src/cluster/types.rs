@@ -193,6 +193,9 @@ pub struct ContainerReport {
     pub paused: bool,
     /// Last progress step the agent saw from it.
     pub last_step: Option<u64>,
+    /// How it ended, when it has and its agent has said so (the `ContainerExited` that
+    /// follows the registration, read with it: [`Core::reconcile`](super::Core)).
+    pub exit: Option<ContainerExited>,
 }
 
 /// A message on an agent's stream after its `Register`.

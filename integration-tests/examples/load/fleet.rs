@@ -72,6 +72,7 @@ impl AgentState for Worker {
                 },
                 exit_code: c.exited.map(|(code, _)| code),
                 last_step: Some(c.step),
+                exit: None,
             })
             .collect();
         std::future::ready(r)
