@@ -801,9 +801,10 @@ impl Core {
             return;
         }
         let id = r.job.clone();
-        // Only the incarnation it was sent to, on its worker, answers a Pause or Resume.
+        // Only the incarnation it was sent to, on its worker, answers a Pause or Resume (a
+        // command's id is never used twice: it names the incarnation too).
         let freeze = (job.freezing.as_ref())
-            .filter(|fz| fz.command == r.command && fz.epoch == r.epoch)
+            .filter(|fz| fz.command == r.command)
             .filter(|_| job.is_current(worker, r.epoch))
             .map(|fz| fz.pause);
         if let Some(pause) = freeze {

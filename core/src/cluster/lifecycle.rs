@@ -622,8 +622,6 @@ pub struct Freezing {
     pub command: super::types::CommandId,
     /// A Pause (else a Resume).
     pub pause: bool,
-    /// The incarnation it was sent to.
-    pub epoch: u64,
 }
 
 /// A Stop sent to a worker and not yet shown to be carried out ([`Worker::stops_owed`]).

@@ -977,11 +977,7 @@ impl Core {
         let id = self.send_to(worker, job, epoch, action);
         // Not stored: no store write.
         if let Some(j) = self.jobs.get_mut(job) {
-            j.freezing = Some(lifecycle::Freezing {
-                command: id,
-                pause,
-                epoch,
-            });
+            j.freezing = Some(lifecycle::Freezing { command: id, pause });
         }
     }
 

@@ -3783,7 +3783,6 @@ mod value {
         (f.core.jobs.get_mut("L").unwrap()).freezing = Some(crate::cluster::lifecycle::Freezing {
             command: resume.id.clone(),
             pause: false,
-            epoch: 1,
         });
         f.fail(1, &resume, "cannot unpause");
         assert_eq!(f.state("L"), JobState::Paused);
