@@ -28,6 +28,8 @@ use super::{Core, Eta};
 pub struct Load<'a> {
     /// The job.
     pub job: &'a str,
+    /// Its incarnation (what a policy gave another, it did not give this one).
+    pub epoch: u64,
     /// Reference core-seconds of work left; `None` when nothing tells (the job then keeps
     /// its share for the whole forecast and is given no finish).
     pub remaining: Option<f64>,
@@ -315,6 +317,7 @@ fn loads<'c>(core: &'c Core, w: &'c Worker) -> (Vec<&'c Job>, Vec<Load<'c>>) {
         .iter()
         .map(|j| Load {
             job: j.id.as_str(),
+            epoch: j.epoch,
             remaining: view.remaining_work(j),
             attained: j.cpu_s,
             demand: w.cpu_capacity,
@@ -414,6 +417,7 @@ mod tests {
     fn load(job: &str, remaining: f64, demand: f64) -> Load<'_> {
         Load {
             job,
+            epoch: 1,
             remaining: Some(remaining),
             attained: 0.0,
             demand,

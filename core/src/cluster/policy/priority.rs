@@ -540,6 +540,14 @@ impl PriorityPolicy {
         }
     }
 
+    /// The CFS weight incarnation `epoch` of `job` was last given; 0 if none (one given an
+    /// earlier incarnation is not its: a job restarted on the worker starts afresh).
+    fn given_to(&self, job: &str, epoch: u64) -> u32 {
+        (self.given.get(job))
+            .filter(|&&(e, _)| e == epoch)
+            .map_or(0, |&(_, shares)| shares)
+    }
+
     /// Whether job `j` was given another weight than `shares`, or none for its incarnation
     /// ([`SHARE_CHANGE`]).
     fn weight_changed(&self, j: &Job, shares: u32) -> bool {
@@ -595,11 +603,7 @@ impl PriorityPolicy {
             })
             .collect();
         // The held job and its own key, which its event says.
-        let held = hold_first(&mut claims, |i| {
-            (self.given.get(&jobs[i].id))
-                .filter(|(epoch, _)| *epoch == jobs[i].epoch)
-                .map_or(0, |&(_, shares)| shares)
-        });
+        let held = hold_first(&mut claims, |i| self.given_to(&jobs[i].id, jobs[i].epoch));
         let cores = split(w.cpu_capacity, &claims, BETA);
         let fair = w.cpu_capacity / jobs.len().max(1) as f64;
         let mut out = Vec::new();
@@ -961,9 +965,7 @@ impl ClusterPolicy for PriorityPolicy {
                 key: self.key_of(|| l.remaining, l.attained),
             })
             .collect();
-        hold_first(&mut claims, |i| {
-            (self.given.get(jobs[i].job)).map_or(0, |&(_, shares)| shares)
-        });
+        hold_first(&mut claims, |i| self.given_to(jobs[i].job, jobs[i].epoch));
         Some(split(capacity, &claims, BETA))
     }
 
@@ -1143,13 +1145,15 @@ mod tests {
             p.given.insert("a".into(), (1, 1800));
             p.given.insert("b".into(), (1, 250));
             // a's key 100, b's 95: a held first.
-            let load = |job, key| Load {
+            let load = |job, epoch, key| Load {
                 job,
+                epoch,
                 remaining: Some(key),
                 attained: key,
                 demand: 1.0,
             };
-            let forecast = (p.forecast_weights(1.0, &[load("a", 100.0), load("b", 95.0)])).unwrap();
+            let loads = [load("a", 1, 100.0), load("b", 1, 95.0)];
+            let forecast = (p.forecast_weights(1.0, &loads)).unwrap();
             let mut claims = [claim("a", Some(100.0)), claim("b", Some(95.0))];
             hold_first(&mut claims, |i| [1800, 250][i]);
             assert_eq!(forecast, split(1.0, &claims, BETA), "{}", p.name);
@@ -1158,6 +1162,11 @@ mod tests {
                 "{}: a held first: {forecast:?}",
                 p.name
             );
+            // a restarted since (its incarnation 2): what its first was given holds nothing,
+            // as in `limits`, and b, with the smaller key, comes first.
+            let loads = [load("a", 2, 100.0), load("b", 1, 95.0)];
+            let forecast = (p.forecast_weights(1.0, &loads)).unwrap();
+            assert!(forecast[1] > forecast[0], "{}: {forecast:?}", p.name);
         }
     }
 
