@@ -232,7 +232,7 @@ impl Core {
                 // The jobs it was paused for may have left while its worker was away, or
                 // while the manager was down (a new user's walk: paused on an idle worker
                 // after a restart, until its value ran out).
-                (JobPhase::Paused { .. }, true) => self.offer_room(worker, &id),
+                (JobPhase::Paused { .. }, true) => self.offer_room(worker),
                 // The restore runs but its result may have been lost with the old stream (or
                 // the old manager): the same Start again, answered from the agent's cache.
                 (
@@ -358,7 +358,7 @@ impl Core {
     /// Adopts the job of container `c` on `worker` again: paused if its agent reports it
     /// paused (a value policy's victim), else running. Taken for running, a frozen container
     /// stayed frozen with its job said to run (a review). A paused one is offered the
-    /// worker's room as a departure offers it ([`ClusterPolicy::on_departure`]): the jobs it
+    /// worker's room ([`Core::offer_room`]): the jobs it
     /// was paused for may have left while it was away, and no departure would come to
     /// resume it (a review: it stayed paused on an empty worker until its value ran out).
     fn adopt(&mut self, worker: &str, c: &ContainerReport, reason: String) -> bool {
@@ -373,16 +373,18 @@ impl Core {
         };
         let adopted = self.transition(&c.job, phase, reason);
         if adopted && paused {
-            self.offer_room(worker, &c.job);
+            self.offer_room(worker);
         }
         adopted
     }
 
-    /// Offers `worker`'s room to its paused job `job`, as a departure offers it
-    /// ([`ClusterPolicy::on_departure`]): where no job leaves, nothing else would resume it.
-    pub(super) fn offer_room(&mut self, worker: &str, job: &JobId) {
+    /// Offers `worker`'s room to its paused jobs ([`ClusterPolicy::on_room`]), once per step:
+    /// where no job leaves, nothing else would resume them.
+    pub(super) fn offer_room(&mut self, worker: &str) {
         let worker = self.worker_id(worker);
-        self.departures.push_back((worker, job.clone()));
+        if !(self.departures.iter()).any(|(w, job)| *w == worker && job.is_none()) {
+            self.departures.push_back((worker, None));
+        }
         self.dirty = true;
     }
 

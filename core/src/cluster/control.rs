@@ -141,7 +141,7 @@ impl Core {
                 // drained offered it none (a new user's walk: paused on an undrained, idle
                 // worker until its value ran out).
                 if (self.jobs.get(id)).is_some_and(|j| matches!(j.phase, JobPhase::Paused { .. })) {
-                    self.offer_room(worker, id);
+                    self.offer_room(worker);
                 }
             }
         }

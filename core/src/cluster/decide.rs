@@ -12,7 +12,10 @@ impl Core {
         for _ in 0..MAX_SETTLE_ROUNDS {
             while let Some((worker, job)) = self.departures.pop_front() {
                 let view = policy_view!(self);
-                let decisions = self.policy.on_departure(self.now, &worker, &job, view);
+                let decisions = match job {
+                    Some(job) => self.policy.on_departure(self.now, &worker, &job, view),
+                    None => self.policy.on_room(self.now, &worker, view),
+                };
                 self.apply(decisions);
             }
             if !self.dirty {

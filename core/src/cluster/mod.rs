@@ -381,8 +381,9 @@ pub struct Core {
     now: Time,
     /// What the step being taken produced.
     out: Vec<Effect>,
-    /// Jobs that left a worker in this step, for the policy.
-    departures: VecDeque<(WorkerId, JobId)>,
+    /// Jobs that left a worker in this step, for the policy; a worker without a job: room
+    /// offered where no job left ([`Core::offer_room`]).
+    departures: VecDeque<(WorkerId, Option<JobId>)>,
     /// Capacity appeared or a job became pending: place and drain again before returning.
     dirty: bool,
     /// Sizes of the jobs that completed (for estimates of jobs nothing else tells about).
@@ -841,7 +842,7 @@ impl Core {
                 w.jobs.insert(id.clone());
             }
             if let Some(w) = old_worker.clone() {
-                self.departures.push_back((w, id.clone()));
+                self.departures.push_back((w, Some(id.clone())));
                 self.dirty = true;
             }
         }

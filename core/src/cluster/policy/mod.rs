@@ -639,6 +639,13 @@ pub trait ClusterPolicy: Send {
         Vec::new()
     }
 
+    /// Worker `worker` may have room that no departure offered: it was undrained, or its
+    /// agent registered again with a paused job (the jobs it was paused for may have left
+    /// meanwhile). A policy that pauses jobs resumes them here as after a departure.
+    fn on_room(&mut self, _now: Time, _worker: &WorkerId, _view: ClusterView<'_>) -> Vec<Decision> {
+        Vec::new()
+    }
+
     /// The timer.
     fn on_tick(&mut self, _now: Time, _view: ClusterView<'_>) -> Vec<Decision> {
         Vec::new()

@@ -322,6 +322,10 @@ impl ClusterPolicy for ValuePolicy {
             self.shares.given.remove(job);
             self.shares.moving.remove(job);
         }
+        self.on_room(now, worker, view)
+    }
+
+    fn on_room(&mut self, now: Time, worker: &WorkerId, view: ClusterView<'_>) -> Vec<Decision> {
         let Some(index) = view.index_of(worker) else {
             return Vec::new();
         };
