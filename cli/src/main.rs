@@ -1433,6 +1433,7 @@ fn why_line(e: &pb::Event) -> String {
         ),
         Ok(pb::EventKind::JobPlaced) => format!("placed on {}", e.worker_id),
         Ok(pb::EventKind::Migration) => "move".to_string(),
+        Ok(pb::EventKind::Stray) => format!("stray copy (incarnation {}) stopped", e.epoch),
         Ok(pb::EventKind::Limits) => match e.attributes.get("cpus") {
             Some(cpus) => format!("cpu limit {cpus} cores"),
             None => format!(

@@ -133,6 +133,7 @@ pub struct ManagerMetrics {
     eta_error: Family<AtLabel, Histogram>,
     registrations: Family<KindLabel, Counter>,
     disconnects: Counter,
+    strays: Counter,
     received: Family<KindLabel, Counter>,
     commands: Family<ActionLabel, Counter>,
     rounds: Family<RoundLabel, Histogram>,
@@ -215,6 +216,14 @@ impl ManagerMetrics {
             "Agent streams that ended",
             disconnects.clone(),
         );
+        let strays = Counter::default();
+        r.register(
+            "stray_containers_stopped",
+            "Containers found running where their job no longer runs, stopped when their worker \
+             registered: an incarnation superseded while its worker was lost (two copies ran), \
+             or a job that ended meanwhile",
+            strays.clone(),
+        );
         let received = Family::default();
         r.register(
             "messages_received",
@@ -283,6 +292,7 @@ impl ManagerMetrics {
             eta_error,
             registrations,
             disconnects,
+            strays,
             received,
             commands,
             rounds,
@@ -374,6 +384,10 @@ impl ManagerMetrics {
         self.jobs
             .get_or_create(&StateLabel { state: to.label() })
             .inc();
+    }
+
+    pub(crate) fn stray(&self) {
+        self.strays.inc();
     }
 
     pub(crate) fn placed(&self, policy: &'static str) {

@@ -296,6 +296,7 @@ pub fn event(e: core::Event) -> pb::Event {
             core::EventKind::Migration => pb::EventKind::Migration,
             core::EventKind::WorkerState => pb::EventKind::WorkerState,
             core::EventKind::Limits => pb::EventKind::Limits,
+            core::EventKind::Stray => pb::EventKind::Stray,
         } as i32,
         job_id: e.job.unwrap_or_default().to_string(),
         worker_id: e.worker.unwrap_or_default().to_string(),

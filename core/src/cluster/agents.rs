@@ -165,10 +165,22 @@ impl Core {
             let current = job.is_current(worker, c.epoch);
             if !current || job.is_terminal() {
                 if c.running {
-                    let why = if job.is_terminal() {
-                        format!("job is {}", job.state().label())
+                    let (why, said) = if job.is_terminal() {
+                        let state = job.state().label();
+                        let said = format!(
+                            "its container on {worker} ran on after it was {state}, while \
+                             {worker} was away: stopped"
+                        );
+                        (format!("job is {state}"), said)
                     } else {
-                        "superseded incarnation".into()
+                        let now_on = (job.worker()).map_or(String::new(), |w| format!(" on {w}"));
+                        let said = format!(
+                            "incarnation {} still ran on {worker} beside incarnation {}{now_on} \
+                             (its worker was lost, and nothing stopped it there): stopped, its \
+                             checkpoint discarded",
+                            c.epoch, job.epoch
+                        );
+                        ("superseded incarnation".into(), said)
                     };
                     // A superseded incarnation is killed: its checkpoint would overwrite the
                     // current one's (the walk's find: the job later resumed from it).
@@ -177,6 +189,13 @@ impl Core {
                         discard: !current,
                     };
                     self.send_to(worker, &c.job, c.epoch, stop);
+                    // Said where users look, not only in the agent's log (a walk: two copies
+                    // ran for 28 s and only the agent's log said so).
+                    let mut e = Event::new(EventKind::Stray, said);
+                    e.job = Some(c.job.clone());
+                    e.worker = Some(self.worker_id(worker));
+                    e.epoch = c.epoch;
+                    self.out.push(Effect::Event(e));
                 }
                 continue;
             }
@@ -510,7 +529,7 @@ impl Core {
         };
         // Read while the record is at hand: looking the worker up again by its text, twice
         // per heartbeat, was a measurable part of the simulator at 10,000 workers.
-        let (speed, id) = (w.calibration, w.id.clone());
+        let (speed, id, shared_since) = (w.calibration, w.id.clone(), w.shared_since);
         w.last_seen = now;
         w.alpha = hb.alpha;
         w.interval_s = hb.interval_s;
@@ -533,6 +552,7 @@ impl Core {
             j.cpu_s = j.service_at(now, speed);
             j.view_from = j.view_at;
             j.view_at = now.into();
+            j.note_use(s.cpu_usage, shared_since);
             let view = WorkerView {
                 category: s.category,
                 growth_efficiency: s.growth_efficiency,

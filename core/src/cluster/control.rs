@@ -45,6 +45,8 @@ impl Core {
             view_at: OptF64::NONE,
             view_from: OptF64::NONE,
             cap_read: OptF64::NONE,
+            use_peak: OptF64::NONE,
+            peak_from: OptF64::NONE,
             freezing: None,
             cpu_s: 0.0,
             assigned_cpus: OptF64::NONE,
@@ -93,15 +95,22 @@ impl Core {
         let (worker, epoch) = (job.worker().cloned(), job.epoch);
         let reason = format!("cancelled by {}", if by.is_empty() { "user" } else { by });
         self.abandon_move(id, &reason);
+        // Its Stop waits for the worker's agent: said, or the container a user still sees
+        // running looked like a cancel that failed (a walk: 35 s, until the agent came back).
+        let said = match &worker {
+            Some(w) if (self.workers.get(w)).is_some_and(|w| w.conn.is_none()) => {
+                format!("{reason}; its container on {w} stops when {w} is back")
+            }
+            _ => reason.clone(),
+        };
         if let Some(w) = worker {
-            let reason = reason.clone();
             let stop = Action::Stop {
                 reason,
                 discard: false,
             };
             self.send_to(&w, id, epoch, stop);
         }
-        self.transition(id, JobPhase::Cancelled, reason);
+        self.transition(id, JobPhase::Cancelled, said);
         Ok(Reply::Job(id.into()))
     }
 

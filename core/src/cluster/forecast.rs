@@ -327,7 +327,7 @@ fn loads<'c>(core: &'c Core, w: &'c Worker) -> (Vec<&'c Job>, Vec<Load<'c>>) {
         let used: Vec<f64> = jobs
             .iter()
             .map(|j| match settled(j, w) {
-                true => j.view.cpu_usage,
+                true => j.use_peak.get().unwrap_or(j.view.cpu_usage),
                 false => j.cap_read.get().unwrap_or(0.0),
             })
             .collect();

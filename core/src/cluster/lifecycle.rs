@@ -448,6 +448,17 @@ pub struct Job {
     /// `Core::read_caps`). Read only while that use is the newest. Not stored.
     #[serde(skip)]
     pub cap_read: OptF64,
+    /// The most cores it used in the reports read since its worker's jobs became the ones it
+    /// has now (those the forecast reads: `forecast::settled`): what the forecast reads as
+    /// what it can use. One report's use
+    /// dips with the host's load, a job's parallelism does not: read off the last report
+    /// alone, every job on a busy host was taken, at one sample in two, for one that can use
+    /// no more than it then did (a walk: ETAs of 7 min and 63 min, 5 s apart). Not stored.
+    #[serde(skip)]
+    pub use_peak: OptF64,
+    /// The time of the report before the first that `use_peak` read.
+    #[serde(skip)]
+    pub peak_from: OptF64,
     /// The Pause or Resume last sent to its container, until it is answered
     /// ([`Core::freeze`](super::Core)): one that fails leaves the container as it was, and
     /// the job's phase goes back to say so. Not stored: a restarted manager reads the
@@ -487,6 +498,22 @@ impl Job {
         match self.view_at.get() {
             Some(at) => self.cpu_s + self.view.cpu_usage.max(0.0) * (t - at).max(0.0) * speed,
             None => self.cpu_s,
+        }
+    }
+
+    /// Keeps [`Job::use_peak`] with the use `used` of the report just read (`view_from` is the
+    /// time of the one before), its worker's jobs having been the same since `shared_since`:
+    /// a report that averages over a change of them starts no window.
+    pub(super) fn note_use(&mut self, used: f64, shared_since: f64) {
+        let counted = self.view_from.get().is_some_and(|t| t >= shared_since);
+        if !counted {
+            self.use_peak = OptF64::NONE;
+            self.peak_from = OptF64::NONE;
+        } else if (self.peak_from.get()).is_some_and(|t| t >= shared_since) {
+            self.use_peak = self.use_peak.get().map_or(used, |p| p.max(used)).into();
+        } else {
+            self.use_peak = used.into();
+            self.peak_from = self.view_from;
         }
     }
 

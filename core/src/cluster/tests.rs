@@ -1355,6 +1355,16 @@ fn a_superseded_incarnation_is_discarded_and_a_cancelled_one_stopped() {
         matches!(&stop.action, Action::Stop { discard: true, .. }),
         "{stop:?}"
     );
+    // Said where users look (a walk: two copies ran for 28 s, and only the agent's log said).
+    let stray = Fixture::event(&out, EventKind::Stray).expect("a stray event");
+    assert_eq!((stray.epoch, stray.worker.as_deref()), (1, Some("w1")));
+    assert!(
+        stray
+            .reason
+            .starts_with("incarnation 1 still ran on w1 beside incarnation 2 on w2"),
+        "{}",
+        stray.reason
+    );
     let out = f.step(Input::Cancel {
         id: "a".into(),
         by: String::new(),
@@ -1364,6 +1374,38 @@ fn a_superseded_incarnation_is_discarded_and_a_cancelled_one_stopped() {
     assert!(
         matches!(&stop.action, Action::Stop { discard: false, .. }),
         "{stop:?}"
+    );
+    assert_eq!(f.core.job("a").unwrap().reason, "cancelled by user");
+}
+
+/// A job cancelled while its worker's stream is down says that its container stops when the
+/// worker is back (a walk: shown cancelled while its container ran on for 35 s), and the
+/// container, found running when it is, is stopped and said.
+#[test]
+fn a_job_cancelled_on_an_unreachable_worker_says_its_stop_waits() {
+    let mut f = Fixture::running();
+    f.step(Input::Disconnected {
+        conn: 1,
+        reason: "cut".into(),
+    });
+    f.step(Input::Cancel {
+        id: "a".into(),
+        by: String::new(),
+    });
+    let reason = &f.core.job("a").unwrap().reason;
+    assert_eq!(
+        reason,
+        "cancelled by user; its container on w1 stops when w1 is back"
+    );
+    let out = f.reregister(5, "w1", 2.0, &[("a", 1, 120)]);
+    assert!(Fixture::sent(&out, "a", "stop").is_some(), "{out:?}");
+    let stray = Fixture::event(&out, EventKind::Stray).expect("a stray event");
+    assert!(
+        stray
+            .reason
+            .starts_with("its container on w1 ran on after it was cancelled"),
+        "{}",
+        stray.reason
     );
 }
 
@@ -6388,6 +6430,48 @@ fn a_started_result_sent_again_for_a_job_that_ended_since_sends_no_stop() {
         Fixture::sent(&out, "a", "stop").is_none(),
         "a repeated Started result of a job that had already ended sent a Stop: {out:?}"
     );
+}
+
+/// A job's ETA holds when one report shows every job using less than its part, as on a host
+/// busy with other work: read off that report alone, each was taken for one that can use no
+/// more, and the forecast ran it at that use to its end (a walk: a waiting job's ETA flipped
+/// between 7 and 63 min from one sample to the next, five seconds apart).
+#[test]
+fn an_eta_holds_through_a_dip_in_use() {
+    let mut f = Fixture::new("converge");
+    f.register(1, "w1", 1.0);
+    let jobs = ["a", "b", "c"];
+    for id in jobs {
+        let out = f.submit(id, 0.3);
+        let (_, start) = Fixture::sent(&out, id, "start").unwrap();
+        f.ok(1, &start, Fixture::started(1));
+    }
+    let mut steps = [0u64; 3];
+    // One second: each job makes 100 steps a core-second at `load` of the part its weight
+    // gives it, and reports that use.
+    let second = |f: &mut Fixture, steps: &mut [u64; 3], load: f64| {
+        let weights = jobs.map(|j| f64::from(shares_sent(f, j).unwrap_or(1024)));
+        let total: f64 = weights.iter().sum();
+        f.now += 1.0;
+        let mut uses = Vec::new();
+        for (k, j) in jobs.into_iter().enumerate() {
+            let used = load * weights[k] / total;
+            steps[k] += (used * 100.0) as u64;
+            f.progress_of(1, j, 1, steps[k], 30_000);
+            uses.push((j, used));
+        }
+        f.heartbeat_uses(1, &uses);
+    };
+    for _ in 0..30 {
+        second(&mut f, &mut steps, 1.0);
+    }
+    let left = |f: &Fixture, j: &str| f.core.eta(j, f.now).unwrap().finish_at - f.now;
+    let before = jobs.map(|j| left(&f, j));
+    second(&mut f, &mut steps, 0.5);
+    for (k, j) in jobs.into_iter().enumerate() {
+        let ratio = left(&f, j) / before[k];
+        assert!((0.9..1.1).contains(&ratio), "{j}: {ratio:.2} of before");
+    }
 }
 
 /// A job's ETA holds across a manager's restart: the lines and heartbeats after it counted the

@@ -454,6 +454,9 @@ pub enum EventKind {
     Limits,
     /// A worker changed state or connection.
     WorkerState,
+    /// A container found running where its job no longer runs was stopped (its epoch is the
+    /// stray's).
+    Stray,
 }
 
 /// One entry of the event log (the shell numbers them).

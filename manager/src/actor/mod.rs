@@ -963,6 +963,7 @@ impl Actor {
                     }
                 }
             }
+            K::Stray => self.metrics.stray(),
             K::WorkerState | K::Limits => {}
         }
         self.traces.on_event(&e);
