@@ -174,7 +174,7 @@ enum Cmd {
         memory: Option<u64>,
         /// What the result is worth over time, `MAX,FULL_UNTIL_S,ZERO_AT_S`: MAX until
         /// FULL_UNTIL_S seconds after submission, falling to nothing at ZERO_AT_S (the value
-        /// policies, and `converge`, read it; needs --estimated-runtime).
+        /// policies read it, and need --estimated-runtime beside it; `converge` reads it too).
         // A curve may begin with a minus (refused by the manager, naming the field): a value,
         // not a flag.
         #[arg(long, value_parser = value_curve, allow_hyphen_values = true)]
@@ -1472,6 +1472,20 @@ fn print_job(j: &pb::Job) {
         println!("image:    {}", s.image);
         if !s.args.is_empty() {
             println!("args:     {}", s.args.join(" "));
+        }
+        // What the value policies and `converge` decide by, which only grpcurl showed (a
+        // walk).
+        if let Some(v) = &s.value_curve {
+            println!(
+                "value:    {} until {}s after submission, falling to 0 at {}s",
+                v.max_value, v.full_value_until_s, v.zero_value_at_s
+            );
+        }
+        if s.estimated_runtime_s > 0.0 {
+            println!(
+                "runtime:  {}s estimated, alone on a reference worker",
+                s.estimated_runtime_s
+            );
         }
     }
     println!(

@@ -75,6 +75,10 @@ async fn each_command_prints_tables_and_json_and_exits_with_a_code_scripts_can_u
             "1",
             "--name",
             "cli-job",
+            "--value",
+            "100,60,600",
+            "--estimated-runtime",
+            "40",
             "--",
             "--model",
             "mlp-digits",
@@ -97,6 +101,14 @@ async fn each_command_prints_tables_and_json_and_exits_with_a_code_scripts_can_u
 
     let (_, out, _) = ctl(&m, &["get", &id]).await;
     assert!(out.contains("state:    starting (starting on w1)"), "{out}");
+    assert!(
+        out.contains("value:    100 until 60s after submission, falling to 0 at 600s\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("runtime:  40s estimated, alone on a reference worker\n"),
+        "{out}"
+    );
     // A job is also named by its name, when it alone has it.
     let (code, out, err) = ctl(&m, &["get", "cli-job", "-o", "json"]).await;
     assert_eq!(code, 0, "{err}");
