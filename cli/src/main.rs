@@ -1536,6 +1536,9 @@ fn print_job(j: &pb::Job) {
         None if j.state == pb::JobState::Paused as i32 => {
             println!("eta:      - (paused: it finishes once resumed)")
         }
+        None if j.state == pb::JobState::Lost as i32 => {
+            println!("eta:      - (lost: its worker is not heard from)")
+        }
         None => println!("eta:      - (nothing tells yet)"),
     }
 }

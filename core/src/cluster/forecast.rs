@@ -227,6 +227,9 @@ impl<'a> Etas<'a> {
             // cores it had, a frozen job showed `eta 2s` for as long as it stayed frozen (a
             // new user's walk).
             JobPhase::Paused { .. } => None,
+            // Its worker is not heard from: whether it still runs is not known, and the ETA
+            // it had stood unchanged for as long as the worker was away (a walk).
+            JobPhase::Lost { .. } => None,
             _ => {
                 let est = est?;
                 let w = core.workers.get(job.worker()?)?;

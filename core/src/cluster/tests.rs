@@ -6432,6 +6432,29 @@ fn a_started_result_sent_again_for_a_job_that_ended_since_sends_no_stop() {
     );
 }
 
+/// A lost job has no ETA: whether it still runs is not known (it kept the ETA it had for as
+/// long as its worker was away: a walk).
+#[test]
+fn a_lost_job_has_no_eta() {
+    let mut f = Fixture::running();
+    for s in 1..=3u64 {
+        f.now += 1.0;
+        f.heartbeat_uses(1, &[("a", 1.0)]);
+        f.progress_of(1, "a", 1, 50 * s, 1000);
+    }
+    assert!(f.core.eta("a", f.now).is_some(), "running, it has one");
+    f.step(Input::Disconnected {
+        conn: 1,
+        reason: "cut".into(),
+    });
+    for _ in 0..5 {
+        f.heartbeat(2);
+        f.advance(1.0);
+    }
+    assert_eq!(f.state("a"), JobState::Lost);
+    assert_eq!(f.core.eta("a", f.now), None);
+}
+
 /// A job's ETA holds when one report shows every job using less than its part, as on a host
 /// busy with other work: read off that report alone, each was taken for one that can use no
 /// more, and the forecast ran it at that use to its end (a walk: a waiting job's ETA flipped
