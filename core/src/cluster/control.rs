@@ -263,12 +263,25 @@ impl Core {
                         let why = draining_reason(&worker);
                         // A paused job keeps saying why it is paused.
                         let running = matches!(self.jobs[&id].phase, JobPhase::Running { .. });
+                        let mut said = false;
                         if running
                             && let Some(j) = self.job_mut(&id)
                             && j.reason != why
                         {
-                            debug!(job = %id, %worker, "no worker can take the job; it stays while the worker drains");
                             j.reason = why;
+                            said = true;
+                        }
+                        if said {
+                            debug!(job = %id, %worker, "no worker can take the job; it stays while the worker drains");
+                            // In `why` too, once: a reason changes no event, and a drain that
+                            // could move nothing left no trace there (a walk).
+                            let attributes =
+                                BTreeMap::from([("reason".to_string(), "drain".to_string())]);
+                            let reason = format!(
+                                "not moved off {worker}, which drains: no other worker has room \
+                                 for it yet; it runs on here until one has"
+                            );
+                            self.migration_event(&id, &worker, reason, attributes);
                         }
                     }
                 }

@@ -6432,6 +6432,51 @@ fn a_started_result_sent_again_for_a_job_that_ended_since_sends_no_stop() {
     );
 }
 
+/// A drain that finds no room for a job elsewhere says so, in its reason and once in its
+/// events (`why`), and the job runs on (a walk: a drain moved nothing and said nothing).
+#[test]
+fn a_drain_that_cannot_move_a_job_says_so_once() {
+    let mut f = Fixture::new("spread");
+    f.register(1, "w1", 1.0);
+    f.register(2, "w2", 1.0);
+    for id in ["a", "b", "c", "d"] {
+        let out = f.submit(id, 0.5);
+        let (conn, start) = Fixture::sent(&out, id, "start").unwrap();
+        f.ok(conn, &start, Fixture::started(conn));
+    }
+    let on_w2: Vec<&str> = ["a", "b", "c", "d"]
+        .into_iter()
+        .filter(|id| f.core.job(id).unwrap().worker().is_some_and(|w| w == "w2"))
+        .collect();
+    assert_eq!(on_w2.len(), 2);
+    let mut out = f.step(Input::Drain {
+        worker: "w2".into(),
+    });
+    for _ in 0..3 {
+        out.extend(f.heartbeat(1));
+        out.extend(f.heartbeat(2));
+        out.extend(f.advance(1.0));
+    }
+    for id in on_w2 {
+        let j = f.core.job(id).unwrap();
+        assert_eq!(j.state(), JobState::Running);
+        assert_eq!(j.reason, "w2 is draining; waiting for a worker with room");
+        let said: Vec<&Event> = (out.iter())
+            .filter_map(|e| match e {
+                Effect::Event(e) if e.kind == EventKind::Migration => Some(e),
+                _ => None,
+            })
+            .filter(|e| e.job.as_deref() == Some(id))
+            .collect();
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(
+            said[0].reason.starts_with("not moved off w2, which drains"),
+            "{}",
+            said[0].reason
+        );
+    }
+}
+
 /// A lost job has no ETA: whether it still runs is not known (it kept the ETA it had for as
 /// long as its worker was away: a walk).
 #[test]
