@@ -189,6 +189,16 @@ impl Core {
                         discard: !current,
                     };
                     self.send_to(worker, &c.job, c.epoch, stop);
+                    // A job cancelled meanwhile said its stop waited (`Core::cancel`): no more
+                    // (a walk read it after the stop).
+                    let waited = stop_waits(worker);
+                    if let Some(j) = self.job_mut(&c.job)
+                        && let Some(cancelled) = j.reason.strip_suffix(&waited)
+                    {
+                        j.reason = format!(
+                            "{cancelled}; its container on {worker} was told to stop when {worker} came back"
+                        );
+                    }
                     // Said where users look, not only in the agent's log (a walk: two copies
                     // ran for 28 s and only the agent's log said so).
                     let mut e = Event::new(EventKind::Stray, said);
@@ -1091,6 +1101,11 @@ impl Core {
         );
         self.apply(decisions);
     }
+}
+
+/// What a job cancelled while `worker` is unreachable adds to its reason ([`Core::cancel`]).
+pub(super) fn stop_waits(worker: &str) -> String {
+    format!("; its container on {worker} stops when {worker} is back")
 }
 
 /// Why an agent on `worker` may not speak of incarnation `epoch` of `job`, if it may not.

@@ -99,7 +99,7 @@ impl Core {
         // running looked like a cancel that failed (a walk: 35 s, until the agent came back).
         let said = match &worker {
             Some(w) if (self.workers.get(w)).is_some_and(|w| w.conn.is_none()) => {
-                format!("{reason}; its container on {w} stops when {w} is back")
+                format!("{reason}{}", super::agents::stop_waits(w))
             }
             _ => reason.clone(),
         };

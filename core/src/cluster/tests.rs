@@ -1399,6 +1399,11 @@ fn a_job_cancelled_on_an_unreachable_worker_says_its_stop_waits() {
     );
     let out = f.reregister(5, "w1", 2.0, &[("a", 1, 120)]);
     assert!(Fixture::sent(&out, "a", "stop").is_some(), "{out:?}");
+    // It no longer waits (a walk read the reason after the stop).
+    assert_eq!(
+        f.core.job("a").unwrap().reason,
+        "cancelled by user; its container on w1 was told to stop when w1 came back"
+    );
     let stray = Fixture::event(&out, EventKind::Stray).expect("a stray event");
     assert!(
         stray
