@@ -14,7 +14,8 @@
 //! horizon so that a policy whose order changes as jobs run (least attained service) is
 //! followed. Arrivals, moves and the policy's later choices of placement are not foreseen.
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 
 use converge_policy::estimate::Basis;
 use converge_policy::share::weighted_water_fill_into;
@@ -147,6 +148,34 @@ pub fn finish_in(
     out
 }
 
+/// The queue of pending jobs run forward ([`Etas::chain`]).
+struct Chain<'a> {
+    /// Ends not yet taken, soonest first.
+    ends: BinaryHeap<Reverse<At>>,
+    /// The queued jobs, in order.
+    order: Vec<&'a str>,
+    /// The start and finish of each of the first of them, as far as worked out.
+    done: Vec<Option<(Time, Time)>>,
+}
+
+/// A time ordered by `f64::total_cmp`, for a heap of ends.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct At(Time);
+
+impl Eq for At {}
+
+impl PartialOrd for At {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for At {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
 /// A job using less than this part of the share its weight gives it is held back by its own
 /// parallelism, not by its neighbours: what it uses now is all it can use.
 const CAPPED_BELOW: f64 = 0.8;
@@ -166,6 +195,8 @@ pub struct Etas<'a> {
     ends: Option<Vec<Time>>,
     /// Each pending job's place in the queue.
     queue: Option<BTreeMap<&'a str, usize>>,
+    /// The queued jobs' starts and finishes as far as worked out ([`Etas::chain`]).
+    chain: Option<Chain<'a>>,
     /// The schedulable (or expected) workers' sizes (cores, memory), those no other is as big
     /// as in both.
     shapes: Option<Vec<(f64, u64)>>,
@@ -179,6 +210,7 @@ impl<'a> Etas<'a> {
             workers: BTreeMap::new(),
             ends: None,
             queue: None,
+            chain: None,
             shapes: None,
         }
     }
@@ -191,13 +223,11 @@ impl<'a> Etas<'a> {
         let est = view.estimate(job);
         match &job.phase {
             JobPhase::Pending => {
-                let work =
-                    est.map(|e| e.work).or((job.spec.estimated_runtime_s > 0.0)
-                        .then_some(job.spec.estimated_runtime_s))?;
-                // FIFO: the k-th pending job starts when the k-th running job ends, and then
-                // runs at the cores it asked for. Jobs no worker could hold even empty (accepted
-                // before any worker joined, bigger than every one that did) are not in that
-                // queue: they have no ETA, and hold no place before the others.
+                // FIFO: each pending job starts at the soonest end not yet taken, of a running
+                // job or of a pending one before it, and then runs at the cores it asked for
+                // ([`Etas::chain`]). Jobs no worker could hold even empty (accepted before any
+                // worker joined, bigger than every one that did) are not in that queue: they
+                // have no ETA, and hold no place before the others.
                 if self.queue.is_none() {
                     let shapes = self.shapes().to_vec();
                     let fits = |j: &Job| {
@@ -212,11 +242,10 @@ impl<'a> Etas<'a> {
                     self.queue = Some(queue);
                 }
                 let k = *self.queue.as_ref()?.get(id)?;
-                let start = *self.ends().get(k)?;
-                let run = work / job.spec.cpus.max(0.01);
+                let (start, finish) = self.chain(k)?;
                 Some(Eta {
-                    remaining_s: start - self.now + run,
-                    finish_at: start + run,
+                    remaining_s: finish - self.now,
+                    finish_at: finish,
                     start_at: Some(start),
                     basis: est.map_or(Basis::AttainedService, |e| e.basis),
                     confidence: est.map_or(0.05, |e| e.confidence * 0.5),
@@ -273,6 +302,46 @@ impl<'a> Etas<'a> {
             });
             all
         })
+    }
+
+    /// The start and finish of the queued pending job at place `k`: the soonest end not yet
+    /// taken by a job before it, whose own end is one the jobs after it may take. Only running
+    /// jobs' ends counted, and the (n+1)-th pending job behind n running ones had no ETA (a
+    /// walk: the third and fourth of a queue had none). A job of unknown size takes an end and
+    /// gives none back. Worked out up to `k` only: a GetJob of a job near the head of a long
+    /// queue does not pay for the rest.
+    fn chain(&mut self, k: usize) -> Option<(Time, Time)> {
+        if self.chain.is_none() {
+            let ends = self.ends().iter().map(|&t| Reverse(At(t))).collect();
+            let mut order: Vec<(&'a str, usize)> = (self.queue.as_ref())
+                .map(|q| q.iter().map(|(&id, &k)| (id, k)).collect())
+                .unwrap_or_default();
+            order.sort_by_key(|&(_, k)| k);
+            let order = order.into_iter().map(|(id, _)| id).collect();
+            self.chain = Some(Chain {
+                ends,
+                order,
+                done: Vec::new(),
+            });
+        }
+        let core = self.core;
+        let view = core.view();
+        let chain = self.chain.as_mut()?;
+        while chain.done.len() <= k {
+            let id = *chain.order.get(chain.done.len())?;
+            let placed = chain.ends.pop().and_then(|Reverse(At(start))| {
+                let job = core.jobs.get(id)?;
+                let work =
+                    (view.estimate(job).map(|e| e.work))
+                        .or((job.spec.estimated_runtime_s > 0.0)
+                            .then_some(job.spec.estimated_runtime_s))?;
+                let finish = start + work / job.spec.cpus.max(0.01);
+                chain.ends.push(Reverse(At(finish)));
+                Some((start, finish))
+            });
+            chain.done.push(placed);
+        }
+        chain.done[k]
     }
 
     fn ends(&mut self) -> &[Time] {

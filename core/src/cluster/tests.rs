@@ -5417,6 +5417,34 @@ fn a_pending_job_no_worker_can_hold_has_no_eta() {
     assert!(f.core.eta("big", f.now).is_none());
 }
 
+/// Every queued job has an ETA: each starts at the soonest end not yet taken, a running job's
+/// or a queued one's before it (only running jobs' ends counted, and the third and fourth of a
+/// queue behind one running job had none: a walk).
+#[test]
+fn each_queued_job_starts_when_the_one_before_it_ends() {
+    let mut f = Fixture::new("spread");
+    let timed = JobSpec {
+        cpus: 1.0,
+        estimated_runtime_s: 10.0,
+        ..JobSpec::default()
+    };
+    f.register(1, "w1", 1.0);
+    f.start("a", timed.clone());
+    for id in ["b", "c", "d"] {
+        f.step(Input::Submit {
+            id: id.into(),
+            spec: timed.clone(),
+        });
+    }
+    let mut etas = f.core.etas(f.now);
+    for (k, id) in ["b", "c", "d"].into_iter().enumerate() {
+        let eta = etas.eta(id).unwrap_or_else(|| panic!("{id} has an ETA"));
+        let start = f.now + 10.0 * (k + 1) as f64;
+        assert_eq!(eta.start_at, Some(start), "{id}");
+        assert_eq!(eta.finish_at, start + 10.0, "{id}");
+    }
+}
+
 /// A restarted manager, before its agents come back: the pending job's ETA still counts the
 /// worker it waits for (it had none until the agent registered again).
 #[test]
