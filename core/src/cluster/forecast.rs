@@ -17,6 +17,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
+use converge_policy::Ranked;
 use converge_policy::estimate::Basis;
 use converge_policy::share::weighted_water_fill_into;
 
@@ -150,30 +151,12 @@ pub fn finish_in(
 
 /// The queue of pending jobs run forward ([`Etas::chain`]).
 struct Chain<'a> {
-    /// Ends not yet taken, soonest first.
-    ends: BinaryHeap<Reverse<At>>,
+    /// Ends not yet taken, soonest first (the index is unused: equal ends are alike).
+    ends: BinaryHeap<Reverse<Ranked>>,
     /// The queued jobs, in order.
     order: Vec<&'a str>,
     /// The start and finish of each of the first of them, as far as worked out.
     done: Vec<Option<(Time, Time)>>,
-}
-
-/// A time ordered by `f64::total_cmp`, for a heap of ends.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct At(Time);
-
-impl Eq for At {}
-
-impl PartialOrd for At {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for At {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&other.0)
-    }
 }
 
 /// A job using less than this part of the share its weight gives it is held back by its own
@@ -312,7 +295,7 @@ impl<'a> Etas<'a> {
     /// queue does not pay for the rest.
     fn chain(&mut self, k: usize) -> Option<(Time, Time)> {
         if self.chain.is_none() {
-            let ends = self.ends().iter().map(|&t| Reverse(At(t))).collect();
+            let ends = self.ends().iter().map(|&t| Reverse(Ranked(t, 0))).collect();
             let mut order: Vec<(&'a str, usize)> = (self.queue.as_ref())
                 .map(|q| q.iter().map(|(&id, &k)| (id, k)).collect())
                 .unwrap_or_default();
@@ -329,14 +312,14 @@ impl<'a> Etas<'a> {
         let chain = self.chain.as_mut()?;
         while chain.done.len() <= k {
             let id = *chain.order.get(chain.done.len())?;
-            let placed = chain.ends.pop().and_then(|Reverse(At(start))| {
+            let placed = chain.ends.pop().and_then(|Reverse(Ranked(start, _))| {
                 let job = core.jobs.get(id)?;
                 let work =
                     (view.estimate(job).map(|e| e.work))
                         .or((job.spec.estimated_runtime_s > 0.0)
                             .then_some(job.spec.estimated_runtime_s))?;
                 let finish = start + work / job.spec.cpus.max(0.01);
-                chain.ends.push(Reverse(At(finish)));
+                chain.ends.push(Reverse(Ranked(finish, 0)));
                 Some((start, finish))
             });
             chain.done.push(placed);
