@@ -182,6 +182,10 @@ impl Core {
                         );
                         ("superseded incarnation".into(), said)
                     };
+                    // A Stop that went down a live stream is on its way: the container is
+                    // stopping, not astray (a review).
+                    let stopping = (self.workers[worker].stops_owed.iter())
+                        .any(|o| o.job == c.job && o.epoch == c.epoch && o.sent);
                     // A superseded incarnation is killed: its checkpoint would overwrite the
                     // current one's (the walk's find: the job later resumed from it).
                     let stop = Action::Stop {
@@ -189,23 +193,20 @@ impl Core {
                         discard: !current,
                     };
                     self.send_to(worker, &c.job, c.epoch, stop);
-                    // A job cancelled meanwhile said its stop waited (`Core::cancel`): no more
-                    // (a walk read it after the stop).
-                    let waited = stop_waits(worker);
-                    if let Some(j) = self.job_mut(&c.job)
-                        && let Some(cancelled) = j.reason.strip_suffix(&waited)
-                    {
-                        j.reason = format!(
-                            "{cancelled}; its container on {worker} was told to stop when {worker} came back"
-                        );
-                    }
+                    self.stop_no_longer_waits(&c.job, worker, "was told to stop");
                     // Said where users look, not only in the agent's log (a walk: two copies
                     // ran for 28 s and only the agent's log said so).
-                    let mut e = Event::new(EventKind::Stray, said);
-                    e.job = Some(c.job.clone());
-                    e.worker = Some(self.worker_id(worker));
-                    e.epoch = c.epoch;
-                    self.out.push(Effect::Event(e));
+                    if !stopping {
+                        let attributes = BTreeMap::new();
+                        self.job_event_at(
+                            EventKind::Stray,
+                            &c.job,
+                            worker,
+                            c.epoch,
+                            said,
+                            attributes,
+                        );
+                    }
                 }
                 continue;
             }
@@ -285,11 +286,20 @@ impl Core {
             }
         }
         // What the agent does not report running has exited: no stop is owed for it.
+        let mut stopped = Vec::new();
         self.owed_stops(worker, |owed| {
             owed.retain(|o| {
-                (reported.iter()).any(|c| c.running && c.job == o.job && c.epoch == o.epoch)
+                let running =
+                    (reported.iter()).any(|c| c.running && c.job == o.job && c.epoch == o.epoch);
+                if !running {
+                    stopped.push(o.job.clone());
+                }
+                running
             })
         });
+        for id in stopped {
+            self.stop_no_longer_waits(&id, worker, "had stopped");
+        }
         // Current incarnations placed here that the agent does not report.
         let missing: Vec<JobId> = self.workers[worker]
             .jobs
@@ -405,6 +415,19 @@ impl Core {
             self.offer_room(worker);
         }
         adopted
+    }
+
+    /// Job `id`, cancelled while `worker` was unreachable, said that its container stops when
+    /// the worker is back ([`stop_waits`]); now it is back, and the container `how` ("was told
+    /// to stop", "had stopped"). A walk read the waiting reason long after the stop.
+    fn stop_no_longer_waits(&mut self, id: &str, worker: &str, how: &str) {
+        let waited = stop_waits(worker);
+        if let Some(j) = self.job_mut(id)
+            && let Some(cancelled) = j.reason.strip_suffix(&waited)
+        {
+            j.reason =
+                format!("{cancelled}; its container on {worker} {how} when {worker} came back");
+        }
     }
 
     /// Offers `worker`'s room to its paused jobs ([`ClusterPolicy::on_room`]), once per step:
@@ -947,10 +970,20 @@ impl Core {
         let sharing = (self.jobs.get(&e.job))
             .is_some_and(|j| j.phase.shares_cpu() && j.worker().is_some_and(|w| w == worker));
         let now = self.now;
-        self.owed_stops(worker, |owed| {
-            owed.retain(|o| o.job != e.job || o.epoch != e.epoch)
+        let mut owed = false;
+        self.owed_stops(worker, |stops| {
+            let before = stops.len();
+            stops.retain(|o| o.job != e.job || o.epoch != e.epoch);
+            owed = stops.len() < before;
         });
-        if !sharing && let Some(w) = self.workers.get_mut(worker) {
+        // Only an exit of what still held CPU here: the same exit read again (a registration
+        // carried it, its message followed) started the split anew, and every other job's
+        // use was read from scratch (a review).
+        let held = owed || (self.jobs.get(&e.job)).is_some_and(|j| j.is_current(worker, e.epoch));
+        if !sharing
+            && held
+            && let Some(w) = self.workers.get_mut(worker)
+        {
             w.shared_since = now;
         }
         if !self.may_speak(worker, &e.job, e.epoch) {

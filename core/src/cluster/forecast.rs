@@ -178,7 +178,8 @@ pub struct Etas<'a> {
     ends: Option<Vec<Time>>,
     /// Each pending job's place in the queue.
     queue: Option<BTreeMap<&'a str, usize>>,
-    /// The queued jobs' starts and finishes as far as worked out ([`Etas::chain`]).
+    /// The queued jobs in order, and their starts and finishes as far as worked out
+    /// ([`Etas::chain`]); made with `queue`.
     chain: Option<Chain<'a>>,
     /// The schedulable (or expected) workers' sizes (cores, memory), those no other is as big
     /// as in both.
@@ -217,12 +218,17 @@ impl<'a> Etas<'a> {
                         let (cpus, memory) = (j.spec.cpus, j.spec.memory_bytes);
                         shapes.iter().any(|&(c, m)| cpus <= c + 1e-9 && memory <= m)
                     };
-                    let queue = (core.pending.values())
+                    let order: Vec<&str> = (core.pending.values())
                         .filter(|id| core.jobs.get(id).is_some_and(fits))
-                        .enumerate()
-                        .map(|(k, id)| (id.as_str(), k))
+                        .map(|id| id.as_str())
                         .collect();
-                    self.queue = Some(queue);
+                    self.queue = Some(order.iter().enumerate().map(|(k, &id)| (id, k)).collect());
+                    let ends = self.ends().iter().map(|&t| Reverse(Ranked(t, 0))).collect();
+                    self.chain = Some(Chain {
+                        ends,
+                        order,
+                        done: Vec::new(),
+                    });
                 }
                 let k = *self.queue.as_ref()?.get(id)?;
                 let (start, finish) = self.chain(k)?;
@@ -294,19 +300,6 @@ impl<'a> Etas<'a> {
     /// gives none back. Worked out up to `k` only: a GetJob of a job near the head of a long
     /// queue does not pay for the rest.
     fn chain(&mut self, k: usize) -> Option<(Time, Time)> {
-        if self.chain.is_none() {
-            let ends = self.ends().iter().map(|&t| Reverse(Ranked(t, 0))).collect();
-            let mut order: Vec<(&'a str, usize)> = (self.queue.as_ref())
-                .map(|q| q.iter().map(|(&id, &k)| (id, k)).collect())
-                .unwrap_or_default();
-            order.sort_by_key(|&(_, k)| k);
-            let order = order.into_iter().map(|(id, _)| id).collect();
-            self.chain = Some(Chain {
-                ends,
-                order,
-                done: Vec::new(),
-            });
-        }
         let core = self.core;
         let view = core.view();
         let chain = self.chain.as_mut()?;

@@ -448,9 +448,9 @@ pub struct Job {
     /// `Core::read_caps`). Read only while that use is the newest. Not stored.
     #[serde(skip)]
     pub cap_read: OptF64,
-    /// The most cores it used in the reports read since its worker's jobs became the ones it
-    /// has now (those the forecast reads: `forecast::settled`): what the forecast reads as
-    /// what it can use. One report's use
+    /// The most cores it used in the reports read since a job last left its worker or a
+    /// container there last exited (`Worker::shared_since`; the reports the forecast reads:
+    /// `forecast::settled`): what the forecast reads as what it can use. One report's use
     /// dips with the host's load, a job's parallelism does not: read off the last report
     /// alone, every job on a busy host was taken, at one sample in two, for one that can use
     /// no more than it then did (a walk: ETAs of 7 min and 63 min, 5 s apart). Not stored.
@@ -673,6 +673,10 @@ pub struct OwedStop {
     /// walk: 259,640 steps of a job without checkpoints) to save a restart that had not
     /// begun. Not kept across a manager's restart: a restarted manager stops it as before.
     pub withdrawable: bool,
+    /// A Stop for it went down a live stream: a container of it still listed running when its
+    /// worker registers again is stopping, not a stray (a review: a stop in flight across a
+    /// reconnection was said and counted as one).
+    pub sent: bool,
 }
 
 /// A worker's jobs, in id order: a sorted `Vec`. Every heartbeat walks its worker's jobs (the

@@ -1021,12 +1021,14 @@ impl Core {
                 }) if j.epoch == epoch => Some(command.clone()),
                 _ => None,
             });
+            let live = self.workers.get(worker).is_some_and(|w| w.conn.is_some());
             self.owed_stops(worker, |owed| {
                 match (owed.iter_mut()).find(|o| o.job == *job && o.epoch == epoch) {
                     Some(o) => {
                         o.command = command.id.clone();
                         o.start = start;
                         o.withdrawable = false;
+                        o.sent |= live;
                     }
                     None => owed.push(lifecycle::OwedStop {
                         job: job.clone(),
@@ -1035,6 +1037,7 @@ impl Core {
                         request,
                         start,
                         withdrawable: false,
+                        sent: live,
                     }),
                 }
             });
@@ -1096,10 +1099,24 @@ impl Core {
         reason: String,
         attributes: BTreeMap<String, String>,
     ) {
+        let epoch = self.jobs.get(id).map_or(0, |j| j.epoch);
+        self.job_event_at(kind, id, worker, epoch, reason, attributes);
+    }
+
+    /// Records an event of `kind` about incarnation `epoch` of job `id` on `worker`.
+    pub(super) fn job_event_at(
+        &mut self,
+        kind: EventKind,
+        id: &str,
+        worker: &str,
+        epoch: u64,
+        reason: String,
+        attributes: BTreeMap<String, String>,
+    ) {
         let mut e = Event::new(kind, reason);
         e.job = Some(id.into());
         e.worker = Some(worker.into());
-        e.epoch = self.jobs.get(id).map_or(0, |j| j.epoch);
+        e.epoch = epoch;
         e.attributes = attributes;
         self.out.push(Effect::Event(e));
     }

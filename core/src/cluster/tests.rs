@@ -1378,6 +1378,107 @@ fn a_superseded_incarnation_is_discarded_and_a_cancelled_one_stopped() {
     assert_eq!(f.core.job("a").unwrap().reason, "cancelled by user");
 }
 
+/// An exit read with a registration and then again as its message leaves the worker's split
+/// alone the second time: the split begun anew had every other job's use read from scratch (a
+/// review).
+#[test]
+fn an_exit_read_again_leaves_the_split_alone() {
+    let mut f = Fixture::new("spread");
+    f.register(1, "w1", 2.0);
+    for id in ["a", "b"] {
+        let out = f.submit(id, 1.0);
+        let (_, start) = Fixture::sent(&out, id, "start").unwrap();
+        f.ok(1, &start, Fixture::started(1));
+    }
+    f.step(Input::Disconnected {
+        conn: 1,
+        reason: "cut".into(),
+    });
+    let done = ContainerExited {
+        job: "b".into(),
+        epoch: 1,
+        done: true,
+        ..ContainerExited::default()
+    };
+    let listed = ContainerReport {
+        job: "b".into(),
+        epoch: 1,
+        container_id: "b-1".into(),
+        running: false,
+        paused: false,
+        last_step: None,
+        exit: Some(done),
+    };
+    f.now += 1.0;
+    f.reregister_listing(2, "w1", 2.0, vec![listed, f_running("a")]);
+    assert_eq!(f.state("b"), JobState::Completed);
+    let split = f.core.worker("w1").unwrap().shared_since;
+    f.now += 1.0;
+    f.exited(2, "b", 1, 0, false);
+    assert_eq!(f.core.worker("w1").unwrap().shared_since, split);
+}
+
+/// `job`'s incarnation 1, listed running.
+fn f_running(job: &str) -> ContainerReport {
+    ContainerReport {
+        job: job.into(),
+        epoch: 1,
+        container_id: format!("{job}-1"),
+        running: true,
+        paused: false,
+        last_step: None,
+        exit: None,
+    }
+}
+
+/// A container found running where a Stop already went down a live stream is stopping, not a
+/// stray: a stop in flight across a reconnection was said and counted as one (a review). A job
+/// cancelled while its worker was unreachable, whose agent stopped it meanwhile (fenced), says
+/// that it had stopped.
+#[test]
+fn a_stop_in_flight_is_no_stray_and_a_fenced_cancel_says_it_had_stopped() {
+    let mut f = Fixture::running();
+    f.step(Input::Cancel {
+        id: "a".into(),
+        by: String::new(),
+    });
+    f.step(Input::Disconnected {
+        conn: 1,
+        reason: "cut".into(),
+    });
+    let out = f.reregister(5, "w1", 2.0, &[("a", 1, 120)]);
+    assert!(
+        Fixture::sent(&out, "a", "stop").is_some(),
+        "sent again: {out:?}"
+    );
+    assert!(Fixture::event(&out, EventKind::Stray).is_none(), "{out:?}");
+
+    let mut f = Fixture::running();
+    f.step(Input::Disconnected {
+        conn: 1,
+        reason: "cut".into(),
+    });
+    f.step(Input::Cancel {
+        id: "a".into(),
+        by: String::new(),
+    });
+    let fenced = ContainerReport {
+        job: "a".into(),
+        epoch: 1,
+        container_id: "a-1".into(),
+        running: false,
+        paused: false,
+        last_step: Some(120),
+        exit: None,
+    };
+    let out = f.reregister_listing(5, "w1", 2.0, vec![fenced]);
+    assert!(Fixture::event(&out, EventKind::Stray).is_none(), "{out:?}");
+    assert_eq!(
+        f.core.job("a").unwrap().reason,
+        "cancelled by user; its container on w1 had stopped when w1 came back"
+    );
+}
+
 /// A job cancelled while its worker's stream is down says that its container stops when the
 /// worker is back (a walk: shown cancelled while its container ran on for 35 s), and the
 /// container, found running when it is, is stopped and said.
@@ -3910,24 +4011,28 @@ mod value {
             ..running_on_w1(job, false)
         };
         let mut out = f.reregister_listing(2, "w1", 1.0, vec![listed("H"), listed("L")]);
-        assert!(Fixture::sent(&out, "L", "resume").is_none(), "{out:?}");
         let l_left = (out.iter()).any(|e| {
             matches!(e, Effect::Event(ev) if ev.job.as_deref() == Some("L")
                 && ev.from == Some(JobState::Paused) && ev.to == Some(JobState::Pending))
         });
         assert!(l_left, "L's exit read at registration: {out:?}");
-        // The messages that follow change nothing: the jobs have moved on.
+        // The messages that follow change nothing: the jobs have moved on, and w1's split is
+        // not begun anew (every other job's use would be read from scratch: a review).
         let before = (f.state("H"), f.state("L"), f.epoch("H"), f.epoch("L"));
-        out = f.exited(2, "H", 1, 0, true);
-        out.extend(f.exited(2, "L", 1, 0, true));
+        let split = f.core.worker("w1").unwrap().shared_since;
+        f.now += 1.0;
+        let later = [f.exited(2, "H", 1, 0, true), f.exited(2, "L", 1, 0, true)].concat();
         assert!(
-            !out.iter().any(|e| matches!(e, Effect::Event(_))),
-            "{out:?}"
+            !later.iter().any(|e| matches!(e, Effect::Event(_))),
+            "{later:?}"
         );
+        out.extend(later);
+        assert!(Fixture::sent(&out, "L", "resume").is_none(), "{out:?}");
         assert_eq!(
             (f.state("H"), f.state("L"), f.epoch("H"), f.epoch("L")),
             before
         );
+        assert_eq!(f.core.worker("w1").unwrap().shared_since, split);
     }
 
     /// A paused victim re-adopted on a worker whose other jobs left while it was away is
@@ -5443,6 +5548,19 @@ fn each_queued_job_starts_when_the_one_before_it_ends() {
         assert_eq!(eta.start_at, Some(start), "{id}");
         assert_eq!(eta.finish_at, start + 10.0, "{id}");
     }
+    // A job of unknown size at the head of the queue takes a's end and gives none back: the
+    // job behind it has no end to start at.
+    let mut f = Fixture::new("spread");
+    f.register(1, "w1", 1.0);
+    f.start("a", timed.clone());
+    f.submit("unknown", 1.0);
+    f.step(Input::Submit {
+        id: "b".into(),
+        spec: timed,
+    });
+    let mut etas = f.core.etas(f.now);
+    assert!(etas.eta("unknown").is_none());
+    assert!(etas.eta("b").is_none());
 }
 
 /// A restarted manager, before its agents come back: the pending job's ETA still counts the
@@ -6485,7 +6603,9 @@ fn a_drain_that_cannot_move_a_job_says_so_once() {
     let mut out = f.step(Input::Drain {
         worker: "w2".into(),
     });
-    for _ in 0..3 {
+    // Submissions that wait make the core settle (and so go over the drain) again.
+    for k in 0..3 {
+        out.extend(f.submit(&format!("x{k}"), 0.5));
         out.extend(f.heartbeat(1));
         out.extend(f.heartbeat(2));
         out.extend(f.advance(1.0));
