@@ -1418,6 +1418,20 @@ fn an_exit_read_again_leaves_the_split_alone() {
     assert_eq!(f.core.worker("w1").unwrap().shared_since, split);
 }
 
+/// [`Fixture::running`], then w1's stream breaks and the user cancels `a`.
+fn cancelled_while_cut() -> Fixture {
+    let mut f = Fixture::running();
+    f.step(Input::Disconnected {
+        conn: 1,
+        reason: "cut".into(),
+    });
+    f.step(Input::Cancel {
+        id: "a".into(),
+        by: String::new(),
+    });
+    f
+}
+
 /// `job`'s incarnation 1, listed running.
 fn f_running(job: &str) -> ContainerReport {
     ContainerReport {
@@ -1453,23 +1467,10 @@ fn a_stop_in_flight_is_no_stray_and_a_fenced_cancel_says_it_had_stopped() {
     );
     assert!(Fixture::event(&out, EventKind::Stray).is_none(), "{out:?}");
 
-    let mut f = Fixture::running();
-    f.step(Input::Disconnected {
-        conn: 1,
-        reason: "cut".into(),
-    });
-    f.step(Input::Cancel {
-        id: "a".into(),
-        by: String::new(),
-    });
+    let mut f = cancelled_while_cut();
     let fenced = ContainerReport {
-        job: "a".into(),
-        epoch: 1,
-        container_id: "a-1".into(),
         running: false,
-        paused: false,
-        last_step: Some(120),
-        exit: None,
+        ..f_running("a")
     };
     let out = f.reregister_listing(5, "w1", 2.0, vec![fenced]);
     assert!(Fixture::event(&out, EventKind::Stray).is_none(), "{out:?}");
@@ -1484,15 +1485,7 @@ fn a_stop_in_flight_is_no_stray_and_a_fenced_cancel_says_it_had_stopped() {
 /// container, found running when it is, is stopped and said.
 #[test]
 fn a_job_cancelled_on_an_unreachable_worker_says_its_stop_waits() {
-    let mut f = Fixture::running();
-    f.step(Input::Disconnected {
-        conn: 1,
-        reason: "cut".into(),
-    });
-    f.step(Input::Cancel {
-        id: "a".into(),
-        by: String::new(),
-    });
+    let mut f = cancelled_while_cut();
     let reason = &f.core.job("a").unwrap().reason;
     assert_eq!(
         reason,
