@@ -757,8 +757,6 @@ impl Core {
             job.view_at = OptF64::NONE;
             job.view_from = OptF64::NONE;
             job.cap_read = OptF64::NONE;
-            job.use_peak = OptF64::NONE;
-            job.peak_from = OptF64::NONE;
             job.assigned_cpus = OptF64::NONE;
         }
         if from_state == JobState::Pending {

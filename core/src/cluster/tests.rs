@@ -5515,25 +5515,36 @@ fn a_pending_job_no_worker_can_hold_has_no_eta() {
     assert!(f.core.eta("big", f.now).is_none());
 }
 
+/// A 1-core job of 10 s, as its estimate says.
+fn ten_seconds() -> JobSpec {
+    JobSpec {
+        cpus: 1.0,
+        estimated_runtime_s: 10.0,
+        ..JobSpec::default()
+    }
+}
+
+/// Under `spread`, a 1-core worker running `a` ([`ten_seconds`]), and `queued` submitted
+/// after it, alike.
+fn ten_seconds_queued_behind_a(queued: &[&str]) -> Fixture {
+    let mut f = Fixture::new("spread");
+    f.register(1, "w1", 1.0);
+    f.start("a", ten_seconds());
+    for id in queued {
+        f.step(Input::Submit {
+            id: (*id).into(),
+            spec: ten_seconds(),
+        });
+    }
+    f
+}
+
 /// Every queued job has an ETA: each starts at the soonest end not yet taken, a running job's
 /// or a queued one's before it (only running jobs' ends counted, and the third and fourth of a
 /// queue behind one running job had none: a walk).
 #[test]
 fn each_queued_job_starts_when_the_one_before_it_ends() {
-    let mut f = Fixture::new("spread");
-    let timed = JobSpec {
-        cpus: 1.0,
-        estimated_runtime_s: 10.0,
-        ..JobSpec::default()
-    };
-    f.register(1, "w1", 1.0);
-    f.start("a", timed.clone());
-    for id in ["b", "c", "d"] {
-        f.step(Input::Submit {
-            id: id.into(),
-            spec: timed.clone(),
-        });
-    }
+    let f = ten_seconds_queued_behind_a(&["b", "c", "d"]);
     let mut etas = f.core.etas(f.now);
     for (k, id) in ["b", "c", "d"].into_iter().enumerate() {
         let eta = etas.eta(id).unwrap_or_else(|| panic!("{id} has an ETA"));
@@ -5543,13 +5554,11 @@ fn each_queued_job_starts_when_the_one_before_it_ends() {
     }
     // A job of unknown size at the head of the queue takes a's end and gives none back: the
     // job behind it has no end to start at.
-    let mut f = Fixture::new("spread");
-    f.register(1, "w1", 1.0);
-    f.start("a", timed.clone());
+    let mut f = ten_seconds_queued_behind_a(&[]);
     f.submit("unknown", 1.0);
     f.step(Input::Submit {
         id: "b".into(),
-        spec: timed,
+        spec: ten_seconds(),
     });
     let mut etas = f.core.etas(f.now);
     assert!(etas.eta("unknown").is_none());
@@ -5560,18 +5569,7 @@ fn each_queued_job_starts_when_the_one_before_it_ends() {
 /// worker it waits for (it had none until the agent registered again).
 #[test]
 fn a_pending_job_has_an_eta_while_a_restarted_manager_waits_for_its_workers() {
-    let mut f = Fixture::new("spread");
-    let timed = JobSpec {
-        cpus: 1.0,
-        estimated_runtime_s: 10.0,
-        ..JobSpec::default()
-    };
-    f.register(1, "w1", 1.0);
-    f.start("a", timed.clone());
-    f.step(Input::Submit {
-        id: "b".into(),
-        spec: timed,
-    });
+    let mut f = ten_seconds_queued_behind_a(&["b"]);
     let before = f.core.eta("b", f.now).expect("b starts when a ends");
     f.restart("spread", 30.0);
     assert_eq!(f.core.worker("w1").unwrap().conn, None);
