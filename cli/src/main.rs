@@ -1432,7 +1432,18 @@ fn why_line(e: &pb::Event) -> String {
             pb::JobState::label_of(e.to_state)
         ),
         Ok(pb::EventKind::JobPlaced) => format!("placed on {}", e.worker_id),
-        Ok(pb::EventKind::Migration) => "move".to_string(),
+        // A move's steps by its outcome: a declined one (Alg. 2 kept the job, or a drain found
+        // no room) moved nothing, and a walk read "move" beside "not moved off w2".
+        Ok(pb::EventKind::Migration) => match e.attributes.get("outcome").map(String::as_str) {
+            Some("started") => "move started",
+            Some("completed") => "moved",
+            Some("declined") => "not moved",
+            Some("aborted") => "move aborted",
+            Some("failed") => "move failed",
+            Some("abandoned") => "move abandoned",
+            _ => "move",
+        }
+        .to_string(),
         Ok(pb::EventKind::Stray) => format!("stray copy (incarnation {}) stopped", e.epoch),
         Ok(pb::EventKind::Limits) => match e.attributes.get("cpus") {
             Some(cpus) => format!("cpu limit {cpus} cores"),
@@ -1704,6 +1715,30 @@ mod tests {
                 .unwrap_err()
                 .contains("MAX,FULL_UNTIL_S,ZERO_AT_S")
         );
+    }
+
+    /// A move's events say which step they are; a declined one does not read as a move.
+    #[test]
+    fn why_names_a_move_by_its_outcome() {
+        let event = |outcome: Option<&str>| pb::Event {
+            kind: pb::EventKind::Migration as i32,
+            reason: "r".into(),
+            attributes: outcome
+                .map(|o| ("outcome".to_string(), o.to_string()))
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        };
+        let what = |outcome| why_line(&event(outcome));
+        assert!(
+            what(Some("declined")).contains(" not moved "),
+            "{}",
+            what(Some("declined"))
+        );
+        assert!(what(Some("started")).contains(" move started "));
+        assert!(what(Some("completed")).contains(" moved "));
+        assert!(what(Some("abandoned")).contains(" move abandoned "));
+        assert!(what(None).contains(" move "));
     }
 
     #[test]

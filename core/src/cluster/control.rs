@@ -275,8 +275,12 @@ impl Core {
                             debug!(job = %id, %worker, "no worker can take the job; it stays while the worker drains");
                             // In `why` too, once: a reason changes no event, and a drain that
                             // could move nothing left no trace there (a walk).
-                            let attributes =
-                                BTreeMap::from([("reason".to_string(), "drain".to_string())]);
+                            // Declined, as Alg. 2's kept jobs are: counted, and shown as
+                            // no move in `why`.
+                            let attributes = BTreeMap::from([
+                                ("reason".to_string(), "drain".to_string()),
+                                ("outcome".to_string(), "declined".to_string()),
+                            ]);
                             let reason = format!(
                                 "not moved off {worker}, which drains: no other worker has room \
                                  for it yet; it runs on here until one has"

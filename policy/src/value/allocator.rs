@@ -8,7 +8,7 @@ use super::model::{
     NodeModel, Outcome, Slot, VictimCriterion, best_value, beta, clamp_shares, is_overloaded,
     select_victim, share_candidates,
 };
-use super::{Container, MAX_SHARES, NodeState, ValueJob};
+use super::{Amount, Container, MAX_SHARES, NodeState, ValueJob};
 use crate::error::{Error, Result};
 
 /// Gains closer than this are equal (values are in the curves' units, typically 0..100).
@@ -272,11 +272,11 @@ impl ValueAllocator {
             return ValueDecision::Reject {
                 reason: format!(
                     "running it would lower the total expected value on every worker \
-                     (best: {} with a CPU share of {}, its value {:.1} costs the others {:.1})",
+                     (best: {} with a CPU share of {}, its value {} costs the others {})",
                     nodes[b.node].id,
                     b.shares,
-                    b.value,
-                    b.value - b.gain
+                    Amount(b.value),
+                    Amount(b.value - b.gain)
                 ),
             };
         }
@@ -307,8 +307,11 @@ impl ValueAllocator {
             cpu_shares: b.shares,
             expected_value: b.value,
             reason: format!(
-                "placed on {} with a CPU share of {}: expected value {:.1} of {}",
-                node.id, b.shares, b.value, job.curve.max_value
+                "placed on {} with a CPU share of {}: expected value {} of {}",
+                node.id,
+                b.shares,
+                Amount(b.value),
+                Amount(job.curve.max_value)
             ),
             victims,
         }
@@ -423,8 +426,10 @@ impl ValueAllocator {
                 cpu_shares: shares,
                 expected_value: value,
                 reason: format!(
-                    "resumed: {} has room again (expected value {:.1} with a CPU share of {})",
-                    node.id, value, shares
+                    "resumed: {} has room again (expected value {} with a CPU share of {})",
+                    node.id,
+                    Amount(value),
+                    shares
                 ),
             });
         }

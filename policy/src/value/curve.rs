@@ -1,5 +1,7 @@
 //! The value curve of Fig. 1 (value-based-allocation.txt:65-72).
 
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -65,6 +67,26 @@ impl ValueCurve {
     }
 }
 
+/// An amount of value as reasons write it: one decimal from 1 up, two significant digits
+/// below, so that a curve worth 0.1 does not read as "worth 0.0 of its value 0.1" when its
+/// job would keep 0.046 of it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Amount(pub f64);
+
+impl fmt::Display for Amount {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let v = self.0;
+        // Decimals for two significant digits: 0.046 → 3, 0.1 → 2; at least 1, at most 6
+        // (anything smaller prints as 0.000000, which is what it is worth to a user).
+        let digits = if v == 0.0 || !v.is_finite() {
+            1
+        } else {
+            (1 - v.abs().log10().floor() as i32).clamp(1, 6) as usize
+        };
+        write!(f, "{v:.digits$}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,5 +123,16 @@ mod tests {
             let e = ValueCurve::new(m, f, z).unwrap_err();
             assert!(e.to_string().contains("max_value > 0"), "{e}");
         }
+    }
+
+    #[test]
+    fn amounts_keep_two_significant_digits_below_one() {
+        let shown = |v: f64| Amount(v).to_string();
+        assert_eq!(shown(0.046), "0.046");
+        assert_eq!(shown(0.1), "0.10");
+        assert_eq!(shown(0.0), "0.0");
+        assert_eq!(shown(9.96), "10.0");
+        assert_eq!(shown(123.45), "123.5");
+        assert_eq!(shown(-0.25), "-0.25");
     }
 }

@@ -78,7 +78,7 @@ pub use allocator::{
     PreemptAction, Preemption, PreemptionConfig, ValueAction, ValueAllocator, ValueConfig,
     ValueDecision,
 };
-pub use curve::ValueCurve;
+pub use curve::{Amount, ValueCurve};
 pub use model::{
     Expectation, VictimCriterion, best_value, beta, completion_offsets, expected_values,
     is_overloaded, select_victim, share_candidates,

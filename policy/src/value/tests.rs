@@ -164,7 +164,7 @@ fn a_lone_job_goes_to_the_faster_idle_node_with_the_smallest_share() {
             assert_eq!(expected_value, 100.0);
             assert_eq!(
                 reason,
-                "placed on w2 with a CPU share of 1: expected value 100.0 of 100"
+                "placed on w2 with a CPU share of 1: expected value 100.0 of 100.0"
             );
         }
         other => panic!("{other:?}"),
