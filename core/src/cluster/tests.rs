@@ -4791,11 +4791,12 @@ fn converge_places_where_its_rule_says_with_every_worker_weighed() {
 /// view alone, for three moves in turn.
 #[test]
 fn converge_rebalances_as_its_rule_says_with_every_move_weighed() {
-    use crate::cluster::policy::priority::SAME_CROWD;
+    use crate::cluster::policy::priority::{SAME_CROWD, SAME_SPEED};
     // Eight scenarios in which passing over jobs too eagerly shows: passing over every job
     // whose bound is within 5 s above the best found (as if the bound were 5 s lower) makes
-    // each of them fail, within half a second the first three (found among seeds 1 to 40).
-    for seed in [10u64, 15, 16, 33, 34, 35, 36, 37] {
+    // each of them fail (found among seeds 1 to 40; seed 3 replaced seed 10, which no longer
+    // failed so once a target faster within `SAME_SPEED` counted as no faster).
+    for seed in [3u64, 15, 16, 33, 34, 35, 36, 37] {
         let workers = 24;
         let (mut f, mut uniform) = varied_cluster(seed, workers);
         let mut placed = Vec::new();
@@ -4867,7 +4868,13 @@ fn converge_rebalances_as_its_rule_says_with_every_move_weighed() {
                             {
                                 continue;
                             }
-                            let gain = here - marginal(dst, &lists[&dst.id], x, None) - cost;
+                            // A target faster within the band is weighed at the source's
+                            // speed.
+                            let (from, to) = (speed(src), speed(dst));
+                            let alike = to > from && to <= from * (1.0 + SAME_SPEED);
+                            let there = marginal(dst, &lists[&dst.id], x, None)
+                                * if alike { to / from } else { 1.0 };
+                            let gain = here - there - cost;
                             if gain > 0.0
                                 && best.as_ref().is_none_or(|(g, r, ..)| {
                                     gain > g + 1e-9 || (gain > g - 1e-9 && risk < *r)
@@ -5285,6 +5292,28 @@ fn converge_leaves_alike_workers_to_the_sum_of_completion_times() {
         "{}",
         placed.reason
     );
+}
+
+/// Rebalancing moves no job for a gain within the calibration benchmark's noise: a job alone on
+/// a worker measured a tenth slower than its empty twin (a walk's testbed on one host: 0.298
+/// against 0.327) stays; measured a third slower, it moves.
+#[test]
+fn converge_moves_no_job_for_a_speed_within_the_benchmarks_noise() {
+    for (twin, moves) in [(0.327, false), (0.40, true)] {
+        let mut f = Fixture::new("converge");
+        f.register_at(1, "slow", 1.0, 0.298);
+        assert_eq!(f.start("long", plain_job(1000.0)), 1);
+        f.register_at(2, "twin", 1.0, twin);
+        let mut moved = false;
+        // Three rebalancing rounds (every 30 s).
+        for _ in 0..100 {
+            f.heartbeat(1);
+            f.heartbeat(2);
+            let out = f.advance(1.0);
+            moved |= Fixture::sent(&out, "long", "save").is_some();
+        }
+        assert_eq!(moved, moves, "twin measured at {twin}");
+    }
 }
 
 /// Among workers, a job with a value curve goes where it earns most net of what it costs the
@@ -6617,6 +6646,11 @@ fn a_drain_that_cannot_move_a_job_says_so_once() {
             said[0].reason.starts_with("not moved off w2, which drains"),
             "{}",
             said[0].reason
+        );
+        // Counted and shown as a move declined, not as one under way.
+        assert_eq!(
+            said[0].attributes.get("outcome").map(String::as_str),
+            Some("declined")
         );
     }
 }
