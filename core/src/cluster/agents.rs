@@ -418,10 +418,10 @@ impl Core {
     }
 
     /// Job `id`, cancelled while `worker` was unreachable, said that its container stops when
-    /// the worker is back ([`stop_waits`]); now it is back, and the container `how` ("was told
+    /// the worker is back ([`reasons::stop_waits`]); now it is back, and the container `how` ("was told
     /// to stop", "had stopped"). A walk read the waiting reason long after the stop.
     fn stop_no_longer_waits(&mut self, id: &str, worker: &str, how: &str) {
-        let waited = stop_waits(worker);
+        let waited = reasons::stop_waits(worker);
         if let Some(j) = self.job_mut(id)
             && let Some(cancelled) = j.reason.strip_suffix(&waited)
         {
@@ -714,7 +714,7 @@ impl Core {
                     JobPhase::Running {
                         worker: self.worker_id(worker),
                     },
-                    super::control::running_on(worker),
+                    reasons::running_on(worker),
                 );
             }
             if due.iter().any(|&d| d) {
@@ -959,7 +959,7 @@ impl Core {
             JobPhase::Running {
                 worker: self.worker_id(worker),
             },
-            super::control::running_on(worker),
+            reasons::running_on(worker),
         );
     }
 
@@ -1134,11 +1134,6 @@ impl Core {
         );
         self.apply(decisions);
     }
-}
-
-/// What a job cancelled while `worker` is unreachable adds to its reason ([`Core::cancel`]).
-pub(super) fn stop_waits(worker: &str) -> String {
-    format!("; its container on {worker} stops when {worker} is back")
 }
 
 /// Why an agent on `worker` may not speak of incarnation `epoch` of `job`, if it may not.

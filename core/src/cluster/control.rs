@@ -1,6 +1,7 @@
 //! The user's requests that change the cluster: submit, cancel (final in every phase), drain
 //! (and drains that wait for room), undrain.
 
+use super::reasons::{SUBMITTED, running_on};
 use super::*;
 
 impl Core {
@@ -99,7 +100,7 @@ impl Core {
         // running looked like a cancel that failed (a walk: 35 s, until the agent came back).
         let said = match &worker {
             Some(w) if (self.workers.get(w)).is_some_and(|w| w.conn.is_none()) => {
-                format!("{reason}{}", super::agents::stop_waits(w))
+                format!("{reason}{}", reasons::stop_waits(w))
             }
             _ => reason.clone(),
         };
@@ -293,14 +294,6 @@ impl Core {
         }
     }
 }
-
-/// What a running job says.
-pub(super) fn running_on(worker: &str) -> String {
-    format!("running on {worker}")
-}
-
-/// What a job says from its submission until a placement pass gives it a reason.
-pub(super) const SUBMITTED: &str = "waiting for a worker";
 
 /// What a job that a drain could not move yet says.
 fn draining_reason(worker: &str) -> String {

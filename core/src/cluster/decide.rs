@@ -181,7 +181,7 @@ impl Core {
         // Why its first start waited, if a pass said so (`why` shows it once the job has left
         // the queue). A job pending again holds why it stopped until a pass answers it, so
         // only the first start's reason is surely a wait's.
-        if job.epoch == 0 && job.reason != super::control::SUBMITTED {
+        if job.epoch == 0 && job.reason != reasons::SUBMITTED {
             let waited = format!("{:.0}s: {}", self.now - job.submitted_at, job.reason);
             attributes.insert("waited".into(), waited);
         }

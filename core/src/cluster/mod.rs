@@ -41,6 +41,7 @@ mod decide;
 mod kinds;
 mod moves;
 mod pass;
+mod reasons;
 mod time;
 
 #[cfg(test)]
