@@ -207,7 +207,7 @@ enum Cmd {
         /// Only jobs in this state.
         #[arg(long, ignore_case = true, value_parser = [
             "pending", "starting", "running", "migrating", "paused", "stopping", "lost",
-            "completed", "failed", "cancelled", "rejected",
+            "completed", "failed", "cancelled", "rejected", "dropped",
         ])]
         state: Option<String>,
         /// Only jobs on this worker.

@@ -165,7 +165,7 @@ async fn a_high_value_job_pauses_a_low_value_one_which_resumes_after() -> anyhow
     Ok(())
 }
 
-/// `--value-preempt stop`: the same arrival stops the low-value job for good (REJECTED, its
+/// `--value-preempt stop`: the same arrival stops the low-value job for good (DROPPED, its
 /// container gone), and its stop is not mistaken for a fenced exit to restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_stop_preemption_the_victim_is_stopped_for_good() -> anyhow::Result<()> {
@@ -193,7 +193,7 @@ async fn with_stop_preemption_the_victim_is_stopped_for_good() -> anyhow::Result
     })
     .await?;
     let high = submit(&mut client, high_value_spec()).await?;
-    let stopped = wait_state(&client, &low, JobState::Rejected, Duration::from_secs(10)).await?;
+    let stopped = wait_state(&client, &low, JobState::Dropped, Duration::from_secs(10)).await?;
     assert!(
         stopped
             .reason
@@ -214,7 +214,7 @@ async fn with_stop_preemption_the_victim_is_stopped_for_good() -> anyhow::Result
     let l = job(&mut client, &low, false).await?;
     assert_eq!(
         (l.state, l.epoch),
-        (JobState::Rejected as i32, 1),
+        (JobState::Dropped as i32, 1),
         "never restarted"
     );
     drop(agent);
@@ -280,7 +280,7 @@ async fn a_job_worth_nothing_is_rejected_unstarted_and_one_that_runs_too_long_is
         "a rejected job has no container; Docker's events of it: {:#?}",
         docker.of(&z)
     );
-    let dropped = wait_state(&client, &slow, JobState::Rejected, Duration::from_secs(20)).await?;
+    let dropped = wait_state(&client, &slow, JobState::Dropped, Duration::from_secs(20)).await?;
     assert!(
         dropped.reason.starts_with("dropped: value reached zero"),
         "{}",
@@ -301,7 +301,7 @@ async fn a_job_worth_nothing_is_rejected_unstarted_and_one_that_runs_too_long_is
     .await?;
     assert_eq!(
         job(&mut client, &slow, false).await?.state,
-        JobState::Rejected as i32
+        JobState::Dropped as i32
     );
 
     // A value curve with no estimated runtime cannot be predicted: refused by field name.

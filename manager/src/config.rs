@@ -117,7 +117,7 @@ pub struct Cli {
     #[arg(long, env = "CONVERGE_VALUE_CRITERION", default_value = "mrv")]
     pub value_criterion: String,
     /// With `value`: what happens to a victim: `pause` (docker pause; resumed when its worker
-    /// has room again) or `stop` (stopped for good; the job ends REJECTED).
+    /// has room again) or `stop` (stopped for good; the job ends DROPPED).
     #[arg(long, env = "CONVERGE_VALUE_PREEMPT", default_value = "pause")]
     pub value_preempt: String,
 }

@@ -15,7 +15,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 /// Every job state, so each one is shown (at 0) before any job reaches it.
-const STATES: [JobState; 11] = [
+const STATES: [JobState; 12] = [
     JobState::Pending,
     JobState::Starting,
     JobState::Running,
@@ -26,6 +26,7 @@ const STATES: [JobState; 11] = [
     JobState::Cancelled,
     JobState::Lost,
     JobState::Rejected,
+    JobState::Dropped,
     JobState::Stopping,
 ];
 

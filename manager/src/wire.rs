@@ -254,6 +254,7 @@ pub fn job_state(s: core::JobState) -> pb::JobState {
         S::Failed => pb::JobState::Failed,
         S::Cancelled => pb::JobState::Cancelled,
         S::Rejected => pb::JobState::Rejected,
+        S::Dropped => pb::JobState::Dropped,
     }
 }
 
@@ -272,6 +273,7 @@ pub fn job_state_from_pb(s: pb::JobState) -> Option<core::JobState> {
         pb::JobState::Failed => S::Failed,
         pb::JobState::Cancelled => S::Cancelled,
         pb::JobState::Rejected => S::Rejected,
+        pb::JobState::Dropped => S::Dropped,
         pb::JobState::Stopping => S::Stopping,
     })
 }

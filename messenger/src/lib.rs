@@ -83,6 +83,7 @@ impl pb::JobState {
             Self::Lost => "lost",
             Self::Rejected => "rejected",
             Self::Stopping => "stopping",
+            Self::Dropped => "dropped",
         }
     }
 
@@ -90,7 +91,7 @@ impl pb::JobState {
     pub fn ended(state: i32) -> bool {
         matches!(
             Self::try_from(state),
-            Ok(Self::Completed | Self::Failed | Self::Cancelled | Self::Rejected)
+            Ok(Self::Completed | Self::Failed | Self::Cancelled | Self::Rejected | Self::Dropped)
         )
     }
 

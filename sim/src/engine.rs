@@ -83,7 +83,8 @@ pub enum Outcome {
     /// It ran to completion.
     #[default]
     Completed,
-    /// A value policy did not run it (the reason).
+    /// A value policy did not run it (the reason): refused at admission, or dropped before
+    /// it started.
     Rejected(String),
     /// A value policy dropped it because its value reached zero (the reason).
     Dropped(String),
@@ -1581,13 +1582,15 @@ impl<'a> Simulation<'a> {
                     .or_else(|| self.archived.get(j.spec.id.as_str()).map(|j| &**j));
                 let outcome = match core.map(|c| (&c.phase, c)) {
                     Some((JobPhase::Completed, _)) => Outcome::Completed,
-                    Some((JobPhase::Rejected, c)) if c.epoch == 0 => {
+                    // Not run: refused at admission, or dropped while it waited.
+                    Some((JobPhase::Rejected | JobPhase::Dropped, c)) if c.epoch == 0 => {
                         Outcome::Rejected(c.reason.clone())
                     }
-                    Some((JobPhase::Rejected, c)) if c.reason.starts_with("dropped") => {
+                    // Given up while it ran: its value gone, or stopped for another.
+                    Some((JobPhase::Dropped, c)) if c.reason.starts_with("dropped") => {
                         Outcome::Dropped(c.reason.clone())
                     }
-                    Some((JobPhase::Rejected, c)) => Outcome::Stopped(c.reason.clone()),
+                    Some((JobPhase::Dropped, c)) => Outcome::Stopped(c.reason.clone()),
                     Some((_, c)) => Outcome::Failed(c.reason.clone()),
                     None => Outcome::Failed("never submitted".into()),
                 };

@@ -737,7 +737,7 @@ fn terminal_labels() -> String {
     use converge_core::cluster::types::JobState as S;
     // Every state, checked by a match with no wildcard: a new state is a compile error here
     // until it is listed (else a new terminal state would be loaded as live forever).
-    const ALL: [S; 11] = [
+    const ALL: [S; 12] = [
         S::Pending,
         S::Starting,
         S::Running,
@@ -749,6 +749,7 @@ fn terminal_labels() -> String {
         S::Failed,
         S::Cancelled,
         S::Rejected,
+        S::Dropped,
     ];
     let _listed = |s: S| match s {
         S::Pending
@@ -761,7 +762,8 @@ fn terminal_labels() -> String {
         | S::Completed
         | S::Failed
         | S::Cancelled
-        | S::Rejected => (),
+        | S::Rejected
+        | S::Dropped => (),
     };
     ALL.iter()
         .filter(|s| s.is_terminal())

@@ -301,7 +301,7 @@ impl Core {
                             },
                         );
                     }
-                    self.transition(&job, JobPhase::Rejected, reason);
+                    self.transition(&job, JobPhase::Dropped, reason);
                 }
             }
         }
@@ -338,7 +338,7 @@ impl Core {
                         discard: false,
                     },
                 );
-                self.transition(&v.job, JobPhase::Rejected, v.reason);
+                self.transition(&v.job, JobPhase::Dropped, v.reason);
             }
         }
     }

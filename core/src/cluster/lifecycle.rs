@@ -100,8 +100,10 @@ pub enum JobPhase {
     Failed,
     /// Cancelled by the user.
     Cancelled,
-    /// Refused or given up by a value policy.
+    /// Refused at admission by a value policy.
     Rejected,
+    /// Admitted, then given up by a value policy.
+    Dropped,
 }
 
 impl JobPhase {
@@ -119,6 +121,7 @@ impl JobPhase {
             JobPhase::Failed => JobState::Failed,
             JobPhase::Cancelled => JobState::Cancelled,
             JobPhase::Rejected => JobState::Rejected,
+            JobPhase::Dropped => JobState::Dropped,
         }
     }
 
@@ -200,8 +203,9 @@ pub fn allowed(from: &JobPhase, to: &JobPhase) -> bool {
         return false;
     }
     match (f, t) {
-        // Anything live can be cancelled, can fail, or (under a value policy) be given up.
-        (_, S::Cancelled | S::Failed | S::Rejected) => true,
+        // Anything live can be cancelled, can fail, or (under a value policy) be turned
+        // away or given up.
+        (_, S::Cancelled | S::Failed | S::Rejected | S::Dropped) => true,
         (S::Pending, S::Starting) => true,
         // A lost worker's job, still running there when the worker came back before it had
         // started elsewhere (`OwedStop::withdrawable`); paused if its container was (a value
@@ -851,6 +855,7 @@ mod tests {
             JobPhase::Failed,
             JobPhase::Cancelled,
             JobPhase::Rejected,
+            JobPhase::Dropped,
         ] {
             for to in [
                 JobPhase::Pending,

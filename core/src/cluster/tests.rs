@@ -3800,13 +3800,18 @@ mod value {
     const T0: Time = 1000.0;
 
     fn fixture(lambda: f64) -> Fixture {
+        fixture_with(lambda, PreemptAction::Pause)
+    }
+
+    /// [`fixture`] whose victims are dealt with by `action`.
+    fn fixture_with(lambda: f64, action: PreemptAction) -> Fixture {
         let config = PolicyConfig {
             value: Some(ValueConfig::dwp(
                 1,
                 PreemptionConfig {
                     lambda,
                     criterion: VictimCriterion::MinimalRemainingValue,
-                    action: PreemptAction::Pause,
+                    action,
                 },
             )),
             ..PolicyConfig::default()
@@ -3862,6 +3867,23 @@ mod value {
         let (_, h) = Fixture::sent(&out, "H", "start").expect("H started");
         f.ok(1, &h, Fixture::started(1));
         f
+    }
+
+    /// Stopped for good (`--value-preempt stop`), a victim that had run ends Dropped, not
+    /// Rejected: REJECTED is for a job refused at admission, which never ran.
+    #[test]
+    fn a_victim_stopped_for_good_is_dropped() {
+        let mut f = fixture_with(0.9, PreemptAction::Stop);
+        let out = submit_value(&mut f, "L", 40.0, (10.0, 0.0, 100.0));
+        let (_, start) = Fixture::sent(&out, "L", "start").expect("L placed");
+        f.ok(1, &start, Fixture::started(1));
+        f.now = T0 + 3.0;
+        let out = submit_value(&mut f, "H", 120.0, (100.0, 0.0, 600.0));
+        assert!(Fixture::sent(&out, "L", "stop").is_some(), "{out:?}");
+        assert!(Fixture::sent(&out, "H", "start").is_some(), "{out:?}");
+        let l = f.core.job("L").unwrap();
+        assert_eq!(l.state(), JobState::Dropped);
+        assert!(l.reason.starts_with("preempted for job H"), "{}", l.reason);
     }
 
     /// w1's stream breaks and stays broken past the lost-after: L is Lost.
@@ -4312,7 +4334,8 @@ mod value {
         // It never progresses; at 41 s its value is zero.
         f.only_beating(1, 41);
         let d = f.core.job("D").unwrap();
-        assert_eq!(d.state(), JobState::Rejected);
+        // Dropped, not Rejected: it was admitted and ran.
+        assert_eq!(d.state(), JobState::Dropped);
         assert!(d.reason.contains("zero"), "{}", d.reason);
         assert!(
             f.effects.iter().any(|e| matches!(e, Effect::Send { command, .. } if command.job == "D" && command.action.name() == "stop")),

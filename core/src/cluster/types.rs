@@ -388,8 +388,12 @@ pub enum JobState {
     Failed,
     /// Cancelled by the user (terminal).
     Cancelled,
-    /// Refused or given up by a value policy (terminal).
+    /// Refused at admission by a value policy (terminal).
     Rejected,
+    /// Admitted, then given up by a value policy: its value reached zero, or it was preempted
+    /// for good (terminal). Told apart from `Rejected`, which never ran: a walk read a job
+    /// that had run for minutes as "rejected".
+    Dropped,
 }
 
 impl JobState {
@@ -397,7 +401,11 @@ impl JobState {
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            JobState::Completed | JobState::Failed | JobState::Cancelled | JobState::Rejected
+            JobState::Completed
+                | JobState::Failed
+                | JobState::Cancelled
+                | JobState::Rejected
+                | JobState::Dropped
         )
     }
 
@@ -415,6 +423,7 @@ impl JobState {
             JobState::Failed => "failed",
             JobState::Cancelled => "cancelled",
             JobState::Rejected => "rejected",
+            JobState::Dropped => "dropped",
         }
     }
 }
