@@ -3857,12 +3857,7 @@ mod value {
     /// L (ET 40 s, worth 10 until it falls to 0 at 100 s) placed on w1, then paused at 3 s
     /// for H (ET 120 s, worth 100), which starts: the numbers of the test below.
     fn l_paused_for_h() -> Fixture {
-        let mut f = fixture(0.9);
-        let out = submit_value(&mut f, "L", 40.0, (10.0, 0.0, 100.0));
-        let (_, start) = Fixture::sent(&out, "L", "start").expect("L placed");
-        f.ok(1, &start, Fixture::started(1));
-        f.now = T0 + 3.0;
-        let out = submit_value(&mut f, "H", 120.0, (100.0, 0.0, 600.0));
+        let (mut f, out) = h_arrives_beside_l(PreemptAction::Pause);
         assert!(Fixture::sent(&out, "L", "pause").is_some(), "{out:?}");
         let (_, h) = Fixture::sent(&out, "H", "start").expect("H started");
         f.ok(1, &h, Fixture::started(1));
@@ -3873,17 +3868,24 @@ mod value {
     /// Rejected: REJECTED is for a job refused at admission, which never ran.
     #[test]
     fn a_victim_stopped_for_good_is_dropped() {
-        let mut f = fixture_with(0.9, PreemptAction::Stop);
-        let out = submit_value(&mut f, "L", 40.0, (10.0, 0.0, 100.0));
-        let (_, start) = Fixture::sent(&out, "L", "start").expect("L placed");
-        f.ok(1, &start, Fixture::started(1));
-        f.now = T0 + 3.0;
-        let out = submit_value(&mut f, "H", 120.0, (100.0, 0.0, 600.0));
+        let (f, out) = h_arrives_beside_l(PreemptAction::Stop);
         assert!(Fixture::sent(&out, "L", "stop").is_some(), "{out:?}");
         assert!(Fixture::sent(&out, "H", "start").is_some(), "{out:?}");
         let l = f.core.job("L").unwrap();
         assert_eq!(l.state(), JobState::Dropped);
         assert!(l.reason.starts_with("preempted for job H"), "{}", l.reason);
+    }
+
+    /// L placed on w1 and started; at 3 s H arrives, worth enough for L to be its victim
+    /// (dealt with by `action`): the fixture and H's arrival's effects.
+    fn h_arrives_beside_l(action: PreemptAction) -> (Fixture, Vec<Effect>) {
+        let mut f = fixture_with(0.9, action);
+        let out = submit_value(&mut f, "L", 40.0, (10.0, 0.0, 100.0));
+        let (_, start) = Fixture::sent(&out, "L", "start").expect("L placed");
+        f.ok(1, &start, Fixture::started(1));
+        f.now = T0 + 3.0;
+        let out = submit_value(&mut f, "H", 120.0, (100.0, 0.0, 600.0));
+        (f, out)
     }
 
     /// w1's stream breaks and stays broken past the lost-after: L is Lost.
