@@ -10,9 +10,9 @@ use std::io::{IsTerminal, Write};
 
 use converge_messenger::pb;
 
-/// The basis of an ETA shown as a guess (`eta ~9s`): finished jobs' sizes given the service
-/// the job has had, with nothing of its own.
-const GUESS: &str = "attained-service";
+/// The bases of an ETA shown as a guess (`eta ~9s`): finished jobs' sizes given the service
+/// the job has had, or its user's declared runtime; nothing measured of its own.
+const GUESSES: [&str; 2] = ["attained-service", "declared"];
 
 /// How often a plain frame that says what the last one said is printed all the same: a log
 /// shows `top` is alive, and a reader gone (`top | head`) is found at the write and ends it.
@@ -38,7 +38,7 @@ pub struct Row {
     pub cpu_used: f64,
     /// The CPU limit the worker set (FlowCon's or Converge's; absent under free competition).
     pub cpu_limit: Option<f64>,
-    /// `eta 1m05s`, `starts in 12s, eta 43s`, `eta ~9s` for a guess (basis [`GUESS`]),
+    /// `eta 1m05s`, `starts in 12s, eta 43s`, `eta ~9s` for a guess (basis [`GUESSES`]),
     /// `eta -` when nothing tells yet; once ended,
     /// `took 1m05s` from submission, or `never ran`.
     pub eta: String,
@@ -140,11 +140,15 @@ impl Row {
     }
 }
 
-/// A job's time left: `1m05s`, or `~9s` for a guess from other jobs' sizes (basis
-/// [`GUESS`]: the job has no progress of its own to go by), so that `9s` for a job that runs
-/// 20 is not read as a forecast.
+/// A job's time left: `1m05s`, or `~9s` for a guess from other jobs' sizes or its user's word
+/// (basis in [`GUESSES`]: the job has no progress of its own to go by), so that `9s` for a
+/// job that runs 20 is not read as a forecast.
 pub fn eta(e: &pb::Eta) -> String {
-    let rough = if e.basis == GUESS { "~" } else { "" };
+    let rough = if GUESSES.contains(&e.basis.as_str()) {
+        "~"
+    } else {
+        ""
+    };
     format!("{rough}{}", duration(e.remaining_s))
 }
 
@@ -341,7 +345,7 @@ mod tests {
         j.eta.as_mut().unwrap().confidence = 0.05;
         let line = Row::of(&j, 1_010_000).line();
         assert!(line.ends_with("eta 1m05s"), "{line}");
-        j.eta.as_mut().unwrap().basis = GUESS.into();
+        j.eta.as_mut().unwrap().basis = GUESSES[0].into();
         let line = Row::of(&j, 1_010_000).line();
         assert!(line.ends_with("eta ~1m05s"), "{line}");
     }
@@ -480,7 +484,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(eta(&e), "0s");
-        e.basis = GUESS.into();
+        e.basis = GUESSES[0].into();
         assert_eq!(eta(&e), "~0s");
     }
 }

@@ -28,6 +28,9 @@ pub enum Basis {
     Curve,
     /// Finished jobs' sizes, given the service this job has had.
     AttainedService,
+    /// What the job's user declared it needs (`estimated_runtime_s`), less the service it has
+    /// had.
+    Declared,
 }
 
 impl Basis {
@@ -37,6 +40,7 @@ impl Basis {
             Basis::Steps => "steps",
             Basis::Curve => "curve",
             Basis::AttainedService => "attained-service",
+            Basis::Declared => "declared",
         }
     }
 }
@@ -405,6 +409,20 @@ pub fn from_points(job: &Known<'_>) -> Option<Estimate> {
         }
     }
     None
+}
+
+/// How far a user's declared runtime is trusted: more than finished jobs' sizes with few of
+/// them behind it (it is about this job), less than the job's own measured pace. A guess of
+/// ours, not measured.
+pub const DECLARED_CONFIDENCE: f64 = 0.25;
+
+/// The estimate from what the job's user declared: `work` core-seconds left.
+pub fn declared(work: f64) -> Estimate {
+    Estimate {
+        work,
+        basis: Basis::Declared,
+        confidence: DECLARED_CONFIDENCE,
+    }
 }
 
 /// The estimate from attained service alone: on average, what the finished jobs larger than

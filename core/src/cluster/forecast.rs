@@ -307,10 +307,7 @@ impl<'a> Etas<'a> {
             let id = *chain.order.get(chain.done.len())?;
             let placed = chain.ends.pop().and_then(|Reverse(Ranked(start, _))| {
                 let job = core.jobs.get(id)?;
-                let work =
-                    (view.estimate(job).map(|e| e.work))
-                        .or((job.spec.estimated_runtime_s > 0.0)
-                            .then_some(job.spec.estimated_runtime_s))?;
+                let work = view.estimate(job)?.work;
                 let finish = start + work / job.spec.cpus.max(0.01);
                 chain.ends.push(Reverse(Ranked(finish, 0)));
                 Some((start, finish))

@@ -5619,6 +5619,40 @@ fn each_queued_job_starts_when_the_one_before_it_ends() {
     assert!(etas.eta("b").is_none());
 }
 
+/// A job its user declared a runtime for, with nothing measured of its own yet, is forecast by
+/// that declaration and says so, running or queued, though finished jobs of another size are
+/// known: a running job's ETA was the declaration's while its basis said "attained-service",
+/// and a queued one's was the finished jobs'.
+#[test]
+fn a_declared_runtime_comes_before_other_jobs_sizes_and_is_said() {
+    use converge_policy::estimate::{Basis, DECLARED_CONFIDENCE};
+    let mut f = Fixture::new("spread");
+    f.register(1, "w1", 1.0);
+    f.start("old", spec(1.0));
+    for _ in 0..50 {
+        f.heartbeat_uses(1, &[("old", 1.0)]);
+        f.advance(1.0);
+    }
+    f.exited(1, "old", 1, 0, false);
+    assert_eq!(f.state("old"), JobState::Completed);
+    f.start("a", ten_seconds());
+    f.step(Input::Submit {
+        id: "b".into(),
+        spec: ten_seconds(),
+    });
+    let mut etas = f.core.etas(f.now);
+    let a = etas.eta("a").expect("a has an ETA");
+    assert_eq!(
+        (a.basis, a.confidence),
+        (Basis::Declared, DECLARED_CONFIDENCE)
+    );
+    assert!((a.remaining_s - 10.0).abs() < 1e-9, "{a:?}");
+    let b = etas.eta("b").expect("b has an ETA");
+    assert_eq!(b.basis, Basis::Declared);
+    assert_eq!(b.start_at, Some(a.finish_at));
+    assert!((b.finish_at - (a.finish_at + 10.0)).abs() < 1e-9, "{b:?}");
+}
+
 /// A restarted manager, before its agents come back: the pending job's ETA still counts the
 /// worker it waits for (it had none until the agent registered again).
 #[test]

@@ -136,9 +136,14 @@ impl<'a> ClusterView<'a> {
         self.index.position(worker)
     }
 
-    /// The work `job` has left, from what it reported ([`converge_policy::estimate`]).
+    /// The work `job` has left and what it rests on, in the order of
+    /// [`ClusterView::remaining_work`]: its points, else its user's declared runtime, else
+    /// finished jobs ([`converge_policy::estimate`]). An ETA's number came from the declared
+    /// runtime while its basis said "attained-service", and a pending job's ETA read the
+    /// other jobs before its own user's word.
     pub fn estimate(&self, job: &Job) -> Option<Estimate> {
         self.points_estimate(job)
+            .or_else(|| declared_left(job).map(estimate::declared))
             .or_else(|| estimate::from_attained(job.cpu_s, self.history))
     }
 
