@@ -83,11 +83,6 @@ pub struct Point {
 pub struct Throughput {
     /// Steps per core-second.
     pub steps_per_core_s: f64,
-    /// Steps the measurement covers.
-    pub steps: u64,
-    /// Steps of the whole run it was read in, as far back as the points go: how much of the
-    /// job's pace has been seen (the evidence an estimate's confidence weighs).
-    pub run_steps: u64,
 }
 
 /// Throughput over the points of the last `window` core-seconds (at least two points). Steps
@@ -127,8 +122,6 @@ fn run_throughput(points: &[Point], window: f64) -> Option<Throughput> {
     }
     Some(Throughput {
         steps_per_core_s: steps as f64 / cpu,
-        steps,
-        run_steps: last.step.saturating_sub(points[0].step),
     })
 }
 
@@ -392,11 +385,12 @@ pub fn from_points(job: &Known<'_>) -> Option<Estimate> {
         };
         if basis != Basis::AttainedService {
             let left = target.saturating_sub(step) as f64;
-            // Evidence: the steps of the run the rate was read in against the steps still to
-            // go; a curve's fit error and extrapolation cost more. The run's, not the rate
-            // window's: a 20-minute job a quarter through, its ETA within a few percent, read
-            // "confidence 5%" (a walk) when only its last 30 core-seconds counted.
-            let seen = rate.run_steps as f64;
+            // Evidence: the steps done against the steps still to go; a curve's fit error and
+            // extrapolation cost more. The job's steps, not the rate window's: a 20-minute job
+            // a quarter through, its ETA within a few percent, read "confidence 5%" (a walk)
+            // when only its last 30 core-seconds counted. Not the points' span either: a
+            // manager keeps the newest 32 points, half a minute of a long job.
+            let seen = step as f64;
             let mut confidence = seen / (seen + left.max(1.0));
             if basis == Basis::Curve {
                 confidence *= (1.0 - fit_error * 5.0).clamp(0.1, 1.0);
@@ -580,20 +574,20 @@ mod tests {
             })
             .collect();
         let t = throughput(&pts, 5.0).unwrap();
-        assert_eq!((t.steps_per_core_s, t.steps), (20.0, 100), "{t:?}");
-        assert_eq!(t.run_steps, 300, "the whole run's steps are its evidence");
+        assert_eq!(t.steps_per_core_s, 20.0, "{t:?}");
     }
 
     /// A long job a quarter through at a steady pace is a quarter seen, though its rate is
-    /// read over its last 30 core-seconds only.
+    /// read over its last 30 core-seconds only and a manager keeps only its newest points
+    /// (here 32, a second apart, as `converge_core`'s default).
     #[test]
-    fn confidence_weighs_the_whole_run_seen() {
-        let pts: Vec<Point> = (0..=30)
+    fn confidence_weighs_the_steps_done() {
+        let pts: Vec<Point> = (269..=300)
             .map(|i| Point {
-                time: i as f64 * 10.0,
-                step: i * 100,
+                time: i as f64,
+                step: i * 10,
                 value: None,
-                cpu_s: i as f64 * 10.0,
+                cpu_s: i as f64,
             })
             .collect();
         let known = Known {

@@ -418,8 +418,8 @@ impl Core {
     }
 
     /// Job `id`, cancelled while `worker` was unreachable, said that its container stops when
-    /// the worker is back ([`reasons::stop_waits`]); now it is back, and the container `how` ("was told
-    /// to stop", "had stopped"). A walk read the waiting reason long after the stop.
+    /// the worker is back ([`reasons::stop_waits`]); now it is back, and the container `how`
+    /// ("was told to stop", "had stopped"). A walk read the waiting reason long after the stop.
     fn stop_no_longer_waits(&mut self, id: &str, worker: &str, how: &str) {
         let waited = reasons::stop_waits(worker);
         if let Some(j) = self.job_mut(id)

@@ -1,7 +1,7 @@
 //! The user's requests that change the cluster: submit, cancel (final in every phase), drain
 //! (and drains that wait for room), undrain.
 
-use super::reasons::{SUBMITTED, running_on};
+use super::reasons::{SUBMITTED, running_on, stop_waits};
 use super::*;
 
 impl Core {
@@ -100,7 +100,7 @@ impl Core {
         // running looked like a cancel that failed (a walk: 35 s, until the agent came back).
         let said = match &worker {
             Some(w) if (self.workers.get(w)).is_some_and(|w| w.conn.is_none()) => {
-                format!("{reason}{}", reasons::stop_waits(w))
+                format!("{reason}{}", stop_waits(w))
             }
             _ => reason.clone(),
         };

@@ -134,8 +134,16 @@ impl Core {
                     }
                     Admission::Reject { reason } => {
                         pass.acted();
-                        info!(job = %id, %reason, "job rejected");
-                        self.transition(&id, JobPhase::Rejected, reason);
+                        // A job that ran (its worker lost, it waits to be placed again) is
+                        // given up, not refused: REJECTED says it never ran.
+                        let ran = self.jobs.get(&id).is_some_and(|j| j.epoch > 0);
+                        let to = if ran {
+                            JobPhase::Dropped
+                        } else {
+                            JobPhase::Rejected
+                        };
+                        info!(job = %id, %reason, ran, "job rejected");
+                        self.transition(&id, to, reason);
                     }
                 }
             }

@@ -102,7 +102,7 @@ pub enum JobPhase {
     Cancelled,
     /// Refused at admission by a value policy.
     Rejected,
-    /// Admitted, then given up by a value policy.
+    /// Admitted (queued, or run), then given up by a value policy.
     Dropped,
 }
 

@@ -3888,6 +3888,36 @@ mod value {
         (f, out)
     }
 
+    /// A job that ran, lost with its worker and turned away when placed again (it can no
+    /// longer finish while worth anything) is dropped, not rejected: it ran.
+    #[test]
+    fn a_lost_job_turned_away_when_placed_again_is_dropped() {
+        let mut f = fixture(0.5);
+        f.register(2, "w2", 1.0);
+        // 40 s of work, worth nothing from 53.5 s: once it has lost 14 s, it cannot make it.
+        let out = submit_value(&mut f, "L", 40.0, (10.0, 0.0, 53.5));
+        let (conn, start) = Fixture::sent(&out, "L", "start").expect("L placed");
+        f.ok(conn, &start, Fixture::started(conn));
+        f.step(Input::Disconnected {
+            conn,
+            reason: "cut".into(),
+        });
+        for _ in 0..60 {
+            if f.core.job("L").unwrap().is_terminal() {
+                break;
+            }
+            f.heartbeat(3 - conn);
+            f.advance(1.0);
+        }
+        let l = f.core.job("L").unwrap();
+        assert_eq!((l.state(), l.epoch), (JobState::Dropped, 1), "{}", l.reason);
+        assert!(
+            l.reason.starts_with("expected value 0 on every worker"),
+            "{}",
+            l.reason
+        );
+    }
+
     /// w1's stream breaks and stays broken past the lost-after: L is Lost.
     fn cut_w1_until_l_is_lost(f: &mut Fixture) {
         f.step(Input::Disconnected {
@@ -4893,9 +4923,9 @@ fn converge_rebalances_as_its_rule_says_with_every_move_weighed() {
                             {
                                 continue;
                             }
-                            // A target faster within the band is weighed at the source's
-                            // speed.
-                            let (from, to) = (speed(src), speed(dst));
+                            // A target calibrated faster within the band is weighed at the
+                            // source's calibration.
+                            let (from, to) = (src.calibration, dst.calibration);
                             let alike = to > from && to <= from * (1.0 + SAME_SPEED);
                             let there = marginal(dst, &lists[&dst.id], x, None)
                                 * if alike { to / from } else { 1.0 };
@@ -5321,14 +5351,19 @@ fn converge_leaves_alike_workers_to_the_sum_of_completion_times() {
 
 /// Rebalancing moves no job for a gain within the calibration benchmark's noise: a job alone on
 /// a worker measured a tenth slower than its empty twin (a walk's testbed on one host: 0.298
-/// against 0.327) stays; measured a third slower, it moves.
+/// against 0.327) stays; measured a third slower, it moves. Cores are no measurement: onto an
+/// empty worker of one core more at the same calibration, it moves.
 #[test]
 fn converge_moves_no_job_for_a_speed_within_the_benchmarks_noise() {
-    for (twin, moves) in [(0.327, false), (0.40, true)] {
+    for ((cores, calibration), (twin_cores, twin), moves) in [
+        ((1.0, 0.298), (1.0, 0.327), false),
+        ((1.0, 0.298), (1.0, 0.40), true),
+        ((7.0, 1.0), (8.0, 1.0), true),
+    ] {
         let mut f = Fixture::new("converge");
-        f.register_at(1, "slow", 1.0, 0.298);
+        f.register_at(1, "slow", cores, calibration);
         assert_eq!(f.start("long", plain_job(1000.0)), 1);
-        f.register_at(2, "twin", 1.0, twin);
+        f.register_at(2, "twin", twin_cores, twin);
         let mut moved = false;
         // Three rebalancing rounds (every 30 s).
         for _ in 0..100 {
@@ -5755,6 +5790,22 @@ fn a_running_job_has_an_eta_from_its_steps_and_is_measured_against_its_finish() 
         .unwrap();
     let err: f64 = done.attributes["eta_error_50"].parse().unwrap();
     assert!(err < 0.05, "the half-way prediction was off by {err}");
+}
+
+/// An ETA's confidence is the share of the job's steps done, though the core keeps only its
+/// newest points: a long job a quarter through read 5% when the points' span was the evidence.
+#[test]
+fn a_long_jobs_eta_is_as_confident_as_its_share_done() {
+    let mut f = Fixture::running();
+    let hb = |f: &mut Fixture| f.heartbeat_of(1, "a", 1, 0.5);
+    hb(&mut f);
+    for i in 1..=100u64 {
+        f.now += 1.0;
+        hb(&mut f);
+        f.progress_of(1, "a", 1, 10 * i, 4000);
+    }
+    let eta = f.core.eta("a", f.now).expect("an ETA");
+    assert!((eta.confidence - 0.25).abs() < 1e-9, "{eta:?}");
 }
 
 /// Two jobs under `converge` on one core, ten seconds in: 100 steps a core-second each, short

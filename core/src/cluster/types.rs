@@ -390,8 +390,9 @@ pub enum JobState {
     Cancelled,
     /// Refused at admission by a value policy (terminal).
     Rejected,
-    /// Admitted, then given up by a value policy: its value reached zero, or it was preempted
-    /// for good (terminal). Told apart from `Rejected`, which never ran: a walk read a job
+    /// Admitted (queued, or run), then given up by a value policy: its value reached zero,
+    /// it was preempted for good, or, lost with its worker, it was turned away when placed
+    /// again (terminal). Told apart from `Rejected`, refused at submission: a walk read a job
     /// that had run for minutes as "rejected".
     Dropped,
 }

@@ -76,13 +76,19 @@ pub struct Amount(pub f64);
 impl fmt::Display for Amount {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let v = self.0;
-        // Decimals for two significant digits: 0.046 → 3, 0.1 → 2; at least 1, at most 6
-        // (anything smaller prints as 0.000000, which is what it is worth to a user).
-        let digits = if v == 0.0 || !v.is_finite() {
-            1
-        } else {
-            (1 - v.abs().log10().floor() as i32).clamp(1, 6) as usize
-        };
+        if !v.is_finite() {
+            return write!(f, "{v}");
+        }
+        // Below what six decimals show (float noise, -0): nothing.
+        if v.abs() < 5e-7 {
+            return f.write_str("0.0");
+        }
+        // Decimals for two significant digits: 0.046 → 3, 0.1 → 2; at least 1, at most 6.
+        let mut digits = (1 - v.abs().log10().floor() as i32).clamp(1, 6) as usize;
+        // Rounding may carry into a new leading digit (0.0996 → 0.100, 0.996 → 1.00).
+        if digits > 1 && (v.abs() * 10f64.powi(digits as i32)).round() >= 100.0 {
+            digits -= 1;
+        }
         write!(f, "{v:.digits$}")
     }
 }
@@ -134,5 +140,9 @@ mod tests {
         assert_eq!(shown(9.96), "10.0");
         assert_eq!(shown(123.45), "123.5");
         assert_eq!(shown(-0.25), "-0.25");
+        assert_eq!(shown(0.0996), "0.10");
+        assert_eq!(shown(0.996), "1.0");
+        assert_eq!(shown(-0.0), "0.0");
+        assert_eq!(shown(1e-9), "0.0");
     }
 }

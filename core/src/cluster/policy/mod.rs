@@ -427,7 +427,7 @@ pub enum Admission {
 pub enum Preempt {
     /// Frozen in place, resumed later.
     Pause,
-    /// Stopped for good (Rejected).
+    /// Stopped for good (Dropped).
     Stop,
 }
 
@@ -490,7 +490,7 @@ pub enum Decision {
         /// The numbers behind it (the event's attributes).
         attributes: BTreeMap<String, String>,
     },
-    /// Give it up (Rejected).
+    /// Give it up (Dropped).
     Drop {
         /// The job.
         job: JobId,

@@ -363,21 +363,23 @@ pub struct PriorityPolicy {
 /// under a second; the margin covers a slow worker).
 const MOVE_COST_S: f64 = 5.0;
 
-/// A target measured faster than a move's source by no more than this fraction counts as no
-/// faster when the move is weighed. A worker's speed is the agent's calibration benchmark,
-/// which differs by about a tenth between twins on one host (a walk: 0.327 against 0.298);
-/// without the band a job alone on the twin measured slower was moved to the other, empty
-/// one, for a gain that was the benchmark's noise. Only faster targets are read so: a move
-/// is never made more attractive than its numbers say, and workers of one speed, as in most
-/// of the simulator's traces, are weighed as before.
+/// A target whose calibration is above a move's source's by no more than this fraction is
+/// weighed at the source's calibration (its cores still count). A calibration is the agent's
+/// benchmark, which differs by about a tenth between twins on one host (a walk: 0.327 against
+/// 0.298); without the band a job alone on the twin measured slower was moved to the other,
+/// empty one, for a gain that was the benchmark's noise. Only faster targets are read so: a
+/// move is never made more attractive than its numbers say, and workers of one calibration,
+/// as in most of the simulator's traces, are weighed as before.
 pub const SAME_SPEED: f64 = 0.15;
 
-/// The speed a move from a worker of speed `src` weighs a target of speed `dst` at.
-fn counted_speed(src: f64, dst: f64) -> f64 {
-    if dst > src && dst <= src * (1.0 + SAME_SPEED) {
-        src
+/// The speed (reference core-seconds per second) a move from `src` weighs target `dst` at:
+/// its own, or its cores at `src`'s calibration where the two are alike ([`SAME_SPEED`]).
+fn counted_speed(src: &Worker, dst: &Worker) -> f64 {
+    let (from, to) = (src.calibration, dst.calibration);
+    if to > from && to <= from * (1.0 + SAME_SPEED) {
+        reference_speed(dst.cpu_capacity, from)
     } else {
-        dst
+        speed(dst)
     }
 }
 
@@ -412,12 +414,12 @@ impl PriorityPolicy {
     /// One move that lowers the sum of completion times by more than it costs, if there is
     /// one: for every running job and every other worker that would not then hold more jobs
     /// per core than the job's own does now ([`per_core`]), what the job adds where it is
-    /// ([`marginal`]; at the source's speed if the target is faster within [`SAME_SPEED`])
-    /// less the move's downtime. The best such move is made; among equal gains, the one with the least work
-    /// since its last checkpoint (what a move loses if its save fails and the job restarts
-    /// from that checkpoint). That work is not charged as a cost: a move saves at the current step, and
-    /// charging it held back every move of a job that had never checkpointed (most of the
-    /// simulator's, and makespan suffered).
+    /// ([`marginal`]) less what it would add there (at the source's calibration where the two
+    /// are alike, [`SAME_SPEED`]), less the move's downtime. The best such move is made; among
+    /// equal gains, the one with the least work since its last checkpoint (what a move loses
+    /// if its save fails and the job restarts from that checkpoint). That work is not charged
+    /// as a cost: a move saves at the current step, and charging it held back every move of a
+    /// job that had never checkpointed (most of the simulator's, and makespan suffered).
     fn even_out(
         &mut self,
         now: Time,
@@ -490,9 +492,8 @@ impl PriorityPolicy {
                     if d == s || !snap.fits(&request(&j.spec)) {
                         continue;
                     }
-                    let counted = counted_speed(speed(src), speed(dst));
-                    let there =
-                        marginal(dst, there_works.iter().copied(), x, None) * speed(dst) / counted;
+                    let counted = counted_speed(src, dst);
+                    let there = marginal_at(counted, there_works.iter().copied(), x, None);
                     let gain = here - there - cost;
                     if gain > 0.0
                         && valued
@@ -525,7 +526,7 @@ impl PriorityPolicy {
                         dst.id,
                         if alike {
                             format!(
-                                " (counted no faster than {from}: measured within {:.0}%)",
+                                " (at {from}'s calibration: the two are measured within {:.0}%)",
                                 SAME_SPEED * 100.0
                             )
                         } else {

@@ -11,7 +11,7 @@
 //!   occupy it or that a move is bringing there, each with its share and remaining work
 //!   `ET × (1 − step/total_steps)` in reference seconds; paused when Paused, pinned (no
 //!   victim) when it cannot be paused; release AT_j = submission (:63).
-//! - **Decisions.** Victims are paused (or stopped: Rejected) (:112); after a value job leaves
+//! - **Decisions.** Victims are paused (or stopped: Dropped) (:112); after a value job leaves
 //!   a worker, [`ValueAllocator::on_departure`] offers its paused jobs back or drops worthless
 //!   ones; on every tick [`ValueAllocator::on_tick`] drops jobs whose value reached zero (:65).
 //! - **Time** is the core's: Unix seconds on the manager, virtual seconds in the simulator.
