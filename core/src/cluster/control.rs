@@ -47,6 +47,7 @@ impl Core {
             view_from: OptF64::NONE,
             cap_read: OptF64::NONE,
             use_peak: OptF64::NONE,
+            use_most: OptF64::NONE,
             peak_from: OptF64::NONE,
             freezing: None,
             cpu_s: 0.0,

@@ -369,11 +369,20 @@ fn loads<'c>(core: &'c Core, w: &'c Worker) -> (Vec<&'c Job>, Vec<Load<'c>>) {
         })
         .collect();
     if let Some(weights) = core.policy.forecast_weights(w.cpu_capacity, &loads) {
+        // A use read is never below what the job once showed it can use ([`Job::use_most`]).
         let used: Vec<f64> = jobs
             .iter()
             .map(|j| match settled(j, w) {
                 true => j.use_peak.get().unwrap_or(j.view.cpu_usage),
                 false => j.cap_read.get().unwrap_or(0.0),
+            })
+            .zip(&jobs)
+            .map(|(u, j)| {
+                if u > 0.0 {
+                    u.max(j.use_most.get().unwrap_or(0.0))
+                } else {
+                    u
+                }
             })
             .collect();
         infer_demand(w.cpu_capacity, &mut loads, &used, &weights);
