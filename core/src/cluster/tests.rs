@@ -6873,14 +6873,18 @@ fn a_held_back_job_on_a_busy_host_is_forecast_at_what_it_showed_it_can_use() {
     started(&mut f, "blip");
     f.exited(1, "blip", 1, 1, false);
     let mut short = 0;
-    for _ in 0..10 {
-        f.now += 1.0;
-        short += 45;
-        long += 8;
-        f.progress_of(1, "short", 1, short, 2_000);
-        f.progress_of(1, "long", 1, long, 20_000);
-        f.heartbeat_uses(1, &[("short", 0.45), ("long", 0.08)]);
-    }
+    // `seconds` of both held back by the host, reported on stream `conn`.
+    let busy = |f: &mut Fixture, conn, seconds, (short, long): (&mut u64, &mut u64)| {
+        for _ in 0..seconds {
+            f.now += 1.0;
+            *short += 45;
+            *long += 8;
+            f.progress_of(conn, "short", 1, *short, 2_000);
+            f.progress_of(conn, "long", 1, *long, 20_000);
+            f.heartbeat_uses(conn, &[("short", 0.45), ("long", 0.08)]);
+        }
+    };
+    busy(&mut f, 1, 10, (&mut short, &mut long));
     let long_shares = f64::from(shares_sent(&f, "long").expect("a weight for long"));
     let short_shares = f64::from(shares_sent(&f, "short").expect("a weight for short"));
     let part = long_shares / (long_shares + short_shares);
@@ -6896,14 +6900,7 @@ fn a_held_back_job_on_a_busy_host_is_forecast_at_what_it_showed_it_can_use() {
     // And across a manager's restart, whose first reports read afresh.
     f.restart("converge", 30.0);
     f.reregister(2, "w1", 1.0, &[("short", 1, short), ("long", 1, long)]);
-    for _ in 0..5 {
-        f.now += 1.0;
-        short += 45;
-        long += 8;
-        f.progress_of(2, "short", 1, short, 2_000);
-        f.progress_of(2, "long", 1, long, 20_000);
-        f.heartbeat_uses(2, &[("short", 0.45), ("long", 0.08)]);
-    }
+    busy(&mut f, 2, 5, (&mut short, &mut long));
     let left = (20_000 - long) as f64 / 100.0;
     let eta = f.core.eta("long", f.now).expect("an ETA after the restart");
     assert!(eta.remaining_s < 2.0 * left, "{eta:?} for {left} core-s");
