@@ -5258,6 +5258,39 @@ fn converge_weighs_what_a_job_earns_against_what_it_costs_the_jobs_it_delays() {
     );
 }
 
+/// `converge` gives a waiting job with a value curve up once even starting it now, alone on the
+/// fastest worker, would finish it past its zero, not when its value has run out: a walk saw a
+/// queued job wait out its value while its own ETA was minutes past its zero.
+#[test]
+fn converge_gives_a_waiting_value_job_up_once_it_could_not_make_it() {
+    let mut f = Fixture::new("converge");
+    f.register(1, "w1", 1.0);
+    f.start("big", spec(1.0));
+    // 50 s of work, worth 10 until 60 s and nothing from 80 s; no room for its half core.
+    f.step(Input::Submit {
+        id: "late".into(),
+        spec: JobSpec {
+            cpus: 0.5,
+            ..value_job(50.0, 10.0, 60.0, 80.0)
+        },
+    });
+    assert_eq!(f.state("late"), JobState::Pending);
+    let mut dropped_at = None;
+    for _ in 0..80 {
+        f.heartbeat(1);
+        f.advance(1.0);
+        if f.state("late") == JobState::Dropped {
+            dropped_at = Some(f.now);
+            break;
+        }
+    }
+    // Started at 30 s it would end at 80 s at the soonest.
+    let at = dropped_at.expect("given up");
+    assert!((30.0..32.0).contains(&at), "given up at {at} s");
+    let reason = &f.core.job("late").unwrap().reason;
+    assert!(reason.contains("were it started now"), "{reason}");
+}
+
 /// `converge` weighs a value job's worth only at its first placement: a job that already ran
 /// and must start again (its worker lost) is placed, not turned away with the work it did.
 #[test]

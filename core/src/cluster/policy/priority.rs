@@ -1054,13 +1054,15 @@ impl ClusterPolicy for PriorityPolicy {
         // soonest is shortest-remaining-first's: after the jobs served before it on its worker
         // ([`served_before`]), at the worker's speed, so a later arrival that overtakes it can
         // only make it later. Judged early only on what is known of the job itself
-        // ([`ClusterView::own_remaining_work`]), and only while it runs or starts: a job being
-        // saved (a move, a stop at convergence) is left to finish that.
+        // ([`ClusterView::own_remaining_work`]), and only while it waits, runs or starts (one
+        // waiting as if it started now, alone on the fastest worker): a job being saved (a
+        // move, a stop at convergence) is left to finish that.
         let mut out = Vec::new();
         // Read once for the drops and the rebalancing, and only if either is due.
         let mut works = None;
         if self.key == Key::Remaining && view.valued > 0 {
             let works = works.get_or_insert_with(|| Works::of(view));
+            let mut fastest = None;
             for j in view.jobs.values().filter(|j| !j.is_terminal()) {
                 let Some(curve) = j.spec.value_curve else {
                     continue;
@@ -1079,17 +1081,34 @@ impl ClusterPolicy for PriorityPolicy {
                         .filter(|w| speed(w) > 0.0)
                         .map(|w| {
                             let ahead = served_before(w, works, (own, &j.id));
-                            since + (ahead + own) / speed(w)
+                            let at = since + (ahead + own) / speed(w);
+                            (
+                                at,
+                                "with the work it has left and the jobs served before it",
+                            )
                         }),
+                    // Waiting: were it started now alone on the fastest worker (a walk saw a
+                    // queued job wait out its value, its own ETA long past its zero).
+                    (JobPhase::Pending, Some(own)) => {
+                        let fastest = *fastest.get_or_insert_with(|| {
+                            (view.workers.values())
+                                .filter(|w| w.schedulable())
+                                .map(speed)
+                                .fold(0.0, f64::max)
+                        });
+                        let how = "waiting, with the work it has left, were it started now alone on the fastest worker";
+                        (fastest > 0.0).then(|| (since + own / fastest, how))
+                    }
                     _ => None,
                 };
                 let reason = if curve.value_at(since) <= 0.0 {
                     format!(
                         "dropped by converge: its value curve reached zero {since:.0} s after submission"
                     )
-                } else if let Some(at) = soonest.filter(|&at| curve.value_at(at) <= 0.0) {
+                } else if let Some((at, how)) = soonest.filter(|&(at, _)| curve.value_at(at) <= 0.0)
+                {
                     format!(
-                        "dropped by converge: it cannot finish before its value curve reaches zero ({:.0} s after submission): with the work it has left and the jobs served before it, it would finish {at:.0} s after submission at the soonest",
+                        "dropped by converge: it cannot finish before its value curve reaches zero ({:.0} s after submission): {how}, it would finish {at:.0} s after submission at the soonest",
                         curve.zero_value_at_s
                     )
                 } else {
