@@ -204,12 +204,12 @@ enum Cmd {
     },
     /// List jobs.
     List {
-        /// Only jobs in this state.
-        #[arg(long, ignore_case = true, value_parser = [
+        /// Only jobs in these states (`--state running,migrating`, or the flag again).
+        #[arg(long, ignore_case = true, value_delimiter = ',', value_parser = [
             "pending", "starting", "running", "migrating", "paused", "stopping", "lost",
             "completed", "failed", "cancelled", "rejected", "dropped",
         ])]
-        state: Option<String>,
+        state: Vec<String>,
         /// Only jobs on this worker.
         #[arg(long, default_value = "", hide_default_value = true)]
         worker: String,
@@ -548,19 +548,36 @@ async fn run(cli: Cli) -> Result<()> {
             worker,
             name,
         } => {
-            let state = match state {
-                None => pb::JobState::Unspecified,
-                // The parser took only the states' names.
-                Some(s) => pb::JobState::from_str_name(&format!("JOB_STATE_{}", s.to_uppercase()))
-                    .expect("--state is one of the states"),
-            };
-            let request = pb::ListJobsRequest {
-                state: state as i32,
-                worker_id: worker,
-                name: name.clone(),
-                ..Default::default()
-            };
-            let mut jobs = all_jobs(&mut client, request).await?;
+            // The parser took only the states' names.
+            let mut states: Vec<pb::JobState> = (state.iter())
+                .map(|s| {
+                    pb::JobState::from_str_name(&format!("JOB_STATE_{}", s.to_uppercase()))
+                        .expect("--state is one of the states")
+                })
+                .collect();
+            states.sort_unstable();
+            states.dedup();
+            // ListJobs filters by one state: one listing per state asked for, merged in the
+            // order of submission, as one listing answers.
+            let mut jobs = Vec::new();
+            for state in states
+                .iter()
+                .copied()
+                .chain(states.is_empty().then_some(pb::JobState::Unspecified))
+            {
+                let request = pb::ListJobsRequest {
+                    state: state as i32,
+                    worker_id: worker.clone(),
+                    name: name.clone(),
+                    ..Default::default()
+                };
+                jobs.extend(all_jobs(&mut client, request).await?);
+            }
+            if states.len() > 1 {
+                jobs.sort_by(|a, b| {
+                    (a.submitted_unix_ms, &a.id).cmp(&(b.submitted_unix_ms, &b.id))
+                });
+            }
             // A manager older than the name filter ignores it and answers with every job.
             if !name.is_empty() {
                 jobs.retain(|j| j.spec.as_ref().is_some_and(|s| s.name == name));

@@ -116,6 +116,17 @@ async fn each_command_prints_tables_and_json_and_exits_with_a_code_scripts_can_u
 
     let (_, out, _) = ctl(&m, &["list", "-o", "json"]).await;
     assert_eq!(json(&out).as_array().map(Vec::len), Some(1));
+    // Several states, as a list or the flag again (a walk tried the second and was refused).
+    for (states, want) in [
+        (&["--state", "completed"][..], 0),
+        (&["--state", "completed,starting"], 1),
+        (&["--state", "completed", "--state", "STARTING"], 1),
+    ] {
+        let args = [&["list", "-o", "json"][..], states].concat();
+        let (code, out, err) = ctl(&m, &args).await;
+        assert_eq!(code, 0, "{args:?}: {err}");
+        assert_eq!(json(&out).as_array().map(Vec::len), Some(want), "{args:?}");
+    }
     let (_, out, _) = ctl(&m, &["list"]).await;
     assert!(out.starts_with("ID") && out.contains("cli-job"), "{out}");
 
