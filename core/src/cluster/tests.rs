@@ -5371,6 +5371,30 @@ fn converge_counts_a_slow_workers_cores_at_their_speed() {
     );
 }
 
+/// A placement that counted the job's work as a typical job's, nothing telling its own, says
+/// so: a walk read `(1.1 s)` as a measured delay.
+#[test]
+fn converge_says_when_a_placement_counted_a_jobs_work_as_a_typical_ones() {
+    let mut f = Fixture::new("converge");
+    f.register(1, "w1", 1.0);
+    for (id, spec, guessed) in [
+        ("unknown", spec(0.1), true),
+        ("declared", plain_job(30.0), false),
+    ] {
+        let out = f.step(Input::Submit {
+            id: id.into(),
+            spec,
+        });
+        let placed = Fixture::event(&out, EventKind::JobPlaced).expect("a placement event");
+        assert_eq!(
+            placed.reason.contains("not yet known"),
+            guessed,
+            "{id}: {}",
+            placed.reason
+        );
+    }
+}
+
 /// Workers whose speeds differ by a few percent (the calibration benchmark's noise) are
 /// equally crowded: the sum of completion times decides between them, not the benchmark.
 #[test]

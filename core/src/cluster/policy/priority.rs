@@ -717,20 +717,27 @@ fn shares_for(cores: f64, fair: f64) -> u32 {
 }
 
 /// `converge`'s placement on `ids[i]`, of crowding `crowd`, where the job adds `marginal` to
-/// the sum of completion times; `scores` is the event's text of the workers' marginals.
+/// the sum of completion times; `scores` is the event's text of the workers' marginals;
+/// `known`, whether anything tells the job's work (else it counts as a typical job's, and a
+/// walk read `(1.1 s)` as a measured delay).
 fn placed_least_marginal(
     ids: &[WorkerId],
     i: usize,
-    crowd: f64,
-    marginal: f64,
+    (crowd, marginal): (f64, f64),
     scores: String,
+    known: bool,
 ) -> Admission {
+    let guess = if known {
+        ""
+    } else {
+        ", its own work not yet known and counted as a typical job's"
+    };
     Admission::Place {
         worker: ids[i].clone(),
         cpu_shares: 0,
         victims: Vec::new(),
         reason: format!(
-            "placed on {} by converge: of the workers with the fewest jobs per reference core ({crowd:.2} with it), it adds the least to the sum of completion times there ({marginal:.1} s)",
+            "placed on {} by converge: of the workers with the fewest jobs per reference core ({crowd:.2} with it), it adds the least to the sum of completion times there ({marginal:.1} s{guess})",
             ids[i]
         ),
         attributes: BTreeMap::from([("scores".into(), scores)]),
@@ -818,9 +825,9 @@ impl PriorityPolicy {
         Some(placed_least_marginal(
             ids,
             i,
-            crowd,
-            score,
+            (crowd, score),
             super::sparse_scores_text(ids, &scored, i),
+            view.remaining_work(job).is_some(),
         ))
     }
 
@@ -954,9 +961,13 @@ impl PriorityPolicy {
             }
         }
         match best {
-            Some(i) => {
-                placed_least_marginal(ids, i, crowd[i], scores[i], scores_text(ids, &scores, i))
-            }
+            Some(i) => placed_least_marginal(
+                ids,
+                i,
+                (crowd[i], scores[i]),
+                scores_text(ids, &scores, i),
+                view.remaining_work(job).is_some(),
+            ),
             None => Admission::Wait {
                 reason: converge_policy::cluster::unschedulable_reason(&need, snaps),
                 // Not when it fits somewhere whose marginal is not finite: that reads the
