@@ -212,7 +212,10 @@ async fn kill_9_at_any_moment_loses_no_job_and_never_runs_one_twice() -> anyhow:
     .await?;
     assert!(moved.epoch >= 2, "(c) a new incarnation: {moved:?}");
     docker.assert_one_incarnation_at_a_time(&a)?;
-    let (saved, resumed) = moves(&events_of(&mut client, &a).await?)?[0];
+    let events = events_of(&mut client, &a).await?;
+    let Some(&(saved, resumed)) = moves(&events)?.first() else {
+        panic!("(c) no save and resume in the job's events: {events:#?}");
+    };
     assert!(
         saved >= step_before_move,
         "(c) saved at {saved}, ran to {step_before_move}"
