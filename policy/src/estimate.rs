@@ -410,6 +410,9 @@ pub fn from_points(job: &Known<'_>) -> Option<Estimate> {
 /// ours, not measured.
 pub const DECLARED_CONFIDENCE: f64 = 0.25;
 
+/// The most an estimate from finished jobs' sizes is trusted, however many there are.
+pub const ATTAINED_CONFIDENCE: f64 = 0.2;
+
 /// The estimate from what the job's user declared: `work` core-seconds left.
 pub fn declared(work: f64) -> Estimate {
     Estimate {
@@ -426,7 +429,9 @@ pub fn from_attained(attained: f64, history: &ServiceHistory) -> Option<Estimate
     Some(Estimate {
         work,
         basis: Basis::AttainedService,
-        confidence: (history.len() as f64 / (history.len() as f64 + 20.0)).min(0.5),
+        // Other jobs' sizes tell less of this job than its user's word ([`DECLARED_CONFIDENCE`]):
+        // at up to 0.5, a guess read as surer than the job's own first steps (a walk).
+        confidence: (history.len() as f64 / (history.len() as f64 + 20.0)).min(ATTAINED_CONFIDENCE),
     })
 }
 
@@ -679,6 +684,19 @@ mod tests {
         let e = estimate(&known, &h).unwrap();
         assert_eq!((e.basis, e.work), (Basis::AttainedService, 40.0));
         assert!(estimate(&known, &ServiceHistory::default()).is_none());
+    }
+
+    /// However many finished jobs it rests on, a guess from their sizes is trusted less than
+    /// the job's user's word: at up to 0.5 it read as surer than a job's own first steps.
+    #[test]
+    fn other_jobs_sizes_are_trusted_less_than_a_declared_runtime() {
+        let mut h = ServiceHistory::default();
+        for _ in 0..HISTORY {
+            h.record(100.0);
+        }
+        let e = from_attained(10.0, &h).unwrap();
+        assert_eq!(e.confidence, ATTAINED_CONFIDENCE);
+        assert!(e.confidence < declared(90.0).confidence);
     }
 
     /// A full history of finished sizes drops its oldest to keep the newest: kept the other way,

@@ -6930,36 +6930,42 @@ fn a_held_back_job_on_a_busy_host_is_forecast_at_what_it_showed_it_can_use() {
     started(&mut f, "blip");
     f.exited(1, "blip", 1, 1, false);
     let mut short = 0;
-    // `seconds` of both held back by the host, reported on stream `conn`.
-    let busy = |f: &mut Fixture, conn, seconds, (short, long): (&mut u64, &mut u64)| {
-        for _ in 0..seconds {
-            f.now += 1.0;
-            *short += 45;
-            *long += 8;
-            f.progress_of(conn, "short", 1, *short, 2_000);
-            f.progress_of(conn, "long", 1, *long, 20_000);
-            f.heartbeat_uses(conn, &[("short", 0.45), ("long", 0.08)]);
-        }
-    };
-    busy(&mut f, 1, 10, (&mut short, &mut long));
-    let long_shares = f64::from(shares_sent(&f, "long").expect("a weight for long"));
-    let short_shares = f64::from(shares_sent(&f, "short").expect("a weight for short"));
+    busy_seconds(&mut f, 1, 10, (&mut short, &mut long));
+    long_is_forecast_at_the_whole_core_once_short_ends(&f, long);
+    // And across a manager's restart, whose first reports read afresh.
+    f.restart("converge", 30.0);
+    f.reregister(2, "w1", 1.0, &[("short", 1, short), ("long", 1, long)]);
+    busy_seconds(&mut f, 2, 5, (&mut short, &mut long));
+    long_is_forecast_at_the_whole_core_once_short_ends(&f, long);
+}
+
+/// `seconds` of `short` (2,000 steps) ahead of `long` (20,000) on a host busy with other work,
+/// reported on stream `conn`: each gets half its part of the core (0.45 and 0.08), at 100
+/// steps a core-second.
+fn busy_seconds(f: &mut Fixture, conn: ConnId, seconds: u32, (short, long): (&mut u64, &mut u64)) {
+    for _ in 0..seconds {
+        f.now += 1.0;
+        *short += 45;
+        *long += 8;
+        f.progress_of(conn, "short", 1, *short, 2_000);
+        f.progress_of(conn, "long", 1, *long, 20_000);
+        f.heartbeat_uses(conn, &[("short", 0.45), ("long", 0.08)]);
+    }
+}
+
+/// `long`'s use, 0.08 cores, reads as its cap by its part alone; its ETA is nonetheless at
+/// the whole core once `short` ends: well under twice its work left (at 0.08 cores, 12 times
+/// it).
+fn long_is_forecast_at_the_whole_core_once_short_ends(f: &Fixture, long: u64) {
+    let long_shares = f64::from(shares_sent(f, "long").expect("a weight for long"));
+    let short_shares = f64::from(shares_sent(f, "short").expect("a weight for short"));
     let part = long_shares / (long_shares + short_shares);
     assert!(
         (0.1..0.2).contains(&part) && 0.08 < 0.8 * part,
         "the use reads as a cap by the part alone: {part}"
     );
-    // Its work left, 189.7 core-seconds, at the whole core once short ends: well under twice
-    // that (at 0.08 cores it would be 2,371 s).
     let left = (20_000 - long) as f64 / 100.0;
     let eta = f.core.eta("long", f.now).expect("an ETA");
-    assert!(eta.remaining_s < 2.0 * left, "{eta:?} for {left} core-s");
-    // And across a manager's restart, whose first reports read afresh.
-    f.restart("converge", 30.0);
-    f.reregister(2, "w1", 1.0, &[("short", 1, short), ("long", 1, long)]);
-    busy(&mut f, 2, 5, (&mut short, &mut long));
-    let left = (20_000 - long) as f64 / 100.0;
-    let eta = f.core.eta("long", f.now).expect("an ETA after the restart");
     assert!(eta.remaining_s < 2.0 * left, "{eta:?} for {left} core-s");
 }
 
