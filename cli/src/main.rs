@@ -577,6 +577,10 @@ async fn run(cli: Cli) -> Result<()> {
                 jobs.sort_by(|a, b| {
                     (a.submitted_unix_ms, &a.id).cmp(&(b.submitted_unix_ms, &b.id))
                 });
+                // A job that changed state between two listings is in both: once. (One that
+                // changed the other way is in neither: a listing of several states is not
+                // one moment's, as one state's is.)
+                jobs.dedup_by(|a, b| a.id == b.id);
             }
             // A manager older than the name filter ignores it and answers with every job.
             if !name.is_empty() {

@@ -321,10 +321,25 @@ async fn a_second_job_of_a_name_is_warned_of() {
     // Listed by name (the specs' index): both.
     let (_, out, _) = ctl(&m, &["list", "--name", "resnet", "-o", "json"]).await;
     assert_eq!(json(&out).as_array().map(Vec::len), Some(2), "{out}");
-    for id in [&first, second.trim()] {
-        let (code, _, err) = ctl(&m, &["cancel", id]).await;
+    let (code, _, err) = ctl(&m, &["cancel", &first]).await;
+    assert_eq!(code, 0, "{err}");
+    // Listed by several states: each job once, whichever of them it is in.
+    for (states, want) in [
+        ("cancelled", 1),
+        ("cancelled,pending", 2),
+        ("pending,cancelled,pending", 2),
+    ] {
+        let list = ["list", "--name", "resnet", "--state", states, "-o", "json"];
+        let (code, out, err) = ctl(&m, &list).await;
         assert_eq!(code, 0, "{err}");
+        assert_eq!(
+            json(&out).as_array().map(Vec::len),
+            Some(want),
+            "{states}: {out}"
+        );
     }
+    let (code, _, err) = ctl(&m, &["cancel", second.trim()]).await;
+    assert_eq!(code, 0, "{err}");
     // A cancel by the name retried once nothing of the name is live: the newest, answered
     // as the first time (it was refused as ambiguous).
     let (code, out, err) = ctl(&m, &["cancel", "resnet", "-o", "json"]).await;

@@ -1,7 +1,9 @@
 //! Remaining-time estimates: how much work a job has left, from what it reported, each with
 //! the basis it came from and a confidence.
 //!
-//! Three bases, tried in this order by [`estimate`]:
+//! Three bases from what the job reported and what other jobs did, tried in this order by
+//! [`estimate`] (a driver that knows the job's declared runtime tries it, [`declared`], before
+//! the third: the core does):
 //! - **Steps**: the job says its step budget (`total_steps`); the work left is the steps left
 //!   over its measured throughput in steps per core-second ([`Throughput`]). Turned into time by
 //!   the CPU share it will get ([`Estimate::seconds_at`]).
@@ -405,9 +407,9 @@ pub fn from_points(job: &Known<'_>) -> Option<Estimate> {
     None
 }
 
-/// How far a user's declared runtime is trusted: more than finished jobs' sizes with few of
-/// them behind it (it is about this job), less than the job's own measured pace. A guess of
-/// ours, not measured.
+/// How far a user's declared runtime is trusted: more than finished jobs' sizes
+/// ([`ATTAINED_CONFIDENCE`]: it is about this job), less than the job's own measured pace
+/// once a few of its steps are in. A guess of ours, not measured.
 pub const DECLARED_CONFIDENCE: f64 = 0.25;
 
 /// The most an estimate from finished jobs' sizes is trusted, however many there are.
@@ -429,7 +431,7 @@ pub fn from_attained(attained: f64, history: &ServiceHistory) -> Option<Estimate
     Some(Estimate {
         work,
         basis: Basis::AttainedService,
-        // Other jobs' sizes tell less of this job than its user's word ([`DECLARED_CONFIDENCE`]):
+        // Other jobs' sizes tell less of this job than its user's word (DECLARED_CONFIDENCE):
         // at up to 0.5, a guess read as surer than the job's own first steps (a walk).
         confidence: (history.len() as f64 / (history.len() as f64 + 20.0)).min(ATTAINED_CONFIDENCE),
     })

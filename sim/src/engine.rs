@@ -1586,11 +1586,12 @@ impl<'a> Simulation<'a> {
                     Some((JobPhase::Rejected | JobPhase::Dropped, c)) if c.epoch == 0 => {
                         Outcome::Rejected(c.reason.clone())
                     }
-                    // Given up while it ran: its value gone, or stopped for another.
-                    Some((JobPhase::Dropped, c)) if c.reason.starts_with("dropped") => {
-                        Outcome::Dropped(c.reason.clone())
+                    // Given up once it ran: stopped for another (a preemption's reason), or
+                    // its value gone (a drop, or turned away when placed again).
+                    Some((JobPhase::Dropped, c)) if c.reason.starts_with("preempted") => {
+                        Outcome::Stopped(c.reason.clone())
                     }
-                    Some((JobPhase::Dropped, c)) => Outcome::Stopped(c.reason.clone()),
+                    Some((JobPhase::Dropped, c)) => Outcome::Dropped(c.reason.clone()),
                     Some((_, c)) => Outcome::Failed(c.reason.clone()),
                     None => Outcome::Failed("never submitted".into()),
                 };

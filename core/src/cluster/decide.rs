@@ -142,7 +142,11 @@ impl Core {
                         } else {
                             JobPhase::Rejected
                         };
-                        info!(job = %id, %reason, ran, "job rejected");
+                        if ran {
+                            info!(job = %id, %reason, "job dropped: it can no longer earn anything");
+                        } else {
+                            info!(job = %id, %reason, "job rejected");
+                        }
                         self.transition(&id, to, reason);
                     }
                 }

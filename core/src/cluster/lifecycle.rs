@@ -463,8 +463,10 @@ pub struct Job {
     /// The time of the report before the first that `use_peak` read.
     #[serde(skip)]
     pub peak_from: OptF64,
-    /// The most cores any report showed it use, in any incarnation: the least it can use,
-    /// whatever its neighbours and the host leave it now. `use_peak` forgets at each change of
+    /// The most cores a report of its incarnation showed it use, of the reports the forecast
+    /// reads (`forecast::settled`: none that averages over a change of its worker's jobs):
+    /// the least it can use, whatever its neighbours and the host leave it now. A new
+    /// incarnation starts afresh (another worker, another start). `use_peak` forgets at each change of
     /// the worker's jobs; a job held back on a busy host as one ended and a shorter one came
     /// ahead was then read as able to use only its starved use (a walk: ETAs 10 times too
     /// long). Stored, as a restart forgets `use_peak` too.
@@ -515,8 +517,10 @@ impl Job {
     /// time of the one before), its worker's jobs having been the same since `shared_since`:
     /// a report that averages over a change of them starts no window.
     pub(super) fn note_use(&mut self, used: f64, shared_since: f64) {
-        self.use_most = self.use_most.get().map_or(used, |m| m.max(used)).into();
         let counted = self.view_from.get().is_some_and(|t| t >= shared_since);
+        if counted {
+            self.use_most = self.use_most.get().map_or(used, |m| m.max(used)).into();
+        }
         if !counted {
             self.use_peak = OptF64::NONE;
             self.peak_from = OptF64::NONE;

@@ -744,6 +744,7 @@ impl Core {
         let new_incarnation = job.phase.starts_incarnation(&to);
         if new_incarnation {
             job.epoch += 1;
+            job.use_most = OptF64::NONE;
             // Most jobs have one incarnation: a first push would make room for four
             // (128 bytes a job at 100,000 jobs under heaptrack; `docs/performance.md`).
             if job.incarnations.is_empty() {

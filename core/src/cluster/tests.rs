@@ -5291,6 +5291,43 @@ fn converge_gives_a_waiting_value_job_up_once_it_could_not_make_it() {
     assert!(reason.contains("were it started now"), "{reason}");
 }
 
+/// A waiting value job is judged against the fastest ready worker, connected or not: a drop
+/// is final, and the fastest worker's stream blinking for a second dropped a job that could
+/// still make it there (a review).
+#[test]
+fn converge_keeps_a_waiting_value_job_its_fastest_worker_could_still_finish() {
+    let mut f = Fixture::new("converge");
+    f.register(1, "w1", 4.0);
+    f.register(2, "w2", 1.0);
+    f.start("big", spec(4.0));
+    f.start("small", spec(1.0));
+    // 50 s of work, worth nothing from 80 s: on w1, 12.5 s; on w2, 50 s.
+    f.step(Input::Submit {
+        id: "late".into(),
+        spec: JobSpec {
+            cpus: 0.5,
+            ..value_job(50.0, 10.0, 60.0, 80.0)
+        },
+    });
+    for _ in 0..40 {
+        f.heartbeat(1);
+        f.heartbeat(2);
+        f.advance(1.0);
+    }
+    f.step(Input::Disconnected {
+        conn: 1,
+        reason: "blink".into(),
+    });
+    f.heartbeat(2);
+    f.advance(1.0);
+    assert_eq!(
+        f.state("late"),
+        JobState::Pending,
+        "{}",
+        f.core.job("late").unwrap().reason
+    );
+}
+
 /// `converge` weighs a value job's worth only at its first placement: a job that already ran
 /// and must start again (its worker lost) is placed, not turned away with the work it did.
 #[test]
@@ -5914,10 +5951,9 @@ fn a_job_promoted_when_the_one_ahead_ends_is_forecast_at_its_new_share() {
         eta.remaining_s < 150.0,
         "held at the use of its old share: {eta:?}"
     );
-    // Its next report still averages over the time short ran (0.17 then, 0.3 since); the one
-    // after is its own.
+    // Its next report still averages over the time short ran; the one after is its own.
     f.now += 1.0;
-    f.heartbeat_uses(1, &[("long", 0.25)]);
+    f.heartbeat_uses(1, &[("long", 0.5)]);
     let eta = f.core.eta("long", f.now).expect("an ETA");
     assert!(eta.remaining_s < 150.0, "{eta:?}");
     // Running on its own a whole interval at a third of a core, by its own parallelism:

@@ -136,11 +136,10 @@ impl<'a> ClusterView<'a> {
         self.index.position(worker)
     }
 
-    /// The work `job` has left and what it rests on, in the order of
-    /// [`ClusterView::remaining_work`]: its points, else its user's declared runtime, else
-    /// finished jobs ([`converge_policy::estimate`]). An ETA's number came from the declared
-    /// runtime while its basis said "attained-service", and a pending job's ETA read the
-    /// other jobs before its own user's word.
+    /// The work `job` has left and what it rests on: what the job tells of itself before what
+    /// other jobs tell of it (its points, else its user's declared runtime, else finished
+    /// jobs' sizes; [`converge_policy::estimate`]). The decisions ([`ClusterView::remaining_work`])
+    /// and the ETAs read this one order, so an ETA's basis is the one its number came from.
     pub fn estimate(&self, job: &Job) -> Option<Estimate> {
         self.points_estimate(job)
             .or_else(|| declared_left(job).map(estimate::declared))
@@ -155,10 +154,7 @@ impl<'a> ClusterView<'a> {
     /// forecast of each worker's running jobs all read this, so the order a decision assumes
     /// is the order the weights give (a pending job's ETA still starts from its estimate).
     pub fn remaining_work(&self, job: &Job) -> Option<f64> {
-        self.points_estimate(job)
-            .map(|e| e.work)
-            .or_else(|| declared_left(job))
-            .or_else(|| self.history.expected_remaining(job.cpu_s))
+        self.estimate(job).map(|e| e.work)
     }
 
     /// [`ClusterView::remaining_work`] when it comes from the job itself, not from other jobs,

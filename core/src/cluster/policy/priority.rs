@@ -34,7 +34,7 @@ use super::{
     Admission, ClusterPolicy, ClusterView, Decision, Report, WaitKind, request, scores_text,
 };
 use crate::cluster::forecast::Load;
-use crate::cluster::lifecycle::{Job, JobPhase, Worker};
+use crate::cluster::lifecycle::{Job, JobPhase, Worker, WorkerPhase};
 use crate::cluster::types::{JobId, Time, WorkerId, WorkerMode};
 
 /// The guard is `1/(β·n)` of the worker (FlowCon's lower bound, with its β). FlowCon's own
@@ -765,7 +765,9 @@ impl PriorityPolicy {
         }
         let need = request(&job.spec);
         let works = Works::of(view);
-        let new = works.get(&job.id);
+        // Its work, once: whether it is known is said in the placement's reason.
+        let own = view.remaining_work(job);
+        let new = own.unwrap_or_else(|| works.typical());
         // Of alike empty workers, only as many as an event lists can be chosen or listed
         // (`PlacementIndex::by_crowd`): the rest of each such group is not visited.
         let mut order = view
@@ -827,7 +829,7 @@ impl PriorityPolicy {
             i,
             (crowd, score),
             super::sparse_scores_text(ids, &scored, i),
-            view.remaining_work(job).is_some(),
+            own.is_some(),
         ))
     }
 
@@ -836,7 +838,9 @@ impl PriorityPolicy {
         let (ids, snaps) = view.snapshots();
         let need = request(&job.spec);
         let works = Works::of(view);
-        let new = works.get(&job.id);
+        // Its work, once: whether it is known is said in the placement's reason.
+        let own = view.remaining_work(job);
+        let new = own.unwrap_or_else(|| works.typical());
         let workers: Vec<&Worker> = view.workers.values().collect();
         let fits: Vec<bool> = (snaps.iter())
             .map(|s| s.schedulable && s.fits(&need) && s.cpu_capacity > 0.0)
@@ -966,7 +970,7 @@ impl PriorityPolicy {
                 i,
                 (crowd[i], scores[i]),
                 scores_text(ids, &scores, i),
-                view.remaining_work(job).is_some(),
+                own.is_some(),
             ),
             None => Admission::Wait {
                 reason: converge_policy::cluster::unschedulable_reason(&need, snaps),
@@ -1101,9 +1105,12 @@ impl ClusterPolicy for PriorityPolicy {
                     // Waiting: were it started now alone on the fastest worker (a walk saw a
                     // queued job wait out its value, its own ETA long past its zero).
                     (JobPhase::Pending, Some(own)) => {
+                        // Ready workers, connected or not: a drop is final, and a worker's
+                        // stream that blinked for a second (or a restarted manager's wait
+                        // for its agents) dropped a job that could still make it (a review).
                         let fastest = *fastest.get_or_insert_with(|| {
                             (view.workers.values())
-                                .filter(|w| w.schedulable())
+                                .filter(|w| w.state == WorkerPhase::Ready)
                                 .map(speed)
                                 .fold(0.0, f64::max)
                         });
