@@ -5266,14 +5266,8 @@ fn converge_gives_a_waiting_value_job_up_once_it_could_not_make_it() {
     let mut f = Fixture::new("converge");
     f.register(1, "w1", 1.0);
     f.start("big", spec(1.0));
-    // 50 s of work, worth 10 until 60 s and nothing from 80 s; no room for its half core.
-    f.step(Input::Submit {
-        id: "late".into(),
-        spec: JobSpec {
-            cpus: 0.5,
-            ..value_job(50.0, 10.0, 60.0, 80.0)
-        },
-    });
+    // No room for its half core.
+    submit_late(&mut f);
     assert_eq!(f.state("late"), JobState::Pending);
     let mut dropped_at = None;
     for _ in 0..80 {
@@ -5291,6 +5285,17 @@ fn converge_gives_a_waiting_value_job_up_once_it_could_not_make_it() {
     assert!(reason.contains("were it started now"), "{reason}");
 }
 
+/// Submits `late`: half a core, 50 s of work, worth 10 until 60 s and nothing from 80 s.
+fn submit_late(f: &mut Fixture) {
+    f.step(Input::Submit {
+        id: "late".into(),
+        spec: JobSpec {
+            cpus: 0.5,
+            ..value_job(50.0, 10.0, 60.0, 80.0)
+        },
+    });
+}
+
 /// A waiting value job is judged against the fastest ready worker, connected or not: a drop
 /// is final, and the fastest worker's stream blinking for a second dropped a job that could
 /// still make it there (a review).
@@ -5301,14 +5306,8 @@ fn converge_keeps_a_waiting_value_job_its_fastest_worker_could_still_finish() {
     f.register(2, "w2", 1.0);
     f.start("big", spec(4.0));
     f.start("small", spec(1.0));
-    // 50 s of work, worth nothing from 80 s: on w1, 12.5 s; on w2, 50 s.
-    f.step(Input::Submit {
-        id: "late".into(),
-        spec: JobSpec {
-            cpus: 0.5,
-            ..value_job(50.0, 10.0, 60.0, 80.0)
-        },
-    });
+    // On w1, 12.5 s of its 50; on w2, 50 s.
+    submit_late(&mut f);
     for _ in 0..40 {
         f.heartbeat(1);
         f.heartbeat(2);
