@@ -472,6 +472,23 @@ mod tests {
         (1.00, 25.0639),
     ];
 
+    /// A point each second of `seconds` on one core, `per_second` steps a second, each with
+    /// metric `value`.
+    fn paced(
+        seconds: std::ops::RangeInclusive<u64>,
+        per_second: u64,
+        value: Option<f64>,
+    ) -> Vec<Point> {
+        seconds
+            .map(|i| Point {
+                time: i as f64,
+                step: i * per_second,
+                value,
+                cpu_s: i as f64,
+            })
+            .collect()
+    }
+
     fn steps(curve: &[(f64, f64)], total: u64, upto: f64) -> Vec<(u64, f64)> {
         curve
             .iter()
@@ -589,14 +606,7 @@ mod tests {
     /// (here 32, a second apart, as `converge_core`'s default).
     #[test]
     fn confidence_weighs_the_steps_done() {
-        let pts: Vec<Point> = (269..=300)
-            .map(|i| Point {
-                time: i as f64,
-                step: i * 10,
-                value: None,
-                cpu_s: i as f64,
-            })
-            .collect();
+        let pts = paced(269..=300, 10, None);
         let known = Known {
             points: &pts,
             total_steps: Some(12_000),
@@ -611,14 +621,7 @@ mod tests {
 
     #[test]
     fn steps_basis_predicts_the_work_left_and_trusts_more_evidence() {
-        let pts: Vec<Point> = (0..=10)
-            .map(|i| Point {
-                time: i as f64,
-                step: i * 10,
-                value: Some(1.0),
-                cpu_s: i as f64,
-            })
-            .collect();
+        let pts = paced(0..=10, 10, Some(1.0));
         let known = Known {
             points: &pts,
             total_steps: Some(300),

@@ -1398,9 +1398,7 @@ fn an_exit_read_again_leaves_the_split_alone() {
     let mut f = Fixture::new("spread");
     f.register(1, "w1", 2.0);
     for id in ["a", "b"] {
-        let out = f.submit(id, 1.0);
-        let (_, start) = Fixture::sent(&out, id, "start").unwrap();
-        f.ok(1, &start, Fixture::started(1));
+        f.start(id, spec(1.0));
     }
     f.step(Input::Disconnected {
         conn: 1,
@@ -4508,9 +4506,7 @@ fn converge_gives_the_shortest_predicted_job_the_cpu_and_las_the_least_served() 
         let mut f = Fixture::new(policy);
         f.register(1, "w1", 1.0);
         for id in ["near", "far"] {
-            let out = f.submit(id, 0.5);
-            let (_, start) = Fixture::sent(&out, id, "start").unwrap();
-            f.ok(1, &start, Fixture::started(1));
+            f.start(id, spec(0.5));
         }
         // `warm`: near uses 0.9 of the core and far 0.1, whatever their weights (the history
         // before); then each uses its weight's part of the core. Each second both advance 10
@@ -5920,9 +5916,7 @@ fn short_ahead_of_long() -> Fixture {
     let mut f = Fixture::new("converge");
     f.register(1, "w1", 1.0);
     for id in ["short", "long"] {
-        let out = f.submit(id, 0.5);
-        let (_, start) = Fixture::sent(&out, id, "start").unwrap();
-        f.ok(1, &start, Fixture::started(1));
+        f.start(id, spec(0.5));
     }
     for i in 1..=10u64 {
         f.heartbeat_uses(1, &[("short", 0.83), ("long", 0.17)]);
@@ -6945,12 +6939,7 @@ fn an_eta_holds_through_a_dip_in_use() {
 fn a_held_back_job_on_a_busy_host_is_forecast_at_what_it_showed_it_can_use() {
     let mut f = Fixture::new("converge");
     f.register(1, "w1", 1.0);
-    let started = |f: &mut Fixture, id: &str| {
-        let out = f.submit(id, 0.3);
-        let (_, start) = Fixture::sent(&out, id, "start").unwrap();
-        f.ok(1, &start, Fixture::started(1));
-    };
-    started(&mut f, "long");
+    f.start("long", spec(0.3));
     // Alone: 95 steps a second at 0.95 cores (100 a core-second).
     let mut long = 0;
     for _ in 0..10 {
@@ -6961,8 +6950,8 @@ fn a_held_back_job_on_a_busy_host_is_forecast_at_what_it_showed_it_can_use() {
     }
     // A shorter job placed ahead of it, and one that fails at once; on a host busy with
     // other work, both running jobs get half their parts.
-    started(&mut f, "short");
-    started(&mut f, "blip");
+    f.start("short", spec(0.3));
+    f.start("blip", spec(0.3));
     f.exited(1, "blip", 1, 1, false);
     let mut short = 0;
     busy_seconds(&mut f, 1, 10, (&mut short, &mut long));
