@@ -369,23 +369,15 @@ fn loads<'c>(core: &'c Core, w: &'c Worker) -> (Vec<&'c Job>, Vec<Load<'c>>) {
         })
         .collect();
     if let Some(weights) = core.policy.forecast_weights(w.cpu_capacity, &loads) {
-        // A use read is never below what the job once showed it can use ([`Job::use_most`]).
-        // A job that never showed more than a starved use (held back from its first step on
-        // a busy host) is still read at it: its uses cannot tell the host's load from its own
-        // parallelism (a walk: ETAs 5 and 6 times the real end).
+        // What the job once showed it can use ([`Job::use_most`]). A job that never showed
+        // more than a starved use (held back from its first step on a busy host) is still
+        // read at it: its uses cannot tell the host's load from its own parallelism (a walk:
+        // ETAs 5 and 6 times the real end).
         let used: Vec<f64> = jobs
             .iter()
             .map(|j| match settled(j, w) {
-                true => j.use_peak.get().unwrap_or(j.view.cpu_usage),
+                true => j.use_most.get().unwrap_or(j.view.cpu_usage),
                 false => j.cap_read.get().unwrap_or(0.0),
-            })
-            .zip(&jobs)
-            .map(|(u, j)| {
-                if u > 0.0 {
-                    u.max(j.use_most.get().unwrap_or(0.0))
-                } else {
-                    u
-                }
             })
             .collect();
         infer_demand(w.cpu_capacity, &mut loads, &used, &weights);

@@ -452,24 +452,16 @@ pub struct Job {
     /// `Core::read_caps`). Read only while that use is the newest. Not stored.
     #[serde(skip)]
     pub cap_read: OptF64,
-    /// The most cores it used in the reports read since a job last left its worker or a
-    /// container there last exited (`Worker::shared_since`; the reports the forecast reads:
-    /// `forecast::settled`): what the forecast reads as what it can use. One report's use
-    /// dips with the host's load, a job's parallelism does not: read off the last report
-    /// alone, every job on a busy host was taken, at one sample in two, for one that can use
-    /// no more than it then did (a walk: ETAs of 7 min and 63 min, 5 s apart). Not stored.
-    #[serde(skip)]
-    pub use_peak: OptF64,
-    /// The time of the report before the first that `use_peak` read.
-    #[serde(skip)]
-    pub peak_from: OptF64,
     /// The most cores a report of its incarnation showed it use, of the reports the forecast
     /// reads (`forecast::settled`: none that averages over a change of its worker's jobs):
-    /// the least it can use, whatever its neighbours and the host leave it now. A new
-    /// incarnation starts afresh (another worker, another start). `use_peak` forgets at each change of
-    /// the worker's jobs; a job held back on a busy host as one ended and a shorter one came
-    /// ahead was then read as able to use only its starved use (a walk: ETAs 10 times too
-    /// long). Stored, as a restart forgets `use_peak` too.
+    /// what the forecast reads as the least it can use, whatever its neighbours and the host
+    /// leave it now. A new incarnation starts afresh (another worker, another start). One
+    /// report's use dips with the host's load, a job's parallelism does not: read off the last
+    /// report alone, every job on a busy host was taken, at one sample in two, for one that
+    /// can use no more than it then did (a walk: ETAs of 7 min and 63 min, 5 s apart); read off
+    /// the reports since its worker's jobs last changed, a job held back on a busy host as one
+    /// ended and a shorter one came ahead was read as able to use only its starved use (a
+    /// walk: ETAs 10 times too long). Stored: a restart would forget it too.
     pub use_most: OptF64,
     /// The Pause or Resume last sent to its container, until it is answered
     /// ([`Core::freeze`](super::Core)): one that fails leaves the container as it was, and
@@ -513,22 +505,12 @@ impl Job {
         }
     }
 
-    /// Keeps [`Job::use_peak`] with the use `used` of the report just read (`view_from` is the
+    /// Keeps [`Job::use_most`] with the use `used` of the report just read (`view_from` is the
     /// time of the one before), its worker's jobs having been the same since `shared_since`:
-    /// a report that averages over a change of them starts no window.
+    /// a report that averages over a change of them is not read.
     pub(super) fn note_use(&mut self, used: f64, shared_since: f64) {
-        let counted = self.view_from.get().is_some_and(|t| t >= shared_since);
-        if counted {
+        if self.view_from.get().is_some_and(|t| t >= shared_since) {
             self.use_most = self.use_most.get().map_or(used, |m| m.max(used)).into();
-        }
-        if !counted {
-            self.use_peak = OptF64::NONE;
-            self.peak_from = OptF64::NONE;
-        } else if (self.peak_from.get()).is_some_and(|t| t >= shared_since) {
-            self.use_peak = self.use_peak.get().map_or(used, |p| p.max(used)).into();
-        } else {
-            self.use_peak = used.into();
-            self.peak_from = self.view_from;
         }
     }
 

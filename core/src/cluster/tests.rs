@@ -128,15 +128,13 @@ impl Shadow {
         );
         // What a store keeps of a job: not its fields that are not stored (what a
         // neighbour's leaving read off its use, the Pause or Resume it waits to hear of, the
-        // window of reports its peak use was read over). Cleared here rather than read back
-        // from JSON at every step, which made these tests six times slower.
+        // time of its report before the last). Cleared here rather than read back from JSON
+        // at every step, which made these tests six times slower.
         let kept = |j: &Job| {
             let mut j = j.clone();
             j.cap_read = OptF64::NONE;
             j.freezing = None;
             j.view_from = OptF64::NONE;
-            j.use_peak = OptF64::NONE;
-            j.peak_from = OptF64::NONE;
             format!("{j:?}")
         };
         for (id, j) in core.jobs().iter() {
@@ -6930,11 +6928,11 @@ fn an_eta_holds_through_a_dip_in_use() {
 }
 
 /// A job held back behind a shorter one on a busy host uses less than the little its weight
-/// gives it; that use is not all it can use, as it showed when it ran ahead. Where a job left
-/// the worker since (here a job that failed at once), the reports of before are not read
-/// (`Job::use_peak`), and the held use was read as its cap: its ETA ran it at that use to its
-/// end (a walk: 13 to 29 minutes for a job that ended 1 to 10 minutes later, each time a
-/// shorter job was placed ahead of it as another ended, and after a manager's restart).
+/// gives it; that use is not all it can use, as it showed when it ran ahead. Where a job had
+/// left the worker since (here a job that failed at once), the forecast read only the reports
+/// since, and the held use was read as its cap: its ETA ran it at that use to its end (a walk:
+/// 13 to 29 minutes for a job that ended 1 to 10 minutes later, each time a shorter job was
+/// placed ahead of it as another ended, and after a manager's restart).
 #[test]
 fn a_held_back_job_on_a_busy_host_is_forecast_at_what_it_showed_it_can_use() {
     let mut f = Fixture::new("converge");
