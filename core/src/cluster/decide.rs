@@ -138,15 +138,12 @@ impl Core {
                         // given up, not refused: REJECTED says it never ran.
                         let ran = self.jobs.get(&id).is_some_and(|j| j.epoch > 0);
                         let to = if ran {
+                            info!(job = %id, %reason, "job dropped: it can no longer earn anything");
                             JobPhase::Dropped
                         } else {
+                            info!(job = %id, %reason, "job rejected");
                             JobPhase::Rejected
                         };
-                        if ran {
-                            info!(job = %id, %reason, "job dropped: it can no longer earn anything");
-                        } else {
-                            info!(job = %id, %reason, "job rejected");
-                        }
                         self.transition(&id, to, reason);
                     }
                 }

@@ -5454,24 +5454,39 @@ fn converge_leaves_alike_workers_to_the_sum_of_completion_times() {
 /// empty worker of one core more at the same calibration, it moves.
 #[test]
 fn converge_moves_no_job_for_a_speed_within_the_benchmarks_noise() {
-    for ((cores, calibration), (twin_cores, twin), moves) in [
-        ((1.0, 0.298), (1.0, 0.327), false),
-        ((1.0, 0.298), (1.0, 0.40), true),
-        ((7.0, 1.0), (8.0, 1.0), true),
+    // (cores, calibration) of the source, of the empty target, the jobs on the source, and
+    // whether one moves.
+    for ((cores, calibration), (twin_cores, twin), jobs, moves) in [
+        ((1.0, 0.298), (1.0, 0.327), 1, false),
+        ((1.0, 0.298), (1.0, 0.40), 1, true),
+        ((7.0, 1.0), (8.0, 1.0), 1, true),
+        // Crowding still moves a job between twins, weighed at the source's calibration.
+        ((1.0, 0.298), (1.0, 0.327), 2, true),
     ] {
         let mut f = Fixture::new("converge");
         f.register_at(1, "slow", cores, calibration);
-        assert_eq!(f.start("long", plain_job(1000.0)), 1);
+        for k in 0..jobs {
+            assert_eq!(f.start(&format!("long{k}"), plain_job(1000.0)), 1);
+        }
         f.register_at(2, "twin", twin_cores, twin);
-        let mut moved = false;
+        let mut why = None;
         // Three rebalancing rounds (every 30 s).
         for _ in 0..100 {
             f.heartbeat(1);
             f.heartbeat(2);
             let out = f.advance(1.0);
-            moved |= Fixture::sent(&out, "long", "save").is_some();
+            why = why.or_else(|| {
+                Fixture::event(&out, EventKind::Migration).map(|e| e.attributes["why"].clone())
+            });
         }
-        assert_eq!(moved, moves, "twin measured at {twin}");
+        assert_eq!(why.is_some(), moves, "twin measured at {twin}");
+        let alike = twin > calibration && twin <= calibration * 1.15;
+        assert_eq!(
+            why.as_deref()
+                .is_some_and(|w| w.contains("at slow's calibration")),
+            moves && alike,
+            "{why:?}"
+        );
     }
 }
 

@@ -456,7 +456,7 @@ impl PriorityPolicy {
         let mut by_crowd: Vec<usize> = (0..live.len()).collect();
         by_crowd.sort_by(|&a, &b| crowd_with_one[a].total_cmp(&crowd_with_one[b]));
         let mut targets_at: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
-        let mut best: Option<(f64, f64, &Job, &Worker, f64, f64, bool)> = None;
+        let mut best: Option<(f64, f64, &Job, &Worker, f64, f64)> = None;
         for (s, (src, here_works)) in live.iter().zip(&lists).enumerate() {
             // Positions in `src.jobs` are positions in `here_works` too: `placed()` lists the
             // jobs here before those on their way.
@@ -506,13 +506,14 @@ impl PriorityPolicy {
                             gain > g + 1e-9 || (gain > g - 1e-9 && risk < r)
                         })
                     {
-                        best = Some((gain, risk, j, dst, here, there, counted < speed(dst)));
+                        best = Some((gain, risk, j, dst, here, there));
                     }
                 }
             }
         }
-        let (gain, risk, j, dst, here, there, alike) = best?;
+        let (gain, risk, j, dst, here, there) = best?;
         let from = j.worker().cloned().unwrap_or_default();
+        let alike = (view.workers.get(&from)).is_some_and(|s| counted_speed(s, dst) < speed(dst));
         self.moved.insert(j.id.clone());
         Some(Decision::Move {
             job: j.id.clone(),
